@@ -1,0 +1,27 @@
+# Compiler flags. The library's baseline is AVX2+FMA+F16C (never -march=native);
+# files named *_avx512.cpp are compiled for AVX-512 (F/BW/VL/DQ/VNNI/BF16) and
+# are only ever called after a run-time CPU check (cpu/cpu_features.h).
+set(EMBER_BASELINE_FLAGS -mavx2 -mfma -mf16c -mbmi2)
+set(EMBER_AVX512_FLAGS -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16)
+
+add_compile_options(-Wall -Wextra -Wno-unused-parameter)
+if(EMBER_WERROR)
+  add_compile_options(-Werror)
+endif()
+add_compile_options($<$<COMPILE_LANGUAGE:CXX>:${EMBER_BASELINE_FLAGS}>)
+if(EMBER_SANITIZE)
+  add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=address,undefined)
+endif()
+if(EMBER_TSAN)
+  add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=thread)
+endif()
+
+function(ember_apply_isa_flags target srcs)
+  foreach(f ${srcs})
+    if(f MATCHES "_avx512\\.cpp$")
+      set_source_files_properties(${f} TARGET_DIRECTORY ${target} PROPERTIES COMPILE_OPTIONS "${EMBER_AVX512_FLAGS}")
+    endif()
+  endforeach()
+endfunction()
