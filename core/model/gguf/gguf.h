@@ -1,0 +1,102 @@
+// GGUF reader (versions 2 and 3). The file is memory-mapped; every offset,
+// size, count and type is validated before use, and any problem is reported
+// as ember::Error(kBadFormat / kNotFound / kUnsupported) naming the problem.
+// Spec: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "core/tensor/types.h"
+
+namespace ember::gguf {
+
+enum class ValueType : uint32_t {
+  UINT8 = 0, INT8 = 1, UINT16 = 2, INT16 = 3, UINT32 = 4, INT32 = 5, FLOAT32 = 6,
+  BOOL = 7, STRING = 8, ARRAY = 9, UINT64 = 10, INT64 = 11, FLOAT64 = 12,
+};
+const char* value_type_name(ValueType t);
+
+// One metadata value. Scalars live in the union-like fields; arrays hold their
+// elements (arrays may nest).
+struct Value {
+  ValueType type = ValueType::UINT8;
+  union {
+    uint64_t u64;
+    int64_t i64;
+    double f64;
+    bool b;
+  };
+  std::string str;                 // STRING
+  ValueType array_type = ValueType::UINT8;  // ARRAY: element type
+  std::vector<Value> array;        // ARRAY
+  Value() : u64(0) {}
+  bool is_integer() const;
+  bool is_float() const;
+};
+
+struct TensorInfo {
+  std::string name;
+  uint32_t n_dims = 0;
+  int64_t ne[4] = {1, 1, 1, 1};  // ne[0] is the contiguous (innermost) dimension
+  DType type = DType::F32;
+  uint64_t offset = 0;   // relative to the start of the data section
+  size_t nbytes = 0;
+  const void* data = nullptr;  // inside the mapping; valid while the file lives
+  int64_t n_elements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
+};
+
+class GgufFile {
+ public:
+  // Maps and validates the file. Throws ember::Error.
+  static std::unique_ptr<GgufFile> open(const std::string& path);
+  // Parses an in-memory image (the caller keeps it alive). Throws ember::Error.
+  static std::unique_ptr<GgufFile> from_memory(const void* data, size_t size);
+  ~GgufFile();
+  GgufFile(const GgufFile&) = delete;
+  GgufFile& operator=(const GgufFile&) = delete;
+
+  uint32_t version() const { return version_; }
+  size_t alignment() const { return alignment_; }
+  size_t file_size() const { return size_; }
+
+  const std::vector<std::pair<std::string, Value>>& metadata() const { return kv_; }
+  const Value* find(std::string_view key) const;  // nullptr when absent
+
+  // Typed getters: nullopt when the key is absent; ember::Error(kBadFormat)
+  // when it is present with an incompatible type. Integers accept any integer
+  // type (range-checked); floats accept floats and integers.
+  std::optional<int64_t> get_int(std::string_view key) const;
+  std::optional<double> get_float(std::string_view key) const;
+  std::optional<bool> get_bool(std::string_view key) const;
+  std::optional<std::string> get_string(std::string_view key) const;
+  // Empty when absent; kBadFormat when not an array of the right element type.
+  std::vector<std::string> get_string_array(std::string_view key) const;
+  std::vector<int64_t> get_int_array(std::string_view key) const;
+  std::vector<float> get_float_array(std::string_view key) const;
+
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  const TensorInfo* find_tensor(std::string_view name) const;  // nullptr when absent
+
+ private:
+  GgufFile() = default;
+  void parse();
+
+  const uint8_t* base_ = nullptr;
+  size_t size_ = 0;
+  void* mapping_ = nullptr;  // non-null when we own an mmap
+  uint32_t version_ = 0;
+  size_t alignment_ = 32;
+  std::vector<std::pair<std::string, Value>> kv_;
+  std::unordered_map<std::string, size_t> kv_index_;
+  std::vector<TensorInfo> tensors_;
+  std::unordered_map<std::string, size_t> tensor_index_;
+};
+
+}  // namespace ember::gguf
