@@ -65,6 +65,10 @@ class GgufFile {
   uint32_t version() const { return version_; }
   size_t alignment() const { return alignment_; }
   size_t file_size() const { return size_; }
+  // Byte offset of the data section (tensor offsets are relative to it).
+  size_t data_offset() const { return data_offset_; }
+  // Start of the file image (the mapping, or the caller's buffer).
+  const uint8_t* data() const { return base_; }
 
   const std::vector<std::pair<std::string, Value>>& metadata() const { return kv_; }
   const Value* find(std::string_view key) const;  // nullptr when absent
@@ -93,6 +97,7 @@ class GgufFile {
   void* mapping_ = nullptr;  // non-null when we own an mmap
   uint32_t version_ = 0;
   size_t alignment_ = 32;
+  size_t data_offset_ = 0;
   std::vector<std::pair<std::string, Value>> kv_;
   std::unordered_map<std::string, size_t> kv_index_;
   std::vector<TensorInfo> tensors_;

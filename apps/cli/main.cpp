@@ -1,0 +1,388 @@
+// ember — command-line front end over the C ABI.
+//   ember generate [-m MODEL] -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P] [--seed S] [--chat]
+//   ember chat [-m MODEL]
+//   ember perplexity [-m MODEL] -f FILE [--ctx C] [--max-tokens N]
+//   ember bench [-m MODEL] [-p 512] [-n 128] [-t THREADS] [--json]
+//   ember tokenize [-m MODEL] (-p TEXT | -f FILE) [--special]
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ember/ember.h"
+
+namespace {
+
+struct CliError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+void check(ember_status st, const char* what) {
+  if (st != EMBER_OK) {
+    throw CliError(std::string(what) + ": " + ember_last_error() + " (" + ember_status_string(st) + ")");
+  }
+}
+
+std::string default_model_path() {
+  std::string home;
+  if (const char* e = std::getenv("EMBER_HOME"); e && *e) {
+    home = e;
+  } else if (const char* h = std::getenv("HOME"); h && *h) {
+    home = std::string(h) + "/.cache/ember";
+  } else {
+    home = ".cache/ember";
+  }
+  return home + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+// Minimal option parser: flags with values and boolean switches.
+class Args {
+ public:
+  Args(int argc, char** argv, int first, const std::vector<std::string>& value_opts,
+       const std::vector<std::string>& bool_opts) {
+    for (int i = first; i < argc; ++i) {
+      std::string a = argv[i];
+      bool known = false;
+      for (const auto& o : value_opts) {
+        if (a == o) {
+          if (i + 1 >= argc) throw CliError("option " + a + " needs a value");
+          values_[o] = argv[++i];
+          known = true;
+        }
+      }
+      for (const auto& o : bool_opts) {
+        if (a == o) {
+          flags_[o] = true;
+          known = true;
+        }
+      }
+      if (!known) throw CliError("unknown argument '" + a + "' (see ember --help)");
+    }
+  }
+  bool has(const std::string& k) const { return values_.count(k) || flags_.count(k); }
+  std::string str(const std::string& k, const std::string& def = "") const {
+    auto it = values_.find(k);
+    return it == values_.end() ? def : it->second;
+  }
+  long long integer(const std::string& k, long long def, long long lo, long long hi) const {
+    auto it = values_.find(k);
+    if (it == values_.end()) return def;
+    char* end = nullptr;
+    errno = 0;
+    long long v = std::strtoll(it->second.c_str(), &end, 10);
+    if (errno || !end || *end || it->second.empty()) throw CliError("option " + k + ": '" + it->second + "' is not an integer");
+    if (v < lo || v > hi) throw CliError("option " + k + ": " + it->second + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    return v;
+  }
+  double real(const std::string& k, double def, double lo, double hi) const {
+    auto it = values_.find(k);
+    if (it == values_.end()) return def;
+    char* end = nullptr;
+    double v = std::strtod(it->second.c_str(), &end);
+    if (!end || *end || it->second.empty() || !std::isfinite(v)) throw CliError("option " + k + ": '" + it->second + "' is not a number");
+    if (v < lo || v > hi) throw CliError("option " + k + ": " + it->second + " is out of range");
+    return v;
+  }
+
+ private:
+  std::map<std::string, std::string> values_;
+  std::map<std::string, bool> flags_;
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw CliError("cannot open '" + path + "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct Handles {
+  ember_model* model = nullptr;
+  ember_engine* engine = nullptr;
+  ember_session* session = nullptr;
+  ~Handles() {
+    ember_session_destroy(session);
+    ember_engine_destroy(engine);
+    ember_model_destroy(model);
+  }
+};
+
+void load(Handles& h, const Args& a, int n_threads = 0, bool with_engine = true) {
+  const std::string path = a.str("-m", default_model_path());
+  check(ember_model_load(path.c_str(), nullptr, &h.model), "loading the model");
+  if (!with_engine) return;
+  ember_engine_params ep;
+  ember_engine_params_init(&ep);
+  ep.n_threads = n_threads;
+  check(ember_engine_create(h.model, &ep, &h.engine), "creating the engine");
+  check(ember_session_create(h.engine, nullptr, &h.session), "creating the session");
+}
+
+// Streams one reply to stdout; returns the stream's stats.
+ember_stream_stats_t run_stream(ember_session* session, const ember_stream_params& sp) {
+  ember_stream* stream = nullptr;
+  check(ember_stream_start(session, &sp, &stream), "starting generation");
+  ember_stream_stats_t stats;
+  std::memset(&stats, 0, sizeof stats);
+  stats.size = sizeof stats;
+  try {
+    for (;;) {
+      ember_event ev;
+      std::memset(&ev, 0, sizeof ev);
+      ev.size = sizeof ev;
+      check(ember_stream_next(stream, &ev, -1), "generating");
+      if (ev.type == EMBER_EVENT_TEXT) {
+        std::fwrite(ev.text, 1, ev.text_length, stdout);
+        std::fflush(stdout);
+      } else if (ev.type == EMBER_EVENT_ERROR) {
+        throw CliError(std::string("generation failed: ") + ember_last_error());
+      } else {
+        break;
+      }
+    }
+    check(ember_stream_stats(stream, &stats), "reading stream stats");
+  } catch (...) {
+    ember_stream_destroy(stream);
+    throw;
+  }
+  ember_stream_destroy(stream);
+  return stats;
+}
+
+ember_stream_params stream_params(const Args& a) {
+  ember_stream_params sp;
+  ember_stream_params_init(&sp);
+  sp.max_tokens = static_cast<int32_t>(a.integer("-n", 256, 1, 1 << 20));
+  sp.temperature = static_cast<float>(a.real("--temp", sp.temperature, 0, 100));
+  sp.top_k = static_cast<int32_t>(a.integer("--top-k", sp.top_k, 0, 1 << 24));
+  sp.top_p = static_cast<float>(a.real("--top-p", sp.top_p, 1e-6, 1));
+  sp.min_p = static_cast<float>(a.real("--min-p", sp.min_p, 0, 1));
+  sp.repeat_penalty = static_cast<float>(a.real("--repeat-penalty", sp.repeat_penalty, 1e-3, 100));
+  sp.seed = static_cast<uint64_t>(a.integer("--seed", static_cast<long long>(sp.seed), 0, (1LL << 62)));
+  return sp;
+}
+
+int cmd_generate(int argc, char** argv) {
+  Args a(argc, argv, 2, {"-m", "-p", "-n", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--seed", "-t"},
+         {"--chat"});
+  if (!a.has("-p")) throw CliError("generate needs -p PROMPT");
+  const ember_stream_params sp = stream_params(a);
+  Handles h;
+  load(h, a, static_cast<int>(a.integer("-t", 0, 0, 1024)));
+  const std::string prompt = a.str("-p");
+  if (a.has("--chat")) {
+    check(ember_session_add_message(h.session, "user", prompt.c_str()), "adding the prompt");
+  } else {
+    check(ember_session_add_text(h.session, prompt.c_str(), 0), "adding the prompt");
+  }
+  run_stream(h.session, sp);
+  std::fputc('\n', stdout);
+  return 0;
+}
+
+int cmd_chat(int argc, char** argv) {
+  Args a(argc, argv, 2, {"-m", "-n", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--seed", "-t", "--system"}, {});
+  const ember_stream_params sp = stream_params(a);
+  Handles h;
+  load(h, a, static_cast<int>(a.integer("-t", 0, 0, 1024)));
+  if (a.has("--system")) check(ember_session_add_message(h.session, "system", a.str("--system").c_str()), "system prompt");
+  std::fprintf(stderr, "ember chat — type a message; /reset starts over, /exit or Ctrl-D quits.\n");
+  std::string line;
+  for (;;) {
+    std::fprintf(stderr, "> ");
+    std::fflush(stderr);
+    if (!std::getline(std::cin, line)) break;
+    if (line == "/exit" || line == "/quit") break;
+    if (line == "/reset") {
+      check(ember_session_reset(h.session), "reset");
+      continue;
+    }
+    if (line.empty()) continue;
+    ember_status st = ember_session_add_message(h.session, "user", line.c_str());
+    if (st != EMBER_OK) {
+      std::fprintf(stderr, "error: %s\n", ember_last_error());
+      continue;
+    }
+    try {
+      run_stream(h.session, sp);
+    } catch (const CliError& e) {
+      std::fprintf(stderr, "\nerror: %s\n", e.what());
+    }
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+std::vector<int32_t> tokenize(ember_model* model, const std::string& text, bool add_special, bool parse_special) {
+  size_t n = 0;
+  ember_status st = ember_tokenize(model, text.c_str(), add_special, parse_special, nullptr, 0, &n);
+  if (st != EMBER_OK && n == 0) check(st, "tokenizing");
+  std::vector<int32_t> ids(n);
+  check(ember_tokenize(model, text.c_str(), add_special, parse_special, ids.data(), ids.size(), &n), "tokenizing");
+  return ids;
+}
+
+int cmd_tokenize(int argc, char** argv) {
+  Args a(argc, argv, 2, {"-m", "-p", "-f"}, {"--special", "--no-bos"});
+  if (a.has("-p") == a.has("-f")) throw CliError("tokenize needs exactly one of -p TEXT or -f FILE");
+  const std::string text = a.has("-p") ? a.str("-p") : read_file(a.str("-f"));
+  Handles h;
+  load(h, a, 0, false);
+  const auto ids = tokenize(h.model, text, !a.has("--no-bos"), a.has("--special"));
+  std::string out;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) out += ' ';
+    out += std::to_string(ids[i]);
+  }
+  std::printf("%s\n", out.c_str());
+  return 0;
+}
+
+int cmd_perplexity(int argc, char** argv) {
+  Args a(argc, argv, 2, {"-m", "-f", "--ctx", "--max-tokens", "-t"}, {});
+  if (!a.has("-f")) throw CliError("perplexity needs -f FILE");
+  const std::string text = read_file(a.str("-f"));
+  Handles h;
+  load(h, a, static_cast<int>(a.integer("-t", 0, 0, 1024)));
+  const int ctx = static_cast<int>(a.integer("--ctx", 512, 16, 1 << 20));
+  ember_model_info_t info;
+  std::memset(&info, 0, sizeof info);
+  info.size = sizeof info;
+  check(ember_model_info(h.model, &info), "model info");
+  if (ctx > info.context_length) throw CliError("--ctx " + std::to_string(ctx) + " exceeds the model's context " + std::to_string(info.context_length));
+  std::vector<int32_t> ids = tokenize(h.model, text, true, false);
+  const long long max_tokens = a.integer("--max-tokens", 0, 0, 1LL << 40);
+  if (max_tokens > 0 && static_cast<size_t>(max_tokens) < ids.size()) ids.resize(static_cast<size_t>(max_tokens));
+  const size_t n_chunks = ids.size() / static_cast<size_t>(ctx);
+  if (n_chunks == 0) throw CliError("the text has " + std::to_string(ids.size()) + " tokens, fewer than --ctx " + std::to_string(ctx));
+  // llama-perplexity's method: each window of ctx tokens is scored on its
+  // second half (positions ctx/2 .. ctx-2 predicting the next token).
+  const int first = ctx / 2;
+  std::vector<float> logprobs(static_cast<size_t>(ctx));
+  double nll = 0.0;
+  size_t count = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (size_t c = 0; c < n_chunks; ++c) {
+    std::vector<int32_t> window(ids.begin() + static_cast<long>(c * ctx), ids.begin() + static_cast<long>((c + 1) * ctx));
+    if (info.bos_token >= 0) {
+      // As llama-perplexity does when the model adds BOS: the window starts with it.
+      int32_t probe[4];
+      size_t nb = 0;
+      if (ember_tokenize(h.model, "", 1, 0, probe, 4, &nb) == EMBER_OK && nb > 0) window[0] = info.bos_token;
+    }
+    check(ember_engine_score(h.engine, window.data(), window.size(), logprobs.data(), nullptr), "scoring");
+    for (int j = first; j < ctx - 1; ++j) {
+      nll -= logprobs[static_cast<size_t>(j)];
+      ++count;
+    }
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "[%zu/%zu] ppl=%.4f (%.1f tokens/s)\n", c + 1, n_chunks, std::exp(nll / count),
+                 static_cast<double>((c + 1) * ctx) / secs);
+  }
+  std::printf("ppl=%.4f tokens=%zu\n", std::exp(nll / static_cast<double>(count)), count);
+  return 0;
+}
+
+int cmd_bench(int argc, char** argv) {
+  Args a(argc, argv, 2, {"-m", "-p", "-n", "-t", "-r"}, {"--json"});
+  const int n_prompt = static_cast<int>(a.integer("-p", 512, 1, 1 << 20));
+  const int n_gen = static_cast<int>(a.integer("-n", 128, 1, 1 << 20));
+  const int threads = static_cast<int>(a.integer("-t", 0, 0, 1024));
+  const int reps = static_cast<int>(a.integer("-r", 3, 1, 100));
+  Handles h;
+  load(h, a, threads);
+  ember_model_info_t info;
+  std::memset(&info, 0, sizeof info);
+  info.size = sizeof info;
+  check(ember_model_info(h.model, &info), "model info");
+  std::mt19937 rng(1234);
+  std::vector<double> pp, tg;
+  for (int r = 0; r < reps + 1; ++r) {  // first repetition warms up
+    std::vector<int32_t> prompt(static_cast<size_t>(n_prompt));
+    for (auto& t : prompt) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(info.vocab_size));
+    check(ember_session_reset(h.session), "reset");
+    check(ember_session_add_tokens(h.session, prompt.data(), prompt.size()), "adding the prompt");
+    ember_stream_params sp;
+    ember_stream_params_init(&sp);
+    sp.temperature = 0;
+    sp.max_tokens = n_gen;
+    sp.ignore_eos = 1;
+    ember_stream* stream = nullptr;
+    check(ember_stream_start(h.session, &sp, &stream), "start");
+    ember_stream_wait(stream);
+    ember_stream_stats_t st;
+    std::memset(&st, 0, sizeof st);
+    st.size = sizeof st;
+    check(ember_stream_stats(stream, &st), "stats");
+    ember_stream_destroy(stream);
+    if (r == 0) continue;
+    pp.push_back(st.prefill_tokens_per_second);
+    tg.push_back(st.tokens_per_second);
+  }
+  auto mean = [](const std::vector<double>& v) { double s = 0; for (double x : v) s += x; return s / static_cast<double>(v.size()); };
+  auto sd = [&](const std::vector<double>& v) { double m = mean(v), s = 0; for (double x : v) s += (x - m) * (x - m); return v.size() > 1 ? std::sqrt(s / static_cast<double>(v.size() - 1)) : 0.0; };
+  if (a.has("--json")) {
+    std::printf("{\"model\": \"%s\", \"n_prompt\": %d, \"n_gen\": %d, \"threads\": %d, \"prefill_tokens_per_second\": %.2f, "
+                "\"prefill_stddev\": %.2f, \"decode_tokens_per_second\": %.2f, \"decode_stddev\": %.2f, \"repetitions\": %d}\n",
+                info.name, n_prompt, n_gen, threads, mean(pp), sd(pp), mean(tg), sd(tg), reps);
+  } else {
+    std::printf("model: %s (%llu params)\n", info.name, static_cast<unsigned long long>(info.n_params));
+    std::printf("%-12s %12s %10s\n", "test", "tokens/s", "stddev");
+    std::printf("pp%-10d %12.2f %10.2f\n", n_prompt, mean(pp), sd(pp));
+    std::printf("tg%-10d %12.2f %10.2f\n", n_gen, mean(tg), sd(tg));
+  }
+  return 0;
+}
+
+void usage() {
+  std::fprintf(stderr,
+               "usage: ember <command> [options]\n"
+               "  generate   [-m MODEL] -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P] [--seed S] [--chat]\n"
+               "  chat       [-m MODEL] [--system TEXT]\n"
+               "  perplexity [-m MODEL] -f FILE [--ctx C] [--max-tokens N]\n"
+               "  bench      [-m MODEL] [-p 512] [-n 128] [-t THREADS] [--json]\n"
+               "  tokenize   [-m MODEL] (-p TEXT | -f FILE) [--special]\n"
+               "MODEL defaults to $EMBER_HOME/SmolLM2-135M-Instruct.Q4_1.gguf (EMBER_HOME: ~/.cache/ember).\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    usage();
+    return 2;
+  }
+  const std::string cmd = argv[1];
+  try {
+    if (cmd == "generate") return cmd_generate(argc, argv);
+    if (cmd == "chat") return cmd_chat(argc, argv);
+    if (cmd == "perplexity") return cmd_perplexity(argc, argv);
+    if (cmd == "bench") return cmd_bench(argc, argv);
+    if (cmd == "tokenize") return cmd_tokenize(argc, argv);
+    if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+      usage();
+      return 0;
+    }
+    if (cmd == "--version") {
+      std::printf("ember %s\n", ember_version());
+      return 0;
+    }
+    std::fprintf(stderr, "ember: unknown command '%s'\n", cmd.c_str());
+    usage();
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ember: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,556 @@
+// The C ABI: handles <-> core objects, status codes and the thread-local last
+// error, parameter structs read by their size. No engine logic lives here.
+#include "ember/ember.h"
+
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <new>
+#include <string>
+
+#include "core/engine/engine.h"
+#include "core/model/model.h"
+#include "core/tokenizer/tokenizer.h"
+#include "core/util/log.h"
+#include "core/util/status.h"
+#include "core/util/utf8.h"
+
+using ember::Error;
+using ember::StatusCode;
+
+struct ember_model {
+  std::shared_ptr<ember::Model> model;
+};
+struct ember_cache {
+  ember::Engine* engine;
+};
+struct ember_scheduler {
+  ember::Engine* engine;
+};
+struct ember_engine {
+  std::shared_ptr<ember::EngineOwner> owner;
+  ember_cache cache_view;
+  ember_scheduler scheduler_view;
+};
+struct ember_session {
+  std::shared_ptr<ember::Session> session;
+};
+struct ember_stream {
+  std::shared_ptr<ember::Stream> stream;
+  ember::StreamEvent current;  // storage behind the last ember_event returned
+};
+
+namespace {
+
+thread_local std::string t_last_error;
+
+ember_status set_error(StatusCode code, const std::string& message) {
+  t_last_error = message;
+  return static_cast<ember_status>(code);
+}
+
+// Runs `body` with every exception turned into a status + message.
+template <typename F>
+ember_status guarded(F&& body) {
+  t_last_error.clear();
+  try {
+    body();
+    return EMBER_OK;
+  } catch (const Error& e) {
+    return set_error(e.code(), e.message());
+  } catch (const std::bad_alloc&) {
+    return set_error(StatusCode::kOutOfMemory, "out of memory");
+  } catch (const std::exception& e) {
+    return set_error(StatusCode::kInternal, std::string("internal error: ") + e.what());
+  } catch (...) {
+    return set_error(StatusCode::kInternal, "internal error: unknown exception");
+  }
+}
+
+void require(bool ok, const char* what) {
+  if (!ok) throw Error(StatusCode::kInvalidArgument, what);
+}
+
+std::string checked_text(const char* text, const char* what) {
+  require(text != nullptr, (std::string(what) + " is NULL").c_str());
+  std::string_view v(text);
+  size_t bad = 0;
+  if (!ember::is_valid_utf8(v, &bad)) {
+    throw Error(StatusCode::kInvalidArgument,
+                std::string(what) + " is not valid UTF-8 (byte " + std::to_string(bad) + ")");
+  }
+  return std::string(v);
+}
+
+// Copies the caller's struct over the defaults, reading only what its size covers.
+template <typename T>
+T read_params(const T* user, void (*init)(T*)) {
+  T p;
+  init(&p);
+  if (!user) return p;
+  if (user->size < sizeof(size_t)) throw Error(StatusCode::kInvalidArgument, "params: size field is too small");
+  const size_t n = user->size < sizeof(T) ? user->size : sizeof(T);
+  std::memcpy(static_cast<void*>(&p), user, n);
+  p.size = sizeof(T);
+  return p;
+}
+
+// Writes an output struct the caller sized: only the bytes its size covers.
+template <typename T>
+void write_sized(T* user, const T& value) {
+  require(user->size >= sizeof(size_t), "output struct: size field not set");
+  const size_t n = user->size < sizeof(T) ? user->size : sizeof(T);
+  const size_t caller_size = user->size;
+  std::memcpy(static_cast<void*>(user), &value, n);
+  user->size = caller_size;
+}
+
+ember::StreamParams to_stream_params(const ember_stream_params& p) {
+  ember::StreamParams s;
+  require(p.max_tokens > 0 && p.max_tokens <= (1 << 24), "stream params: max_tokens must be in [1, 16777216]");
+  require(p.temperature >= 0.0f && p.temperature <= 100.0f, "stream params: temperature must be in [0, 100]");
+  require(p.top_k >= 0, "stream params: top_k must be >= 0");
+  require(p.top_p > 0.0f && p.top_p <= 1.0f, "stream params: top_p must be in (0, 1]");
+  require(p.min_p >= 0.0f && p.min_p <= 1.0f, "stream params: min_p must be in [0, 1]");
+  require(p.repeat_penalty > 0.0f && p.repeat_penalty <= 100.0f, "stream params: repeat_penalty must be in (0, 100]");
+  require(p.presence_penalty >= -100.0f && p.presence_penalty <= 100.0f, "stream params: presence_penalty out of range");
+  require(p.frequency_penalty >= -100.0f && p.frequency_penalty <= 100.0f, "stream params: frequency_penalty out of range");
+  require(p.penalty_last_n >= -1, "stream params: penalty_last_n must be >= -1");
+  s.max_tokens = p.max_tokens;
+  s.sampling.temperature = p.temperature;
+  s.sampling.top_k = p.top_k;
+  s.sampling.top_p = p.top_p;
+  s.sampling.min_p = p.min_p;
+  s.sampling.repeat_penalty = p.repeat_penalty;
+  s.sampling.presence_penalty = p.presence_penalty;
+  s.sampling.frequency_penalty = p.frequency_penalty;
+  s.sampling.penalty_last_n = p.penalty_last_n;
+  s.sampling.seed = p.seed;
+  s.ignore_eos = p.ignore_eos != 0;
+  if (p.stop) {
+    for (size_t i = 0; p.stop[i]; ++i) {
+      require(i < 64, "stream params: at most 64 stop strings");
+      std::string stop = checked_text(p.stop[i], "stop string");
+      require(!stop.empty(), "stream params: empty stop string");
+      s.stop.push_back(std::move(stop));
+    }
+  }
+  return s;
+}
+
+void fill_event(ember_stream* h, ember_event* event) {
+  const auto& e = h->current;
+  ember_event out;
+  std::memset(&out, 0, sizeof out);
+  out.size = sizeof out;
+  out.type = static_cast<int32_t>(e.type);
+  out.text = e.text.c_str();
+  out.text_length = e.text.size();
+  out.tokens = e.tokens.empty() ? nullptr : e.tokens.data();
+  out.n_tokens = e.tokens.size();
+  out.end_reason = static_cast<int32_t>(e.end_reason);
+  out.status = static_cast<ember_status>(e.status);
+  write_sized(event, out);
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* ember_version(void) { return "1.0.0"; }
+
+const char* ember_last_error(void) { return t_last_error.c_str(); }
+
+const char* ember_status_string(ember_status status) {
+  switch (status) {
+    case EMBER_OK: return "EMBER_OK";
+    case EMBER_ERR_INVALID_ARGUMENT: return "EMBER_ERR_INVALID_ARGUMENT";
+    case EMBER_ERR_NOT_FOUND: return "EMBER_ERR_NOT_FOUND";
+    case EMBER_ERR_BAD_FORMAT: return "EMBER_ERR_BAD_FORMAT";
+    case EMBER_ERR_UNSUPPORTED: return "EMBER_ERR_UNSUPPORTED";
+    case EMBER_ERR_OUT_OF_MEMORY: return "EMBER_ERR_OUT_OF_MEMORY";
+    case EMBER_ERR_CONTEXT_FULL: return "EMBER_ERR_CONTEXT_FULL";
+    case EMBER_ERR_BUSY: return "EMBER_ERR_BUSY";
+    case EMBER_ERR_CANCELLED: return "EMBER_ERR_CANCELLED";
+    case EMBER_ERR_TIMEOUT: return "EMBER_ERR_TIMEOUT";
+    case EMBER_ERR_INTERNAL: return "EMBER_ERR_INTERNAL";
+    case EMBER_ERR_END_OF_STREAM: return "EMBER_ERR_END_OF_STREAM";
+    default: return "unknown status";
+  }
+}
+
+void ember_set_log_callback(ember_log_callback callback, void* user_data) {
+  ember::set_log_callback(reinterpret_cast<ember::LogCallback>(callback), user_data);
+}
+
+// ---------------------------------------------------------------- model
+
+void ember_model_params_init(ember_model_params* params) {
+  if (!params) return;
+  std::memset(params, 0, sizeof *params);
+  params->size = sizeof *params;
+  params->use_mmap = 1;
+}
+
+ember_status ember_model_load(const char* path, const ember_model_params* params, ember_model** out_model) {
+  return guarded([&] {
+    require(out_model != nullptr, "out_model is NULL");
+    *out_model = nullptr;
+    const std::string p = checked_text(path, "path");
+    const ember_model_params mp = read_params(params, ember_model_params_init);
+    auto h = std::make_unique<ember_model>();
+    h->model = ember::Model::load(p, mp.use_mmap != 0);
+    *out_model = h.release();
+  });
+}
+
+void ember_model_destroy(ember_model* model) { delete model; }
+
+ember_status ember_model_info(const ember_model* model, ember_model_info_t* info) {
+  return guarded([&] {
+    require(model != nullptr, "model is NULL");
+    require(info != nullptr, "info is NULL");
+    const auto& m = *model->model;
+    const auto& c = m.config();
+    ember_model_info_t out;
+    std::memset(&out, 0, sizeof out);
+    out.size = sizeof out;
+    out.architecture = m.architecture().c_str();
+    out.name = m.name().c_str();
+    out.n_params = m.n_params();
+    out.context_length = c.n_ctx_train;
+    out.vocab_size = c.n_vocab;
+    out.n_layers = c.n_layers;
+    out.n_embd = c.n_embd;
+    out.n_heads = c.n_heads;
+    out.n_kv_heads = c.n_kv_heads;
+    out.bos_token = m.tokenizer().bos();
+    out.eos_token = m.tokenizer().eos();
+    write_sized(info, out);
+  });
+}
+
+ember_status ember_tokenize(const ember_model* model, const char* text, int32_t add_special, int32_t parse_special,
+                            int32_t* tokens, size_t capacity, size_t* out_count) {
+  return guarded([&] {
+    require(model != nullptr, "model is NULL");
+    require(out_count != nullptr, "out_count is NULL");
+    require(tokens != nullptr || capacity == 0, "tokens is NULL but capacity > 0");
+    *out_count = 0;
+    const std::string t = checked_text(text, "text");
+    const auto ids = model->model->tokenizer().encode(t, add_special != 0, parse_special != 0);
+    *out_count = ids.size();
+    if (ids.size() > capacity) {
+      throw Error(StatusCode::kInvalidArgument,
+                  "tokens buffer too small: need " + std::to_string(ids.size()) + ", have " + std::to_string(capacity));
+    }
+    std::copy(ids.begin(), ids.end(), tokens);
+  });
+}
+
+ember_status ember_detokenize(const ember_model* model, const int32_t* tokens, size_t n_tokens, char* text,
+                              size_t capacity, size_t* out_length) {
+  return guarded([&] {
+    require(model != nullptr, "model is NULL");
+    require(out_length != nullptr, "out_length is NULL");
+    require(tokens != nullptr || n_tokens == 0, "tokens is NULL");
+    require(text != nullptr || capacity == 0, "text is NULL but capacity > 0");
+    *out_length = 0;
+    const auto& tok = model->model->tokenizer();
+    ember::StreamingDetokenizer detok(tok);
+    std::string out;
+    for (size_t i = 0; i < n_tokens; ++i) {
+      require(tokens[i] >= 0 && tokens[i] < tok.n_vocab(), "token id out of range");
+      out += detok.feed(tokens[i]);
+    }
+    out += detok.flush();
+    *out_length = out.size();
+    if (out.size() + 1 > capacity) {
+      throw Error(StatusCode::kInvalidArgument,
+                  "text buffer too small: need " + std::to_string(out.size() + 1) + " bytes");
+    }
+    std::memcpy(text, out.c_str(), out.size() + 1);
+  });
+}
+
+// ---------------------------------------------------------------- engine
+
+void ember_engine_params_init(ember_engine_params* params) {
+  if (!params) return;
+  std::memset(params, 0, sizeof *params);
+  params->size = sizeof *params;
+  params->device = EMBER_DEVICE_CPU;
+  params->n_threads = 0;
+  params->kv_memory_bytes = 0;
+  params->kv_block_size = 16;
+  params->kv_dtype = EMBER_KV_F16;
+  params->max_batch_tokens = 512;
+  params->max_running = 64;
+}
+
+ember_status ember_engine_create(ember_model* model, const ember_engine_params* params, ember_engine** out_engine) {
+  return guarded([&] {
+    require(out_engine != nullptr, "out_engine is NULL");
+    *out_engine = nullptr;
+    require(model != nullptr, "model is NULL");
+    const ember_engine_params p = read_params(params, ember_engine_params_init);
+    if (p.device == EMBER_DEVICE_CUDA) {
+      throw Error(StatusCode::kUnsupported, "the CUDA device is not available in this build");
+    }
+    require(p.device == EMBER_DEVICE_CPU || p.device == EMBER_DEVICE_AUTO, "engine params: unknown device");
+    require(p.kv_dtype == EMBER_KV_F16, "engine params: unknown kv_dtype");
+    ember::EngineParams ep;
+    ep.n_threads = p.n_threads;
+    ep.kv_memory_bytes = p.kv_memory_bytes == 0 ? (512ull << 20) : p.kv_memory_bytes;
+    ep.kv_block_size = p.kv_block_size;
+    ep.max_batch_tokens = p.max_batch_tokens;
+    ep.max_running = p.max_running;
+    auto h = std::make_unique<ember_engine>();
+    h->owner = ember::Engine::create(model->model, ep);
+    h->cache_view.engine = &**h->owner;
+    h->scheduler_view.engine = &**h->owner;
+    *out_engine = h.release();
+  });
+}
+
+void ember_engine_destroy(ember_engine* engine) {
+  try {
+    delete engine;
+  } catch (...) {
+  }
+}
+
+ember_cache* ember_engine_cache(ember_engine* engine) { return engine ? &engine->cache_view : nullptr; }
+ember_scheduler* ember_engine_scheduler(ember_engine* engine) { return engine ? &engine->scheduler_view : nullptr; }
+
+ember_status ember_cache_stats(const ember_cache* cache, ember_cache_stats_t* stats) {
+  return guarded([&] {
+    require(cache != nullptr && cache->engine != nullptr, "cache is NULL");
+    require(stats != nullptr, "stats is NULL");
+    const auto s = cache->engine->cache().stats();
+    ember_cache_stats_t out;
+    std::memset(&out, 0, sizeof out);
+    out.size = sizeof out;
+    out.block_size = s.block_size;
+    out.blocks_total = s.blocks_total;
+    out.blocks_used = s.blocks_used;
+    out.blocks_cached = s.blocks_cached;
+    out.blocks_free = s.blocks_free;
+    out.prefix_hits = s.prefix_hits;
+    out.prefix_misses = s.prefix_misses;
+    out.bytes_per_block = s.bytes_per_block;
+    write_sized(stats, out);
+  });
+}
+
+ember_status ember_scheduler_stats(const ember_scheduler* scheduler, ember_scheduler_stats_t* stats) {
+  return guarded([&] {
+    require(scheduler != nullptr && scheduler->engine != nullptr, "scheduler is NULL");
+    require(stats != nullptr, "stats is NULL");
+    const auto s = scheduler->engine->scheduler_stats();
+    ember_scheduler_stats_t out;
+    std::memset(&out, 0, sizeof out);
+    out.size = sizeof out;
+    out.running = s.running;
+    out.waiting = s.waiting;
+    out.preempted = s.preempted;
+    out.last_step_tokens = s.last_step_tokens;
+    out.steps = s.steps;
+    write_sized(stats, out);
+  });
+}
+
+ember_status ember_engine_score(ember_engine* engine, const int32_t* tokens, size_t n_tokens, float* logprobs,
+                                float* logits) {
+  return guarded([&] {
+    require(engine != nullptr, "engine is NULL");
+    require(tokens != nullptr, "tokens is NULL");
+    require(n_tokens > 0, "n_tokens is 0");
+    (*engine->owner)->score(tokens, n_tokens, logprobs, logits);
+  });
+}
+
+// ---------------------------------------------------------------- session
+
+void ember_session_params_init(ember_session_params* params) {
+  if (!params) return;
+  std::memset(params, 0, sizeof *params);
+  params->size = sizeof *params;
+}
+
+ember_status ember_session_create(ember_engine* engine, const ember_session_params* params,
+                                  ember_session** out_session) {
+  return guarded([&] {
+    require(out_session != nullptr, "out_session is NULL");
+    *out_session = nullptr;
+    require(engine != nullptr, "engine is NULL");
+    const ember_session_params p = read_params(params, ember_session_params_init);
+    std::string system;
+    if (p.system_prompt) system = checked_text(p.system_prompt, "system_prompt");
+    auto h = std::make_unique<ember_session>();
+    h->session = std::make_shared<ember::Session>(engine->owner, p.n_ctx, system);
+    *out_session = h.release();
+  });
+}
+
+void ember_session_destroy(ember_session* session) {
+  if (!session) return;
+  try {
+    session->session->cancel_active();
+    delete session;
+  } catch (...) {
+  }
+}
+
+ember_status ember_session_add_message(ember_session* session, const char* role, const char* content) {
+  return guarded([&] {
+    require(session != nullptr, "session is NULL");
+    const std::string r = checked_text(role, "role");
+    const std::string c = checked_text(content, "content");
+    session->session->add_message(r, c);
+  });
+}
+
+ember_status ember_session_add_text(ember_session* session, const char* text, int32_t parse_special) {
+  return guarded([&] {
+    require(session != nullptr, "session is NULL");
+    session->session->add_text(checked_text(text, "text"), parse_special != 0);
+  });
+}
+
+ember_status ember_session_add_tokens(ember_session* session, const int32_t* tokens, size_t n_tokens) {
+  return guarded([&] {
+    require(session != nullptr, "session is NULL");
+    require(tokens != nullptr || n_tokens == 0, "tokens is NULL");
+    session->session->add_tokens(std::vector<int32_t>(tokens, tokens + n_tokens));
+  });
+}
+
+ember_status ember_session_reset(ember_session* session) {
+  return guarded([&] {
+    require(session != nullptr, "session is NULL");
+    session->session->reset();
+  });
+}
+
+ember_status ember_session_token_count(const ember_session* session, size_t* out_count) {
+  return guarded([&] {
+    require(session != nullptr, "session is NULL");
+    require(out_count != nullptr, "out_count is NULL");
+    *out_count = session->session->token_count();
+  });
+}
+
+// ---------------------------------------------------------------- stream
+
+void ember_stream_params_init(ember_stream_params* params) {
+  if (!params) return;
+  std::memset(params, 0, sizeof *params);
+  params->size = sizeof *params;
+  params->max_tokens = 256;
+  params->temperature = 0.8f;
+  params->top_k = 40;
+  params->top_p = 0.95f;
+  params->min_p = 0.05f;
+  params->repeat_penalty = 1.0f;
+  params->presence_penalty = 0.0f;
+  params->frequency_penalty = 0.0f;
+  params->penalty_last_n = 64;
+  params->seed = 0xEEEE;
+  params->stop = nullptr;
+  params->ignore_eos = 0;
+}
+
+ember_status ember_stream_start(ember_session* session, const ember_stream_params* params, ember_stream** out_stream) {
+  return guarded([&] {
+    require(out_stream != nullptr, "out_stream is NULL");
+    *out_stream = nullptr;
+    require(session != nullptr, "session is NULL");
+    const ember_stream_params p = read_params(params, ember_stream_params_init);
+    const ember::StreamParams sp = to_stream_params(p);
+    auto h = std::make_unique<ember_stream>();
+    h->stream = session->session->start(sp);
+    *out_stream = h.release();
+  });
+}
+
+ember_status ember_stream_next(ember_stream* stream, ember_event* event, int32_t timeout_ms) {
+  return guarded([&] {
+    require(stream != nullptr, "stream is NULL");
+    require(event != nullptr, "event is NULL");
+    ember::StreamEvent ev;
+    const StatusCode code = stream->stream->next(ev, timeout_ms);
+    if (code == StatusCode::kTimeout) throw Error(code, "no event within the timeout");
+    if (code == StatusCode::kEndOfStream) throw Error(code, "the stream has ended");
+    if (code == StatusCode::kBusy) throw Error(code, "the stream delivers its events to a callback");
+    stream->current = std::move(ev);
+    if (stream->current.type == ember::StreamEvent::kError) t_last_error = stream->current.error;
+    fill_event(stream, event);
+  });
+}
+
+ember_status ember_stream_set_callback(ember_stream* stream, ember_stream_callback callback, void* user_data) {
+  return guarded([&] {
+    require(stream != nullptr, "stream is NULL");
+    require(callback != nullptr, "callback is NULL");
+    stream->stream->set_callback([callback, user_data](const ember::StreamEvent& e) {
+      ember_event out;
+      std::memset(&out, 0, sizeof out);
+      out.size = sizeof out;
+      out.type = static_cast<int32_t>(e.type);
+      out.text = e.text.c_str();
+      out.text_length = e.text.size();
+      out.tokens = e.tokens.empty() ? nullptr : e.tokens.data();
+      out.n_tokens = e.tokens.size();
+      out.end_reason = static_cast<int32_t>(e.end_reason);
+      out.status = static_cast<ember_status>(e.status);
+      if (e.type == ember::StreamEvent::kError) t_last_error = e.error;
+      return callback(&out, user_data) != 0;
+    });
+  });
+}
+
+ember_status ember_stream_cancel(ember_stream* stream) {
+  return guarded([&] {
+    require(stream != nullptr, "stream is NULL");
+    stream->stream->cancel();
+  });
+}
+
+ember_status ember_stream_wait(ember_stream* stream) {
+  return guarded([&] {
+    require(stream != nullptr, "stream is NULL");
+    stream->stream->wait();
+  });
+}
+
+ember_status ember_stream_stats(const ember_stream* stream, ember_stream_stats_t* stats) {
+  return guarded([&] {
+    require(stream != nullptr, "stream is NULL");
+    require(stats != nullptr, "stats is NULL");
+    const auto s = stream->stream->stats();
+    ember_stream_stats_t out;
+    std::memset(&out, 0, sizeof out);
+    out.size = sizeof out;
+    out.prompt_tokens = s.prompt_tokens;
+    out.generated_tokens = s.generated_tokens;
+    out.time_to_first_token_ms = s.ttft_ms;
+    out.tokens_per_second = s.tokens_per_second;
+    out.prefill_tokens_per_second = s.prefill_tokens_per_second;
+    out.finished = s.finished ? 1 : 0;
+    out.end_reason = static_cast<int32_t>(s.end_reason);
+    write_sized(stats, out);
+  });
+}
+
+void ember_stream_destroy(ember_stream* stream) {
+  if (!stream) return;
+  try {
+    stream->stream->cancel();
+    stream->stream->wait();
+    delete stream;
+  } catch (...) {
+  }
+}
+
+}  // extern "C"

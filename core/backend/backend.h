@@ -1,0 +1,118 @@
+// The backend interface: what the core asks of a device. cpu/ implements it
+// in-process; gpu/ implements it in the libember_cuda.so plugin. Nothing in
+// core/ knows which device runs it.
+//
+// Activations are f32 row-major matrices in device memory (`float*` that the
+// backend allocated); the core never dereferences them, it only passes them
+// back. Host-side descriptors (token ids, positions, block tables) are passed
+// by value/host pointer and the backend moves them to the device as needed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor/types.h"
+
+namespace ember {
+
+// A weight as stored in the GGUF: `rows` rows of `cols` elements of `type`.
+struct WeightDesc {
+  DType type = DType::F32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  const void* host_data = nullptr;  // inside the model's mapping
+};
+
+// A weight resident on the device (the CPU backend simply points at the mapping).
+class DeviceWeight {
+ public:
+  virtual ~DeviceWeight() = default;
+  WeightDesc desc;
+};
+
+// Geometry of the paged KV cache: per layer, K and V are arrays of
+// [num_blocks][num_kv_heads][block_size][head_dim] f16.
+struct KvGeometry {
+  int32_t num_layers = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t block_size = 16;
+  int32_t num_blocks = 0;
+  size_t bytes_per_block() const {  // all layers, K and V
+    return static_cast<size_t>(num_layers) * 2 * num_kv_heads * block_size * head_dim * sizeof(uint16_t);
+  }
+};
+
+// One sequence's view in an attention call: the rows of the batch that
+// belong to it and the cache blocks that hold its keys/values.
+struct AttentionSeq {
+  int32_t first_row = 0;   // first batch row of this sequence
+  int32_t n_rows = 0;      // its rows are [first_row, first_row + n_rows)
+  const int32_t* block_table = nullptr;  // host pointer, n_blocks entries
+  int32_t n_blocks = 0;
+};
+
+struct AttentionParams {
+  int32_t num_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  float scale = 1.0f;
+  // Row r attends to cache slots [0, kv_len[r]) of its sequence: the causal
+  // mask expressed by cache slot (cache slot == position inside the cache).
+  const int32_t* kv_len = nullptr;  // host, one per batch row
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+
+  // Memory for activations (f32 unless noted). Freed by free_buffer.
+  virtual void* alloc(size_t bytes) = 0;
+  virtual void free_buffer(void* ptr) = 0;
+  virtual void upload(void* dst, const void* src, size_t bytes) = 0;
+  virtual void download(void* dst, const void* src, size_t bytes) = 0;
+
+  virtual std::unique_ptr<DeviceWeight> upload_weight(const WeightDesc& desc) = 0;
+
+  // The KV pool (one allocation for all layers).
+  virtual void kv_init(const KvGeometry& geometry) = 0;
+  // Copies whole blocks (copy-on-write, compaction): src[i] -> dst[i].
+  virtual void kv_copy_blocks(const int32_t* src, const int32_t* dst, int32_t n) = 0;
+
+  // out[i, :] = table[ids[i], :] (dequantized to f32).
+  virtual void embed(const DeviceWeight& table, const int32_t* ids, int32_t n, float* out) = 0;
+  // out[r] = x[r] / rms(x[r]) * weight, rows of `dim`.
+  virtual void rms_norm(const float* x, const DeviceWeight& weight, int32_t rows, int32_t dim,
+                        float eps, float* out) = 0;
+  // y[M, N] = x[M, K] . W^T. With `rows_are_decodes`, the rows are single
+  // tokens of different sequences: the backend must compute each row exactly
+  // as it would for M = 1 (so batching never changes a sequence's output).
+  virtual void matmul(const DeviceWeight& w, const float* x, int32_t M, float* y, bool rows_are_decodes) = 0;
+  // Rotates the first `rot_dim` dims of each head in place; GGUF "llama"
+  // layout (pairs of adjacent elements). positions: host, one per row.
+  virtual void rope(float* x, const int32_t* positions, int32_t rows, int32_t num_heads,
+                    int32_t head_dim, int32_t rot_dim, float freq_base) = 0;
+  // Writes K/V rows (f32 [rows, num_kv_heads*head_dim]) into the cache at
+  // slots[r] = block * block_size + offset.
+  virtual void kv_store(int32_t layer, const float* k, const float* v, const int32_t* slots,
+                        int32_t rows) = 0;
+  // out[rows, num_heads*head_dim] = softmax(q K^T * scale) V per sequence,
+  // over the paged cache of `layer`.
+  virtual void attention(int32_t layer, const float* q, const AttentionSeq* seqs, int32_t n_seqs,
+                         const AttentionParams& params, float* out) = 0;
+  // out = silu(gate) * up, n elements.
+  virtual void swiglu(const float* gate, const float* up, size_t n, float* out) = 0;
+  // x += y, n elements.
+  virtual void add(float* x, const float* y, size_t n) = 0;
+  // Gathers rows: out[i] = x[rows[i]] (rows of `dim`).
+  virtual void gather_rows(const float* x, const int32_t* rows, int32_t n, int32_t dim, float* out) = 0;
+};
+
+// Creates the CPU backend (threads: 0 = all cores).
+std::unique_ptr<Backend> make_cpu_backend(int n_threads);
+
+}  // namespace ember

@@ -1,0 +1,52 @@
+// Batch: the unit of work of one forward pass. Rows are tokens; each row
+// belongs to one sequence; a sequence's rows are contiguous. Positions are
+// what RoPE sees; slots are where the row's K/V go inside the sequence's
+// cache (logical slot s lives in block block_table[s / block_size]).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace ember {
+
+struct BatchSeq {
+  int32_t first_row = 0;
+  int32_t n_rows = 0;
+  std::vector<int32_t> block_table;  // the sequence's blocks, covering every slot used
+};
+
+struct Batch {
+  std::vector<int32_t> tokens;     // one per row
+  std::vector<int32_t> positions;  // RoPE position per row
+  std::vector<int32_t> slots;      // logical cache slot per row
+  std::vector<int32_t> kv_len;     // row attends to logical slots [0, kv_len)
+  std::vector<int32_t> seq_of_row; // index into seqs
+  std::vector<BatchSeq> seqs;
+  std::vector<int32_t> logit_rows; // rows whose logits are wanted, in output order
+
+  int32_t n_rows() const { return static_cast<int32_t>(tokens.size()); }
+  void clear() { *this = Batch(); }
+
+  // Appends a causal run of `n` tokens for a sequence whose cache already
+  // holds `n_past` slots (positions == slots).
+  void add_sequence(const int32_t* toks, int32_t n, int32_t n_past, std::vector<int32_t> block_table,
+                    bool logits_for_last, bool logits_for_all = false) {
+    BatchSeq s;
+    s.first_row = n_rows();
+    s.n_rows = n;
+    s.block_table = std::move(block_table);
+    const int32_t seq_index = static_cast<int32_t>(seqs.size());
+    for (int32_t i = 0; i < n; ++i) {
+      const int32_t row = n_rows();
+      tokens.push_back(toks[i]);
+      positions.push_back(n_past + i);
+      slots.push_back(n_past + i);
+      kv_len.push_back(n_past + i + 1);
+      seq_of_row.push_back(seq_index);
+      if (logits_for_all || (logits_for_last && i == n - 1)) logit_rows.push_back(row);
+    }
+    seqs.push_back(std::move(s));
+  }
+};
+
+}  // namespace ember

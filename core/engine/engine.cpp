@@ -1,0 +1,611 @@
+#include "core/engine/engine.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/engine/batch.h"
+#include "core/model/llama.h"
+#include "core/tokenizer/tokenizer.h"
+#include "core/util/log.h"
+
+namespace ember {
+
+namespace {
+double ms_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+}  // namespace
+
+// ------------------------------------------------------------------ Engine
+
+Engine::Engine(std::shared_ptr<const Model> model, const EngineParams& params)
+    : model_(std::move(model)), params_(params) {
+  const auto& c = model_->config();
+  if (params_.kv_block_size <= 0 || params_.kv_block_size > 64) {
+    fail(StatusCode::kInvalidArgument, "engine: kv_block_size must be in [1, 64]");
+  }
+  if (params_.max_batch_tokens <= 0 || params_.max_batch_tokens > (1 << 16)) {
+    fail(StatusCode::kInvalidArgument, "engine: max_batch_tokens must be in [1, 65536]");
+  }
+  if (params_.max_running <= 0 || params_.max_running > 4096) {
+    fail(StatusCode::kInvalidArgument, "engine: max_running must be in [1, 4096]");
+  }
+  if (params_.n_threads < 0 || params_.n_threads > 1024) {
+    fail(StatusCode::kInvalidArgument, "engine: n_threads must be in [0, 1024]");
+  }
+  backend_ = make_cpu_backend(params_.n_threads);
+  KvGeometry g;
+  g.num_layers = c.n_layers;
+  g.num_kv_heads = c.n_kv_heads;
+  g.head_dim = c.head_dim;
+  g.block_size = params_.kv_block_size;
+  const uint64_t blocks = params_.kv_memory_bytes / g.bytes_per_block();
+  if (blocks == 0) fail(StatusCode::kInvalidArgument, "engine: kv_memory_bytes is smaller than one KV block");
+  if (blocks > (1u << 30)) fail(StatusCode::kInvalidArgument, "engine: kv_memory_bytes is absurdly large");
+  g.num_blocks = static_cast<int32_t>(blocks);
+  cache_ = std::make_unique<KvCache>(*backend_, g);
+  forward_ = std::make_unique<LlamaForward>(model_, *backend_, g.block_size);
+}
+
+Engine::~Engine() {
+  // The worker is gone (stopped by the last EngineOwner) before we get here.
+  if (worker_.joinable()) worker_.detach();
+}
+
+std::shared_ptr<EngineOwner> Engine::create(std::shared_ptr<const Model> model, const EngineParams& params) {
+  std::shared_ptr<Engine> engine(new Engine(std::move(model), params));
+  engine->worker_ = std::thread(&Engine::worker_loop, engine);
+  return std::make_shared<EngineOwner>(engine);
+}
+
+void Engine::stop_worker() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (!worker_.joinable()) return;
+  if (std::this_thread::get_id() == worker_.get_id()) {
+    worker_.detach();
+  } else {
+    worker_.join();
+  }
+}
+
+void Engine::submit(const std::shared_ptr<Stream>& stream) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    streams_.push_back(stream);
+  }
+  cv_.notify_all();
+}
+
+SchedulerStats Engine::scheduler_stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  SchedulerStats s = stats_;
+  s.waiting = streams_.size() > s.running ? streams_.size() - s.running : 0;
+  return s;
+}
+
+void Engine::worker_loop(std::shared_ptr<Engine> self) {
+  Engine& e = *self;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(e.mutex_);
+      e.cv_.wait(lock, [&] { return e.stop_ || !e.streams_.empty(); });
+      if (e.stop_) break;
+    }
+    try {
+      e.step();
+    } catch (const std::exception& ex) {
+      log(LogLevel::kError, "engine step failed: %s", ex.what());
+    }
+  }
+  // Streams still queued end with an error so no consumer waits forever.
+  std::vector<std::shared_ptr<Stream>> left;
+  {
+    std::lock_guard<std::mutex> lock(e.mutex_);
+    left.swap(e.streams_);
+  }
+  for (auto& s : left) s->fail_with(StatusCode::kCancelled, "the engine was destroyed");
+  left.clear();
+  self.reset();  // may destroy the engine, on this thread
+}
+
+bool Engine::step() {
+  std::vector<std::shared_ptr<Stream>> streams;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    streams = streams_;
+  }
+  if (streams.empty()) return false;
+  const Tokenizer& tok = model_->tokenizer();
+  const int32_t n_vocab = model_->config().n_vocab;
+
+  struct Entry {
+    Stream* stream;
+    int32_t chunk;
+    int32_t logit_index;  // -1: no logits this step
+  };
+  std::vector<Entry> entries;
+  Batch batch;
+  int32_t budget = params_.max_batch_tokens;
+  int32_t n_logits = 0;
+  // Decoding sequences (one pending token) first so they keep streaming while
+  // long prompts are prefilled in chunks with what is left of the budget.
+  std::stable_sort(streams.begin(), streams.end(), [](const auto& a, const auto& b) {
+    return a->started_decoding_ > b->started_decoding_;
+  });
+  for (auto& sp : streams) {
+    Stream& s = *sp;
+    if (s.finished_flag()) continue;
+    if (s.cancel_requested_) {
+      s.finish(EndReason::kCancelled);
+      continue;
+    }
+    if (static_cast<int32_t>(entries.size()) >= params_.max_running || budget <= 0) break;
+    Session& se = *s.session_;
+    std::lock_guard<std::mutex> lock(se.mutex_);
+    const size_t pending = se.tokens_.size() - se.n_cached_;
+    if (pending == 0) {
+      s.fail_with(StatusCode::kInternal, "stream has nothing to run");
+      continue;
+    }
+    const int32_t chunk = static_cast<int32_t>(std::min<size_t>(pending, static_cast<size_t>(budget)));
+    const int32_t n_slots = static_cast<int32_t>(se.n_cached_) + chunk;
+    if (!cache_->reserve(se.block_table_, n_slots)) {
+      s.fail_with(StatusCode::kOutOfMemory, "the KV cache pool is exhausted (" +
+                                                std::to_string(cache_->stats().blocks_total) + " blocks)");
+      continue;
+    }
+    const bool last = static_cast<size_t>(chunk) == pending;
+    batch.add_sequence(se.tokens_.data() + se.n_cached_, chunk, static_cast<int32_t>(se.n_cached_),
+                       se.block_table_, last);
+    entries.push_back({&s, chunk, last ? n_logits++ : -1});
+    budget -= chunk;
+  }
+  if (entries.empty()) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    streams_.erase(std::remove_if(streams_.begin(), streams_.end(), [](const auto& s) { return s->finished_flag(); }),
+                   streams_.end());
+    return true;
+  }
+
+  logits_.resize(static_cast<size_t>(n_logits) * n_vocab);
+  try {
+    std::lock_guard<std::mutex> lock(forward_mutex_);
+    forward_->forward(batch, logits_.data());
+  } catch (const Error& e) {
+    for (auto& en : entries) en.stream->fail_with(e.code(), e.message());
+    entries.clear();
+  } catch (const std::bad_alloc&) {
+    for (auto& en : entries) en.stream->fail_with(StatusCode::kOutOfMemory, "out of memory in the forward pass");
+    entries.clear();
+  }
+
+  for (auto& en : entries) {
+    Stream& s = *en.stream;
+    Session& se = *s.session_;
+    std::vector<int32_t> history;
+    {
+      std::lock_guard<std::mutex> lock(se.mutex_);
+      se.n_cached_ += en.chunk;
+      if (!s.started_decoding_) s.stats_prompt_add(en.chunk);
+      if (en.logit_index >= 0) history = se.tokens_;
+    }
+    if (en.logit_index < 0) continue;
+    if (s.cancel_requested_) {
+      s.finish(EndReason::kCancelled);
+      continue;
+    }
+    float* row = logits_.data() + static_cast<size_t>(en.logit_index) * n_vocab;
+    const int32_t token = s.sampler_.sample(row, history);
+    s.on_token(token, tok.is_eog(token));
+  }
+
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.steps++;
+  stats_.running = entries.size();
+  stats_.last_step_tokens = static_cast<size_t>(batch.n_rows());
+  streams_.erase(std::remove_if(streams_.begin(), streams_.end(), [](const auto& s) { return s->finished_flag(); }),
+                 streams_.end());
+  return true;
+}
+
+void Engine::score(const int32_t* tokens, size_t n, float* logprobs, float* logits) {
+  const auto& c = model_->config();
+  if (n < 1) fail(StatusCode::kInvalidArgument, "score: need at least one token");
+  if (n > static_cast<size_t>(c.n_ctx_train)) {
+    fail(StatusCode::kContextFull, "score: " + std::to_string(n) + " tokens exceed the model's context (" +
+                                       std::to_string(c.n_ctx_train) + ")");
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= c.n_vocab) fail(StatusCode::kInvalidArgument, "score: token id out of range");
+  }
+  std::vector<int32_t> table;
+  if (!cache_->reserve(table, static_cast<int32_t>(n))) {
+    fail(StatusCode::kOutOfMemory, "score: the KV pool cannot hold " + std::to_string(n) + " tokens now");
+  }
+  struct Release {
+    KvCache& cache;
+    std::vector<int32_t>& table;
+    ~Release() { cache.release(table); }
+  } release{*cache_, table};
+  const size_t chunk = static_cast<size_t>(params_.max_batch_tokens);
+  std::vector<float> buf;
+  for (size_t start = 0; start < n; start += chunk) {
+    const size_t m = std::min(chunk, n - start);
+    Batch batch;
+    batch.add_sequence(tokens + start, static_cast<int32_t>(m), static_cast<int32_t>(start), table, false, true);
+    buf.resize(m * c.n_vocab);
+    {
+      std::lock_guard<std::mutex> lock(forward_mutex_);
+      forward_->forward(batch, buf.data());
+    }
+    for (size_t i = 0; i < m; ++i) {
+      const float* row = buf.data() + i * c.n_vocab;
+      const size_t pos = start + i;
+      if (logits) std::copy(row, row + c.n_vocab, logits + pos * c.n_vocab);
+      if (logprobs && pos + 1 < n) {
+        const float mx = *std::max_element(row, row + c.n_vocab);
+        double sum = 0.0;
+        for (int32_t v = 0; v < c.n_vocab; ++v) sum += std::exp(static_cast<double>(row[v] - mx));
+        logprobs[pos] = static_cast<float>(row[tokens[pos + 1]] - mx - std::log(sum));
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------ Session
+
+Session::Session(std::shared_ptr<EngineOwner> engine, int32_t n_ctx, const std::string& system_prompt)
+    : engine_(std::move(engine)) {
+  const int32_t train = (*engine_)->model().config().n_ctx_train;
+  if (n_ctx < 0) fail(StatusCode::kInvalidArgument, "session: n_ctx must be >= 0");
+  n_ctx_ = n_ctx == 0 ? train : std::min(n_ctx, train);
+  if (!system_prompt.empty()) {
+    messages_.push_back({"system", system_prompt});
+    mode_ = Mode::kChat;
+  }
+}
+
+Session::~Session() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  (*engine_)->cache().release(block_table_);
+}
+
+void Session::require_idle_locked() const {
+  if (busy_) fail(StatusCode::kBusy, "the session is running a stream");
+}
+
+void Session::add_message(const std::string& role, const std::string& content) {
+  if (role.empty()) fail(StatusCode::kInvalidArgument, "add_message: empty role");
+  const Model& model = (*engine_)->model();
+  if (!model.chat_template()) fail(StatusCode::kUnsupported, model.chat_template_error());
+  std::lock_guard<std::mutex> lock(mutex_);
+  require_idle_locked();
+  if (mode_ == Mode::kText) {
+    fail(StatusCode::kInvalidArgument, "add_message: the session holds raw text; reset it before chatting");
+  }
+  mode_ = Mode::kChat;
+  messages_.push_back({role, content});
+}
+
+void Session::add_text(const std::string& text, bool parse_special) {
+  const Tokenizer& tok = (*engine_)->model().tokenizer();
+  std::lock_guard<std::mutex> lock(mutex_);
+  require_idle_locked();
+  if (mode_ == Mode::kChat) {
+    fail(StatusCode::kInvalidArgument, "add_text: the session holds chat messages; reset it first");
+  }
+  append_tokens_locked(tok.encode(text, tokens_.empty(), parse_special));
+}
+
+void Session::add_tokens(std::vector<int32_t> ids) {
+  const int32_t n_vocab = (*engine_)->model().config().n_vocab;
+  for (int32_t id : ids) {
+    if (id < 0 || id >= n_vocab) fail(StatusCode::kInvalidArgument, "add_tokens: token id " + std::to_string(id) + " out of range");
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  require_idle_locked();
+  if (mode_ == Mode::kChat) {
+    fail(StatusCode::kInvalidArgument, "add_tokens: the session holds chat messages; reset it first");
+  }
+  append_tokens_locked(ids);
+}
+
+void Session::append_tokens_locked(const std::vector<int32_t>& ids) {
+  if (tokens_.size() + ids.size() > static_cast<size_t>(n_ctx_)) {
+    fail(StatusCode::kContextFull, std::to_string(tokens_.size() + ids.size()) +
+                                       " tokens exceed the session's context of " + std::to_string(n_ctx_));
+  }
+  mode_ = Mode::kText;
+  tokens_.insert(tokens_.end(), ids.begin(), ids.end());
+}
+
+void Session::reset() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  require_idle_locked();
+  (*engine_)->cache().release(block_table_);
+  tokens_.clear();
+  n_cached_ = 0;
+  messages_.clear();
+  mode_ = Mode::kEmpty;
+}
+
+void Session::cancel_active() {
+  std::shared_ptr<Stream> s;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    s = active_.lock();
+  }
+  if (s) s->cancel();
+}
+
+size_t Session::token_count() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return tokens_.size();
+}
+
+void Session::truncate_cache_locked(size_t n) {
+  if (n < n_cached_) {
+    n_cached_ = n;
+    (*engine_)->cache().truncate(block_table_, static_cast<int32_t>(n));
+  }
+}
+
+// Re-renders the conversation with the generation prompt and keeps the
+// longest common token prefix with what is already cached.
+void Session::sync_chat_tokens_locked() {
+  const Model& model = (*engine_)->model();
+  const Tokenizer& tok = model.tokenizer();
+  ChatTemplateOptions opts;
+  opts.add_generation_prompt = true;
+  if (tok.bos() >= 0) opts.bos_token = tok.token_to_piece(tok.bos());
+  if (tok.eos() >= 0) opts.eos_token = tok.token_to_piece(tok.eos());
+  const std::string text = model.chat_template()->apply(messages_, opts);
+  std::vector<int32_t> ids = tok.encode(text, true, true);
+  size_t common = 0;
+  while (common < ids.size() && common < tokens_.size() && ids[common] == tokens_[common]) ++common;
+  truncate_cache_locked(common);
+  tokens_ = std::move(ids);
+}
+
+std::shared_ptr<Stream> Session::start(const StreamParams& params) {
+  std::shared_ptr<Stream> stream;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    require_idle_locked();
+    if (mode_ == Mode::kChat) sync_chat_tokens_locked();
+    if (tokens_.empty()) fail(StatusCode::kInvalidArgument, "stream_start: the session is empty; add a message or text first");
+    if (tokens_.size() >= static_cast<size_t>(n_ctx_)) {
+      fail(StatusCode::kContextFull, "stream_start: the prompt (" + std::to_string(tokens_.size()) +
+                                         " tokens) fills the session's context of " + std::to_string(n_ctx_));
+    }
+    KvCache& cache = (*engine_)->cache();
+    const size_t need_blocks = (tokens_.size() + 1 + cache.block_size() - 1) / cache.block_size();
+    if (need_blocks > cache.stats().blocks_total) {
+      fail(StatusCode::kOutOfMemory, "stream_start: the prompt needs " + std::to_string(need_blocks) +
+                                         " KV blocks but the pool has " + std::to_string(cache.stats().blocks_total));
+    }
+    // The last token must be run again to get logits if everything is cached.
+    if (n_cached_ >= tokens_.size()) truncate_cache_locked(tokens_.size() - 1);
+    const size_t prompt = tokens_.size() - n_cached_;
+    stream = std::make_shared<Stream>(shared_from_this(), params, prompt);
+    busy_ = true;
+    active_ = stream;
+  }
+  (*engine_)->submit(stream);
+  return stream;
+}
+
+// ------------------------------------------------------------------ Stream
+
+Stream::Stream(std::shared_ptr<Session> session, const StreamParams& params, size_t prompt_tokens)
+    : session_(std::move(session)),
+      params_(params),
+      sampler_(params.sampling, session_->engine().model().config().n_vocab),
+      detok_(std::make_unique<StreamingDetokenizer>(session_->engine().model().tokenizer())) {
+  if (params_.max_tokens <= 0) fail(StatusCode::kInvalidArgument, "stream: max_tokens must be > 0");
+  for (const auto& s : params_.stop) {
+    if (s.empty()) fail(StatusCode::kInvalidArgument, "stream: empty stop string");
+  }
+  t_start_ = std::chrono::steady_clock::now();
+  (void)prompt_tokens;
+}
+
+Stream::~Stream() = default;
+
+bool Stream::finished_flag() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return finished_;
+}
+
+void Stream::stats_prompt_add(int32_t n) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.prompt_tokens += static_cast<size_t>(n);
+}
+
+void Stream::push(StreamEvent ev) {
+  Callback cb;
+  std::vector<StreamEvent> deliver;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (ev.type != StreamEvent::kText) finished_ = true;
+    queue_.push_back(std::move(ev));
+    if (callback_) {
+      cb = callback_;
+      deliver.assign(std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.end()));
+      queue_.clear();
+      if (finished_) consumer_done_ = true;
+    }
+  }
+  cv_.notify_all();
+  for (const auto& e : deliver) {
+    if (cb(e)) cancel_requested_ = true;
+  }
+}
+
+void Stream::emit_text(bool final_flush) {
+  // Hold back the longest tail that could still grow into a stop string.
+  size_t keep = 0;
+  if (!final_flush) {
+    for (const auto& stop : params_.stop) {
+      const size_t max_len = std::min(stop.size() - 1, held_text_.size());
+      for (size_t len = max_len; len > keep; --len) {
+        if (held_text_.compare(held_text_.size() - len, len, stop, 0, len) == 0) {
+          keep = len;
+          break;
+        }
+      }
+    }
+  }
+  const size_t emit = held_text_.size() - keep;
+  if (emit == 0 && !(final_flush && !held_tokens_.empty())) return;
+  StreamEvent ev;
+  ev.type = StreamEvent::kText;
+  ev.text = held_text_.substr(0, emit);
+  ev.tokens = std::move(held_tokens_);
+  held_tokens_.clear();
+  held_text_.erase(0, emit);
+  reply_text_ += ev.text;
+  if (ev.text.empty() && ev.tokens.empty()) return;
+  push(std::move(ev));
+}
+
+void Stream::on_token(int32_t token, bool is_eog) {
+  const auto now = std::chrono::steady_clock::now();
+  if (!started_decoding_) {
+    started_decoding_ = true;
+    t_first_token_ = now;
+  }
+  ++generated_;
+  Session& se = *session_;
+  int32_t n_ctx;
+  size_t n_tokens;
+  {
+    std::lock_guard<std::mutex> lock(se.mutex_);
+    se.tokens_.push_back(token);
+    n_ctx = se.n_ctx_;
+    n_tokens = se.tokens_.size();
+  }
+  if (is_eog && !params_.ignore_eos) {
+    finish(EndReason::kEos);
+    return;
+  }
+  held_text_ += detok_->feed(token);
+  held_tokens_.push_back(token);
+  for (const auto& stop : params_.stop) {
+    const size_t at = held_text_.find(stop);
+    if (at != std::string::npos) {
+      held_text_.resize(at);
+      emit_text(true);
+      finish(EndReason::kStopString);
+      return;
+    }
+  }
+  emit_text(false);
+  if (generated_ >= static_cast<size_t>(params_.max_tokens)) {
+    finish(EndReason::kMaxTokens);
+  } else if (n_tokens >= static_cast<size_t>(n_ctx)) {
+    finish(EndReason::kContextFull);
+  }
+}
+
+void Stream::finish(EndReason reason) {
+  if (finished_flag()) return;
+  if (reason != EndReason::kStopString) {
+    held_text_ += detok_->flush();
+    emit_text(true);
+  }
+  Session& se = *session_;
+  {
+    std::lock_guard<std::mutex> lock(se.mutex_);
+    if (se.mode_ == Session::Mode::kChat) se.messages_.push_back({"assistant", reply_text_});
+    se.busy_ = false;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    t_end_ = std::chrono::steady_clock::now();
+    stats_.generated_tokens = generated_;
+    stats_.end_reason = reason;
+  }
+  StreamEvent ev;
+  ev.type = StreamEvent::kEnd;
+  ev.end_reason = reason;
+  push(std::move(ev));
+}
+
+void Stream::fail_with(StatusCode code, const std::string& message) {
+  if (finished_flag()) return;
+  Session& se = *session_;
+  {
+    std::lock_guard<std::mutex> lock(se.mutex_);
+    // Tokens that never reached the cache are dropped so the session stays consistent.
+    se.busy_ = false;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    t_end_ = std::chrono::steady_clock::now();
+    stats_.generated_tokens = generated_;
+  }
+  StreamEvent ev;
+  ev.type = StreamEvent::kError;
+  ev.status = code;
+  ev.error = message;
+  push(std::move(ev));
+}
+
+StatusCode Stream::next(StreamEvent& out, int32_t timeout_ms) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (callback_) return StatusCode::kBusy;
+  if (consumer_done_) return StatusCode::kEndOfStream;
+  auto ready = [&] { return !queue_.empty(); };
+  if (timeout_ms < 0) {
+    cv_.wait(lock, ready);
+  } else if (!cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), ready)) {
+    return StatusCode::kTimeout;
+  }
+  out = std::move(queue_.front());
+  queue_.pop_front();
+  if (out.type != StreamEvent::kText) consumer_done_ = true;
+  return StatusCode::kOk;
+}
+
+void Stream::set_callback(Callback cb) {
+  std::vector<StreamEvent> deliver;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (callback_) fail(StatusCode::kBusy, "stream: a callback is already set");
+    if (consumer_done_) fail(StatusCode::kEndOfStream, "stream: already ended");
+    callback_ = cb;
+    if (finished_) {  // nothing more will be pushed: deliver what is queued now
+      deliver.assign(std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.end()));
+      queue_.clear();
+      consumer_done_ = true;
+    }
+  }
+  for (const auto& e : deliver) cb(e);
+}
+
+void Stream::wait() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  cv_.wait(lock, [&] { return finished_; });
+}
+
+StreamStats Stream::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  StreamStats s = stats_;
+  s.finished = finished_;
+  s.generated_tokens = generated_;
+  if (started_decoding_) {
+    s.ttft_ms = ms_between(t_start_, t_first_token_);
+    if (s.ttft_ms > 0) s.prefill_tokens_per_second = static_cast<double>(s.prompt_tokens) / (s.ttft_ms / 1000.0);
+    const auto end = finished_ ? t_end_ : std::chrono::steady_clock::now();
+    const double decode_ms = ms_between(t_first_token_, end);
+    if (generated_ > 1 && decode_ms > 0) s.tokens_per_second = static_cast<double>(generated_ - 1) / (decode_ms / 1000.0);
+  }
+  return s;
+}
+
+}  // namespace ember

@@ -1,0 +1,148 @@
+#include "core/model/llama.h"
+
+#include <cmath>
+
+#include "core/util/status.h"
+
+namespace ember {
+
+LlamaForward::LlamaForward(std::shared_ptr<const Model> model, Backend& backend, int32_t block_size)
+    : model_(std::move(model)), backend_(backend), block_size_(block_size) {
+  token_embd_ = backend_.upload_weight(model_->token_embd());
+  output_norm_ = backend_.upload_weight(model_->output_norm());
+  output_ = backend_.upload_weight(model_->output());
+  for (const auto& l : model_->layers()) {
+    LayerWeights w;
+    w.attn_norm = backend_.upload_weight(l.attn_norm);
+    w.wq = backend_.upload_weight(l.wq);
+    w.wk = backend_.upload_weight(l.wk);
+    w.wv = backend_.upload_weight(l.wv);
+    w.wo = backend_.upload_weight(l.wo);
+    w.ffn_norm = backend_.upload_weight(l.ffn_norm);
+    w.w_gate = backend_.upload_weight(l.w_gate);
+    w.w_up = backend_.upload_weight(l.w_up);
+    w.w_down = backend_.upload_weight(l.w_down);
+    layers_.push_back(std::move(w));
+  }
+}
+
+LlamaForward::~LlamaForward() { release_buffers(); }
+
+void LlamaForward::release_buffers() {
+  for (float** p : {&x_, &h_, &q_, &k_, &v_, &attn_, &gate_, &up_, &sel_, &logits_dev_}) {
+    if (*p) backend_.free_buffer(*p);
+    *p = nullptr;
+  }
+  capacity_rows_ = capacity_logits_ = 0;
+}
+
+void LlamaForward::ensure_capacity(int32_t rows, int32_t logit_rows) {
+  if (rows <= capacity_rows_ && logit_rows <= capacity_logits_) return;
+  release_buffers();
+  const auto& c = model_->config();
+  const size_t r = static_cast<size_t>(std::max(rows, 1));
+  const size_t lr = static_cast<size_t>(std::max(logit_rows, 1));
+  const size_t q_dim = static_cast<size_t>(c.n_heads) * c.head_dim;
+  const size_t kv_dim = static_cast<size_t>(c.n_kv_heads) * c.head_dim;
+  auto f = [&](size_t n) { return static_cast<float*>(backend_.alloc(n * sizeof(float))); };
+  x_ = f(r * c.n_embd);
+  h_ = f(r * std::max<size_t>(c.n_embd, q_dim));
+  q_ = f(r * q_dim);
+  k_ = f(r * kv_dim);
+  v_ = f(r * kv_dim);
+  attn_ = f(r * q_dim);
+  gate_ = f(r * c.n_ff);
+  up_ = f(r * c.n_ff);
+  sel_ = f(lr * c.n_embd);
+  logits_dev_ = f(lr * c.n_vocab);
+  capacity_rows_ = static_cast<int32_t>(r);
+  capacity_logits_ = static_cast<int32_t>(lr);
+}
+
+void LlamaForward::forward(const Batch& batch, float* logits) {
+  const auto& c = model_->config();
+  const int32_t n = batch.n_rows();
+  if (n == 0) return;
+  const int32_t n_out = static_cast<int32_t>(batch.logit_rows.size());
+  ensure_capacity(n, n_out);
+
+  // Physical cache slots and per-sequence attention views.
+  std::vector<int32_t> phys_slots(n);
+  std::vector<AttentionSeq> seqs(batch.seqs.size());
+  for (size_t s = 0; s < batch.seqs.size(); ++s) {
+    const auto& bs = batch.seqs[s];
+    seqs[s] = AttentionSeq{bs.first_row, bs.n_rows, bs.block_table.data(),
+                           static_cast<int32_t>(bs.block_table.size())};
+    for (int32_t r = bs.first_row; r < bs.first_row + bs.n_rows; ++r) {
+      const int32_t logical = batch.slots[r];
+      const int32_t b = logical / block_size_;
+      if (b < 0 || b >= static_cast<int32_t>(bs.block_table.size()) ||
+          (batch.kv_len[r] + block_size_ - 1) / block_size_ > static_cast<int32_t>(bs.block_table.size())) {
+        fail(StatusCode::kInternal, "forward: a row's cache slot is not covered by its block table");
+      }
+      phys_slots[r] = bs.block_table[b] * block_size_ + logical % block_size_;
+    }
+  }
+
+  AttentionParams ap;
+  ap.num_heads = c.n_heads;
+  ap.num_kv_heads = c.n_kv_heads;
+  ap.head_dim = c.head_dim;
+  ap.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  ap.kv_len = batch.kv_len.data();
+
+  // Matmuls run per segment: single-token rows (decodes) together, each
+  // multi-token run (a prefill chunk) alone. A row's result then depends only
+  // on its own sequence, so a batched sequence computes exactly what it would
+  // alone (the matmul kernel is row-independent within one path).
+  struct Segment { int32_t first, rows; bool decodes; };
+  std::vector<Segment> segments;
+  bool prev_single = false;
+  for (const auto& bs : batch.seqs) {
+    const bool single = bs.n_rows == 1;
+    if (single && !segments.empty() && prev_single &&
+        segments.back().first + segments.back().rows == bs.first_row) {
+      segments.back().rows += 1;
+    } else {
+      segments.push_back({bs.first_row, bs.n_rows, single});
+    }
+    prev_single = single;
+  }
+  auto matmul = [&](const DeviceWeight& w, const float* in, float* out) {
+    const int64_t in_dim = w.desc.cols, out_dim = w.desc.rows;
+    for (const auto& seg : segments) {
+      backend_.matmul(w, in + seg.first * in_dim, seg.rows, out + seg.first * out_dim, seg.decodes);
+    }
+  };
+
+  backend_.embed(*token_embd_, batch.tokens.data(), n, x_);
+  for (int32_t il = 0; il < c.n_layers; ++il) {
+    const auto& w = layers_[il];
+    backend_.rms_norm(x_, *w.attn_norm, n, c.n_embd, c.rms_eps, h_);
+    matmul(*w.wq, h_, q_);
+    matmul(*w.wk, h_, k_);
+    matmul(*w.wv, h_, v_);
+    backend_.rope(q_, batch.positions.data(), n, c.n_heads, c.head_dim, c.rope_dim, c.rope_freq_base);
+    backend_.rope(k_, batch.positions.data(), n, c.n_kv_heads, c.head_dim, c.rope_dim, c.rope_freq_base);
+    backend_.kv_store(il, k_, v_, phys_slots.data(), n);
+    backend_.attention(il, q_, seqs.data(), static_cast<int32_t>(seqs.size()), ap, attn_);
+    matmul(*w.wo, attn_, h_);
+    backend_.add(x_, h_, static_cast<size_t>(n) * c.n_embd);
+    backend_.rms_norm(x_, *w.ffn_norm, n, c.n_embd, c.rms_eps, h_);
+    matmul(*w.w_gate, h_, gate_);
+    matmul(*w.w_up, h_, up_);
+    backend_.swiglu(gate_, up_, static_cast<size_t>(n) * c.n_ff, gate_);
+    matmul(*w.w_down, gate_, h_);
+    backend_.add(x_, h_, static_cast<size_t>(n) * c.n_embd);
+  }
+  if (n_out == 0) return;
+  backend_.gather_rows(x_, batch.logit_rows.data(), n_out, c.n_embd, sel_);
+  backend_.rms_norm(sel_, *output_norm_, n_out, c.n_embd, c.rms_eps, sel_);
+  // Logit rows are one per sequence when generating (decode-like), or every
+  // row of one sequence when scoring.
+  const bool per_sequence = n_out <= static_cast<int32_t>(batch.seqs.size());
+  backend_.matmul(*output_, sel_, n_out, logits_dev_, per_sequence);
+  backend_.download(logits, logits_dev_, static_cast<size_t>(n_out) * c.n_vocab * sizeof(float));
+}
+
+}  // namespace ember

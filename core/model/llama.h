@@ -1,0 +1,42 @@
+// The Llama-architecture forward pass over a Batch, on any Backend.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "core/backend/backend.h"
+#include "core/engine/batch.h"
+#include "core/model/model.h"
+
+namespace ember {
+
+class LlamaForward {
+ public:
+  // Uploads the model's weights to `backend`; the KV pool must already be
+  // initialised with `block_size`.
+  LlamaForward(std::shared_ptr<const Model> model, Backend& backend, int32_t block_size);
+  ~LlamaForward();
+
+  // Runs the batch; writes logits of batch.logit_rows (in that order) to
+  // `logits` (host, logit_rows.size() * n_vocab floats).
+  void forward(const Batch& batch, float* logits);
+
+ private:
+  void ensure_capacity(int32_t rows, int32_t logit_rows);
+  void release_buffers();
+
+  struct LayerWeights {
+    std::unique_ptr<DeviceWeight> attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
+  };
+  std::shared_ptr<const Model> model_;
+  Backend& backend_;
+  int32_t block_size_;
+  std::unique_ptr<DeviceWeight> token_embd_, output_norm_, output_;
+  std::vector<LayerWeights> layers_;
+
+  int32_t capacity_rows_ = 0, capacity_logits_ = 0;
+  float *x_ = nullptr, *h_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_ = nullptr,
+        *gate_ = nullptr, *up_ = nullptr, *sel_ = nullptr, *logits_dev_ = nullptr;
+};
+
+}  // namespace ember

@@ -1,0 +1,152 @@
+#include "core/model/model.h"
+
+#include <fstream>
+
+#include "core/chat/chat_template.h"
+#include "core/model/gguf/gguf.h"
+#include "core/tokenizer/tokenizer.h"
+#include "core/util/log.h"
+#include "core/util/status.h"
+
+namespace ember {
+
+Model::~Model() = default;
+
+std::shared_ptr<Model> Model::load(const std::string& path, bool use_mmap) {
+  std::shared_ptr<Model> m(new Model());
+  if (use_mmap) {
+    m->file_ = gguf::GgufFile::open(path);
+  } else {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) fail(StatusCode::kNotFound, "cannot open model file '" + path + "'");
+    m->owned_bytes_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    m->file_ = gguf::GgufFile::from_memory(m->owned_bytes_.data(), m->owned_bytes_.size());
+  }
+  m->load_config();
+  m->load_weights();
+  m->tokenizer_ = Tokenizer::from_gguf(*m->file_);
+  if (m->tokenizer_->n_vocab() != m->config_.n_vocab) {
+    fail(StatusCode::kBadFormat, "model: tokenizer has " + std::to_string(m->tokenizer_->n_vocab()) +
+                                     " tokens but token_embd has " + std::to_string(m->config_.n_vocab) + " rows");
+  }
+  if (auto tmpl = m->file_->get_string("tokenizer.chat_template")) {
+    try {
+      m->chat_template_ = std::make_unique<ChatTemplate>(ChatTemplate::parse(*tmpl));
+    } catch (const Error& e) {
+      m->chat_template_error_ = std::string("the model's chat template cannot be applied: ") + e.what();
+      log(LogLevel::kWarn, "%s", m->chat_template_error_.c_str());
+    }
+  } else {
+    m->chat_template_error_ = "the model has no chat template (tokenizer.chat_template)";
+  }
+  return m;
+}
+
+void Model::load_config() {
+  const auto& f = *file_;
+  architecture_ = f.get_string("general.architecture").value_or("");
+  if (architecture_.empty()) fail(StatusCode::kBadFormat, "model: general.architecture is missing");
+  if (architecture_ != "llama") {
+    fail(StatusCode::kUnsupported, "model: architecture '" + architecture_ + "' is not supported (supported: llama)");
+  }
+  name_ = f.get_string("general.name").value_or("");
+  const std::string a = architecture_ + ".";
+  auto req_int = [&](const std::string& key, int64_t lo, int64_t hi) -> int32_t {
+    auto v = f.get_int(key);
+    if (!v) fail(StatusCode::kBadFormat, "model: required key '" + key + "' is missing");
+    if (*v < lo || *v > hi) {
+      fail(StatusCode::kBadFormat, "model: '" + key + "' = " + std::to_string(*v) + " is out of range [" +
+                                       std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    }
+    return static_cast<int32_t>(*v);
+  };
+  auto& c = config_;
+  c.n_layers = req_int(a + "block_count", 1, 1024);
+  c.n_embd = req_int(a + "embedding_length", 1, 1 << 16);
+  c.n_ff = req_int(a + "feed_forward_length", 1, 1 << 18);
+  c.n_heads = req_int(a + "attention.head_count", 1, 1024);
+  c.n_kv_heads = f.get_int(a + "attention.head_count_kv") ? req_int(a + "attention.head_count_kv", 1, 1024) : c.n_heads;
+  c.n_ctx_train = req_int(a + "context_length", 1, 1 << 24);
+  if (c.n_heads % c.n_kv_heads != 0) fail(StatusCode::kBadFormat, "model: head_count is not a multiple of head_count_kv");
+  c.head_dim = f.get_int(a + "attention.key_length") ? req_int(a + "attention.key_length", 1, 1024) : c.n_embd / c.n_heads;
+  if (!f.get_int(a + "attention.key_length") && c.n_embd % c.n_heads != 0) {
+    fail(StatusCode::kBadFormat, "model: embedding_length is not a multiple of head_count");
+  }
+  c.rope_dim = f.get_int(a + "rope.dimension_count") ? req_int(a + "rope.dimension_count", 2, c.head_dim) : c.head_dim;
+  if (c.rope_dim % 2 != 0) fail(StatusCode::kBadFormat, "model: rope.dimension_count must be even");
+  c.rope_freq_base = static_cast<float>(f.get_float(a + "rope.freq_base").value_or(10000.0));
+  c.rms_eps = static_cast<float>(f.get_float(a + "attention.layer_norm_rms_epsilon").value_or(1e-5));
+  if (!(c.rope_freq_base > 0.0f) || !(c.rms_eps > 0.0f) || c.rms_eps > 1.0f) {
+    fail(StatusCode::kBadFormat, "model: rope.freq_base / layer_norm_rms_epsilon out of range");
+  }
+  if (auto scaling = f.get_string(a + "rope.scaling.type"); scaling && *scaling != "none") {
+    fail(StatusCode::kUnsupported, "model: rope scaling '" + *scaling + "' is not supported yet");
+  }
+  // Limits of the CPU attention kernel (see cpu/cpu_backend.cpp).
+  if (c.head_dim > 256 || c.n_heads / c.n_kv_heads > 16 || c.head_dim % 8 != 0) {
+    fail(StatusCode::kUnsupported, "model: head_dim " + std::to_string(c.head_dim) + " / GQA group " +
+                                       std::to_string(c.n_heads / c.n_kv_heads) + " not supported");
+  }
+}
+
+namespace {
+
+bool computable(DType t) {
+  switch (t) {
+    case DType::F32: case DType::F16: case DType::BF16:
+    case DType::Q8_0: case DType::Q4_0: case DType::Q4_1:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+void Model::load_weights() {
+  const auto& c = config_;
+  auto get = [&](const std::string& name, int64_t cols, int64_t rows, bool norm) -> WeightDesc {
+    const gguf::TensorInfo* t = file_->find_tensor(name);
+    if (!t) fail(StatusCode::kBadFormat, "model: tensor '" + name + "' is missing");
+    if (t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != 1 || t->ne[3] != 1) {
+      fail(StatusCode::kBadFormat, "model: tensor '" + name + "' has shape [" + std::to_string(t->ne[0]) + ", " +
+                                       std::to_string(t->ne[1]) + "], expected [" + std::to_string(cols) + ", " +
+                                       std::to_string(rows) + "]");
+    }
+    if (norm ? t->type != DType::F32 : !computable(t->type)) {
+      fail(StatusCode::kUnsupported, "model: tensor '" + name + "' has type " +
+                                         type_name(static_cast<uint32_t>(t->type)) + ", which is not supported here");
+    }
+    n_params_ += static_cast<uint64_t>(t->n_elements());
+    return WeightDesc{t->type, rows, cols, t->data};
+  };
+  const gguf::TensorInfo* embd = file_->find_tensor("token_embd.weight");
+  if (!embd) fail(StatusCode::kBadFormat, "model: tensor 'token_embd.weight' is missing");
+  config_.n_vocab = static_cast<int32_t>(embd->ne[1]);
+  if (embd->ne[1] <= 0 || embd->ne[1] > (1 << 24)) fail(StatusCode::kBadFormat, "model: vocabulary size out of range");
+  token_embd_ = get("token_embd.weight", c.n_embd, c.n_vocab, false);
+  output_norm_ = get("output_norm.weight", c.n_embd, 1, true);
+  if (file_->find_tensor("output.weight")) {
+    output_ = get("output.weight", c.n_embd, c.n_vocab, false);
+  } else {
+    output_ = token_embd_;  // tied embeddings
+  }
+  const int64_t q_dim = static_cast<int64_t>(c.n_heads) * c.head_dim;
+  const int64_t kv_dim = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
+  layers_.resize(c.n_layers);
+  for (int32_t i = 0; i < c.n_layers; ++i) {
+    const std::string p = "blk." + std::to_string(i) + ".";
+    auto& l = layers_[i];
+    l.attn_norm = get(p + "attn_norm.weight", c.n_embd, 1, true);
+    l.wq = get(p + "attn_q.weight", c.n_embd, q_dim, false);
+    l.wk = get(p + "attn_k.weight", c.n_embd, kv_dim, false);
+    l.wv = get(p + "attn_v.weight", c.n_embd, kv_dim, false);
+    l.wo = get(p + "attn_output.weight", q_dim, c.n_embd, false);
+    l.ffn_norm = get(p + "ffn_norm.weight", c.n_embd, 1, true);
+    l.w_gate = get(p + "ffn_gate.weight", c.n_embd, c.n_ff, false);
+    l.w_up = get(p + "ffn_up.weight", c.n_embd, c.n_ff, false);
+    l.w_down = get(p + "ffn_down.weight", c.n_ff, c.n_embd, false);
+  }
+}
+
+}  // namespace ember

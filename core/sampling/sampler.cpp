@@ -1,0 +1,101 @@
+#include "core/sampling/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_map>
+
+namespace ember {
+
+namespace {
+uint64_t splitmix64(uint64_t& x) {
+  uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+}  // namespace
+
+Sampler::Sampler(const SamplingParams& params, int32_t n_vocab) : params_(params), n_vocab_(n_vocab) {
+  uint64_t s = params.seed;
+  for (auto& w : state_) w = splitmix64(s);
+}
+
+// xoshiro256** (public domain algorithm by Blackman and Vigna).
+uint64_t Sampler::next_u64() {
+  const uint64_t result = rotl(state_[1] * 5, 7) * 9;
+  const uint64_t t = state_[1] << 17;
+  state_[2] ^= state_[0];
+  state_[3] ^= state_[1];
+  state_[1] ^= state_[2];
+  state_[0] ^= state_[3];
+  state_[2] ^= t;
+  state_[3] = rotl(state_[3], 45);
+  return result;
+}
+
+double Sampler::next_uniform() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
+
+int32_t Sampler::sample(float* logits, const std::vector<int32_t>& history) {
+  const auto& p = params_;
+  // Penalties over the last penalty_last_n tokens (llama.cpp semantics).
+  if (p.repeat_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+    std::unordered_map<int32_t, int32_t> counts;
+    const size_t n = history.size();
+    const size_t window = p.penalty_last_n < 0 ? n : std::min<size_t>(n, static_cast<size_t>(p.penalty_last_n));
+    for (size_t i = n - window; i < n; ++i) counts[history[i]]++;
+    for (const auto& [tok, count] : counts) {
+      if (tok < 0 || tok >= n_vocab_) continue;
+      float& l = logits[tok];
+      if (p.repeat_penalty != 1.0f && p.repeat_penalty > 0.0f) l = l > 0 ? l / p.repeat_penalty : l * p.repeat_penalty;
+      l -= static_cast<float>(count) * p.frequency_penalty + (count > 0 ? p.presence_penalty : 0.0f);
+    }
+  }
+  if (p.temperature <= 0.0f) {
+    return static_cast<int32_t>(std::max_element(logits, logits + n_vocab_) - logits);
+  }
+  cands_.resize(n_vocab_);
+  for (int32_t i = 0; i < n_vocab_; ++i) cands_[i] = {logits[i], i};
+  auto by_logit = [](const Cand& a, const Cand& b) { return a.logit > b.logit || (a.logit == b.logit && a.id < b.id); };
+  size_t n = cands_.size();
+  if (p.top_k > 0 && static_cast<size_t>(p.top_k) < n) {
+    std::partial_sort(cands_.begin(), cands_.begin() + p.top_k, cands_.end(), by_logit);
+    n = static_cast<size_t>(p.top_k);
+  } else {
+    std::sort(cands_.begin(), cands_.end(), by_logit);
+  }
+  // Softmax with temperature over the survivors (sorted, descending).
+  std::vector<double> probs(n);
+  const double max_l = cands_[0].logit;
+  double sum = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    probs[i] = std::exp((cands_[i].logit - max_l) / p.temperature);
+    sum += probs[i];
+  }
+  for (auto& x : probs) x /= sum;
+  if (p.top_p < 1.0f) {
+    double cum = 0.0;
+    size_t keep = n;
+    for (size_t i = 0; i < n; ++i) {
+      cum += probs[i];
+      if (cum >= p.top_p) { keep = i + 1; break; }
+    }
+    n = std::max<size_t>(keep, 1);
+  }
+  if (p.min_p > 0.0f) {
+    const double threshold = probs[0] * p.min_p;
+    size_t keep = 1;
+    while (keep < n && probs[keep] >= threshold) ++keep;
+    n = keep;
+  }
+  double total = 0.0;
+  for (size_t i = 0; i < n; ++i) total += probs[i];
+  double r = next_uniform() * total;
+  for (size_t i = 0; i < n; ++i) {
+    r -= probs[i];
+    if (r < 0.0) return cands_[i].id;
+  }
+  return cands_[n - 1].id;
+}
+
+}  // namespace ember

@@ -1,0 +1,289 @@
+// The CPU backend: activations in host memory, weights read in place from the
+// model's mapping, OpenMP threads (one pool, shared with oneDNN).
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <vector>
+
+#include "core/backend/backend.h"
+#include "core/util/status.h"
+#include "cpu/matmul.h"
+
+namespace ember {
+namespace {
+
+class CpuWeight final : public DeviceWeight {};
+
+inline float f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int n_threads) : n_threads_(n_threads > 0 ? n_threads : omp_get_num_procs()) {}
+  ~CpuBackend() override { std::free(kv_); }
+
+  std::string name() const override { return std::string("cpu/") + cpu::isa_name(); }
+
+  void* alloc(size_t bytes) override {
+    void* p = std::aligned_alloc(64, (std::max<size_t>(bytes, 64) + 63) / 64 * 64);
+    if (!p) fail(StatusCode::kOutOfMemory, "cpu backend: cannot allocate " + std::to_string(bytes) + " bytes");
+    return p;
+  }
+  void free_buffer(void* ptr) override { std::free(ptr); }
+  void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+
+  std::unique_ptr<DeviceWeight> upload_weight(const WeightDesc& desc) override {
+    auto w = std::make_unique<CpuWeight>();
+    w->desc = desc;
+    return w;
+  }
+
+  void kv_init(const KvGeometry& g) override {
+    geom_ = g;
+    std::free(kv_);
+    kv_ = nullptr;
+    size_t bytes = g.bytes_per_block() * static_cast<size_t>(g.num_blocks);
+    if (bytes == 0) return;
+    kv_ = static_cast<uint16_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
+    if (!kv_) fail(StatusCode::kOutOfMemory, "cpu backend: cannot allocate the KV pool (" + std::to_string(bytes) + " bytes)");
+    std::memset(kv_, 0, bytes);
+  }
+
+  void kv_copy_blocks(const int32_t* src, const int32_t* dst, int32_t n) override {
+    const size_t per_layer_block = block_elems();
+    for (int32_t l = 0; l < geom_.num_layers; ++l) {
+      for (int kv = 0; kv < 2; ++kv) {
+        for (int32_t i = 0; i < n; ++i) {
+          std::memcpy(block_ptr(l, kv, dst[i]), block_ptr(l, kv, src[i]), per_layer_block * sizeof(uint16_t));
+        }
+      }
+    }
+  }
+
+  void embed(const DeviceWeight& table, const int32_t* ids, int32_t n, float* out) override {
+    const auto& d = table.desc;
+    cpu::WeightView w{d.type, d.rows, d.cols, d.host_data};
+    for (int32_t i = 0; i < n; ++i) {
+      if (ids[i] < 0 || ids[i] >= d.rows) fail(StatusCode::kInvalidArgument, "token id out of range");
+      cpu::dequantize_rows(w, ids[i], 1, out + static_cast<size_t>(i) * d.cols);
+    }
+  }
+
+  void rms_norm(const float* x, const DeviceWeight& weight, int32_t rows, int32_t dim, float eps,
+                float* out) override {
+    const float* w = static_cast<const float*>(weight.desc.host_data);
+#pragma omp parallel for num_threads(n_threads_) if (rows > 8)
+    for (int32_t r = 0; r < rows; ++r) {
+      const float* xr = x + static_cast<size_t>(r) * dim;
+      float* o = out + static_cast<size_t>(r) * dim;
+      double sum = 0.0;
+      for (int32_t i = 0; i < dim; ++i) sum += static_cast<double>(xr[i]) * xr[i];
+      const float scale = static_cast<float>(1.0 / std::sqrt(sum / dim + eps));
+      for (int32_t i = 0; i < dim; ++i) o[i] = xr[i] * scale * w[i];
+    }
+  }
+
+  void matmul(const DeviceWeight& w, const float* x, int32_t M, float* y, bool rows_are_decodes) override {
+    const auto& d = w.desc;
+    cpu::WeightView view{d.type, d.rows, d.cols, d.host_data};
+    std::lock_guard<std::mutex> lock(scratch_mutex_);
+    omp_set_num_threads(n_threads_);
+    if (!rows_are_decodes) {
+      cpu::matmul(view, x, M, y, scratch_);
+      return;
+    }
+    // The decode kernels compute each row independently of M; keep every
+    // chunk within their range so no row falls through to the GEMM path.
+    const int64_t chunk = std::max<int64_t>(1, cpu::decode_max_m());
+    for (int64_t first = 0; first < M; first += chunk) {
+      const int64_t m = std::min<int64_t>(chunk, M - first);
+      cpu::matmul(view, x + first * d.cols, m, y + first * d.rows, scratch_);
+    }
+  }
+
+  void rope(float* x, const int32_t* positions, int32_t rows, int32_t num_heads, int32_t head_dim,
+            int32_t rot_dim, float freq_base) override {
+    const int32_t half = rot_dim / 2;
+    std::vector<float> inv_freq(half);
+    for (int32_t i = 0; i < half; ++i) {
+      inv_freq[i] = static_cast<float>(std::pow(static_cast<double>(freq_base), -2.0 * i / rot_dim));
+    }
+#pragma omp parallel for num_threads(n_threads_) if (rows > 8)
+    for (int32_t r = 0; r < rows; ++r) {
+      const float pos = static_cast<float>(positions[r]);
+      for (int32_t i = 0; i < half; ++i) {
+        const float theta = pos * inv_freq[i];
+        const float c = std::cos(theta), s = std::sin(theta);
+        for (int32_t h = 0; h < num_heads; ++h) {
+          float* p = x + (static_cast<size_t>(r) * num_heads + h) * head_dim + 2 * i;
+          const float x0 = p[0], x1 = p[1];
+          p[0] = x0 * c - x1 * s;
+          p[1] = x0 * s + x1 * c;
+        }
+      }
+    }
+  }
+
+  void kv_store(int32_t layer, const float* k, const float* v, const int32_t* slots, int32_t rows) override {
+    const int32_t nkv = geom_.num_kv_heads, hd = geom_.head_dim, bs = geom_.block_size;
+    for (int32_t r = 0; r < rows; ++r) {
+      const int32_t block = slots[r] / bs, off = slots[r] % bs;
+      if (block < 0 || block >= geom_.num_blocks) fail(StatusCode::kInternal, "kv_store: slot outside the pool");
+      for (int32_t h = 0; h < nkv; ++h) {
+        const size_t src = (static_cast<size_t>(r) * nkv + h) * hd;
+        uint16_t* kd = block_ptr(layer, 0, block) + (static_cast<size_t>(h) * bs + off) * hd;
+        uint16_t* vd = block_ptr(layer, 1, block) + (static_cast<size_t>(h) * bs + off) * hd;
+        convert_row(k + src, kd, hd);
+        convert_row(v + src, vd, hd);
+      }
+    }
+  }
+
+  void attention(int32_t layer, const float* q, const AttentionSeq* seqs, int32_t n_seqs,
+                 const AttentionParams& p, float* out) override {
+    // Work items: (sequence row, kv head). Each handles the group of query
+    // heads that share the kv head, so K/V are read once per group.
+    std::vector<std::pair<int32_t, int32_t>> rows;  // (seq index, row)
+    for (int32_t s = 0; s < n_seqs; ++s) {
+      for (int32_t r = 0; r < seqs[s].n_rows; ++r) rows.emplace_back(s, seqs[s].first_row + r);
+    }
+    const int32_t items = static_cast<int32_t>(rows.size()) * p.num_kv_heads;
+#pragma omp parallel for num_threads(n_threads_) schedule(dynamic, 1)
+    for (int32_t it = 0; it < items; ++it) {
+      const auto [s, row] = rows[it / p.num_kv_heads];
+      attend_group(layer, q, seqs[s], row, it % p.num_kv_heads, p, out);
+    }
+  }
+
+  void swiglu(const float* gate, const float* up, size_t n, float* out) override {
+#pragma omp parallel for num_threads(n_threads_) if (n > 65536)
+    for (size_t i = 0; i < n; ++i) {
+      const float g = gate[i];
+      out[i] = g / (1.0f + std::exp(-g)) * up[i];
+    }
+  }
+
+  void add(float* x, const float* y, size_t n) override {
+    for (size_t i = 0; i < n; ++i) x[i] += y[i];
+  }
+
+  void gather_rows(const float* x, const int32_t* rows, int32_t n, int32_t dim, float* out) override {
+    for (int32_t i = 0; i < n; ++i) {
+      std::memcpy(out + static_cast<size_t>(i) * dim, x + static_cast<size_t>(rows[i]) * dim, dim * sizeof(float));
+    }
+  }
+
+ private:
+  size_t block_elems() const {
+    return static_cast<size_t>(geom_.num_kv_heads) * geom_.block_size * geom_.head_dim;
+  }
+  // kv: 0 = K, 1 = V.
+  uint16_t* block_ptr(int32_t layer, int kv, int32_t block) const {
+    const size_t layer_stride = 2 * block_elems() * geom_.num_blocks;
+    return kv_ + layer * layer_stride + kv * block_elems() * geom_.num_blocks + block * block_elems();
+  }
+
+  static void convert_row(const float* src, uint16_t* dst, int32_t n) {
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), h);
+    }
+    for (; i < n; ++i) dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
+  }
+
+  static float dot_f16(const float* q, const uint16_t* k, int32_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      __m256 kv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k + i)));
+      acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), kv, acc);
+    }
+    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    lo = _mm_hadd_ps(lo, lo);
+    lo = _mm_hadd_ps(lo, lo);
+    float sum = _mm_cvtss_f32(lo);
+    for (; i < n; ++i) sum += q[i] * f16_to_f32(k[i]);
+    return sum;
+  }
+
+  static void axpy_f16(float a, const uint16_t* v, float* acc, int32_t n) {
+    const __m256 av = _mm256_set1_ps(a);
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      __m256 vv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v + i)));
+      _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(av, vv, _mm256_loadu_ps(acc + i)));
+    }
+    for (; i < n; ++i) acc[i] += a * f16_to_f32(v[i]);
+  }
+
+  // Flash-style attention for one query row and one kv-head group: one pass
+  // over the sequence's blocks with an online softmax, a block at a time.
+  void attend_group(int32_t layer, const float* q, const AttentionSeq& seq, int32_t row, int32_t kvh,
+                    const AttentionParams& p, float* out) const {
+    constexpr int kMaxGroup = 16;
+    constexpr int kMaxHeadDim = 256;
+    const int32_t group = p.num_heads / p.num_kv_heads;
+    const int32_t hd = p.head_dim, bs = geom_.block_size;
+    const int32_t kv_len = p.kv_len[row];
+    float m[kMaxGroup], l[kMaxGroup];
+    alignas(32) float acc[kMaxGroup][kMaxHeadDim];
+    float scores[kMaxGroup][64];
+    for (int g = 0; g < group; ++g) {
+      m[g] = -INFINITY;
+      l[g] = 0.0f;
+      std::fill(acc[g], acc[g] + hd, 0.0f);
+    }
+    const float* qrow = q + static_cast<size_t>(row) * p.num_heads * hd;
+    const int32_t n_blocks = (kv_len + bs - 1) / bs;
+    for (int32_t b = 0; b < n_blocks; ++b) {
+      const int32_t block = seq.block_table[b];
+      const uint16_t* kb = block_ptr(layer, 0, block) + static_cast<size_t>(kvh) * bs * hd;
+      const uint16_t* vb = block_ptr(layer, 1, block) + static_cast<size_t>(kvh) * bs * hd;
+      const int32_t n = std::min(bs, kv_len - b * bs);
+      for (int g = 0; g < group; ++g) {
+        const float* qh = qrow + static_cast<size_t>(kvh * group + g) * hd;
+        float block_max = -INFINITY;
+        for (int32_t t = 0; t < n; ++t) {
+          scores[g][t] = dot_f16(qh, kb + static_cast<size_t>(t) * hd, hd) * p.scale;
+          block_max = std::max(block_max, scores[g][t]);
+        }
+        const float new_m = std::max(m[g], block_max);
+        const float correction = std::exp(m[g] - new_m);
+        l[g] *= correction;
+        for (int32_t i = 0; i < hd; ++i) acc[g][i] *= correction;
+        for (int32_t t = 0; t < n; ++t) {
+          const float w = std::exp(scores[g][t] - new_m);
+          l[g] += w;
+          axpy_f16(w, vb + static_cast<size_t>(t) * hd, acc[g], hd);
+        }
+        m[g] = new_m;
+      }
+    }
+    for (int g = 0; g < group; ++g) {
+      float* o = out + (static_cast<size_t>(row) * p.num_heads + kvh * group + g) * hd;
+      const float inv = l[g] > 0.0f ? 1.0f / l[g] : 0.0f;
+      for (int32_t i = 0; i < hd; ++i) o[i] = acc[g][i] * inv;
+    }
+  }
+
+  int n_threads_;
+  KvGeometry geom_;
+  uint16_t* kv_ = nullptr;
+  std::mutex scratch_mutex_;
+  cpu::MatmulScratch scratch_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int n_threads) {
+  return std::make_unique<CpuBackend>(n_threads);
+}
+
+}  // namespace ember

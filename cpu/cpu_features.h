@@ -1,0 +1,39 @@
+// Run-time CPU feature detection (cpuid + xgetbv) and the ISA variants the
+// CPU kernels are built for. The library's baseline is AVX2+FMA+F16C; code in
+// *_avx512.cpp files may only run when isa_supported(Isa::kAvx512Vnni).
+#pragma once
+
+#include <cstdint>
+
+namespace ember::cpu {
+
+struct CpuFeatures {
+  // Instruction-set bits as reported by cpuid.
+  bool sse42 = false, avx = false, avx2 = false, fma = false, f16c = false, bmi2 = false;
+  bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
+  bool avx512vnni = false, avx512bf16 = false;
+  bool avxvnni = false;
+  bool amx_bf16 = false, amx_int8 = false, amx_tile = false;
+  // Operating-system support (XCR0): the OS saves the YMM / ZMM+opmask state.
+  bool os_avx = false, os_avx512 = false;
+  char vendor[13] = {0};
+};
+
+// Detected once (thread-safe static init) and cached.
+const CpuFeatures& cpu_features();
+
+// Kernel variants, in increasing order of capability.
+enum class Isa : int {
+  kScalar = 0,      // portable C++ (still compiled with the AVX2 baseline flags)
+  kAvx2 = 1,        // AVX2 + FMA + F16C
+  kAvx512Vnni = 2,  // AVX-512 F/BW/VL/DQ + VNNI (BF16 used when also present)
+};
+
+bool isa_supported(Isa isa);  // CPU and OS can run this variant
+Isa best_isa();               // highest supported variant
+const char* isa_to_string(Isa isa);  // "scalar", "avx2", "avx512_vnni"
+
+// True when the AVX-512 variant may also use AVX512_BF16 instructions.
+bool has_avx512_bf16();
+
+}  // namespace ember::cpu

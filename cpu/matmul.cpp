@@ -1,0 +1,275 @@
+#include "cpu/matmul.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <limits>
+#include <string>
+
+#include "core/util/status.h"
+#include "cpu/dnnl_matmul.h"
+#include "cpu/matmul_internal.h"
+
+namespace ember::cpu {
+namespace {
+
+// ---------------------------------------------------------------- knobs
+
+std::atomic<int> g_forced_isa{-1};
+std::atomic<int64_t> g_decode_max_m{kDefaultDecodeMaxM};
+std::atomic<int> g_prefill_precision{static_cast<int>(PrefillPrecision::kAuto)};
+
+const detail::IsaImpl& isa_impl(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512Vnni: return detail::avx512_impl();
+    case Isa::kAvx2: return detail::avx2_impl();
+    case Isa::kScalar: break;
+  }
+  return detail::scalar_impl();
+}
+
+bool use_bf16_prefill() {
+  switch (static_cast<PrefillPrecision>(g_prefill_precision.load(std::memory_order_relaxed))) {
+    case PrefillPrecision::kF32: return false;
+    case PrefillPrecision::kBf16: return dnnl_mm::bf16_supported();
+    case PrefillPrecision::kAuto: break;
+  }
+  return dnnl_mm::bf16_native() && dnnl_mm::bf16_supported();
+}
+
+// ---------------------------------------------------------------- scratch
+
+class AlignedBuffer {
+ public:
+  AlignedBuffer() = default;
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  ~AlignedBuffer() { std::free(p_); }
+  void* get(size_t bytes) {
+    if (bytes > cap_) {
+      std::free(p_);
+      p_ = nullptr;
+      cap_ = 0;
+      const size_t want = (std::max(bytes, bytes + bytes / 4) + 4095) & ~size_t{4095};
+      p_ = std::aligned_alloc(64, want);
+      if (!p_) fail(StatusCode::kOutOfMemory, "matmul scratch: cannot allocate " + std::to_string(want) + " bytes");
+      cap_ = want;
+    }
+    return p_;
+  }
+  size_t capacity() const { return cap_; }
+  void release() {
+    std::free(p_);
+    p_ = nullptr;
+    cap_ = 0;
+  }
+
+ private:
+  void* p_ = nullptr;
+  size_t cap_ = 0;
+};
+
+// ---------------------------------------------------------------- helpers
+
+void check_weight(const WeightView& w, const char* what) {
+  if (!matmul_supports(w.type))
+    fail(StatusCode::kUnsupported, std::string(what) + ": unsupported weight type " + type_name(static_cast<uint32_t>(w.type)));
+  if (w.rows < 0 || w.cols <= 0)
+    fail(StatusCode::kInvalidArgument, std::string(what) + ": bad weight shape " + std::to_string(w.rows) + "x" +
+                                           std::to_string(w.cols));
+  if (detail::is_quant(w.type) && w.cols % detail::kQK != 0)
+    fail(StatusCode::kInvalidArgument, std::string(what) + ": K=" + std::to_string(w.cols) +
+                                           " is not a multiple of the block size 32");
+  if (!w.data && w.rows > 0) fail(StatusCode::kInvalidArgument, std::string(what) + ": null weight data");
+}
+
+// Threads worth waking for a decode call that streams `bytes` of weights.
+int decode_threads(size_t bytes, int64_t M) {
+  const int max_t = omp_get_max_threads();
+  if (max_t <= 1) return 1;
+  // ~32 KiB of weights (times M) per thread amortizes the fork/join (~2 us).
+  const size_t work = bytes * static_cast<size_t>(std::min<int64_t>(M, 4));
+  const size_t t = work / (32 * 1024);
+  return static_cast<int>(std::clamp<size_t>(t, 1, static_cast<size_t>(max_t)));
+}
+
+void run_decode(const detail::IsaImpl& impl, const WeightView& w, const float* x, int64_t M, float* y,
+                MatmulScratch::Impl& s);
+void run_prefill(const detail::IsaImpl& impl, const WeightView& w, const float* x, int64_t M, float* y,
+                 MatmulScratch::Impl& s);
+
+}  // namespace
+
+// ---------------------------------------------------------------- MatmulScratch
+
+struct MatmulScratch::Impl {
+  AlignedBuffer act;    // prepared activations (decode)
+  AlignedBuffer wtile;  // dequantized weight tile (prefill)
+  AlignedBuffer xconv;  // activations converted to bf16 (prefill / dpbf16)
+  dnnl_mm::StreamHolder stream;
+};
+
+MatmulScratch::MatmulScratch() : impl_(std::make_unique<Impl>()) {}
+MatmulScratch::~MatmulScratch() = default;
+MatmulScratch::MatmulScratch(MatmulScratch&&) noexcept = default;
+MatmulScratch& MatmulScratch::operator=(MatmulScratch&&) noexcept = default;
+MatmulScratch::Impl& MatmulScratch::impl() {
+  if (!impl_) impl_ = std::make_unique<Impl>();  // after a move-from
+  return *impl_;
+}
+size_t MatmulScratch::bytes_reserved() const {
+  if (!impl_) return 0;
+  return impl_->act.capacity() + impl_->wtile.capacity() + impl_->xconv.capacity();
+}
+void MatmulScratch::release() {
+  if (!impl_) return;
+  impl_->act.release();
+  impl_->wtile.release();
+  impl_->xconv.release();
+}
+
+namespace {
+
+void run_decode(const detail::IsaImpl& impl, const WeightView& w, const float* x, int64_t M, float* y,
+                MatmulScratch::Impl& s) {
+  const int64_t N = w.rows, K = w.cols;
+  const size_t arb = impl.act_row_bytes(w.type, K);
+  uint8_t* act = nullptr;
+  if (arb) {
+    act = static_cast<uint8_t*>(s.act.get(arb * static_cast<size_t>(M)));
+    impl.prepare_acts(w.type, x, M, K, act);
+  }
+  const detail::DecodeCtx c{w.type, static_cast<const uint8_t*>(w.data), detail::weight_row_bytes(w.type, K),
+                            K, M, x, act, arb, y, N};
+  const detail::DecodeKernel kernel = impl.kernel(w.type);
+  const int nt = decode_threads(c.w_row_bytes * static_cast<size_t>(N), M);
+  if (nt <= 1) {
+    kernel(c, 0, N);
+    return;
+  }
+  // Rows in chunks (multiples of 8 rows), several per thread, handed out
+  // dynamically so that a thread slowed down by another process does not
+  // hold up the call.
+  const int64_t chunks_wanted = static_cast<int64_t>(nt) * 4;
+  int64_t chunk = (N + chunks_wanted - 1) / chunks_wanted;
+  chunk = std::max<int64_t>(8, (chunk + 7) & ~int64_t{7});
+  const int64_t n_chunks = (N + chunk - 1) / chunk;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+  for (int64_t i = 0; i < n_chunks; ++i) {
+    const int64_t n0 = i * chunk;
+    kernel(c, n0, std::min(N, n0 + chunk));
+  }
+}
+
+// Target size of one dequantized weight tile: big enough for oneDNN to run
+// at full speed, small enough to stay in L3 between dequantization and use.
+constexpr size_t kTileBytes = size_t{8} << 20;
+
+void run_prefill(const detail::IsaImpl& impl, const WeightView& w, const float* x, int64_t M, float* y,
+                 MatmulScratch::Impl& s) {
+  const int64_t N = w.rows, K = w.cols;
+  const bool bf16 = use_bf16_prefill();
+  const dnnl_mm::Precision prec = bf16 ? dnnl_mm::Precision::kBf16 : dnnl_mm::Precision::kF32;
+  const void* xin = x;
+  if (bf16) {
+    auto* xb = static_cast<uint16_t*>(s.xconv.get(static_cast<size_t>(M * K) * 2));
+    const int64_t total = M * K;
+    const int64_t step = 1 << 16;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < total; i += step) impl.f32_to_bf16(x + i, xb + i, std::min(step, total - i));
+    xin = xb;
+  }
+  // Weights usable as they are.
+  if ((!bf16 && w.type == DType::F32) || (bf16 && w.type == DType::BF16)) {
+    dnnl_mm::matmul(prec, M, N, K, xin, K, w.data, y, N, s.stream);
+    return;
+  }
+  const size_t elem = bf16 ? 2 : 4;
+  int64_t tile_rows = static_cast<int64_t>(kTileBytes / (static_cast<size_t>(K) * elem));
+  tile_rows = std::max<int64_t>(64, tile_rows & ~int64_t{63});
+  if (tile_rows >= N) tile_rows = N;
+  void* buf = s.wtile.get(static_cast<size_t>(tile_rows * K) * elem);
+  const size_t rb = detail::weight_row_bytes(w.type, K);
+  const auto* wb = static_cast<const uint8_t*>(w.data);
+  for (int64_t n0 = 0; n0 < N; n0 += tile_rows) {
+    const int64_t rows = std::min(tile_rows, N - n0);
+    const int64_t step = 16;  // rows per work item
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r += step) {
+      const int64_t nr = std::min(step, rows - r);
+      const uint8_t* src = wb + static_cast<size_t>(n0 + r) * rb;
+      if (bf16)
+        impl.dequant_bf16(w.type, src, static_cast<uint16_t*>(buf) + r * K, nr * K);
+      else
+        impl.dequant_f32(w.type, src, static_cast<float*>(buf) + r * K, nr * K);
+    }
+    dnnl_mm::matmul(prec, M, rows, K, xin, K, buf, y + n0, N, s.stream);
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- public API
+
+bool matmul_supports(DType type) {
+  switch (type) {
+    case DType::Q4_0:
+    case DType::Q4_1:
+    case DType::Q8_0:
+    case DType::F16:
+    case DType::BF16:
+    case DType::F32: return true;
+    default: return false;
+  }
+}
+
+void matmul(const WeightView& w, const float* x, int64_t M, float* y, MatmulScratch& scratch) {
+  check_weight(w, "matmul");
+  if (M < 0) fail(StatusCode::kInvalidArgument, "matmul: negative M");
+  if (M == 0 || w.rows == 0) return;
+  if (!x || !y) fail(StatusCode::kInvalidArgument, "matmul: null x or y");
+  const detail::IsaImpl& impl = isa_impl(active_isa());
+  if (M <= decode_max_m())
+    run_decode(impl, w, x, M, y, scratch.impl());
+  else
+    run_prefill(impl, w, x, M, y, scratch.impl());
+}
+
+void dequantize_rows(const WeightView& w, int64_t row_begin, int64_t n_rows, float* out) {
+  check_weight(w, "dequantize_rows");
+  if (row_begin < 0 || n_rows < 0 || row_begin > w.rows || n_rows > w.rows - row_begin)
+    fail(StatusCode::kInvalidArgument, "dequantize_rows: rows [" + std::to_string(row_begin) + ", +" +
+                                           std::to_string(n_rows) + ") out of range for " +
+                                           std::to_string(w.rows) + " rows");
+  if (n_rows == 0) return;
+  if (!out) fail(StatusCode::kInvalidArgument, "dequantize_rows: null output");
+  const size_t rb = detail::weight_row_bytes(w.type, w.cols);
+  isa_impl(active_isa())
+      .dequant_f32(w.type, static_cast<const uint8_t*>(w.data) + static_cast<size_t>(row_begin) * rb, out,
+                   n_rows * w.cols);
+}
+
+Isa active_isa() {
+  const int f = g_forced_isa.load(std::memory_order_relaxed);
+  return f >= 0 ? static_cast<Isa>(f) : best_isa();
+}
+const char* isa_name() { return isa_to_string(active_isa()); }
+void force_isa(Isa isa) {
+  if (!isa_supported(isa))
+    fail(StatusCode::kUnsupported, std::string("force_isa: this CPU cannot run the ") + isa_to_string(isa) + " kernels");
+  g_forced_isa.store(static_cast<int>(isa), std::memory_order_relaxed);
+}
+void reset_isa() { g_forced_isa.store(-1, std::memory_order_relaxed); }
+
+int64_t decode_max_m() { return g_decode_max_m.load(std::memory_order_relaxed); }
+void set_decode_max_m(int64_t m) { g_decode_max_m.store(std::max<int64_t>(0, m), std::memory_order_relaxed); }
+
+void set_prefill_precision(PrefillPrecision p) { g_prefill_precision.store(static_cast<int>(p), std::memory_order_relaxed); }
+PrefillPrecision prefill_precision() {
+  return static_cast<PrefillPrecision>(g_prefill_precision.load(std::memory_order_relaxed));
+}
+const char* prefill_precision_name() { return use_bf16_prefill() ? "bf16" : "f32"; }
+
+}  // namespace ember::cpu

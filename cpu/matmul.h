@@ -1,0 +1,98 @@
+// CPU matmul for linear layers: y[M, N] = x[M, K] · W[N, K]^T.
+//
+// W is a GGUF weight (N rows of K elements, row-major, in its on-disk block
+// format: Q4_0, Q4_1, Q8_0, F16, BF16 or F32); x and y are f32 row-major.
+//
+// Two paths, chosen by M:
+//  * decode (M <= decode_max_m()): Ember's own SIMD kernels read the weight
+//    blocks directly. For quantized weights the activation rows are quantized
+//    once per call to 8-bit blocks of 32 (int8 + f32 scale, + block sum for
+//    the Q4 offset/min terms) and the dot products are integer (AVX2
+//    maddubs/madd, AVX-512 VNNI dpbusd). Every weight block loaded is used
+//    for all M activation rows. OpenMP over output rows.
+//  * prefill (larger M): W is dequantized (SIMD, in row tiles) into the
+//    scratch and multiplied with oneDNN's matmul primitive (bf16 where the
+//    CPU has native AVX512_BF16/AMX, f32 otherwise), f32 output.
+//
+// Thread-safety: matmul() may be called concurrently from several threads as
+// long as each uses its own MatmulScratch. The force_isa / set_* knobs are
+// process-wide and meant for tests, benchmarks and start-up configuration.
+// Errors are reported by throwing ember::Error.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "core/tensor/types.h"
+#include "cpu/cpu_features.h"
+
+namespace ember::cpu {
+
+struct WeightView {
+  DType type;
+  int64_t rows;  // N (output features)
+  int64_t cols;  // K (input features); a multiple of 32 for Q4_0/Q4_1/Q8_0
+  const void* data;
+};
+
+// Reusable per-caller buffers (quantized activations, dequantized weight
+// tiles, the oneDNN stream). Grows on demand and keeps its memory; not
+// thread-safe: one scratch per thread of control that calls matmul().
+class MatmulScratch {
+ public:
+  MatmulScratch();
+  ~MatmulScratch();
+  MatmulScratch(MatmulScratch&&) noexcept;
+  MatmulScratch& operator=(MatmulScratch&&) noexcept;
+  MatmulScratch(const MatmulScratch&) = delete;
+  MatmulScratch& operator=(const MatmulScratch&) = delete;
+
+  size_t bytes_reserved() const;  // memory currently held
+  void release();                 // free everything
+
+  struct Impl;
+  Impl& impl();
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// True for the weight types matmul() and dequantize_rows() accept.
+bool matmul_supports(DType type);
+
+// y[M, N] = x[M, K] · W^T. x must not alias y. M >= 0 (M == 0 is a no-op).
+// Uses up to omp_get_max_threads() threads.
+void matmul(const WeightView& w, const float* x, int64_t M, float* y, MatmulScratch& scratch);
+
+// Dequantize rows [row_begin, row_begin + n_rows) of W to f32:
+// out[(r - row_begin) * K + k]. Used for embedding lookups. Single-threaded.
+void dequantize_rows(const WeightView& w, int64_t row_begin, int64_t n_rows, float* out);
+
+// ---- variant selection (tests, benchmarks, configuration) ----
+
+// The variant matmul() uses now: best_isa() unless forced.
+Isa active_isa();
+const char* isa_name();  // isa_to_string(active_isa())
+// Force a variant; throws ember::Error(kUnsupported) when this CPU cannot run it.
+void force_isa(Isa isa);
+void reset_isa();  // back to best_isa()
+
+// Largest M handled by the decode kernels; larger M goes to oneDNN.
+// Default kDefaultDecodeMaxM (chosen by measurement, see bench/bench_kernels.cpp).
+inline constexpr int64_t kDefaultDecodeMaxM = 8;
+int64_t decode_max_m();
+void set_decode_max_m(int64_t m);  // 0: always oneDNN; INT64_MAX: always decode
+
+// Precision of the oneDNN (prefill) path.
+enum class PrefillPrecision : int {
+  kAuto = 0,  // bf16 when the CPU has native AVX512_BF16 or AMX-BF16, else f32
+  kF32 = 1,
+  kBf16 = 2,  // bf16 if oneDNN can build it on this CPU, otherwise f32
+};
+void set_prefill_precision(PrefillPrecision p);
+PrefillPrecision prefill_precision();
+// What the prefill path actually uses for this process: "bf16" or "f32".
+const char* prefill_precision_name();
+
+}  // namespace ember::cpu

@@ -1,0 +1,134 @@
+// Internal interface between the matmul driver (matmul.cpp) and the per-ISA
+// kernel files (matmul_scalar.cpp, matmul_avx2.cpp, matmul_avx512.cpp).
+// Not part of the public API.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/tensor/types.h"
+
+namespace ember::cpu::detail {
+
+inline constexpr int64_t kQK = 32;  // elements per quant block (Q4_0/Q4_1/Q8_0 and activations)
+
+// f16 -> f32 with F16C (part of the library's baseline ISA).
+inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
+inline uint16_t f2bf(float f) {  // round to nearest even; NaN stays NaN
+  uint32_t u;
+  __builtin_memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+inline float bf2f(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  __builtin_memcpy(&f, &u, 4);
+  return f;
+}
+
+inline bool is_quant(DType t) { return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0; }
+
+// Bytes of one weight row of K elements (K a multiple of the block size).
+inline size_t weight_row_bytes(DType t, int64_t K) {
+  switch (t) {
+    case DType::Q4_0: return static_cast<size_t>(K / kQK) * sizeof(BlockQ4_0);
+    case DType::Q4_1: return static_cast<size_t>(K / kQK) * sizeof(BlockQ4_1);
+    case DType::Q8_0: return static_cast<size_t>(K / kQK) * sizeof(BlockQ8_0);
+    case DType::F16:
+    case DType::BF16: return static_cast<size_t>(K) * 2;
+    case DType::F32: return static_cast<size_t>(K) * 4;
+    default: return 0;
+  }
+}
+
+// Everything a decode kernel needs. Activations are "prepared" once per call
+// by the variant's prepare_acts() into act (layout private to the variant);
+// float weight types may read x directly.
+struct DecodeCtx {
+  DType type;
+  const uint8_t* w;    // weight row 0
+  size_t w_row_bytes;  // bytes between weight rows
+  int64_t K;
+  int64_t M;
+  const float* x;           // [M][K] f32 activations
+  const uint8_t* act;       // prepared activations (nullptr if the kernel reads x)
+  size_t act_row_bytes;     // bytes between prepared activation rows
+  float* y;                 // y[m * ldy + n]
+  int64_t ldy;
+};
+
+// Computes y[0..M)[n0..n1) for the weight rows n0..n1.
+using DecodeKernel = void (*)(const DecodeCtx& c, int64_t n0, int64_t n1);
+// Bytes of prepared activations per row (0 if the kernel reads x directly).
+using ActRowBytesFn = size_t (*)(DType type, int64_t K);
+// Prepare M activation rows of x into act (act_row_bytes(type, K) bytes each).
+using PrepareActsFn = void (*)(DType type, const float* x, int64_t M, int64_t K, uint8_t* act);
+// Dequantize n elements (n a multiple of the type's block size) of contiguous
+// weight data to f32 / bf16.
+using DequantF32Fn = void (*)(DType type, const void* src, float* dst, int64_t n);
+using DequantBf16Fn = void (*)(DType type, const void* src, uint16_t* dst, int64_t n);
+// f32 -> bf16 (round to nearest even), n elements.
+using F32ToBf16Fn = void (*)(const float* src, uint16_t* dst, int64_t n);
+
+struct IsaImpl {
+  const char* name;
+  ActRowBytesFn act_row_bytes;
+  PrepareActsFn prepare_acts;
+  DecodeKernel (*kernel)(DType type);  // nullptr for unsupported types
+  DequantF32Fn dequant_f32;
+  DequantBf16Fn dequant_bf16;
+  F32ToBf16Fn f32_to_bf16;
+};
+
+const IsaImpl& scalar_impl();
+const IsaImpl& avx2_impl();
+const IsaImpl& avx512_impl();  // only call after isa_supported(Isa::kAvx512Vnni)
+
+// Natural activation layout shared by the scalar and AVX2 variants, per row:
+//   int8  qs[K]            quantized values, block b at qs + 32*b
+//   float d[K/32]          block scale (x ~= d * q)
+//   float s[K/32]          d * sum(q of the block)
+// padded to 64 bytes.
+inline size_t q8_natural_row_bytes(int64_t K) {
+  const size_t nb = static_cast<size_t>(K / kQK);
+  size_t b = static_cast<size_t>(K) + 8 * nb;
+  return (b + 63) & ~size_t{63};
+}
+struct Q8Row {
+  const int8_t* qs;
+  const float* d;
+  const float* s;
+};
+inline Q8Row q8_natural_row(const uint8_t* act, size_t row_bytes, int64_t K, int64_t m) {
+  const uint8_t* base = act + static_cast<size_t>(m) * row_bytes;
+  const float* d = reinterpret_cast<const float*>(base + K);
+  return {reinterpret_cast<const int8_t*>(base), d, d + K / kQK};
+}
+
+// Scalar quantization of one block of 32 floats (Q8_0-style, symmetric,
+// round to nearest even). Shared reference for all variants' semantics.
+inline void quantize_block_q8_scalar(const float* x, int8_t* q, float* d_out, float* s_out) {
+  float amax = 0.f;
+  for (int i = 0; i < kQK; ++i) {
+    const float a = x[i] < 0 ? -x[i] : x[i];
+    amax = a > amax ? a : amax;
+  }
+  const float d = amax / 127.f;
+  const float id = d != 0.f ? 127.f / amax : 0.f;
+  int sum = 0;
+  for (int i = 0; i < kQK; ++i) {
+    float v_f = __builtin_nearbyintf(x[i] * id);
+    v_f = __builtin_fmaxf(-127.f, __builtin_fminf(127.f, v_f));  // also maps NaN (no UB)
+    const int v = static_cast<int>(v_f);
+    q[i] = static_cast<int8_t>(v);
+    sum += v;
+  }
+  *d_out = d;
+  *s_out = d * static_cast<float>(sum);
+}
+
+}  // namespace ember::cpu::detail

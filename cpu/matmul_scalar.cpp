@@ -1,0 +1,182 @@
+// Portable reference variant ("scalar"): plain C++ loops with the same
+// algorithm as the SIMD variants (8-bit activation blocks + integer dots for
+// quantized weights, f32 accumulation for float weights).
+#include <cstring>
+
+#include "cpu/matmul_internal.h"
+
+namespace ember::cpu::detail {
+namespace {
+
+size_t act_row_bytes(DType type, int64_t K) { return is_quant(type) ? q8_natural_row_bytes(K) : 0; }
+
+void prepare_acts(DType type, const float* x, int64_t M, int64_t K, uint8_t* act) {
+  if (!is_quant(type)) return;
+  const size_t rb = q8_natural_row_bytes(K);
+  const int64_t nb = K / kQK;
+  for (int64_t m = 0; m < M; ++m) {
+    uint8_t* base = act + static_cast<size_t>(m) * rb;
+    int8_t* q = reinterpret_cast<int8_t*>(base);
+    float* d = reinterpret_cast<float*>(base + K);
+    float* s = d + nb;
+    for (int64_t b = 0; b < nb; ++b) quantize_block_q8_scalar(x + m * K + b * kQK, q + b * kQK, d + b, s + b);
+  }
+}
+
+// Integer dot of one weight block with one activation block.
+template <DType T>
+inline float block_dot(const uint8_t* wblk, const int8_t* a, float dx, float sx) {
+  if constexpr (T == DType::Q4_0) {
+    const auto* b = reinterpret_cast<const BlockQ4_0*>(wblk);
+    int sum = 0;
+    for (int i = 0; i < 16; ++i) {
+      sum += (b->qs[i] & 0x0F) * a[i];
+      sum += (b->qs[i] >> 4) * a[i + 16];
+    }
+    const float dw = h2f(b->d);
+    // sum((q - 8) * a) = sum(q * a) - 8 * sum(a);  sx = dx * sum(a)
+    return dw * dx * static_cast<float>(sum) - 8.f * dw * sx;
+  } else if constexpr (T == DType::Q4_1) {
+    const auto* b = reinterpret_cast<const BlockQ4_1*>(wblk);
+    int sum = 0;
+    for (int i = 0; i < 16; ++i) {
+      sum += (b->qs[i] & 0x0F) * a[i];
+      sum += (b->qs[i] >> 4) * a[i + 16];
+    }
+    return h2f(b->d) * dx * static_cast<float>(sum) + h2f(b->m) * sx;
+  } else {
+    const auto* b = reinterpret_cast<const BlockQ8_0*>(wblk);
+    int sum = 0;
+    for (int i = 0; i < 32; ++i) sum += b->qs[i] * a[i];
+    return h2f(b->d) * dx * static_cast<float>(sum);
+  }
+}
+
+template <DType T>
+void quant_kernel(const DecodeCtx& c, int64_t n0, int64_t n1) {
+  const int64_t nb = c.K / kQK;
+  constexpr size_t bsz = T == DType::Q4_0 ? sizeof(BlockQ4_0) : T == DType::Q4_1 ? sizeof(BlockQ4_1) : sizeof(BlockQ8_0);
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* wr = c.w + static_cast<size_t>(n) * c.w_row_bytes;
+    for (int64_t m = 0; m < c.M; ++m) {
+      const Q8Row a = q8_natural_row(c.act, c.act_row_bytes, c.K, m);
+      float acc = 0.f;
+      for (int64_t b = 0; b < nb; ++b) acc += block_dot<T>(wr + b * bsz, a.qs + b * kQK, a.d[b], a.s[b]);
+      c.y[m * c.ldy + n] = acc;
+    }
+  }
+}
+
+template <DType T>
+inline float wval(const uint8_t* row, int64_t k) {
+  if constexpr (T == DType::F32) {
+    float f;
+    std::memcpy(&f, row + 4 * k, 4);
+    return f;
+  } else {
+    uint16_t h;
+    std::memcpy(&h, row + 2 * k, 2);
+    if constexpr (T == DType::F16) return h2f(h);
+    else return bf2f(h);
+  }
+}
+
+template <DType T>
+void float_kernel(const DecodeCtx& c, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* wr = c.w + static_cast<size_t>(n) * c.w_row_bytes;
+    for (int64_t m = 0; m < c.M; ++m) {
+      const float* xr = c.x + m * c.K;
+      // 8 partial sums, like the SIMD lanes, to keep rounding error small.
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int64_t k = 0;
+      for (; k + 8 <= c.K; k += 8)
+        for (int j = 0; j < 8; ++j) acc[j] += wval<T>(wr, k + j) * xr[k + j];
+      for (; k < c.K; ++k) acc[k & 7] += wval<T>(wr, k) * xr[k];
+      c.y[m * c.ldy + n] = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    }
+  }
+}
+
+DecodeKernel kernel(DType t) {
+  switch (t) {
+    case DType::Q4_0: return quant_kernel<DType::Q4_0>;
+    case DType::Q4_1: return quant_kernel<DType::Q4_1>;
+    case DType::Q8_0: return quant_kernel<DType::Q8_0>;
+    case DType::F16: return float_kernel<DType::F16>;
+    case DType::BF16: return float_kernel<DType::BF16>;
+    case DType::F32: return float_kernel<DType::F32>;
+    default: return nullptr;
+  }
+}
+
+template <typename Out, typename Cvt>
+void dequant_generic(DType type, const void* src, Out* dst, int64_t n, Cvt cvt) {
+  const auto* p = static_cast<const uint8_t*>(src);
+  switch (type) {
+    case DType::Q4_0: {
+      const auto* b = reinterpret_cast<const BlockQ4_0*>(p);
+      for (int64_t i = 0; i < n / kQK; ++i, dst += kQK) {
+        const float d = h2f(b[i].d);
+        for (int j = 0; j < 16; ++j) {
+          dst[j] = cvt(d * static_cast<float>((b[i].qs[j] & 0x0F) - 8));
+          dst[j + 16] = cvt(d * static_cast<float>((b[i].qs[j] >> 4) - 8));
+        }
+      }
+      break;
+    }
+    case DType::Q4_1: {
+      const auto* b = reinterpret_cast<const BlockQ4_1*>(p);
+      for (int64_t i = 0; i < n / kQK; ++i, dst += kQK) {
+        const float d = h2f(b[i].d), m = h2f(b[i].m);
+        for (int j = 0; j < 16; ++j) {
+          dst[j] = cvt(d * static_cast<float>(b[i].qs[j] & 0x0F) + m);
+          dst[j + 16] = cvt(d * static_cast<float>(b[i].qs[j] >> 4) + m);
+        }
+      }
+      break;
+    }
+    case DType::Q8_0: {
+      const auto* b = reinterpret_cast<const BlockQ8_0*>(p);
+      for (int64_t i = 0; i < n / kQK; ++i, dst += kQK) {
+        const float d = h2f(b[i].d);
+        for (int j = 0; j < 32; ++j) dst[j] = cvt(d * static_cast<float>(b[i].qs[j]));
+      }
+      break;
+    }
+    case DType::F16:
+      for (int64_t i = 0; i < n; ++i) dst[i] = cvt(wval<DType::F16>(p, i));
+      break;
+    case DType::BF16:
+      for (int64_t i = 0; i < n; ++i) dst[i] = cvt(wval<DType::BF16>(p, i));
+      break;
+    case DType::F32:
+      for (int64_t i = 0; i < n; ++i) dst[i] = cvt(wval<DType::F32>(p, i));
+      break;
+    default:
+      break;
+  }
+}
+
+void dequant_f32(DType type, const void* src, float* dst, int64_t n) {
+  dequant_generic(type, src, dst, n, [](float v) { return v; });
+}
+void dequant_bf16(DType type, const void* src, uint16_t* dst, int64_t n) {
+  if (type == DType::BF16) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * 2);
+    return;
+  }
+  dequant_generic(type, src, dst, n, [](float v) { return f2bf(v); });
+}
+void f32_to_bf16(const float* src, uint16_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = f2bf(src[i]);
+}
+
+}  // namespace
+
+const IsaImpl& scalar_impl() {
+  static const IsaImpl impl{"scalar", act_row_bytes, prepare_acts, kernel, dequant_f32, dequant_bf16, f32_to_bf16};
+  return impl;
+}
+
+}  // namespace ember::cpu::detail

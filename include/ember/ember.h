@@ -1,0 +1,380 @@
+/*
+ * ember.h — the Ember C ABI (v1). This header is the whole public contract.
+ *
+ * Rules that hold for every function below:
+ *  - Every fallible call returns an ember_status (EMBER_OK == 0). On failure a
+ *    message describing the problem is available from ember_last_error() on
+ *    the same thread until that thread's next ember_* call.
+ *  - No exception, assert or abort ever reaches the host. After any error every
+ *    handle stays usable.
+ *  - Passing NULL for a required handle or pointer returns
+ *    EMBER_ERR_INVALID_ARGUMENT; ember_*_destroy(NULL) is a no-op.
+ *  - Text is UTF-8; text arguments that are not valid UTF-8 are rejected with
+ *    EMBER_ERR_INVALID_ARGUMENT. Text returned never splits a UTF-8 character.
+ *  - Parameter structs start with their own size: fill them with
+ *    ember_*_params_init(), then change fields. The library reads only the
+ *    bytes the caller's `size` covers; fields are only ever appended, so a
+ *    program built against an older header keeps working (missing fields take
+ *    their defaults).
+ *  - Lifetimes: handles are reference counted internally. Destroying a handle
+ *    that others depend on is always safe: a model stays alive while an engine
+ *    uses it, an engine while one of its sessions lives, a session while one
+ *    of its streams lives. Destroying a handle twice is undefined (as free()).
+ *    Borrowed handles (ember_engine_cache, ember_engine_scheduler) are valid
+ *    until their engine handle is destroyed and must not be destroyed.
+ *  - Threads: each function states its contract. Models are immutable and
+ *    shared freely; engine calls are thread-safe; a session runs one stream at
+ *    a time; streams of different sessions may be driven from different
+ *    threads at once; ember_stream_cancel may be called from any thread.
+ */
+#ifndef EMBER_EMBER_H
+#define EMBER_EMBER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define EMBER_API __declspec(dllexport)
+#else
+#define EMBER_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define EMBER_VERSION_MAJOR 1
+#define EMBER_VERSION_MINOR 0
+#define EMBER_VERSION_PATCH 0
+
+/* ---------------------------------------------------------------- status */
+
+/* 32-bit status codes with fixed values; new codes are only ever appended. */
+typedef int32_t ember_status;
+enum {
+  EMBER_OK = 0,
+  EMBER_ERR_INVALID_ARGUMENT = 1, /* NULL handle, bad value, invalid UTF-8 */
+  EMBER_ERR_NOT_FOUND = 2,        /* missing file, unreadable file, I/O error */
+  EMBER_ERR_BAD_FORMAT = 3,       /* corrupt or malformed file */
+  EMBER_ERR_UNSUPPORTED = 4,      /* valid but not supported (architecture, type, device) */
+  EMBER_ERR_OUT_OF_MEMORY = 5,    /* allocation failed, KV pool exhausted */
+  EMBER_ERR_CONTEXT_FULL = 6,     /* the session's context cannot hold the tokens */
+  EMBER_ERR_BUSY = 7,             /* the session already runs a stream */
+  EMBER_ERR_CANCELLED = 8,        /* the operation was cancelled */
+  EMBER_ERR_TIMEOUT = 9,          /* nothing happened before the timeout */
+  EMBER_ERR_INTERNAL = 10,        /* a bug in Ember: please report it */
+  EMBER_ERR_END_OF_STREAM = 11    /* ember_stream_next after the end event */
+};
+
+/* Library version as "MAJOR.MINOR.PATCH". Static storage; never NULL.
+ * Thread-safe. */
+EMBER_API const char* ember_version(void);
+
+/* Message of the last failed ember_* call on this thread ("" if none).
+ * Owned by the library; valid until this thread's next ember_* call.
+ * Thread-safe (thread-local). */
+EMBER_API const char* ember_last_error(void);
+
+/* Short constant name of a status, e.g. "EMBER_ERR_BUSY"; "unknown status"
+ * for values not defined. Static storage. Thread-safe. */
+EMBER_API const char* ember_status_string(ember_status status);
+
+/* Log levels passed to the log callback. */
+enum { EMBER_LOG_DEBUG = 0, EMBER_LOG_INFO = 1, EMBER_LOG_WARN = 2, EMBER_LOG_ERROR = 3 };
+typedef void (*ember_log_callback)(int32_t level, const char* message, void* user_data);
+
+/* Route the library's log messages to `callback` (NULL restores the default:
+ * warnings and errors on stderr). The callback may be called from any thread,
+ * one call at a time. Thread-safe. Never fails. */
+EMBER_API void ember_set_log_callback(ember_log_callback callback, void* user_data);
+
+/* ---------------------------------------------------------------- handles */
+
+typedef struct ember_model ember_model;         /* immutable weights, tokenizer, template */
+typedef struct ember_engine ember_engine;       /* a model bound to a device */
+typedef struct ember_cache ember_cache;         /* the engine's KV block pool (borrowed) */
+typedef struct ember_scheduler ember_scheduler; /* the engine's step scheduler (borrowed) */
+typedef struct ember_session ember_session;     /* one conversation */
+typedef struct ember_stream ember_stream;       /* one generation on a session */
+
+/* ---------------------------------------------------------------- model */
+
+typedef struct ember_model_params {
+  size_t size;          /* sizeof(ember_model_params) */
+  int32_t use_mmap;     /* 1 (default): map the file; 0: read it into memory */
+} ember_model_params;
+
+/* Fills *params with defaults. NULL is ignored. Thread-safe. */
+EMBER_API void ember_model_params_init(ember_model_params* params);
+
+/* Loads a GGUF model. `params` may be NULL (defaults). On success *out_model
+ * receives a new handle owned by the caller (release with
+ * ember_model_destroy). Errors: INVALID_ARGUMENT (NULL path/out, bad params),
+ * NOT_FOUND (missing/unreadable file), BAD_FORMAT (corrupt GGUF),
+ * UNSUPPORTED (architecture or tensor type), OUT_OF_MEMORY.
+ * Thread-safe. */
+EMBER_API ember_status ember_model_load(const char* path, const ember_model_params* params,
+                                        ember_model** out_model);
+
+/* Releases the caller's reference. Engines using the model keep it alive.
+ * NULL is a no-op. Thread-safe with respect to other handles. */
+EMBER_API void ember_model_destroy(ember_model* model);
+
+typedef struct ember_model_info_t {
+  size_t size;               /* sizeof(ember_model_info_t), set by the caller */
+  const char* architecture;  /* e.g. "llama"; owned by the model */
+  const char* name;          /* general.name or ""; owned by the model */
+  uint64_t n_params;         /* number of weight elements */
+  int32_t context_length;    /* trained context length */
+  int32_t vocab_size;
+  int32_t n_layers;
+  int32_t n_embd;
+  int32_t n_heads;
+  int32_t n_kv_heads;
+  int32_t bos_token;         /* -1 when the model has none */
+  int32_t eos_token;
+} ember_model_info_t;
+
+/* Fills *info (set info->size first). String pointers stay valid while the
+ * model lives. Errors: INVALID_ARGUMENT. Thread-safe. */
+EMBER_API ember_status ember_model_info(const ember_model* model, ember_model_info_t* info);
+
+/* Tokenizes UTF-8 text. Special tokens (e.g. "<|im_start|>") are recognised
+ * only when parse_special != 0; add_special != 0 adds BOS/EOS as the model's
+ * metadata says. Writes at most `capacity` ids to `tokens` (may be NULL when
+ * capacity is 0) and the full count to *out_count; if the count exceeds
+ * capacity the call returns INVALID_ARGUMENT with *out_count set so the caller
+ * can retry with a larger buffer. Errors: INVALID_ARGUMENT (NULL, invalid
+ * UTF-8, small buffer). Thread-safe. */
+EMBER_API ember_status ember_tokenize(const ember_model* model, const char* text,
+                                      int32_t add_special, int32_t parse_special,
+                                      int32_t* tokens, size_t capacity, size_t* out_count);
+
+/* Converts token ids to text. Writes at most `capacity` bytes including a
+ * terminating NUL into `text`; *out_length receives the text length without
+ * the NUL. If the text does not fit, returns INVALID_ARGUMENT with
+ * *out_length set. Bytes that do not form valid UTF-8 become U+FFFD.
+ * Errors: INVALID_ARGUMENT (NULL, id out of range, small buffer).
+ * Thread-safe. */
+EMBER_API ember_status ember_detokenize(const ember_model* model, const int32_t* tokens,
+                                        size_t n_tokens, char* text, size_t capacity,
+                                        size_t* out_length);
+
+/* ---------------------------------------------------------------- engine */
+
+enum { EMBER_DEVICE_CPU = 0, EMBER_DEVICE_CUDA = 1, EMBER_DEVICE_AUTO = 2 };
+enum { EMBER_KV_F16 = 0 };
+
+typedef struct ember_engine_params {
+  size_t size;                 /* sizeof(ember_engine_params) */
+  int32_t device;              /* EMBER_DEVICE_*, default CPU */
+  int32_t n_threads;           /* CPU threads; 0 (default) = all cores */
+  uint64_t kv_memory_bytes;    /* KV pool budget; 0 (default) = 512 MiB */
+  int32_t kv_block_size;       /* tokens per KV block; default 16 */
+  int32_t kv_dtype;            /* EMBER_KV_*; default F16 */
+  int32_t max_batch_tokens;    /* tokens per engine step; default 512 */
+  int32_t max_running;         /* sequences per step; default 64 */
+} ember_engine_params;
+
+EMBER_API void ember_engine_params_init(ember_engine_params* params);
+
+/* Creates an engine that runs `model` on a device and starts its worker
+ * thread. The engine holds its own reference to the model. `params` may be
+ * NULL. Errors: INVALID_ARGUMENT, UNSUPPORTED (device not available),
+ * OUT_OF_MEMORY. Thread-safe. */
+EMBER_API ember_status ember_engine_create(ember_model* model, const ember_engine_params* params,
+                                           ember_engine** out_engine);
+
+/* Releases the caller's reference; the engine stops once no session uses it
+ * (running streams of live sessions keep going). NULL is a no-op. */
+EMBER_API void ember_engine_destroy(ember_engine* engine);
+
+/* Borrowed views of the engine's KV cache and scheduler; valid until the
+ * engine handle is destroyed; never destroy them. NULL on NULL engine. */
+EMBER_API ember_cache* ember_engine_cache(ember_engine* engine);
+EMBER_API ember_scheduler* ember_engine_scheduler(ember_engine* engine);
+
+typedef struct ember_cache_stats_t {
+  size_t size;            /* sizeof(ember_cache_stats_t), set by the caller */
+  int32_t block_size;     /* tokens per block */
+  size_t blocks_total;
+  size_t blocks_used;     /* referenced by at least one sequence */
+  size_t blocks_cached;   /* unreferenced but holding reusable prefix KV */
+  size_t blocks_free;
+  uint64_t prefix_hits;   /* blocks reused from the prefix cache */
+  uint64_t prefix_misses;
+  size_t bytes_per_block;
+} ember_cache_stats_t;
+
+/* Snapshot of the pool. Errors: INVALID_ARGUMENT. Thread-safe. */
+EMBER_API ember_status ember_cache_stats(const ember_cache* cache, ember_cache_stats_t* stats);
+
+typedef struct ember_scheduler_stats_t {
+  size_t size;             /* sizeof(ember_scheduler_stats_t), set by the caller */
+  size_t running;          /* sequences in the last step */
+  size_t waiting;          /* streams waiting to run */
+  uint64_t preempted;      /* preemptions so far */
+  size_t last_step_tokens; /* tokens in the last step */
+  uint64_t steps;          /* steps run so far */
+} ember_scheduler_stats_t;
+
+EMBER_API ember_status ember_scheduler_stats(const ember_scheduler* scheduler,
+                                             ember_scheduler_stats_t* stats);
+
+/* ---------------------------------------------------------------- session */
+
+typedef struct ember_session_params {
+  size_t size;            /* sizeof(ember_session_params) */
+  int32_t n_ctx;          /* max tokens held; 0 (default) = the model's context length */
+  const char* system_prompt; /* optional first system message (copied); NULL = none */
+} ember_session_params;
+
+EMBER_API void ember_session_params_init(ember_session_params* params);
+
+/* Creates an empty conversation on `engine` (which it keeps alive).
+ * Errors: INVALID_ARGUMENT. Thread-safe. */
+EMBER_API ember_status ember_session_create(ember_engine* engine, const ember_session_params* params,
+                                            ember_session** out_session);
+
+/* Destroys the session; a stream still running on it is cancelled and keeps
+ * the session's state alive until the stream is destroyed. NULL is a no-op. */
+EMBER_API void ember_session_destroy(ember_session* session);
+
+/* Appends a chat message (role such as "system", "user", "assistant"; content
+ * UTF-8). The model's chat template is applied by the library when the next
+ * stream starts. Errors: INVALID_ARGUMENT (NULL, invalid UTF-8, empty role),
+ * BUSY (a stream runs), UNSUPPORTED (no usable chat template),
+ * CONTEXT_FULL. Thread-safe per session (one caller at a time is simplest). */
+EMBER_API ember_status ember_session_add_message(ember_session* session, const char* role,
+                                                 const char* content);
+
+/* Appends raw text to the session (completion mode; no template). Special
+ * tokens in the text are recognised when parse_special != 0. BOS is added
+ * first when the session is empty and the model asks for it.
+ * Errors: INVALID_ARGUMENT, BUSY, CONTEXT_FULL. */
+EMBER_API ember_status ember_session_add_text(ember_session* session, const char* text,
+                                              int32_t parse_special);
+
+/* Appends token ids to the session as they are (completion mode; no
+ * template, no BOS added). Errors: INVALID_ARGUMENT (NULL, id out of range),
+ * BUSY, CONTEXT_FULL. */
+EMBER_API ember_status ember_session_add_tokens(ember_session* session, const int32_t* tokens, size_t n_tokens);
+
+/* Forgets the whole conversation and frees its KV blocks.
+ * Errors: INVALID_ARGUMENT, BUSY. */
+EMBER_API ember_status ember_session_reset(ember_session* session);
+
+/* Number of tokens the session holds (prompt and replies). */
+EMBER_API ember_status ember_session_token_count(const ember_session* session, size_t* out_count);
+
+/* ---------------------------------------------------------------- stream */
+
+typedef struct ember_stream_params {
+  size_t size;               /* sizeof(ember_stream_params) */
+  int32_t max_tokens;        /* default 256; generation stops after this many */
+  float temperature;         /* default 0.8; 0 = greedy */
+  int32_t top_k;             /* default 40; 0 = off */
+  float top_p;               /* default 0.95; 1 = off */
+  float min_p;               /* default 0.05; 0 = off */
+  float repeat_penalty;      /* default 1.0 = off */
+  float presence_penalty;    /* default 0 */
+  float frequency_penalty;   /* default 0 */
+  int32_t penalty_last_n;    /* default 64 tokens considered by penalties */
+  uint64_t seed;             /* default 0xEEEE; same seed + same input = same text */
+  const char* const* stop;   /* optional NULL-terminated list of stop strings (copied) */
+  int32_t ignore_eos;        /* default 0; 1 = do not stop at end-of-generation tokens */
+} ember_stream_params;
+
+EMBER_API void ember_stream_params_init(ember_stream_params* params);
+
+/* Starts generating on the session from everything added so far. The reply
+ * is appended to the session when the stream ends, so the next add_message +
+ * stream_start continues the conversation on the cached KV.
+ * Errors: INVALID_ARGUMENT, BUSY (the session already runs a stream),
+ * CONTEXT_FULL (the prompt does not fit the session's context),
+ * OUT_OF_MEMORY (it cannot fit the whole KV pool). Thread-safe. */
+EMBER_API ember_status ember_stream_start(ember_session* session, const ember_stream_params* params,
+                                          ember_stream** out_stream);
+
+enum {
+  EMBER_EVENT_TEXT = 0,  /* a text piece with its token ids */
+  EMBER_EVENT_END = 1,   /* the stream ended; see end_reason */
+  EMBER_EVENT_ERROR = 2  /* the stream failed; see status and ember_last_error() */
+};
+enum {
+  EMBER_END_NONE = 0,
+  EMBER_END_EOS = 1,          /* the model emitted an end-of-generation token */
+  EMBER_END_STOP_STRING = 2,  /* a stop string matched (it is not emitted) */
+  EMBER_END_MAX_TOKENS = 3,
+  EMBER_END_CANCELLED = 4,
+  EMBER_END_CONTEXT_FULL = 5
+};
+
+typedef struct ember_event {
+  size_t size;             /* sizeof(ember_event), set by the caller */
+  int32_t type;            /* EMBER_EVENT_* */
+  const char* text;        /* TEXT: NUL-terminated UTF-8 piece (never splits a character) */
+  size_t text_length;
+  const int32_t* tokens;   /* TEXT: the token ids this event covers */
+  size_t n_tokens;
+  int32_t end_reason;      /* END: EMBER_END_* */
+  ember_status status;     /* ERROR: the failure */
+} ember_event;
+
+/* Pulls the next event, waiting up to timeout_ms milliseconds (0 = poll,
+ * negative = wait forever). Pointers in *event are owned by the stream and
+ * valid until the next call on this stream. Returns OK with an event, TIMEOUT
+ * when none came in time, END_OF_STREAM when called after the END/ERROR
+ * event, BUSY if a callback is set. One thread at a time per stream. */
+EMBER_API ember_status ember_stream_next(ember_stream* stream, ember_event* event,
+                                         int32_t timeout_ms);
+
+/* Push variant for C users: `callback` is called on the engine's worker
+ * thread for every event until the END/ERROR event; returning nonzero from it
+ * cancels the stream. Set it right after ember_stream_start. Events already
+ * queued are delivered first. Errors: INVALID_ARGUMENT, BUSY (already set). */
+typedef int32_t (*ember_stream_callback)(const ember_event* event, void* user_data);
+EMBER_API ember_status ember_stream_set_callback(ember_stream* stream, ember_stream_callback callback,
+                                                 void* user_data);
+
+/* Requests cancellation; the stream ends with EMBER_END_CANCELLED soon after.
+ * The session keeps what was generated so far and stays usable. Any thread.
+ * Cancelling an ended stream is a no-op returning OK. */
+EMBER_API ember_status ember_stream_cancel(ember_stream* stream);
+
+/* Blocks until the stream has ended (drops unread events). Any thread. */
+EMBER_API ember_status ember_stream_wait(ember_stream* stream);
+
+typedef struct ember_stream_stats_t {
+  size_t size;                 /* sizeof(ember_stream_stats_t), set by the caller */
+  size_t prompt_tokens;        /* tokens prefilled for this stream */
+  size_t generated_tokens;
+  double time_to_first_token_ms;
+  double tokens_per_second;    /* decode rate after the first token */
+  double prefill_tokens_per_second;
+  int32_t finished;            /* 1 once the stream ended */
+  int32_t end_reason;          /* EMBER_END_* */
+} ember_stream_stats_t;
+
+EMBER_API ember_status ember_stream_stats(const ember_stream* stream, ember_stream_stats_t* stats);
+
+/* Cancels the stream if still running, waits for it to stop, and releases it.
+ * NULL is a no-op. */
+EMBER_API void ember_stream_destroy(ember_stream* stream);
+
+/* ---------------------------------------------------------------- scoring */
+
+/* Scores `tokens` with the model from an empty context on the engine: for
+ * each i in [0, n_tokens-1) writes log p(tokens[i+1] | tokens[0..i]) to
+ * logprobs[i] (n_tokens - 1 values). If `logits` is non-NULL it receives the
+ * raw logits of every position (n_tokens * vocab_size floats). Used by
+ * perplexity tools. Errors: INVALID_ARGUMENT, CONTEXT_FULL (more tokens than
+ * the context), OUT_OF_MEMORY. Thread-safe. */
+EMBER_API ember_status ember_engine_score(ember_engine* engine, const int32_t* tokens, size_t n_tokens,
+                                          float* logprobs, float* logits);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* EMBER_EMBER_H */

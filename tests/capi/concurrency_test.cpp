@@ -1,0 +1,248 @@
+// Many threads on one engine: each thread drives its own session; outputs do
+// not depend on what else runs; cancellation and destruction from other
+// threads leave sessions consistent.
+#include <atomic>
+#include <barrier>
+#include <chrono>
+#include <cmath>
+#include <latch>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "capi/capi_test_util.h"
+
+using namespace capi_test;
+
+namespace {
+
+constexpr int kThreads = 8;
+constexpr int32_t kMaxTokens = 12;
+
+struct Request {
+  std::string prompt;
+  ember_stream_params params;
+};
+
+std::vector<Request> requests() {
+  const char* prompts[kThreads] = {
+      "What is the capital of Italy?",  "Write a haiku about rain.",      "Name three prime numbers.",
+      "Explain gravity in one sentence.", "What colour is the sky?",       "Give me a word that rhymes with cat.",
+      "How many legs does a spider have?", "Say something nice about cats.",
+  };
+  std::vector<Request> out;
+  for (int i = 0; i < kThreads; ++i) {
+    // Even: greedy; odd: sampled with a fixed seed.
+    out.push_back({prompts[i], i % 2 == 0 ? greedy_params(kMaxTokens) : sampled_params(kMaxTokens, 1000 + i)});
+  }
+  return out;
+}
+
+Collected run_request(ember_engine* engine, const Request& r) {
+  SessionPtr session = make_session(engine);
+  if (!session) return {};
+  EXPECT_EQ(ember_session_add_message(session.get(), "user", r.prompt.c_str()), EMBER_OK) << ember_last_error();
+  return run(session.get(), r.params);
+}
+
+void expect_same(const Collected& got, const Collected& want, int i) {
+  EXPECT_TRUE(got.ended) << "request " << i;
+  EXPECT_EQ(got.error, EMBER_OK) << "request " << i;
+  EXPECT_EQ(got.tokens, want.tokens) << "request " << i;
+  EXPECT_EQ(got.text, want.text) << "request " << i;
+  EXPECT_EQ(got.end_reason, want.end_reason) << "request " << i;
+}
+
+}  // namespace
+
+TEST(CapiConcurrency, EightSessionsMatchSoloRuns) {
+  CAPI_REQUIRE_MODEL(model);
+  EnginePtr engine = make_engine(model);
+  ASSERT_TRUE(engine);
+  const std::vector<Request> reqs = requests();
+  std::vector<Collected> solo;
+  for (const auto& r : reqs) solo.push_back(run_request(engine.get(), r));
+  for (const auto& c : solo) ASSERT_FALSE(c.tokens.empty());
+
+  // Round 0: all start together; round 1: staggered starts, so prefills and
+  // decodes of different requests share steps in other combinations.
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    std::vector<Collected> got(kThreads);
+    std::barrier sync(kThreads);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kThreads; ++i) {
+      threads.emplace_back([&, i] {
+        sync.arrive_and_wait();
+        if (round == 1) std::this_thread::sleep_for(std::chrono::milliseconds(15 * i));
+        got[i] = run_request(engine.get(), reqs[i]);
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int i = 0; i < kThreads; ++i) expect_same(got[i], solo[i], i);
+  }
+  ember_scheduler_stats_t ss;
+  std::memset(&ss, 0, sizeof ss);
+  ss.size = sizeof ss;
+  ASSERT_OK(ember_scheduler_stats(ember_engine_scheduler(engine.get()), &ss));
+  EXPECT_GT(ss.steps, 0u);
+}
+
+TEST(CapiConcurrency, CancelFromAnotherThreadLeavesSessionConsistent) {
+  CAPI_REQUIRE_MODEL(model);
+  EnginePtr engine = make_engine(model);
+  const std::vector<Request> reqs = requests();
+  std::vector<Collected> solo;
+  for (int i = 0; i < 3; ++i) solo.push_back(run_request(engine.get(), reqs[i]));
+
+  SessionPtr session = make_session(engine.get());
+  ASSERT_OK(ember_session_add_message(session.get(), "user", "Tell me a very long story about a castle."));
+  ember_stream_params p = greedy_params(1 << 20);
+  p.ignore_eos = 1;
+  ember_stream* s = nullptr;
+  ASSERT_OK(ember_stream_start(session.get(), &p, &s));
+  StreamPtr stream(s);
+
+  // Three other sessions stream at the same time and must not notice.
+  std::vector<Collected> others(3);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 3; ++i) threads.emplace_back([&, i] { others[i] = run_request(engine.get(), reqs[i]); });
+
+  std::atomic<int> pieces{0};
+  Collected c;
+  std::thread reader([&] {
+    for (;;) {
+      ember_event ev = new_event();
+      if (ember_stream_next(s, &ev, -1) != EMBER_OK) break;
+      if (ev.type != EMBER_EVENT_TEXT) {
+        c.end_reason = ev.end_reason;
+        c.ended = true;
+        break;
+      }
+      c.tokens.insert(c.tokens.end(), ev.tokens, ev.tokens + ev.n_tokens);
+      c.text.append(ev.text, ev.text_length);
+      ++pieces;
+    }
+  });
+  while (pieces < 4) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_OK(ember_stream_cancel(s));  // from this thread while the reader waits in next()
+  reader.join();
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 3; ++i) expect_same(others[i], solo[i], i);
+
+  EXPECT_TRUE(c.ended);
+  EXPECT_EQ(c.end_reason, EMBER_END_CANCELLED);
+  ember_stream_stats_t st;
+  std::memset(&st, 0, sizeof st);
+  st.size = sizeof st;
+  ASSERT_OK(ember_stream_stats(s, &st));
+  EXPECT_EQ(st.finished, 1);
+  EXPECT_EQ(st.end_reason, EMBER_END_CANCELLED);
+  EXPECT_EQ(st.generated_tokens, c.tokens.size()) << "every generated token was delivered";
+  EXPECT_EQ(token_count(session.get()), st.prompt_tokens + st.generated_tokens);
+
+  // Reusable: the conversation continues, and matches the same history run
+  // from scratch (the cancelled reply counts as the assistant's turn).
+  ASSERT_OK(ember_session_add_message(session.get(), "user", "Stop. What is 1+1?"));
+  const Collected cont = run(session.get(), greedy_params(6));
+  EXPECT_TRUE(cont.ended);
+  SessionPtr fresh = make_session(engine.get());
+  ASSERT_OK(ember_session_add_message(fresh.get(), "user", "Tell me a very long story about a castle."));
+  ASSERT_OK(ember_session_add_message(fresh.get(), "assistant", c.text.c_str()));
+  ASSERT_OK(ember_session_add_message(fresh.get(), "user", "Stop. What is 1+1?"));
+  EXPECT_EQ(run(fresh.get(), greedy_params(6)).text, cont.text);
+}
+
+TEST(CapiConcurrency, CancelRacesWithStartAndEnd) {
+  CAPI_REQUIRE_MODEL(model);
+  EnginePtr engine = make_engine(model);
+  SessionPtr session = make_session(engine.get());
+  ASSERT_OK(ember_session_add_text(session.get(), "Hello there", 0));
+  for (int i = 0; i < 12; ++i) {
+    ember_stream_params p = greedy_params(1 + i % 3);
+    p.ignore_eos = 1;
+    ember_stream* s = nullptr;
+    ASSERT_OK(ember_stream_start(session.get(), &p, &s));
+    std::thread canceller([s, i] {
+      std::this_thread::sleep_for(std::chrono::microseconds(500 * (i % 4)));
+      ember_stream_cancel(s);
+    });
+    const Collected c = drain(s);
+    canceller.join();
+    EXPECT_TRUE(c.end_reason == EMBER_END_CANCELLED || c.end_reason == EMBER_END_MAX_TOKENS) << c.end_reason;
+    ember_stream_destroy(s);
+  }
+  // Never left busy.
+  EXPECT_TRUE(run(session.get(), greedy_params(1)).ended);
+}
+
+TEST(CapiConcurrency, DestroyWhileRunningFromManyThreads) {
+  CAPI_REQUIRE_MODEL(model);
+  EnginePtr engine = make_engine(model);
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  std::latch sessions_created(4);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      SessionPtr session = make_session(engine.get());
+      sessions_created.count_down();
+      if (ember_session_add_text(session.get(), "Numbers: 1 2 3", 0) != EMBER_OK) ++failures;
+      for (int i = 0; i < 4; ++i) {
+        ember_stream_params p = greedy_params(1 << 20);
+        p.ignore_eos = 1;
+        ember_stream* s = nullptr;
+        if (ember_stream_start(session.get(), &p, &s) != EMBER_OK) {
+          ++failures;
+          continue;
+        }
+        if ((t + i) % 2 == 1) {
+          ember_event ev = new_event();
+          if (ember_stream_next(s, &ev, -1) != EMBER_OK) ++failures;
+        }
+        if ((t + i) % 3 == 0) {
+          ember_stream_set_callback(s, [](const ember_event*, void*) -> int32_t { return 0; }, nullptr);
+        }
+        ember_stream_destroy(s);
+      }
+    });
+  }
+  // Meanwhile the engine handle goes away; the sessions keep it running.
+  sessions_created.wait();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  engine.reset();
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+TEST(CapiConcurrency, ScoreAndTokenizeBesideStreams) {
+  CAPI_REQUIRE_MODEL(model);
+  EnginePtr engine = make_engine(model);
+  int32_t ids[32];
+  size_t n = 0;
+  ASSERT_OK(ember_tokenize(model, "The cat sat on the mat and looked out of the window.", 1, 0, ids, 32, &n));
+  std::vector<float> solo(n);
+  ASSERT_OK(ember_engine_score(engine.get(), ids, n, solo.data(), nullptr));
+  const std::vector<Request> reqs = requests();
+  const Collected reference = run_request(engine.get(), reqs[0]);
+
+  std::vector<std::thread> threads;
+  std::vector<std::vector<float>> scores(3, std::vector<float>(n));
+  std::vector<std::vector<int32_t>> tokenized(3, std::vector<int32_t>(32));
+  Collected streamed;
+  threads.emplace_back([&] { streamed = run_request(engine.get(), reqs[0]); });
+  for (int i = 0; i < 3; ++i) {
+    threads.emplace_back([&, i] {
+      size_t m = 0;
+      EXPECT_EQ(ember_tokenize(model, "The cat sat on the mat and looked out of the window.", 1, 0,
+                               tokenized[i].data(), 32, &m), EMBER_OK);
+      tokenized[i].resize(m);
+      EXPECT_EQ(ember_engine_score(engine.get(), ids, n, scores[i].data(), nullptr), EMBER_OK) << ember_last_error();
+    });
+  }
+  for (auto& t : threads) t.join();
+  expect_same(streamed, reference, 0);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(tokenized[i], std::vector<int32_t>(ids, ids + n));
+    for (size_t k = 0; k + 1 < n; ++k) EXPECT_FLOAT_EQ(scores[i][k], solo[k]) << "position " << k;
+  }
+}

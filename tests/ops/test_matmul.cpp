@@ -1,0 +1,462 @@
+// Correctness of cpu::matmul / cpu::dequantize_rows against a scalar
+// reference: the type table's reference dequantizer + a double-precision dot.
+//
+// Every weight type x every ISA variant this CPU can run (others are skipped
+// with a message) x decode path (forced for all M) and prefill path (oneDNN)
+// x M in {1,2,3,5,8,17,64,300} x odd N x K multiple of 32 (and of 256),
+// with 1 and 2 OpenMP threads.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/tensor/types.h"
+#include "core/util/status.h"
+#include "cpu/cpu_features.h"
+#include "cpu/dnnl_matmul.h"
+#include "cpu/matmul.h"
+#include "cpu/matmul_internal.h"
+
+namespace ember::cpu {
+namespace {
+
+constexpr DType kTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::F16, DType::BF16, DType::F32};
+constexpr Isa kIsas[] = {Isa::kScalar, Isa::kAvx2, Isa::kAvx512Vnni};
+constexpr int64_t kMs[] = {1, 2, 3, 5, 8, 17, 64, 300};
+
+// Restores the process-wide knobs whatever a test does.
+struct KnobGuard {
+  int threads = omp_get_max_threads();
+  int64_t max_m = decode_max_m();
+  PrefillPrecision prec = prefill_precision();
+  ~KnobGuard() {
+    reset_isa();
+    set_decode_max_m(max_m);
+    set_prefill_precision(prec);
+    omp_set_num_threads(threads);
+  }
+};
+
+uint16_t f16(float f) { return fp32_to_fp16(f); }
+
+// Random weights in the GGUF layout. Scales vary over a range like real
+// models'; quants cover the full range including Q8_0's -128.
+std::vector<uint8_t> make_weight(DType t, int64_t N, int64_t K, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> scale(0.002f, 0.03f);
+  std::normal_distribution<float> normal(0.f, 0.05f);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::vector<uint8_t> out(row_bytes(t, K) * static_cast<size_t>(N) + 64);  // slack is never read
+  uint8_t* p = out.data();
+  const int64_t nb = K / 32;
+  for (int64_t r = 0; r < N; ++r) {
+    switch (t) {
+      case DType::Q4_0:
+        for (int64_t b = 0; b < nb; ++b, p += sizeof(BlockQ4_0)) {
+          BlockQ4_0 blk;
+          blk.d = f16((byte(rng) & 1 ? -1.f : 1.f) * scale(rng));
+          for (auto& q : blk.qs) q = static_cast<uint8_t>(byte(rng));
+          std::memcpy(p, &blk, sizeof(blk));
+        }
+        break;
+      case DType::Q4_1:
+        for (int64_t b = 0; b < nb; ++b, p += sizeof(BlockQ4_1)) {
+          BlockQ4_1 blk;
+          blk.d = f16(scale(rng));
+          blk.m = f16(-8.f * scale(rng));
+          for (auto& q : blk.qs) q = static_cast<uint8_t>(byte(rng));
+          std::memcpy(p, &blk, sizeof(blk));
+        }
+        break;
+      case DType::Q8_0:
+        for (int64_t b = 0; b < nb; ++b, p += sizeof(BlockQ8_0)) {
+          BlockQ8_0 blk;
+          blk.d = f16(scale(rng) / 16.f);
+          for (auto& q : blk.qs) q = static_cast<int8_t>(byte(rng) - 128);  // -128..127
+          std::memcpy(p, &blk, sizeof(blk));
+        }
+        break;
+      case DType::F16:
+        for (int64_t k = 0; k < K; ++k, p += 2) {
+          const uint16_t h = f16(normal(rng));
+          std::memcpy(p, &h, 2);
+        }
+        break;
+      case DType::BF16:
+        for (int64_t k = 0; k < K; ++k, p += 2) {
+          const uint16_t h = fp32_to_bf16(normal(rng));
+          std::memcpy(p, &h, 2);
+        }
+        break;
+      case DType::F32:
+        for (int64_t k = 0; k < K; ++k, p += 4) {
+          const float f = normal(rng);
+          std::memcpy(p, &f, 4);
+        }
+        break;
+      default:
+        ADD_FAILURE() << "no generator for type";
+    }
+  }
+  return out;
+}
+
+// Activations like a transformer's: mostly N(0,1), a few outliers, and an
+// all-zero block (scale 0) in row 0 when K allows.
+std::vector<float> make_x(int64_t M, int64_t K, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::uniform_int_distribution<int> pick(0, 99);
+  std::vector<float> x(static_cast<size_t>(M * K));
+  for (auto& v : x) v = normal(rng) * (pick(rng) == 0 ? 20.f : 1.f);
+  if (K >= 64)
+    for (int k = 32; k < 64; ++k) x[k] = 0.f;
+  return x;
+}
+
+std::vector<float> ref_dequant(DType t, const uint8_t* w, int64_t N, int64_t K) {
+  const TypeTraits* tr = type_traits(t);
+  EXPECT_NE(tr, nullptr);
+  EXPECT_NE(tr->dequantize_row, nullptr);
+  std::vector<float> out(static_cast<size_t>(N * K));
+  const size_t rb = row_bytes(t, K);
+  for (int64_t r = 0; r < N; ++r) tr->dequantize_row(w + r * rb, out.data() + r * K, K);
+  return out;
+}
+
+float round_bf16(float f) { return bf16_to_fp32(fp32_to_bf16(f)); }
+
+// What the implementation is allowed to round.
+struct ErrorModel {
+  bool act_q8 = false;    // activations quantized to 8-bit blocks of 32
+  bool act_bf16 = false;  // activations rounded to bf16
+  bool w_bf16 = false;    // weights rounded to bf16
+};
+
+// Compares y against double-precision references. The bound is a 6-sigma
+// estimate of the rounding the model allows (uniform rounding errors,
+// independent per element) plus f32 accumulation slack, so it is relative to
+// the row norms rather than to |y| (y can cancel to ~0).
+void expect_close(const std::vector<float>& wf, const std::vector<float>& x, const std::vector<float>& y,
+                  int64_t M, int64_t N, int64_t K, const ErrorModel& em, const std::string& what) {
+  int bad = 0;
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xr = x.data() + m * K;
+    std::vector<double> ex2(static_cast<size_t>(K), 0.0);  // variance of the error of x[k]
+    for (int64_t b = 0; b * 32 < K; ++b) {
+      double amax = 0;
+      for (int64_t k = b * 32; k < std::min(K, b * 32 + 32); ++k) amax = std::max(amax, std::fabs((double)xr[k]));
+      for (int64_t k = b * 32; k < std::min(K, b * 32 + 32); ++k) {
+        double v = 0;
+        if (em.act_q8) v += std::pow(amax / 127.0, 2) / 12.0;
+        if (em.act_bf16) v += std::pow(xr[k] * std::ldexp(1.0, -8), 2) / 12.0;
+        ex2[k] = v;
+      }
+    }
+    for (int64_t n = 0; n < N; ++n) {
+      const float* wr = wf.data() + n * K;
+      double ref = 0, abs_sum = 0, var = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        ref += (double)wr[k] * xr[k];
+        abs_sum += std::fabs((double)wr[k] * xr[k]);
+        var += (double)wr[k] * wr[k] * ex2[k];
+        if (em.w_bf16) var += std::pow(wr[k] * std::ldexp(1.0, -8) * xr[k], 2) / 12.0;
+      }
+      const double tol = 6.0 * std::sqrt(var) + 2e-6 * abs_sum * std::sqrt((double)K) / 8.0 + 1e-6 * abs_sum + 1e-30;
+      const double got = y[m * N + n];
+      if (!(std::fabs(got - ref) <= tol)) {
+        if (++bad <= 5)
+          ADD_FAILURE() << what << ": y[" << m << "," << n << "] = " << got << ", reference " << ref
+                        << " (|diff| " << std::fabs(got - ref) << " > tol " << tol << ")";
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << M * N << " outputs out of tolerance";
+}
+
+enum class Path { kDecode, kPrefill };
+
+std::string name_of(DType t) { return type_name(static_cast<uint32_t>(t)); }
+
+struct Case {
+  DType type;
+  Isa isa;
+  Path path;
+};
+
+std::string case_name(const testing::TestParamInfo<Case>& info) {
+  std::string n = name_of(info.param.type) + "_" + isa_to_string(info.param.isa) +
+                  (info.param.path == Path::kDecode ? "_decode" : "_prefill");
+  for (auto& c : n)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return n;
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> c;
+  for (DType t : kTypes)
+    for (Isa i : kIsas)
+      for (Path p : {Path::kDecode, Path::kPrefill}) c.push_back({t, i, p});
+  return c;
+}
+
+class MatmulTest : public testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    if (!isa_supported(GetParam().isa))
+      GTEST_SKIP() << "this CPU cannot run the " << isa_to_string(GetParam().isa) << " kernels ("
+                   << "cpu_features: avx512f=" << cpu_features().avx512f
+                   << " avx512vnni=" << cpu_features().avx512vnni << ")";
+    force_isa(GetParam().isa);
+    set_decode_max_m(GetParam().path == Path::kDecode ? std::numeric_limits<int64_t>::max() : 0);
+  }
+
+  ErrorModel model() const {
+    ErrorModel em;
+    const DType t = GetParam().type;
+    if (GetParam().path == Path::kDecode) {
+      em.act_q8 = detail::is_quant(t);
+      // The AVX-512 BF16 kernel rounds x to bf16 for _mm512_dpbf16_ps.
+      em.act_bf16 = t == DType::BF16 && GetParam().isa == Isa::kAvx512Vnni && has_avx512_bf16();
+    } else if (std::string(prefill_precision_name()) == "bf16") {
+      em.act_bf16 = true;
+      em.w_bf16 = t != DType::BF16;
+    }
+    return em;
+  }
+
+  void run(int64_t N, int64_t K, const std::vector<int64_t>& Ms, const std::vector<int>& threads) {
+    const DType t = GetParam().type;
+    const auto w = make_weight(t, N, K, static_cast<uint32_t>(N * 131 + K));
+    const auto wf = ref_dequant(t, w.data(), N, K);
+    const WeightView view{t, N, K, w.data()};
+    MatmulScratch scratch;
+    for (int64_t M : Ms) {
+      const auto x = make_x(M, K, static_cast<uint32_t>(M * 7 + K));
+      for (int th : threads) {
+        omp_set_num_threads(th);
+        std::vector<float> y(static_cast<size_t>(M * N), std::nanf(""));
+        matmul(view, x.data(), M, y.data(), scratch);
+        expect_close(wf, x, y, M, N, K, model(),
+                     name_of(t) + " " + isa_name() + " N=" + std::to_string(N) + " K=" + std::to_string(K) +
+                         " M=" + std::to_string(M) + " threads=" + std::to_string(th));
+        if (HasFailure()) return;
+      }
+    }
+  }
+  KnobGuard guard_;
+};
+
+TEST_P(MatmulTest, SmallShapes) {
+  const std::vector<int64_t> ms(std::begin(kMs), std::end(kMs));
+  run(1, 32, ms, {1});
+  run(7, 64, ms, {1, 2});
+  run(37, 256, ms, {1, 2});
+  run(131, 96, ms, {2});
+}
+
+TEST_P(MatmulTest, WiderShapes) {
+  // K a multiple of 256 (k-quant geometry), N odd, big enough that the
+  // decode path really splits rows over 2 threads.
+  run(1031, 512, {1, 2, 3, 5, 8, 17}, {1, 2});
+  run(259, 2048, {1, 4, 64}, {2});
+}
+
+TEST_P(MatmulTest, FloatTypesAnyK) {
+  if (detail::is_quant(GetParam().type)) GTEST_SKIP() << "quantized types need K % 32 == 0";
+  run(13, 45, {1, 2, 3, 5, 17}, {1, 2});
+  run(9, 7, {1, 3}, {1});
+}
+
+INSTANTIATE_TEST_SUITE_P(All, MatmulTest, testing::ValuesIn(all_cases()), case_name);
+
+// ---------------------------------------------------------------- dequantization
+
+class DequantTest : public testing::TestWithParam<std::tuple<DType, Isa>> {};
+
+TEST_P(DequantTest, RowsMatchReference) {
+  const auto [t, isa] = GetParam();
+  if (!isa_supported(isa)) GTEST_SKIP() << "this CPU cannot run the " << isa_to_string(isa) << " kernels";
+  KnobGuard guard;
+  force_isa(isa);
+  const int64_t N = 9, K = 256;
+  const auto w = make_weight(t, N, K, 99);
+  const auto wf = ref_dequant(t, w.data(), N, K);
+  const WeightView view{t, N, K, w.data()};
+  std::vector<float> out(static_cast<size_t>(4 * K));
+  dequantize_rows(view, 3, 4, out.data());
+  for (int64_t i = 0; i < 4 * K; ++i) {
+    const float ref = wf[3 * K + i];
+    ASSERT_NEAR(out[i], ref, 1e-6f * std::fabs(ref)) << "element " << i;
+  }
+  // bf16 / f32 tile dequantizers used by the prefill path (internal).
+  const detail::IsaImpl& impl = isa == Isa::kScalar ? detail::scalar_impl()
+                                : isa == Isa::kAvx2 ? detail::avx2_impl()
+                                                    : detail::avx512_impl();
+  std::vector<float> f(static_cast<size_t>(N * K));
+  std::vector<uint16_t> b(static_cast<size_t>(N * K));
+  impl.dequant_f32(t, w.data(), f.data(), N * K);
+  impl.dequant_bf16(t, w.data(), b.data(), N * K);
+  for (int64_t i = 0; i < N * K; ++i) {
+    ASSERT_NEAR(f[i], wf[i], 1e-6f * std::fabs(wf[i])) << "f32 element " << i;
+    // Q4_1's d*q+m may be fused (one rounding less) before rounding to bf16.
+    const float rb = round_bf16(wf[i]);
+    ASSERT_NEAR(bf16_to_fp32(b[i]), rb, std::fabs(rb) * std::ldexp(1.f, -7)) << "bf16 element " << i;
+    if (t != DType::Q4_1) {
+      ASSERT_EQ(b[i], fp32_to_bf16(wf[i])) << "bf16 element " << i;
+    }
+  }
+  std::vector<float> xs = make_x(1, 77, 5);
+  std::vector<uint16_t> xb(xs.size());
+  impl.f32_to_bf16(xs.data(), xb.data(), static_cast<int64_t>(xs.size()));
+  for (size_t i = 0; i < xs.size(); ++i) ASSERT_EQ(xb[i], fp32_to_bf16(xs[i])) << "f32_to_bf16 element " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, DequantTest, testing::Combine(testing::ValuesIn(kTypes), testing::ValuesIn(kIsas)),
+                         [](const testing::TestParamInfo<std::tuple<DType, Isa>>& info) {
+                           return name_of(std::get<0>(info.param)) + "_" + isa_to_string(std::get<1>(info.param));
+                         });
+
+// ---------------------------------------------------------------- API behaviour
+
+TEST(Matmul, IsaSelection) {
+  KnobGuard guard;
+  EXPECT_TRUE(isa_supported(Isa::kScalar));
+  EXPECT_EQ(active_isa(), best_isa());
+  const std::string best = isa_name();
+  EXPECT_TRUE(best == "avx512_vnni" || best == "avx2" || best == "scalar") << best;
+  force_isa(Isa::kScalar);
+  EXPECT_STREQ(isa_name(), "scalar");
+  reset_isa();
+  EXPECT_EQ(isa_name(), best);
+  if (!isa_supported(Isa::kAvx512Vnni)) {
+    try {
+      force_isa(Isa::kAvx512Vnni);
+      FAIL() << "force_isa accepted an unsupported variant";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), StatusCode::kUnsupported);
+    }
+    EXPECT_EQ(isa_name(), best);
+  }
+  const CpuFeatures& f = cpu_features();
+  EXPECT_EQ(isa_supported(Isa::kAvx512Vnni),
+            f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.avx512vnni && f.os_avx512);
+}
+
+TEST(Matmul, RejectsBadArguments) {
+  std::vector<uint8_t> w(4096);
+  std::vector<float> x(64), y(64);
+  MatmulScratch s;
+  auto code_of = [&](const WeightView& v, int64_t M) {
+    try {
+      matmul(v, x.data(), M, y.data(), s);
+    } catch (const Error& e) {
+      return e.code();
+    }
+    return StatusCode::kOk;
+  };
+  EXPECT_EQ(code_of({DType::Q4_K, 2, 256, w.data()}, 1), StatusCode::kUnsupported);
+  EXPECT_EQ(code_of({DType::Q4_0, 2, 48, w.data()}, 1), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code_of({DType::Q8_0, 2, 32, w.data()}, -1), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code_of({DType::F32, 2, 32, nullptr}, 1), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code_of({DType::F32, 2, 32, w.data()}, 0), StatusCode::kOk);  // M == 0: no-op
+  EXPECT_EQ(code_of({DType::F32, 0, 32, w.data()}, 1), StatusCode::kOk);  // N == 0: no-op
+  std::vector<float> out(64);
+  EXPECT_THROW(dequantize_rows({DType::F32, 2, 32, w.data()}, 1, 2, out.data()), Error);
+  EXPECT_THROW(dequantize_rows({DType::F32, 2, 32, w.data()}, -1, 1, out.data()), Error);
+  EXPECT_NO_THROW(dequantize_rows({DType::F32, 2, 32, w.data()}, 2, 0, out.data()));
+  EXPECT_TRUE(matmul_supports(DType::Q4_0));
+  EXPECT_FALSE(matmul_supports(DType::Q6_K));
+}
+
+TEST(Matmul, PrefillPrecisionFallsBackWhenBf16Unavailable) {
+  KnobGuard guard;
+  set_prefill_precision(PrefillPrecision::kBf16);
+  const std::string p = prefill_precision_name();
+  EXPECT_EQ(p, dnnl_mm::bf16_supported() ? "bf16" : "f32");
+  set_prefill_precision(PrefillPrecision::kF32);
+  EXPECT_STREQ(prefill_precision_name(), "f32");
+  set_prefill_precision(PrefillPrecision::kAuto);
+  EXPECT_EQ(std::string(prefill_precision_name()),
+            dnnl_mm::bf16_native() && dnnl_mm::bf16_supported() ? "bf16" : "f32");
+  // Whatever precision was resolved, results stay correct.
+  set_prefill_precision(PrefillPrecision::kBf16);
+  set_decode_max_m(0);
+  const int64_t N = 33, K = 128, M = 20;
+  const auto w = make_weight(DType::Q8_0, N, K, 3);
+  const auto wf = ref_dequant(DType::Q8_0, w.data(), N, K);
+  const auto x = make_x(M, K, 4);
+  std::vector<float> y(M * N);
+  MatmulScratch s;
+  matmul({DType::Q8_0, N, K, w.data()}, x.data(), M, y.data(), s);
+  ErrorModel em;
+  em.act_bf16 = em.w_bf16 = p == "bf16";
+  expect_close(wf, x, y, M, N, K, em, "prefill " + p);
+}
+
+TEST(Matmul, DefaultThresholdSplitsPaths) {
+  KnobGuard guard;
+  EXPECT_EQ(decode_max_m(), kDefaultDecodeMaxM);
+  const int64_t N = 45, K = 256;
+  const auto w = make_weight(DType::Q4_0, N, K, 8);
+  const auto wf = ref_dequant(DType::Q4_0, w.data(), N, K);
+  MatmulScratch s;
+  for (int64_t M : {kDefaultDecodeMaxM, kDefaultDecodeMaxM + 1}) {
+    const auto x = make_x(M, K, 9);
+    std::vector<float> y(M * N);
+    matmul({DType::Q4_0, N, K, w.data()}, x.data(), M, y.data(), s);
+    ErrorModel em;
+    em.act_q8 = M <= kDefaultDecodeMaxM;
+    em.act_bf16 = em.w_bf16 = M > kDefaultDecodeMaxM && std::string(prefill_precision_name()) == "bf16";
+    expect_close(wf, x, y, M, N, K, em, "M=" + std::to_string(M));
+  }
+  EXPECT_GT(s.bytes_reserved(), 0u);
+  s.release();
+  EXPECT_EQ(s.bytes_reserved(), 0u);
+}
+
+TEST(Matmul, ConcurrentCallersWithOwnScratch) {
+  // Two threads of control, each with its own scratch, mixing decode and
+  // prefill calls on shared weights (the primitive cache is shared).
+  const int64_t N = 97, K = 256;
+  const auto w = make_weight(DType::Q4_1, N, K, 21);
+  const auto wf = ref_dequant(DType::Q4_1, w.data(), N, K);
+  const WeightView view{DType::Q4_1, N, K, w.data()};
+  std::vector<std::vector<float>> xs, ys;
+  const int64_t Ms[] = {1, 3, 40, 70};
+  for (int64_t M : Ms) {
+    xs.push_back(make_x(M, K, static_cast<uint32_t>(M)));
+    ys.emplace_back(M * N);
+  }
+  std::vector<std::string> errors(2);
+  auto worker = [&](int id) {
+    try {
+      MatmulScratch s;
+      for (int rep = 0; rep < 5; ++rep)
+        for (size_t i = id; i < xs.size(); i += 2) matmul(view, xs[i].data(), Ms[i], ys[i].data(), s);
+    } catch (const std::exception& e) {
+      errors[id] = e.what();
+    }
+  };
+  std::thread a(worker, 0), b(worker, 1);
+  a.join();
+  b.join();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+  for (size_t i = 0; i < xs.size(); ++i) {
+    ErrorModel em;
+    em.act_q8 = Ms[i] <= decode_max_m();
+    em.act_bf16 = em.w_bf16 = !em.act_q8 && std::string(prefill_precision_name()) == "bf16";
+    expect_close(wf, xs[i], ys[i], Ms[i], N, K, em, "concurrent M=" + std::to_string(Ms[i]));
+  }
+}
+
+}  // namespace
+}  // namespace ember::cpu

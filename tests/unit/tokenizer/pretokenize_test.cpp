@@ -1,0 +1,59 @@
+// Word splits of the hand-written pre-tokenizers, derived by hand from the
+// llama.cpp regex lists (see pretokenize.h).
+#include "core/tokenizer/pretokenize.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace ember::pretok {
+namespace {
+
+using V = std::vector<std::string>;
+using P = Tokenizer::PreType;
+
+TEST(Pretokenize, Gpt2) {
+  EXPECT_EQ(split_words(P::kGpt2, "Hello world"), (V{"Hello", " world"}));
+  EXPECT_EQ(split_words(P::kGpt2, "a  b"), (V{"a", " ", " b"}));
+  EXPECT_EQ(split_words(P::kGpt2, "a   "), (V{"a", "   "}));
+  EXPECT_EQ(split_words(P::kGpt2, "I'm don't we're"), (V{"I", "'m", " don", "'t", " we", "'re"}));
+  EXPECT_EQ(split_words(P::kGpt2, "IT'S"), (V{"IT", "'", "S"}));  // case-sensitive contractions
+  EXPECT_EQ(split_words(P::kGpt2, " 12345 x"), (V{" 12345", " x"}));
+  EXPECT_EQ(split_words(P::kGpt2, "a!!? b"), (V{"a", "!!?", " b"}));
+  EXPECT_EQ(split_words(P::kGpt2, " !!"), (V{" !!"}));
+  EXPECT_EQ(split_words(P::kGpt2, "x\n\ny"), (V{"x", "\n", "\n", "y"}));
+  EXPECT_EQ(split_words(P::kGpt2, "\t\tx"), (V{"\t", "\t", "x"}));
+  EXPECT_EQ(split_words(P::kGpt2, "caf\xC3\xA9"), (V{"caf\xC3\xA9"}));
+  EXPECT_EQ(split_words(P::kGpt2, "e\xCC\x81x"), (V{"e", "\xCC\x81", "x"}));  // a mark is not \p{L}
+  EXPECT_EQ(split_words(P::kGpt2, ""), (V{}));
+}
+
+TEST(Pretokenize, SmolLMSplitsDigitsFirst) {
+  EXPECT_EQ(split_words(P::kSmolLM, " 12345 x"), (V{" ", "1", "2", "3", "4", "5", " x"}));
+  // The digit split ends the range, so "\s+(?!\S)" cannot see the digit.
+  EXPECT_EQ(split_words(P::kSmolLM, "a  1"), (V{"a", "  ", "1"}));
+  EXPECT_EQ(split_words(P::kSmolLM, "x\xC2\xB2y"), (V{"x", "\xC2\xB2", "y"}));  // ² is \p{N}
+  EXPECT_EQ(split_words(P::kSmolLM, "Hello world"), (V{"Hello", " world"}));
+}
+
+TEST(Pretokenize, Default) {
+  // [\p{P}\$\+<=>\^~\|]+ first: runs of punctuation are their own ranges.
+  EXPECT_EQ(split_words(P::kDefault, "a, b"), (V{"a", ",", " b"}));
+  EXPECT_EQ(split_words(P::kDefault, "x$+y"), (V{"x", "$+", "y"}));
+  // then \p{N}+ and [0-9]{3} split numbers into triples from the left.
+  EXPECT_EQ(split_words(P::kDefault, " 1234567"), (V{" ", "123", "456", "7"}));
+}
+
+TEST(Pretokenize, Llama3) {
+  EXPECT_EQ(split_words(P::kLlama3, "Hello world"), (V{"Hello", " world"}));
+  EXPECT_EQ(split_words(P::kLlama3, "IT'S"), (V{"IT", "'S"}));
+  EXPECT_EQ(split_words(P::kLlama3, "1234567"), (V{"123", "456", "7"}));
+  EXPECT_EQ(split_words(P::kLlama3, "(hello"), (V{"(hello"}));
+  EXPECT_EQ(split_words(P::kLlama3, "a.\n\nb"), (V{"a", ".\n\n", "b"}));
+  EXPECT_EQ(split_words(P::kLlama3, "a \n\n b"), (V{"a", " \n\n", " b"}));
+  EXPECT_EQ(split_words(P::kLlama3, "x   y"), (V{"x", "  ", " y"}));
+}
+
+}  // namespace
+}  // namespace ember::pretok

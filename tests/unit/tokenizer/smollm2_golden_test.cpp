@@ -1,0 +1,247 @@
+// SmolLM2-135M-Instruct ("gpt2" BPE, pre-tokenizer "smollm") against golden
+// ids from llama.cpp (tests/golden/tokenizer/, made by
+// tools/tokenizer_golden.py). Skipped when the model file is absent.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/tokenizer/tokenizer.h"
+#include "core/tokenizer/unicode.h"
+#include "core/util/status.h"
+#include "tok_test_util.h"
+
+namespace ember {
+namespace {
+
+using namespace tok_test;
+
+std::string from_hex(const std::string& hex) {
+  std::string out;
+  if (hex == "-") return out;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  return out;
+}
+
+std::vector<int32_t> parse_ids(const std::string& s) {
+  std::vector<int32_t> ids;
+  if (s == "-") return ids;
+  std::istringstream in(s);
+  for (int32_t id; in >> id;) ids.push_back(id);
+  return ids;
+}
+
+std::string ids_str(const std::vector<int32_t>& ids, size_t max = 40) {
+  std::string s;
+  for (size_t i = 0; i < ids.size() && i < max; ++i) s += (i ? " " : "") + std::to_string(ids[i]);
+  if (ids.size() > max) s += " ...";
+  return s;
+}
+
+// key=value fields of a golden line.
+std::string field(const std::string& line, const std::string& key) {
+  const std::string k = " " + key + "=";
+  const size_t p = line.find(k);
+  if (p == std::string::npos) return {};
+  const size_t b = p + k.size();
+  return line.substr(b, line.find(' ', b) - b);
+}
+
+TEST(SmolLM2Tokenizer, Metadata) {
+  EMBER_REQUIRE_SMOLLM2(tok);
+  EXPECT_EQ(tok->n_vocab(), 49152);
+  EXPECT_EQ(tok->vocab_type(), Tokenizer::VocabType::kBpe);
+  EXPECT_EQ(tok->pre_type(), Tokenizer::PreType::kSmolLM);
+  EXPECT_EQ(tok->pre_name(), "smollm");
+  EXPECT_EQ(tok->bos(), 1);
+  EXPECT_EQ(tok->eos(), 2);
+  EXPECT_EQ(tok->eot(), 2);  // <|im_end|>
+  EXPECT_EQ(tok->unk(), 0);
+  EXPECT_EQ(tok->pad(), 2);
+  EXPECT_FALSE(tok->add_bos());
+  EXPECT_FALSE(tok->add_eos());
+  // EOG as llama.cpp: <|endoftext|>, <|im_end|>, and <reponame> (taken as the FIM repo token).
+  EXPECT_EQ(tok->eog_ids(), (std::vector<int32_t>{0, 2, 4}));
+  EXPECT_TRUE(tok->is_eog(2));
+  EXPECT_FALSE(tok->is_eog(1));
+  EXPECT_EQ(tok->find_token("<|im_start|>"), 1);
+  EXPECT_EQ(tok->find_token("<|im_end|>"), 2);
+  EXPECT_EQ(tok->find_token("no such token"), -1);
+  EXPECT_TRUE(tok->is_control(1));
+  EXPECT_FALSE(tok->is_control(100));
+  EXPECT_EQ(tok->token_to_piece(1), "<|im_start|>");
+  const int32_t the = tok->find_token("\xC4\xA0the");  // "Ġthe"
+  ASSERT_GE(the, 0);
+  EXPECT_EQ(tok->token_to_piece(the), " the");
+  EXPECT_EQ(tok->token_type(the), Tokenizer::TokenType::kNormal);
+  EXPECT_EQ(tok->decode(tok->encode("<|im_start|>user\nHi<|im_end|>", true, true)), "<|im_start|>user\nHi<|im_end|>");
+  EXPECT_THROW(tok->token_to_piece(49152), Error);
+}
+
+TEST(SmolLM2Tokenizer, InvalidUtf8IsRejected) {
+  EMBER_REQUIRE_SMOLLM2(tok);
+  // llama.cpp silently maps these to U+FFFD, accepts overlong forms and
+  // surrogates, and aborts on F4 90.. (see tools/tokenizer_golden.py probe-invalid).
+  for (const char* bad : {"\xFF", "a\x80" "b", "ok\xC3", "\xC0\xAF", "\xED\xA0\x80", "\xF4\x90\x80\x80"}) {
+    try {
+      tok->encode(bad, false, false);
+      ADD_FAILURE() << testing::PrintToString(std::string(bad));
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), StatusCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("invalid UTF-8 at byte"), std::string::npos);
+    }
+  }
+}
+
+TEST(SmolLM2Tokenizer, GoldenCases) {
+  EMBER_REQUIRE_SMOLLM2(tok);
+  const auto lines = read_lines(golden_path("smollm2_cases.txt"));
+  ASSERT_FALSE(lines.empty()) << golden_path("smollm2_cases.txt");
+  std::string name, flags, text;
+  int n = 0, failed = 0;
+  for (const std::string& line : lines) {
+    if (line.rfind("case ", 0) == 0) {
+      name = line.substr(5);
+    } else if (line.rfind("flags ", 0) == 0) {
+      flags = line;
+    } else if (line.rfind("text ", 0) == 0) {
+      text = from_hex(line.substr(5));
+    } else if (line.rfind("ids ", 0) == 0) {
+      const auto want = parse_ids(line.substr(4));
+      const bool add_special = flags.find("add_special=1") != std::string::npos;
+      const bool parse_special = flags.find("parse_special=1") != std::string::npos;
+      const auto got = tok->encode(text, add_special, parse_special);
+      ++n;
+      if (got != want) {
+        ++failed;
+        ADD_FAILURE() << "case " << name << " (" << flags << ") text " << testing::PrintToString(text)
+                      << "\n  want: " << ids_str(want) << "\n  got:  " << ids_str(got);
+      }
+      EXPECT_EQ(tok->decode(got), text) << "round trip of case " << name;
+    }
+  }
+  EXPECT_GT(n, 700);
+  EXPECT_EQ(failed, 0);
+}
+
+void check_book(const std::string& book) {
+  EMBER_REQUIRE_SMOLLM2(tok);
+  std::string head;
+  std::vector<std::pair<size_t, uint64_t>> checkpoints;
+  for (const std::string& line : read_lines(golden_path("smollm2_books.txt"))) {
+    if (line.rfind("book " + book + " ", 0) == 0) head = line;
+    if (line.rfind("checkpoint " + book + " ", 0) == 0) {
+      std::istringstream in(line.substr(12 + book.size()));
+      size_t count;
+      std::string hex;
+      in >> count >> hex;
+      checkpoints.emplace_back(count, std::stoull(hex, nullptr, 16));
+    }
+  }
+  ASSERT_FALSE(head.empty()) << "no golden line for " << book;
+  const std::string path = data_dir() + "/" + book;
+  if (!file_exists(path)) GTEST_SKIP() << "book not found: " << path;
+  const std::string text = read_file(path);
+  ASSERT_EQ(std::to_string(text.size()), field(head, "bytes")) << path << " changed; regenerate the golden file";
+  char fnv[32];
+  std::snprintf(fnv, sizeof fnv, "%016llx", static_cast<unsigned long long>(fnv1a_bytes(text)));
+  ASSERT_EQ(fnv, field(head, "text_fnv")) << path << " changed; regenerate the golden file";
+
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto ids = tok->encode(text, false, false);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("%s: %zu bytes -> %zu tokens in %.3f s (%.1f MB/s)\n", book.c_str(), text.size(), ids.size(), secs,
+              text.size() / secs / 1e6);
+
+  std::snprintf(fnv, sizeof fnv, "%016llx", static_cast<unsigned long long>(fnv1a_ids(ids.data(), ids.size())));
+  const bool same = std::to_string(ids.size()) == field(head, "tokens") && fnv == field(head, "ids_fnv");
+  if (!same) {
+    // Narrow it down with the checkpoints (cumulative hashes every 65536 tokens).
+    size_t good = 0;
+    for (const auto& [count, hash] : checkpoints) {
+      if (count > ids.size() || fnv1a_ids(ids.data(), count) != hash) break;
+      good = count;
+    }
+    std::string dumped;
+    if (const char* dir = std::getenv("EMBER_TOKENIZER_DUMP_DIR"); dir && *dir) {
+      dumped = std::string(dir) + "/" + book + ".ids";
+      std::ofstream out(dumped);
+      for (int32_t id : ids) out << id << '\n';
+    }
+    ADD_FAILURE() << book << ": got " << ids.size() << " tokens, hash " << fnv << "; golden: " << head
+                  << "\n  the first " << good << " tokens match; the first difference is before token "
+                  << (good + 65536)
+                  << (dumped.empty() ? "\n  set EMBER_TOKENIZER_DUMP_DIR to dump the ids, then run"
+                                     : "\n  ids written to " + dumped + "; run")
+                  << " tools/tokenizer_golden.py diff " << path << " <ids file> to see where";
+  }
+  EXPECT_TRUE(tok->decode(ids) == text) << "decode(encode(x)) != x for " << book;
+#if defined(NDEBUG) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  EXPECT_LT(secs, 2.0) << "tokenizing " << book << " is too slow";
+#endif
+}
+
+TEST(SmolLM2Tokenizer, BookPrideAndPrejudice) { check_book("pride_and_prejudice.txt"); }
+TEST(SmolLM2Tokenizer, BookTinyShakespeare) { check_book("tinyshakespeare.txt"); }
+TEST(SmolLM2Tokenizer, BookWarAndPeace) { check_book("war_and_peace.txt"); }
+
+// Every code point in a few contexts (see tools/tokenizer_golden.py): checks
+// the generated category tables against llama.cpp's.
+TEST(SmolLM2Tokenizer, UnicodeSweep) {
+  EMBER_REQUIRE_SMOLLM2(tok);
+  const auto lines = read_lines(golden_path("smollm2_unicode.txt"));
+  int blocks = 0;
+  for (const std::string& line : lines) {
+    if (line.rfind("block ", 0) != 0) continue;
+    std::istringstream in(line.substr(6));
+    std::string first_hex, last_hex;
+    in >> first_hex >> last_hex;
+    const uint32_t first = std::stoul(first_hex, nullptr, 16), last = std::stoul(last_hex, nullptr, 16);
+    std::string text;
+    for (uint32_t cp = first; cp <= last; ++cp) {
+      if (cp >= 0xD800 && cp <= 0xDFFF) continue;
+      std::string c;
+      unicode::append_utf8(c, cp);
+      text += "x" + c + "y " + c + "y" + c + c + " 1" + c + "\n";
+    }
+    const auto ids = tok->encode(text, false, false);
+    char fnv[32];
+    std::snprintf(fnv, sizeof fnv, "%016llx", static_cast<unsigned long long>(fnv1a_ids(ids.data(), ids.size())));
+    EXPECT_TRUE(std::to_string(ids.size()) == field(line, "tokens") && fnv == field(line, "ids_fnv"))
+        << "code points " << first_hex << ".." << last_hex << ": got tokens=" << ids.size() << " ids_fnv=" << fnv
+        << ", golden: " << line;
+    ++blocks;
+  }
+  EXPECT_EQ(blocks, 0x110000 / 4096);
+}
+
+// Tokens of emoji and CJK text often end inside a character: the streaming
+// detokenizer must hold those bytes back and still reproduce the text.
+TEST(SmolLM2Tokenizer, StreamingSplitsNoCharacter) {
+  EMBER_REQUIRE_SMOLLM2(tok);
+  const std::string text =
+      "Family: \xF0\x9F\x91\xA8\xE2\x80\x8D\xF0\x9F\x91\xA9\xE2\x80\x8D\xF0\x9F\x91\xA7 ok \xF0\x9F\x91\x8D\xF0\x9F\x8F\xBD! "
+      "\xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E\xE3\x81\xAE\xE3\x83\x86\xE3\x82\xAD\xE3\x82\xB9\xE3\x83\x88 "
+      "\xED\x95\x9C\xEA\xB5\xAD\xEC\x96\xB4 \xF0\x9F\xAB\xA8 caf\xC3\xA9 \xD9\x85\xD8\xB1\xD8\xAD\xD8\xA8\xD8\xA7";
+  const auto ids = tok->encode(text, false, false);
+  StreamingDetokenizer stream(*tok);
+  std::string all;
+  int held = 0;
+  for (int32_t id : ids) {
+    const std::string piece = tok->token_to_piece(id);
+    const std::string out = stream.feed(id);
+    EXPECT_TRUE(is_valid_utf8(out)) << testing::PrintToString(out);
+    if (!is_valid_utf8(piece)) ++held;  // this token alone is not whole UTF-8
+    all += out;
+  }
+  all += stream.flush();
+  EXPECT_EQ(all, text);
+  EXPECT_GT(held, 3) << "expected tokens that split characters";
+}
+
+}  // namespace
+}  // namespace ember

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Configures and builds Ember into build/ (Release), or build-$1 with extra
+# CMake flags in the remaining arguments.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+dir="${1:-build}"
+shift || true
+cmake -S "$root" -B "$root/$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
+cmake --build "$root/$dir" -j "$(nproc)"

@@ -1,0 +1,297 @@
+#!/usr/bin/env python3
+"""Regenerates the chat-template golden files in tests/golden/chat/.
+
+The reference is Python's jinja2 configured the way Hugging Face transformers
+renders `tokenizer.chat_template`:
+
+  * jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True,
+    lstrip_blocks=True, extensions=[loopcontrols, <generation>])
+  * filters["tojson"] = json.dumps(x, ensure_ascii=False, indent=None,
+    separators=None, sort_keys=False)   (HF's override)
+  * globals["raise_exception"] raises TemplateError(message)
+  * render(messages=[{"role":..., "content":...}], tools=None, documents=None,
+           add_generation_prompt=..., bos_token=..., eos_token=...)
+
+HF also defines `strftime_now` (today's date); Ember does not, so neither does
+this reference (templates guard it with `is defined` and fall back to a fixed
+date).
+
+Usage (from the repo root; needs only `pip install jinja2`):
+
+    python3 tools/chat_golden.py            # rewrite the .golden files
+    python3 tools/chat_golden.py --check    # exit 1 if they are out of date
+
+Outputs, all committed:
+  tests/golden/chat/<name>.golden  for every tests/golden/chat/<name>.jinja,
+                                   over the CONVERSATIONS below
+  tests/golden/chat/subset.golden  for the SNIPPETS below (the Jinja subset)
+
+File format (read by tests/unit/chat/test_chat_golden.cpp): '#' comment lines
+at the top, then records made of a keyword line followed, for blobs, by
+exactly N raw bytes and a newline:
+    bos N\n<bytes>\n            eos N\n<bytes>\n
+    case NAME GEN NMSG\n        then NMSG x (role N\n<bytes>\n content N\n<bytes>\n)
+    snippet NAME\n template N\n<bytes>\n
+    expect ok N\n<bytes>\n  |  expect error KIND N\n<message bytes>\n
+KIND is `raise` for raise_exception (message must match exactly) or `error`
+for any other failure (Ember must throw; the message is informative only).
+"""
+import argparse
+import json
+import os
+import sys
+
+import jinja2
+from jinja2 import nodes
+from jinja2.exceptions import TemplateError
+from jinja2.ext import Extension, loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GOLDEN_DIR = os.path.join(ROOT, "tests", "golden", "chat")
+
+TOKENS = {  # template file stem -> (bos_token, eos_token)
+    "smollm2": ("<|im_start|>", "<|im_end|>"),
+    "llama3": ("<|begin_of_text|>", "<|eot_id|>"),
+    "llama3_1": ("<|begin_of_text|>", "<|eot_id|>"),
+    "gemma2": ("<bos>", "<eos>"),
+    "gemma3": ("<bos>", "<eos>"),
+}
+DEFAULT_TOKENS = ("<s>", "</s>")
+
+
+def m(role, content):
+    return {"role": role, "content": content}
+
+
+CONVERSATIONS = [
+    ("single_user", [m("user", "Hello!")]),
+    ("system_user", [m("system", "You are a terse assistant."), m("user", "What is 2+2?")]),
+    ("multi_turn", [m("system", "Be brief."), m("user", "Hi"), m("assistant", "Hello! How can I help?"),
+                    m("user", "Tell me a joke.")]),
+    ("multi_turn_no_system", [m("user", "Hi"), m("assistant", "Hello."), m("user", "Bye")]),
+    ("assistant_last", [m("user", "Say yes."), m("assistant", "Yes.")]),
+    ("empty_content", [m("user", ""), m("assistant", ""), m("user", "")]),
+    ("unicode", [m("system", "Réponds en français. 日本語も OK."), m("user", "Grüße! 你好 👋🏽 café — ‘quotes’ ☃"),
+                 m("assistant", "Ça va? ✅ 𝔘𝔫𝔦𝔠𝔬𝔡𝔢"), m("user", "مرحبا שלום Привет")]),
+    ("template_like", [m("user", "{{ x }} {% if true %}y{% endif %} {# c #} {{- '-' -}}"),
+                       m("assistant", "It's \"quoted\" and 'single' and \\ backslash"),
+                       m("user", "<|im_end|><|eot_id|><end_of_turn> {{ raise_exception('no') }}")]),
+    ("whitespace", [m("system", "  \n padded system \t"), m("user", "\u3000\xa0 nbsp and ideographic space \u2003\n"),
+                    m("assistant", "\n\nleading newlines"), m("user", "trailing\r\n")]),
+    ("newlines", [m("user", "line1\nline2\r\nline3\rline4\n\n\nend")]),
+    ("tool_turn", [m("user", "Weather?"), m("assistant", "Calling a tool."),
+                   m("tool", "{\"temp\": 21, \"unit\": \"C\", \"note\": \"<b>&'x'\"}"), m("user", "Thanks")]),
+    ("bad_alternation", [m("user", "one"), m("user", "two")]),
+    ("empty", []),
+    ("long", [m("user" if k % 2 == 0 else "assistant", f"turn {k} " + "word " * (k % 7)) for k in range(40)]),
+]
+
+# Small templates exercising the Jinja subset; rendered with
+# messages=SNIPPET_MESSAGES, add_generation_prompt=True, bos/eos "<s>"/"</s>".
+SNIPPET_MESSAGES = [m("system", "sys"), m("user", "Hello  "), m("assistant", " Hi! "), m("user", "Bye")]
+SNIPPETS = [
+    # whitespace control, trim_blocks, lstrip_blocks
+    ("ws_trim_blocks", "{% if true %}\nA\n{% endif %}\nB\n"),
+    ("ws_lstrip", "  {% if true %}\n  x\n  {% endif %}\n  y {# c #}\n  z"),
+    ("ws_minus", "a  {%- if true %} b {% endif -%}  \n\n c"),
+    ("ws_plus", "  {%+ if true %}\n{%- endif +%}\nq"),
+    ("ws_var_minus", "a \n {{- 'b' -}} \n c {{ 'd' }} \n e"),
+    ("ws_comment", "x\n  {# comment #}\ny\n{#- c -#}\n z"),
+    ("ws_crlf_source", "a\r\n{% if true %}\r\nb\r\n{% endif %}\r\nc\r\n"),
+    ("ws_trailing_newline", "x\n"),
+    ("ws_unicode_lstrip", "a\n\u3000 {% if true %}b{% endif %}"),
+    ("raw_block", "{% raw %}{{ not evaluated }} {% if %}{% endraw %}|{%- raw -%}  x  {%- endraw -%}|"),
+    ("ws_block_then_var", "{% for m in messages %}\n  {{ m.role }}\n{% endfor %}"),
+    # literals and operators
+    ("literals", "{{ 1 }} {{ -2 }} {{ 1.5 }} {{ 1e3 }} {{ 0x1F }} {{ 1_000 }} {{ true }} {{ none }} {{ 'a' 'b' }}"),
+    ("string_escapes", r"""{{ 'tab\there' }}|{{ "q\"q" }}|{{ 'a\\b' }}|{{ '\x41\u00e9\U0001F600' }}|{{ '\d' }}|{{ '\101' }}"""),
+    ("arith", "{{ 7 // 2 }} {{ -7 // 2 }} {{ -7 % 3 }} {{ 7 % -3 }} {{ 1 / 4 }} {{ 2 ** 10 }} {{ 2 ** -1 }} {{ 3 * 'ab' }} {{ 1 + 2.5 }} {{ 10 - 3 * 2 }}"),
+    ("float_repr", "{{ 0.1 + 0.2 }} {{ 1e16 }} {{ 1e15 }} {{ 1.5e-5 }} {{ 0.0001 }} {{ 2.0 }} {{ 1 / 3 }} {{ 100.0 * 3 }}"),
+    ("concat", "{{ 'a' ~ 1 ~ none ~ true ~ undefined_thing ~ [1] }}"),
+    ("compare", "{{ 1 < 2 < 3 }} {{ 3 > 2 > 2 }} {{ 'a' < 'b' }} {{ 1 == 1.0 }} {{ true == 1 }} {{ [1,2] == [1,2] }} {{ (1,2) == [1,2] }} {{ none == none }} {{ 'x' != 'y' }}"),
+    ("logic", "{{ 0 or 'x' }} {{ 'a' and 'b' }} {{ '' and 'b' }} {{ not none }} {{ none or [] }} {{ 1 if false }}|{{ 'y' if 0 else 'n' }}"),
+    ("in_ops", "{{ 'ell' in 'hello' }} {{ 2 in [1,2] }} {{ 'k' in {'k': 1} }} {{ 3 not in [1] }} {{ 'x' in undefined_thing }}"),
+    ("containers", "{{ [1, 'a', none, true, 1.5] }} {{ (1,) }} {{ () }} {{ {'a': 1, 'b': [2]} }} {{ ['it\\'s', \"q\\\"\"] }} {{ [1,2,3][1:] }} {{ 'hello'[::-1] }} {{ [1,2,3][-1] }}"),
+    ("subscript", "{{ messages[0]['role'] }} {{ messages[1].content }} {{ messages[-1]['content'] }} {{ messages[1:3] | length }} {{ 'abc'[1] }} {{ messages[9] is defined }}"),
+    ("unicode_str", "{{ 'héllo wörld'[1:4] }} {{ 'héllo' | length }} {{ '日本語' | list }} {{ 'ÄÖÜ' | lower }} {{ 'straße' | upper }} {{ '👋🏽x'[2:] }}"),
+    # statements
+    ("for_loop_vars", "{% for x in ['a','b','c'] %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}{{ loop.revindex0 }}{{ loop.first }}{{ loop.last }}{{ loop.length }}{{ x }};{% endfor %}"),
+    ("for_else", "{% for x in [] %}{{ x }}{% else %}empty{% endfor %}|{% for x in undefined_thing %}{{ x }}{% else %}undef{% endfor %}"),
+    ("for_filter", "{% for x in range(10) if x % 3 == 0 %}{{ x }}{{ '.' if not loop.last }}{% endfor %}"),
+    ("for_unpack", "{% for k, v in {'a': 1, 'b': 2} | items %}{{ k }}={{ v }},{% endfor %}{% for a, b in [[1, 2], 'xy'] %}{{ a }}{{ b }}{% endfor %}"),
+    ("for_dict_string", "{% for k in {'x': 1, 'y': 2} %}{{ k }}{% endfor %}{% for c in 'añb' %}[{{ c }}]{% endfor %}"),
+    ("for_prev_next_cycle", "{% for x in [1,2,3] %}{{ loop.previtem | default('-') }}{{ loop.nextitem | default('-') }}{{ loop.cycle('o','e') }} {% endfor %}"),
+    ("nested_loops", "{% for a in [1,2] %}{% for b in 'xy' %}{{ loop.index }}{{ a }}{{ b }} {% endfor %}{{ loop.index }}|{% endfor %}"),
+    ("loop_controls", "{% for x in range(10) %}{% if x == 2 %}{% continue %}{% endif %}{% if x == 5 %}{% break %}{% endif %}{{ x }}{% endfor %}"),
+    ("if_elif", "{% for x in [1,2,3,4] %}{% if x == 1 %}one{% elif x == 2 %}two{% elif x == 3 %}three{% else %}many{% endif %} {% endfor %}"),
+    ("scope_for", "{% set x = 'outer' %}{% for i in [1,2] %}{{ x }}{% set x = 'inner' ~ i %}{{ x }} {% endfor %}{{ x }}"),
+    ("scope_for_fresh", "{% for i in [1,2] %}{% if i == 2 %}[{{ y }}]{% endif %}{% set y = i %}{% endfor %}[{{ y }}]"),
+    ("scope_if", "{% if true %}{% set x = 1 %}{% endif %}{{ x }}"),
+    ("namespace", "{% set ns = namespace(count=0, found=false) %}{% for m in messages %}{% set ns.count = ns.count + 1 %}{% if m.role == 'assistant' %}{% set ns.found = true %}{% endif %}{% endfor %}{{ ns.count }} {{ ns.found }}"),
+    ("set_tuple", "{% set a, b = 1, 2 %}{{ a }}{{ b }}{% set t = 1, 2 %}{{ t }}"),
+    ("set_block", "{% set body %}Hello {{ messages[1].content | trim }}{% endset %}[{{ body }}]{% set up | upper %}shout{% endset %}{{ up }}"),
+    ("with_block", "{% with a = 1, b = 'x' %}{{ a }}{{ b }}{% endwith %}[{{ a }}]"),
+    ("filter_block", "{% filter upper %}hello {{ 'world' }}{% endfilter %}"),
+    ("macro", "{% macro greet(name, greeting='Hi') %}{{ greeting }}, {{ name }}!{% endmacro %}{{ greet('Ann') }} {{ greet('Bob', greeting='Yo') }} {{ greet(name='Cy') }}"),
+    ("macro_varargs", "{% macro f(a) %}{{ a }}{{ varargs }}{{ kwargs }}{% endmacro %}{{ f(1, 2, 3, k='v') }}"),
+    ("macro_recursion", "{% macro fact(n) %}{% if n <= 1 %}1{% else %}{{ n * fact(n - 1) | int }}{% endif %}{% endmacro %}{{ fact(5) }}"),
+    ("print_stmt", "{% print 'a', 1 %}"),
+    ("generation_block", "{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}{{ m.content }}{% endgeneration %}{% endif %}{% endfor %}"),
+    # filters
+    ("filters_str", "{{ '  x  ' | trim }}|{{ 'xxhixx' | trim('x') }}|{{ 'hELLo wOrld' | capitalize }}|{{ 'hello big-world (x)' | title }}|{{ 'a-b' | replace('-', '+') }}|{{ 'aaa' | replace('a', 'b', 2) }}|{{ 42 | string }}"),
+    ("filters_seq", "{{ [3,1,2] | sort }}|{{ [3,1,2] | sort(reverse=true) }}|{{ ['b','A','c'] | sort }}|{{ [1,2,3] | first }}|{{ [1,2,3] | last }}|{{ [1,2] | join(', ') }}|{{ 'abc' | join('-') }}|{{ [1,1,2] | unique | list }}|{{ [1,2] | reverse | list }}|{{ [1,2,3] | sum }}|{{ [1,5,3] | max }}|{{ [4,2,8] | min }}"),
+    ("filters_map_select", "{{ messages | map(attribute='role') | join(',') }}|{{ messages | selectattr('role', 'equalto', 'user') | map(attribute='content') | list }}|{{ messages | rejectattr('role', 'eq', 'system') | list | length }}|{{ [1,2,3,4] | select('odd') | list }}|{{ [0,1,'',2] | select | list }}|{{ ['a','b'] | map('upper') | list }}|{{ [1,2,3] | reject('in', [2]) | list }}"),
+    ("filters_default", "{{ undefined_thing | default('dflt') }}|{{ none | default('x') }}|{{ '' | default('empty', true) }}|{{ undefined_thing | d('d') }}|{{ undefined_thing | length }}|{{ messages | length }}|{{ 'héllo' | count }}"),
+    ("filters_tojson", "{{ {'a': [1, 2.5, none, true], 'b': 'x\"y\\n\u00e9<>&'} | tojson }}|{{ [1, {'k': 'v'}] | tojson(indent=2) }}|{{ {'b': 1, 'a': 2} | tojson(sort_keys=true) }}|{{ 'plain' | tojson }}|{{ [] | tojson(indent=2) }}|{{ {} | tojson }}"),
+    ("filters_numbers", "{{ '42' | int }} {{ '4.7' | int }} {{ 'x' | int(7) }} {{ 3.9 | int }} {{ '2.5' | float }} {{ 'x' | float }} {{ -3 | abs }} {{ 2.5 | round }} {{ 3.5 | round }} {{ 2.675 | round(2) }} {{ 2.1 | round(method='ceil') }}"),
+    ("filters_dict", "{{ {'b': 2, 'a': 1} | dictsort }}|{{ {'b': 2, 'a': 1} | items | list }}|{{ {'x': 1}.get('x') }}{{ {'x': 1}.get('y', 'no') }}|{{ {'x': 1}.keys() | list }}|{{ {'x': 1}.values() | list }}"),
+    ("filters_indent", "{{ 'a\nb\n\nc' | indent(2) }}|{{ 'a\nb' | indent(2, first=true) }}|{{ 'a\n\nb' | indent('> ', blank=true) }}"),
+    ("filters_misc", "{{ [1,2,3,4,5] | batch(2) | list }}|{{ 'x' | center(5) }}|{{ messages[0] | attr('role') }}|{{ {'a': {'b': 'deep'}} | map(attribute='a') | list }}"),
+    # methods
+    ("str_methods", "{{ '  a b  '.strip() }}|{{ 'xxaxx'.lstrip('x') }}|{{ 'a,b,,c'.split(',') }}|{{ ' a  b '.split() }}|{{ 'a b c'.split(' ', 1) }}|{{ 'Hello'.startswith('He') }}|{{ 'Hello'.endswith(('x', 'lo')) }}|{{ 'abc'.upper() }}|{{ 'ABC'.lower() }}|{{ 'hello world'.title() }}|{{ 'aXa'.replace('a', 'b') }}|{{ 'hello'.find('l') }}|{{ 'a\nb\r\nc'.splitlines() }}|{{ '-'.join(['a', 'b']) }}|{{ 'abc'.count('b') }}|{{ '123'.isdigit() }}"),
+    ("method_via_getitem", "{{ messages[0]['role'].upper() }}|{{ (messages | first).content.strip() }}"),
+    # tests
+    ("tests", "{{ x is defined }} {{ messages is defined }} {{ none is none }} {{ 'a' is string }} {{ 1 is number }} {{ 1 is integer }} {{ 1.0 is float }} {{ true is boolean }} {{ {} is mapping }} {{ [] is iterable }} {{ 'a' is iterable }} {{ 1 is iterable }} {{ [] is sequence }} {{ 3 is odd }} {{ 4 is even }} {{ 9 is divisibleby 3 }} {{ 'abc' is lower }} {{ 'ABC' is upper }} {{ 1 is eq 1 }} {{ 2 is gt 1 }} {{ 1 is in [1] }} {{ x is not defined }} {{ 'upper' is filter }} {{ 'odd' is test }}"),
+    ("test_message_fields", "{% for m in messages %}{{ m.tool_calls is defined }}{{ 'tool_calls' in m }}{{ m.content is string }}{% endfor %}"),
+    ("globals", "{{ range(3) | list }} {{ range(1, 10, 3) | list }} {{ range(5, 0, -2) | list }} {{ dict(a=1) }} {{ namespace(a=1).a }} {{ add_generation_prompt }} {{ bos_token }}{{ eos_token }} {{ tools }} {{ documents }}"),
+    ("undefined_print", "[{{ nothing }}][{{ messages[0].nothing }}][{{ messages[42] }}]"),
+    # errors
+    ("err_raise", "{{ raise_exception('Custom failure: ' ~ messages | length) }}"),
+    ("err_undefined_attr", "{{ nothing.attr }}"),
+    ("err_undefined_add", "{{ nothing + 1 }}"),
+    ("err_type_add", "{{ 'a' + 1 }}"),
+    ("err_div_zero", "{{ 1 // 0 }}"),
+    ("err_not_callable", "{{ 'x'() }}"),
+    ("err_unsafe_append", "{{ [].append(1) }}"),
+    ("err_cmp_types", "{{ 1 < 'a' }}"),
+    ("err_syntax_unclosed", "{% if true %}no end"),
+    ("err_syntax_unknown_tag", "{% frobnicate %}"),
+    ("err_syntax_bad_expr", "{{ 1 + }}"),
+    ("err_syntax_unterminated_var", "{{ x "),
+    ("err_syntax_unterminated_comment", "{# never closed"),
+    ("err_syntax_unterminated_string", "{{ 'abc }}"),
+    ("err_unknown_filter", "{{ 1 | no_such_filter }}"),
+    ("err_big_range", "{{ range(1000000) | length }}"),
+]
+
+
+def make_env():
+    class GenerationExtension(Extension):  # HF's AssistantTracker, minus index tracking
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+            return nodes.CallBlock(self.call_method("_generation"), [], [], body).set_lineno(lineno)
+
+        def _generation(self, caller):
+            return caller()
+
+    def raise_exception(message):
+        raise TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[GenerationExtension, loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    return env
+
+
+def render(env, source, messages, gen, bos, eos):
+    """Returns ('ok', text) or ('raise'|'error', message)."""
+    try:
+        tpl = env.from_string(source)
+        return "ok", tpl.render(messages=messages, tools=None, documents=None, add_generation_prompt=gen,
+                                bos_token=bos, eos_token=eos)
+    except TemplateError as e:
+        if type(e) is TemplateError:  # raise_exception
+            return "raise", str(e)
+        return "error", f"{type(e).__name__}: {e}"
+    except Exception as e:  # noqa: BLE001 - any Python error is an expected failure
+        return "error", f"{type(e).__name__}: {e}"
+
+
+def blob(keyword, data):
+    b = data.encode("utf-8")
+    return f"{keyword} {len(b)}\n".encode() + b + b"\n"
+
+
+def expect(result):
+    kind, text = result
+    if kind == "ok":
+        return blob("expect ok", text)
+    return blob(f"expect error {kind}", text)
+
+
+HEADER = (
+    "# Generated by tools/chat_golden.py from Python jinja2 {ver} with Hugging Face's settings\n"
+    "# (ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks, loopcontrols, HF tojson,\n"
+    "# raise_exception). Do not edit: remake with `python3 tools/chat_golden.py`.\n"
+    "# Format: see the docstring of tools/chat_golden.py.\n"
+)
+
+
+def build_template_golden(env, name, source):
+    bos, eos = TOKENS.get(name, DEFAULT_TOKENS)
+    out = bytearray(HEADER.format(ver=jinja2.__version__).encode())
+    out += f"# template: {name}.jinja\n".encode()
+    out += blob("bos", bos) + blob("eos", eos)
+    for conv_name, msgs in CONVERSATIONS:
+        for gen in (True, False):
+            out += f"case {conv_name} {int(gen)} {len(msgs)}\n".encode()
+            for msg in msgs:
+                out += blob("role", msg["role"]) + blob("content", msg["content"])
+            out += expect(render(env, source, msgs, gen, bos, eos))
+    return bytes(out)
+
+
+def build_subset_golden(env):
+    bos, eos = DEFAULT_TOKENS
+    out = bytearray(HEADER.format(ver=jinja2.__version__).encode())
+    out += b"# snippets: messages = SNIPPET_MESSAGES, add_generation_prompt = True\n"
+    out += blob("bos", bos) + blob("eos", eos)
+    out += f"case messages 1 {len(SNIPPET_MESSAGES)}\n".encode()
+    for msg in SNIPPET_MESSAGES:
+        out += blob("role", msg["role"]) + blob("content", msg["content"])
+    for name, source in SNIPPETS:
+        out += f"snippet {name}\n".encode()
+        out += blob("template", source)
+        out += expect(render(env, source, SNIPPET_MESSAGES, True, bos, eos))
+    return bytes(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--check", action="store_true", help="fail if a golden file is out of date")
+    args = ap.parse_args()
+    env = make_env()
+    outputs = {}
+    for fname in sorted(os.listdir(GOLDEN_DIR)):
+        if fname.endswith(".jinja"):
+            name = fname[: -len(".jinja")]
+            with open(os.path.join(GOLDEN_DIR, fname), "rb") as f:
+                source = f.read().decode("utf-8")
+            outputs[name + ".golden"] = build_template_golden(env, name, source)
+    outputs["subset.golden"] = build_subset_golden(env)
+    stale = []
+    for fname, data in outputs.items():
+        path = os.path.join(GOLDEN_DIR, fname)
+        old = open(path, "rb").read() if os.path.exists(path) else None
+        if old != data:
+            stale.append(fname)
+            if not args.check:
+                with open(path, "wb") as f:
+                    f.write(data)
+    if args.check and stale:
+        print("out of date: " + ", ".join(stale), file=sys.stderr)
+        return 1
+    print(("checked " if args.check else "wrote ") + ", ".join(sorted(outputs)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs everything Ember needs to build and test, idempotently, and fetches
+# the default model into $EMBER_HOME (default ~/.cache/ember).
+# Debian 12: build tools, oneDNN (libdnnl-dev, OpenMP runtime), GoogleTest,
+# Google Benchmark, ccache. Safe to run again: it only installs what is missing.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+
+packages=(build-essential cmake ninja-build pkg-config libdnnl-dev libgtest-dev googletest
+          libbenchmark-dev ccache python3 python3-venv unzip)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}" >&2
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+bash "$here/fetch_model.sh"

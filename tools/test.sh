@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Runs every test: installs what is missing, fetches the model, builds
+# (Release) and runs the whole CTest suite, then rebuilds the C ABI and core
+# tests with ASan+UBSan and runs them.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bash "$root/tools/setup.sh"
+bash "$root/tools/build.sh" build -DEMBER_WERROR=ON
+(cd "$root/build" && ctest --output-on-failure -j 2 --timeout 900)
+if [ "${EMBER_SKIP_SANITIZERS:-0}" != "1" ]; then
+  bash "$root/tools/build.sh" build-asan -DEMBER_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
+  (cd "$root/build-asan" && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2 --timeout 1800 \
+     -L 'test_capi|test_core|test_gguf|test_tokenizer|test_chat|test_tensor')
+fi
