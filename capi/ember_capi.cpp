@@ -2,9 +2,11 @@
 // error, parameter structs read by their size. No engine logic lives here.
 #include "ember/ember.h"
 
+#include <condition_variable>
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <string>
 
@@ -35,9 +37,19 @@ struct ember_engine {
 struct ember_session {
   std::shared_ptr<ember::Session> session;
 };
+// Push mode: the core marks a stream finished before it hands the END event to
+// the callback, so waiting for the stream alone could return (and let the host
+// free user_data) while that last callback still runs. This tracks it.
+struct CallbackState {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool armed = false;  // a callback is set
+  bool done = false;   // the END/ERROR callback has returned
+};
 struct ember_stream {
   std::shared_ptr<ember::Stream> stream;
   ember::StreamEvent current;  // storage behind the last ember_event returned
+  std::shared_ptr<CallbackState> callback = std::make_shared<CallbackState>();
 };
 
 namespace {
@@ -95,10 +107,12 @@ T read_params(const T* user, void (*init)(T*)) {
   return p;
 }
 
+void require_sized(size_t size) { require(size >= sizeof(size_t), "output struct: size field not set"); }
+
 // Writes an output struct the caller sized: only the bytes its size covers.
 template <typename T>
 void write_sized(T* user, const T& value) {
-  require(user->size >= sizeof(size_t), "output struct: size field not set");
+  require_sized(user->size);
   const size_t n = user->size < sizeof(T) ? user->size : sizeof(T);
   const size_t caller_size = user->size;
   std::memcpy(static_cast<void*>(user), &value, n);
@@ -153,11 +167,24 @@ void fill_event(ember_stream* h, ember_event* event) {
   write_sized(event, out);
 }
 
+// Waits for the stream to end and, in push mode, for its last callback.
+void wait_for_end(ember_stream* stream) {
+  stream->stream->wait();
+  CallbackState& state = *stream->callback;
+  std::unique_lock<std::mutex> lock(state.mutex);
+  state.cv.wait(lock, [&] { return !state.armed || state.done; });
+}
+
 }  // namespace
 
 extern "C" {
 
-const char* ember_version(void) { return "1.0.0"; }
+#define EMBER_STRINGIFY_(x) #x
+#define EMBER_STRINGIFY(x) EMBER_STRINGIFY_(x)
+const char* ember_version(void) {
+  return EMBER_STRINGIFY(EMBER_VERSION_MAJOR) "." EMBER_STRINGIFY(EMBER_VERSION_MINOR) "." EMBER_STRINGIFY(
+      EMBER_VERSION_PATCH);
+}
 
 const char* ember_last_error(void) { return t_last_error.c_str(); }
 
@@ -478,6 +505,7 @@ ember_status ember_stream_next(ember_stream* stream, ember_event* event, int32_t
   return guarded([&] {
     require(stream != nullptr, "stream is NULL");
     require(event != nullptr, "event is NULL");
+    require_sized(event->size);  // before taking the event off the queue, so it is not lost
     ember::StreamEvent ev;
     const StatusCode code = stream->stream->next(ev, timeout_ms);
     if (code == StatusCode::kTimeout) throw Error(code, "no event within the timeout");
@@ -493,7 +521,13 @@ ember_status ember_stream_set_callback(ember_stream* stream, ember_stream_callba
   return guarded([&] {
     require(stream != nullptr, "stream is NULL");
     require(callback != nullptr, "callback is NULL");
-    stream->stream->set_callback([callback, user_data](const ember::StreamEvent& e) {
+    std::shared_ptr<CallbackState> state = stream->callback;
+    bool armed_here = false;
+    {
+      std::lock_guard<std::mutex> lock(state->mutex);
+      if (!state->armed) state->armed = armed_here = true;
+    }
+    auto deliver = [callback, user_data, state](const ember::StreamEvent& e) {
       ember_event out;
       std::memset(&out, 0, sizeof out);
       out.size = sizeof out;
@@ -505,10 +539,26 @@ ember_status ember_stream_set_callback(ember_stream* stream, ember_stream_callba
       out.end_reason = static_cast<int32_t>(e.end_reason);
       out.status = static_cast<ember_status>(e.status);
       if (e.type == ember::StreamEvent::kError) t_last_error = e.error;
-      return callback(&out, user_data) != 0;
-    });
+      const bool cancel = callback(&out, user_data) != 0;
+      if (e.type != ember::StreamEvent::kText) {
+        std::lock_guard<std::mutex> lock(state->mutex);
+        state->done = true;
+        state->cv.notify_all();
+      }
+      return cancel;
+    };
+    try {
+      stream->stream->set_callback(deliver);
+    } catch (...) {
+      if (armed_here) {
+        std::lock_guard<std::mutex> lock(state->mutex);
+        state->armed = false;
+      }
+      throw;
+    }
   });
 }
+
 
 ember_status ember_stream_cancel(ember_stream* stream) {
   return guarded([&] {
@@ -520,7 +570,7 @@ ember_status ember_stream_cancel(ember_stream* stream) {
 ember_status ember_stream_wait(ember_stream* stream) {
   return guarded([&] {
     require(stream != nullptr, "stream is NULL");
-    stream->stream->wait();
+    wait_for_end(stream);
   });
 }
 
@@ -547,7 +597,7 @@ void ember_stream_destroy(ember_stream* stream) {
   if (!stream) return;
   try {
     stream->stream->cancel();
-    stream->stream->wait();
+    wait_for_end(stream);
     delete stream;
   } catch (...) {
   }

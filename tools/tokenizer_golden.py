@@ -8,6 +8,10 @@ tests/golden/tokenizer/ are what `gen` writes:
   smollm2_cases.txt    edge cases + seeded random strings, with their ids
   smollm2_books.txt    per-book token count, FNV-1a hash and checkpoints
   smollm2_unicode.txt  every code point in a few contexts, hashed per block
+  smollm2_pre_<pre>.txt  the same vocabulary with tokenizer.ggml.pre set to
+                       gpt-2, default and llama-bpe (made as vocab-only GGUF
+                       copies in a temporary directory): the edge cases and
+                       random strings, and the books' token counts and hashes
 
 Usage (the reference venv has llama-cpp-python):
   PY=/root/.cache/ember/refvenv/bin/python
@@ -31,6 +35,7 @@ Formats (all text, '#' starts a comment line):
   unicode: block <first cp hex> <last cp hex> tokens=<n> ids_fnv=<hex>
            The text of a block is, for each code point c in [first, last]
            except surrogates, the UTF-8 of  "x" c "y " c "y" c c " 1" c "\\n".
+  pre:     "case" blocks as above, and "book" lines as above without checkpoints.
   ids_fnv is FNV-1a 64 over the ids as little-endian int32 bytes; text_fnv is
   FNV-1a 64 over the file's bytes. The books are encoded with
   add_special=0 parse_special=0.
@@ -295,6 +300,60 @@ def cmd_gen(args):
     with open(path, "w", encoding="ascii") as f:
         f.write("\n".join(lines) + "\n")
     print("wrote %s" % path)
+
+    gen_pre_variants(llama_cpp, args)
+
+
+PRE_VARIANTS = ["gpt-2", "default", "llama-bpe"]
+
+
+def make_variant(src, dst, pre):
+    """A vocab-only copy of the GGUF at src (all metadata, no tensors) with tokenizer.ggml.pre = pre."""
+    from gguf import GGUFReader, GGUFWriter, GGUFValueType
+    r = GGUFReader(src)
+    w = GGUFWriter(dst, r.fields["general.architecture"].contents())
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        val = pre if name == "tokenizer.ggml.pre" else f.contents()
+        vtype = f.types[0]
+        w.add_key_value(name, val, vtype, sub_type=f.types[-1] if vtype == GGUFValueType.ARRAY else None)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def gen_pre_variants(llama_cpp, args):
+    import tempfile
+    books = []
+    for name in sorted(os.listdir(args.data_dir)):
+        if name.endswith(".txt"):
+            with open(os.path.join(args.data_dir, name), "rb") as f:
+                books.append((name, f.read()))
+    with tempfile.TemporaryDirectory() as tmp:
+        for pre in PRE_VARIANTS:
+            path = os.path.join(tmp, "variant.gguf")
+            make_variant(args.model, path, pre)
+            llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+            lines = header(llama_cpp, args.model,
+                           "The SmolLM2 vocabulary with tokenizer.ggml.pre = '%s' (vocab-only copy of the GGUF)." % pre)
+            for name, text in EDGE_CASES + random_cases():
+                data = text.encode("utf-8")
+                for parse_special in ((0, 1) if (name, text) in SPECIAL_CASES else (0,)):
+                    ids = tokenize(llm, data, False, bool(parse_special))
+                    lines += ["", "case %s" % name, "flags add_special=0 parse_special=%d" % parse_special,
+                              "text %s" % (data.hex() if data else "-"), "ids %s" % (" ".join(map(str, ids)) or "-")]
+            lines.append("")
+            for name, data in books:
+                ids = tokenize(llm, data, False, False)
+                lines.append("book %s bytes=%d text_fnv=%016x tokens=%d ids_fnv=%016x"
+                             % (name, len(data), fnv1a_bytes(data), len(ids), fnv1a_ids(ids)))
+            del llm
+            out = os.path.join(args.out_dir, "smollm2_pre_%s.txt" % pre)
+            with open(out, "w", encoding="ascii") as f:
+                f.write("\n".join(lines) + "\n")
+            print("wrote %s" % out)
 
 
 def cmd_diff(args):

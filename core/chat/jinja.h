@@ -29,7 +29,7 @@ namespace ember::jinja {
 struct Limits {
   size_t max_output_bytes = 64u << 20;  // rendered text, and any one string value
   size_t max_list_items = 1u << 20;     // any one list built while rendering
-  uint64_t max_loop_iterations = 2'000'000;  // summed over one render
+  uint64_t max_loop_iterations = 1'000'000;  // summed over one render
   int max_eval_depth = 1000;   // nested expression/statement evaluation, macro calls
   int max_parse_depth = 120;   // nested parentheses / blocks in the source
   int max_expr_height = 256;   // height of one expression tree (e.g. a + b + c ...)

@@ -841,25 +841,32 @@ struct Evaluator {
     return Flow::Normal;
   }
 
-  Value loop_object(size_t idx, const std::vector<Value>& items) {
-    size_t n = items.size();
+  // One `loop` object per for-loop, updated in place each iteration (as
+  // jinja2's LoopContext is). previtem/nextitem hold Undefined when absent.
+  static Value make_loop_object() {
     Value loop = Value::make_dict();
-    auto& d = *loop.dict;
-    auto put = [&](const char* k, Value v) { d.items.emplace_back(Value::string(k), std::move(v)); };
-    put("index0", Value::integer(static_cast<int64_t>(idx)));
-    put("index", Value::integer(static_cast<int64_t>(idx + 1)));
-    put("revindex", Value::integer(static_cast<int64_t>(n - idx)));
-    put("revindex0", Value::integer(static_cast<int64_t>(n - idx - 1)));
-    put("first", Value::boolean(idx == 0));
-    put("last", Value::boolean(idx + 1 == n));
-    put("length", Value::integer(static_cast<int64_t>(n)));
-    put("depth", Value::integer(1));
-    put("depth0", Value::integer(0));
-    if (idx > 0) put("previtem", items[idx - 1]);
-    if (idx + 1 < n) put("nextitem", items[idx + 1]);
-    put("cycle", make_callable(CallableData::Type::LoopCycle, "cycle", Value::integer(static_cast<int64_t>(idx))));
-    put("changed", make_callable(CallableData::Type::Global, "loop.changed"));
+    for (const char* k : {"index0", "index", "revindex", "revindex0", "first", "last", "length", "depth", "depth0",
+                          "previtem", "nextitem", "cycle", "changed"})
+      loop.dict->items.emplace_back(Value::string(k), Value());
+    loop.dict->items[7].second = Value::integer(1);
+    loop.dict->items[8].second = Value::integer(0);
+    loop.dict->items[11].second = make_callable(CallableData::Type::LoopCycle, "cycle", Value::integer(0));
+    loop.dict->items[12].second = make_callable(CallableData::Type::Global, "loop.changed");
     return loop;
+  }
+  static void update_loop_object(Value& loop, size_t idx, const std::vector<Value>& items) {
+    auto& d = loop.dict->items;
+    const int64_t i = static_cast<int64_t>(idx), n = static_cast<int64_t>(items.size());
+    d[0].second = Value::integer(i);
+    d[1].second = Value::integer(i + 1);
+    d[2].second = Value::integer(n - i);
+    d[3].second = Value::integer(n - i - 1);
+    d[4].second = Value::boolean(i == 0);
+    d[5].second = Value::boolean(i + 1 == n);
+    d[6].second = Value::integer(n);
+    d[9].second = idx > 0 ? items[idx - 1] : Value::undefined("there is no previous item");
+    d[10].second = idx + 1 < items.size() ? items[idx + 1] : Value::undefined("there is no next item");
+    d[11].second.fn->self = Value::integer(i);
   }
 
   Flow exec(const Stmt& s) {
@@ -887,10 +894,12 @@ struct Evaluator {
           FramePush push(*this, frame);
           return exec_body(s.else_body);  // break/continue here belong to an outer loop
         }
+        Value loop = make_loop_object();
         for (size_t idx = 0; idx < items.size(); ++idx) {
           count_iteration();
           FramePush push(*this, frame);
-          frame->set("loop", loop_object(idx, items));
+          update_loop_object(loop, idx, items);
+          frame->set("loop", loop);
           assign(*s.target, items[idx]);
           Flow f = exec_body(s.body);
           if (f == Flow::Break) break;
@@ -1404,8 +1413,12 @@ Value min_max(Evaluator& ev, const Value& v, CallArgs& a, bool want_max) {
 Value f_max(Evaluator& ev, const Value& v, CallArgs& a) { return min_max(ev, v, a, true); }
 Value f_min(Evaluator& ev, const Value& v, CallArgs& a) { return min_max(ev, v, a, false); }
 Value f_attr(Evaluator& ev, const Value& v, CallArgs& a) {
+  // jinja2 do_attr: Python getattr only (no item lookup).
   Bound b(a, {"name"}, "attr");
-  return ev.getattr(v, py_str(b.get(0)));
+  std::string name = py_str(b.get(0));
+  if (v.is_undefined()) undefined_error(v);
+  if (auto x = ev.py_attribute(v, name)) return *x;
+  return Value::undefined(Evaluator::object_desc(v) + " has no attribute '" + name + "'");
 }
 Value f_center(Evaluator&, const Value& v, CallArgs& a) {
   Bound b(a, {"width"}, "center");

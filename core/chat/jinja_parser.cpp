@@ -1145,7 +1145,10 @@ class Parser {
       start_inline = false;
       ExprPtr e = make(ExprKind::Filter);
       e->name = expect_name();
-      while (skip_op(".")) e->name += "." + expect_name();
+      while (skip_op(".")) {
+        e->name += '.';
+        e->name += expect_name();
+      }
       if (is_op(current(), "(")) parse_call_args(*e);
       e->filter = find_filter(e->name);
       if (!e->filter) {
@@ -1164,7 +1167,10 @@ class Parser {
     bool negated = skip_name("not");
     ExprPtr e = make(ExprKind::Test);
     e->name = expect_name();
-    while (skip_op(".")) e->name += "." + expect_name();
+    while (skip_op(".")) {
+        e->name += '.';
+        e->name += expect_name();
+      }
     const Token& t = current();
     if (is_op(t, "(")) {
       parse_call_args(*e);

@@ -152,7 +152,9 @@ Tokenizer::~Tokenizer() = default;
 // ---------------------------------------------------------------------------
 // Loading
 
-std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const gguf::GgufFile& f) {
+std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const gguf::GgufFile& f) { return from_vocab(vocab_from_gguf(f)); }
+
+Tokenizer::Vocab Tokenizer::vocab_from_gguf(const gguf::GgufFile& f) {
   Vocab v;
   auto str = [&](const char* key) -> std::optional<std::string> { return f.get_string(key); };
   auto need_array = [&](const char* key, gguf::ValueType elem) {
@@ -196,7 +198,7 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const gguf::GgufFile& f) {
   v.add_bos = f.get_bool("tokenizer.ggml.add_bos_token");
   v.add_eos = f.get_bool("tokenizer.ggml.add_eos_token");
   v.add_space_prefix = f.get_bool("tokenizer.ggml.add_space_prefix");
-  return from_vocab(std::move(v));
+  return v;
 }
 
 std::unique_ptr<Tokenizer> Tokenizer::from_vocab(Vocab v) {

@@ -77,7 +77,10 @@ class Tokenizer {
   // inconsistent arrays, wrong value types, special token ids out of range,
   // merges that do not name vocabulary tokens, duplicate tokens).
   static std::unique_ptr<Tokenizer> from_gguf(const gguf::GgufFile& file);
-  // Same validation, from an already extracted description.
+  // The tokenizer.ggml.* metadata of a GGUF file, unvalidated beyond value
+  // types (kBadFormat); from_gguf(f) is from_vocab(vocab_from_gguf(f)).
+  static Vocab vocab_from_gguf(const gguf::GgufFile& file);
+  // Same validation as from_gguf, from an already extracted description.
   static std::unique_ptr<Tokenizer> from_vocab(Vocab vocab);
 
   ~Tokenizer();
@@ -108,7 +111,8 @@ class Tokenizer {
   int32_t bos() const { return bos_; }
   int32_t eos() const { return eos_; }
   // End of turn: tokenizer.ggml.eot_token_id, else the first present of
-  // <|eot_id|>, <|im_end|>, <|end|>, <end_of_turn>, ... (see eot_candidates).
+  // <|eot_id|>, <|im_end|>, <|end|>, <end_of_turn>, ... (kEotTexts in
+  // tokenizer.cpp; llama.cpp's list, in a fixed priority order).
   int32_t eot() const { return eot_; }
   int32_t unk() const { return unk_; }
   int32_t pad() const { return pad_; }

@@ -332,7 +332,12 @@ EMBER_API ember_status ember_stream_next(ember_stream* stream, ember_event* even
 /* Push variant for C users: `callback` is called on the engine's worker
  * thread for every event until the END/ERROR event; returning nonzero from it
  * cancels the stream. Set it right after ember_stream_start. Events already
- * queued are delivered first. Errors: INVALID_ARGUMENT, BUSY (already set). */
+ * queued are delivered first (on the calling thread if the stream has
+ * already ended). ember_stream_wait and ember_stream_destroy return only
+ * after the END/ERROR callback has returned, so user_data may be freed then;
+ * the callback must therefore not wait for or destroy its own stream.
+ * Errors: INVALID_ARGUMENT, BUSY (already set), END_OF_STREAM (the END event
+ * was already pulled with ember_stream_next). */
 typedef int32_t (*ember_stream_callback)(const ember_event* event, void* user_data);
 EMBER_API ember_status ember_stream_set_callback(ember_stream* stream, ember_stream_callback callback,
                                                  void* user_data);
@@ -342,7 +347,9 @@ EMBER_API ember_status ember_stream_set_callback(ember_stream* stream, ember_str
  * Cancelling an ended stream is a no-op returning OK. */
 EMBER_API ember_status ember_stream_cancel(ember_stream* stream);
 
-/* Blocks until the stream has ended (drops unread events). Any thread. */
+/* Blocks until the stream has ended (and, with a callback, until the END/ERROR
+ * callback has returned). Unread events stay readable with ember_stream_next.
+ * Any thread. */
 EMBER_API ember_status ember_stream_wait(ember_stream* stream);
 
 typedef struct ember_stream_stats_t {

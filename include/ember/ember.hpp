@@ -220,10 +220,9 @@ class Engine {
 
   // log p(tokens[i+1] | tokens[0..i]) for each i: tokens.size() - 1 values.
   std::vector<float> score(const std::vector<int32_t>& tokens) const {
-    std::vector<float> logprobs(tokens.empty() ? 0 : tokens.size() - 1);
-    std::vector<float> scratch(1);  // the C call may write one value past n-1 for n == 1
-    detail::check(ember_engine_score(get(), tokens.data(), tokens.size(),
-                                     logprobs.empty() ? scratch.data() : logprobs.data(), nullptr));
+    std::vector<float> logprobs(tokens.size() + 1);  // n - 1 values are written
+    detail::check(ember_engine_score(get(), tokens.data(), tokens.size(), logprobs.data(), nullptr));
+    logprobs.resize(tokens.empty() ? 0 : tokens.size() - 1);
     return logprobs;
   }
 

@@ -460,3 +460,112 @@ TEST(Matmul, ConcurrentCallersWithOwnScratch) {
 
 }  // namespace
 }  // namespace ember::cpu
+
+// ---------------------------------------------------------------- AVX-512 kernels, emulated
+//
+// The AVX-512 kernels (cpu/matmul_avx512_kernels.inc) compiled a second time
+// against a portable emulation of the intrinsics (cpu/matmul_avx512_emu.h),
+// so their logic (layouts, lane bookkeeping, tails, the Q8_0 +128 trick,
+// both BF16 kernels) is checked on every CPU. On CPUs with AVX-512 VNNI the
+// real kernels run in the MatmulTest cases above as well.
+#include "cpu/matmul_avx512_emu.h"
+
+namespace ember::cpu::detail::avx512emu {
+namespace {
+#include "cpu/matmul_avx512_kernels.inc"
+}  // namespace
+const IsaImpl& table(bool dp_bf16) { return dp_bf16 ? impl_table<true>() : impl_table<false>(); }
+}  // namespace ember::cpu::detail::avx512emu
+
+namespace ember::cpu {
+namespace {
+
+// A minimal decode driver (what matmul.cpp's run_decode does), with the
+// rows split into two uneven chunks to exercise chunk boundaries.
+void emu_decode(const detail::IsaImpl& impl, const WeightView& w, const float* x, int64_t M, float* y) {
+  const size_t arb = impl.act_row_bytes(w.type, w.cols);
+  void* act = nullptr;
+  if (arb) {
+    act = std::aligned_alloc(64, (arb * static_cast<size_t>(M) + 63) & ~size_t{63});
+    impl.prepare_acts(w.type, x, M, w.cols, static_cast<uint8_t*>(act));
+  }
+  const detail::DecodeCtx c{w.type, static_cast<const uint8_t*>(w.data), detail::weight_row_bytes(w.type, w.cols),
+                            w.cols, M, x, static_cast<const uint8_t*>(act), arb, y, w.rows};
+  const detail::DecodeKernel k = impl.kernel(w.type);
+  const int64_t split = w.rows / 3;
+  k(c, 0, split);
+  k(c, split, w.rows);
+  std::free(act);
+}
+
+class EmulatedAvx512Test : public testing::TestWithParam<std::tuple<DType, bool>> {
+ protected:
+  void run(int64_t N, int64_t K, const std::vector<int64_t>& Ms) {
+    const auto [t, dp] = GetParam();
+    const detail::IsaImpl& impl = detail::avx512emu::table(dp);
+    const auto w = make_weight(t, N, K, static_cast<uint32_t>(N * 17 + K));
+    const auto wf = ref_dequant(t, w.data(), N, K);
+    for (int64_t M : Ms) {
+      const auto x = make_x(M, K, static_cast<uint32_t>(M * 3 + K));
+      std::vector<float> y(static_cast<size_t>(M * N), std::nanf(""));
+      emu_decode(impl, {t, N, K, w.data()}, x.data(), M, y.data());
+      ErrorModel em;
+      em.act_q8 = detail::is_quant(t);
+      em.act_bf16 = dp && t == DType::BF16;
+      expect_close(wf, x, y, M, N, K, em,
+                   "emulated avx512 " + name_of(t) + (dp ? " (dpbf16)" : "") + " N=" + std::to_string(N) +
+                       " K=" + std::to_string(K) + " M=" + std::to_string(M));
+      if (HasFailure()) return;
+    }
+  }
+};
+
+TEST_P(EmulatedAvx512Test, Decode) {
+  const std::vector<int64_t> ms(std::begin(kMs), std::end(kMs));
+  run(7, 64, ms);     // 2 blocks: a partial quad only
+  run(37, 256, ms);   // whole quads
+  run(131, 96, ms);   // 3 blocks
+  run(21, 160, ms);   // 5 blocks: a quad + a partial one
+  run(9, 1024, {1, 2, 3, 4, 5});
+}
+
+TEST_P(EmulatedAvx512Test, FloatTypesAnyK) {
+  if (detail::is_quant(std::get<0>(GetParam()))) GTEST_SKIP() << "quantized types need K % 32 == 0";
+  run(13, 45, {1, 2, 3, 5, 17});
+  run(9, 7, {1, 3});
+  run(11, 77, {1, 4});
+}
+
+TEST_P(EmulatedAvx512Test, Dequantize) {
+  const auto [t, dp] = GetParam();
+  const detail::IsaImpl& impl = detail::avx512emu::table(dp);
+  const int64_t N = 5, K = 96;
+  const auto w = make_weight(t, N, K, 77);
+  const auto wf = ref_dequant(t, w.data(), N, K);
+  std::vector<float> f(static_cast<size_t>(N * K));
+  std::vector<uint16_t> b(static_cast<size_t>(N * K));
+  impl.dequant_f32(t, w.data(), f.data(), N * K);
+  impl.dequant_bf16(t, w.data(), b.data(), N * K);
+  for (int64_t i = 0; i < N * K; ++i) {
+    ASSERT_NEAR(f[i], wf[i], 1e-6f * std::fabs(wf[i])) << "f32 element " << i;
+    const float rb = round_bf16(wf[i]);
+    ASSERT_NEAR(bf16_to_fp32(b[i]), rb, std::fabs(rb) * std::ldexp(1.f, -7)) << "bf16 element " << i;
+  }
+  if (!detail::is_quant(t)) {  // odd element counts (tails)
+    std::vector<float> f2(45);
+    impl.dequant_f32(t, w.data(), f2.data(), 45);
+    for (int i = 0; i < 45; ++i) ASSERT_EQ(f2[i], wf[i]) << "tail element " << i;
+  }
+  std::vector<float> xs = make_x(1, 77, 5);
+  std::vector<uint16_t> xb(xs.size());
+  impl.f32_to_bf16(xs.data(), xb.data(), static_cast<int64_t>(xs.size()));
+  for (size_t i = 0; i < xs.size(); ++i) ASSERT_EQ(xb[i], fp32_to_bf16(xs[i])) << "f32_to_bf16 element " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, EmulatedAvx512Test, testing::Combine(testing::ValuesIn(kTypes), testing::Bool()),
+                         [](const testing::TestParamInfo<std::tuple<DType, bool>>& info) {
+                           return name_of(std::get<0>(info.param)) + (std::get<1>(info.param) ? "_bf16" : "_nobf16");
+                         });
+
+}  // namespace
+}  // namespace ember::cpu

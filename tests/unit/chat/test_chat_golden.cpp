@@ -179,6 +179,8 @@ TEST(ChatGolden, Llama3) { check_template_golden("llama3"); }
 TEST(ChatGolden, Llama3_1) { check_template_golden("llama3_1"); }
 TEST(ChatGolden, Gemma2) { check_template_golden("gemma2"); }
 TEST(ChatGolden, Gemma3) { check_template_golden("gemma3"); }
+TEST(ChatGolden, Qwen2_5) { check_template_golden("qwen2_5"); }
+TEST(ChatGolden, DeepSeekR1) { check_template_golden("deepseek_r1"); }
 
 TEST(ChatGolden, EveryTemplateHasAGoldenFile) {
   int n = 0;
@@ -188,7 +190,7 @@ TEST(ChatGolden, EveryTemplateHasAGoldenFile) {
     std::string stem = entry.path().stem().string();
     EXPECT_TRUE(std::filesystem::exists(kDir + "/" + stem + ".golden")) << stem;
   }
-  EXPECT_GE(n, 5);
+  EXPECT_GE(n, 7);
 }
 
 TEST(ChatGolden, JinjaSubsetSnippets) {

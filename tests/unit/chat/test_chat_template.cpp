@@ -172,7 +172,7 @@ TEST(ChatTemplate, InvalidUtf8InputIsRejected) {
 
 TEST(ChatTemplate, HostileNestingIsAnErrorNotACrash) {
   const int n = 20000;
-  error_of(std::string(n, '(') + "1" + std::string(n, ')'), StatusCode::kBadFormat);  // lexer: unbalanced tag end
+  EXPECT_EQ(render(std::string(n, '(') + "1" + std::string(n, ')')).size(), 2u * n + 1);  // plain text
   error_of("{{ " + std::string(n, '(') + "1" + std::string(n, ')') + " }}", StatusCode::kUnsupported);
   error_of("{{ " + std::string(n, '[') + std::string(n, ']') + " }}", StatusCode::kUnsupported);
   error_of("{{ " + std::string(n, '-') + "1 }}", StatusCode::kUnsupported);
@@ -216,7 +216,8 @@ TEST(ChatTemplate, HostileWorkloadsHitLimits) {
   error_of("{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}{% endfor %}",
            StatusCode::kInvalidArgument);
   error_of("{{ 'ab' | replace('', 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx') | replace('x', 'yyyyyyyyyyyyyyyyyyyyyyyyyyy') "
-           "| replace('y', 'zzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzz') | replace('z', 'wwwwwwwwwwwwwwwwwwwwwwwwwwwwww') }}",
+           "| replace('y', 'zzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzz') | replace('z', 'wwwwwwwwwwwwwwwwwwwwwwwwwwwwww') "
+           "| replace('w', 'vvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvv') }}",
            StatusCode::kInvalidArgument);
   // unbounded recursion
   error_of("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", StatusCode::kInvalidArgument);

@@ -37,9 +37,23 @@ std::vector<int32_t> parse_ids(const std::string& s) {
 
 std::string ids_str(const std::vector<int32_t>& ids, size_t max = 40) {
   std::string s;
-  for (size_t i = 0; i < ids.size() && i < max; ++i) s += (i ? " " : "") + std::to_string(ids[i]);
+  for (size_t i = 0; i < ids.size() && i < max; ++i) {
+    if (i) s += ' ';
+    s += std::to_string(ids[i]);
+  }
   if (ids.size() > max) s += " ...";
   return s;
+}
+
+// What decode(encode(text)) gives: the text without the bytes that have no
+// token. SmolLM2's vocabulary lacks 0x04 0x06 0x13 0x14 0x16 0x1D (and bytes
+// that never occur in UTF-8, and the lead bytes F1 F2); llama.cpp drops them
+// silently, and so do we.
+std::string without_untokenizable_bytes(const Tokenizer& tok, const std::string& text) {
+  std::string out;
+  for (char c : text)
+    if (tok.find_token(unicode::byte_to_utf8(static_cast<uint8_t>(c))) >= 0) out.push_back(c);
+  return out;
 }
 
 // key=value fields of a golden line.
@@ -121,7 +135,8 @@ TEST(SmolLM2Tokenizer, GoldenCases) {
         ADD_FAILURE() << "case " << name << " (" << flags << ") text " << testing::PrintToString(text)
                       << "\n  want: " << ids_str(want) << "\n  got:  " << ids_str(got);
       }
-      EXPECT_EQ(tok->decode(got), text) << "round trip of case " << name;
+      EXPECT_EQ(tok->decode(got), without_untokenizable_bytes(*tok, text))
+          << "round trip of case " << name;
     }
   }
   EXPECT_GT(n, 700);
