@@ -9,7 +9,7 @@
 // (prefill, oneDNN) GFLOP/s. By default weights are "cold": enough copies are
 // cycled through that they come from DRAM, not L3 (as in real decoding of a
 // model larger than the cache); --hot reuses one copy.
-// --sweep times decode vs prefill for M = 1..32 (used to pick decode_max_m).
+// --sweep times decode vs prefill for M = 1..128 (used to pick decode_max_m).
 // --cpu-time measures process CPU time (all threads summed), which ignores
 // time stolen by other processes on a shared machine; with --threads 1 it is
 // the single-core kernel speed.
@@ -179,7 +179,7 @@ int main(int argc, char** argv) {
       for (auto [N, K] : {std::pair<int64_t, int64_t>{1536, 576}, {4096, 4096}}) {
         Weights w = make_weights(t, N, K, hot);
         size_t ci = 0;
-        for (int64_t M : {1, 2, 4, 6, 8, 12, 16, 24, 32}) {
+        for (int64_t M : {1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128}) {
           std::vector<float> x(static_cast<size_t>(M * K), 0.5f), y(static_cast<size_t>(M * N));
           auto call = [&] {
             const WeightView v{t, N, K, w.copies[ci++ % w.copies.size()].data()};

@@ -192,7 +192,7 @@ SNIPPETS = [
     ("err_int_plus_str", "{{ 1 ~ 2 + 3 }}"),
     ("err_iter_int", "{% for x in 42 %}{% endfor %}"),
     ("err_tojson_undefined", "{{ nothing | tojson }}"),
-    ("err_items_non_mapping", "{{ [1] | items }}"),
+    ("err_items_non_mapping", "{{ [1] | items | list }}"),
     # errors
     ("err_raise", "{{ raise_exception('Custom failure: ' ~ messages | length) }}"),
     ("err_undefined_attr", "{{ nothing.attr }}"),

@@ -145,6 +145,17 @@ std::string str_title_py(const std::string& s) {  // str.title()
 
 // strip with Python semantics: chars == nullptr -> whitespace.
 std::string str_strip(const std::string& s, const std::string* chars, bool left, bool right) {
+  if (!chars) {  // fast path: the text at both ends after ASCII whitespace is ASCII
+    auto ascii_ws = [](unsigned char c) { return c == ' ' || (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x1F); };
+    size_t b = 0, e = s.size();
+    if (left)
+      while (b < e && ascii_ws(static_cast<unsigned char>(s[b]))) ++b;
+    if (right)
+      while (e > b && ascii_ws(static_cast<unsigned char>(s[e - 1]))) --e;
+    bool edge_non_ascii = (left && b < e && static_cast<unsigned char>(s[b]) >= 0x80) ||
+                          (right && e > b && static_cast<unsigned char>(s[e - 1]) >= 0x80);
+    if (!edge_non_ascii) return s.substr(b, e - b);
+  }
   std::u32string u = utf8_decode(s);
   std::u32string set = chars ? utf8_decode(*chars) : std::u32string();
   auto strip_it = [&](char32_t c) { return chars ? set.find(c) != std::u32string::npos : py_isspace(c); };
@@ -176,9 +187,7 @@ std::vector<std::string> str_split(const std::string& s, const std::string* sep,
     while (k < n && py_isspace(u[k])) ++k;
     if (k >= n) break;
     if (maxsplit >= 0 && static_cast<int64_t>(out.size()) >= maxsplit) {
-      size_t e = n;
-      while (e > k && py_isspace(u[e - 1])) --e;
-      out.push_back(utf8_encode(std::u32string_view(u).substr(k, e - k)));
+      out.push_back(utf8_encode(std::u32string_view(u).substr(k)));  // remainder keeps trailing space
       break;
     }
     size_t b = k;
@@ -288,7 +297,21 @@ struct Evaluator {
   uint64_t iterations = 0;
   int depth = 0;
 
-  Evaluator(const Program& p) : prog(p), lim(p.limits) {}
+  // Reference cycles a template can build (a macro closes over the frame
+  // that holds it; a namespace can hold itself or such a macro) are broken
+  // when the render ends, however it ends.
+  std::vector<std::weak_ptr<Frame>> macro_frames;
+  std::vector<std::weak_ptr<DictData>> namespaces;
+
+  explicit Evaluator(const Program& p) : prog(p), lim(p.limits) {}
+  ~Evaluator() {
+    for (auto& w : namespaces)
+      if (auto d = w.lock()) d->items.clear();
+    for (auto& w : macro_frames)
+      if (auto f = w.lock()) f->vars.clear();
+  }
+  Evaluator(const Evaluator&) = delete;
+  Evaluator& operator=(const Evaluator&) = delete;
 
   struct Depth {
     Evaluator& ev;
@@ -924,6 +947,7 @@ struct Evaluator {
         Value fn = make_callable(CallableData::Type::Macro, s.macro->name);
         fn.fn->macro = s.macro.get();
         fn.fn->closure = frame;
+        macro_frames.push_back(frame);
         frame->set(s.macro->name, fn);
         return Flow::Normal;
       }
@@ -1387,6 +1411,7 @@ Value f_sum(Evaluator& ev, const Value& v, CallArgs& a) {
   Bound b(a, {"attribute", "start"}, "sum");
   Value attribute = b.get(0, Value::none());
   Value acc = b.get(1, Value::integer(0));
+  if (acc.is_string()) runtime_error("sum() can't sum strings [use ''.join(seq) instead]");
   for (const auto& item : ev.iterate(v))
     acc = ev.arith(BinOp::Add, acc, attribute.is_none() ? item : get_attr_path(ev, item, attribute));
   return acc;
@@ -1760,6 +1785,7 @@ Value Evaluator::call_global(const std::string& name, CallArgs& args) {
   }
   if (name == "namespace" || name == "dict") {
     Value d = name == "namespace" ? Value::make_namespace() : Value::make_dict();
+    if (d.kind == Kind::Namespace) namespaces.push_back(d.dict);
     if (args.pos.size() > 1) runtime_error(name + "() expected at most 1 positional argument");
     if (!args.pos.empty()) {
       const Value& init = args.pos[0];

@@ -43,7 +43,8 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineParams& params)
   if (blocks == 0) fail(StatusCode::kInvalidArgument, "engine: kv_memory_bytes is smaller than one KV block");
   if (blocks > (1u << 30)) fail(StatusCode::kInvalidArgument, "engine: kv_memory_bytes is absurdly large");
   g.num_blocks = static_cast<int32_t>(blocks);
-  cache_ = std::make_unique<KvCache>(*backend_, g);
+  cache_ = std::make_unique<KvCache>(*backend_, g, params_.prefix_caching);
+  scheduler_ = std::make_unique<Scheduler>(SchedulerConfig{params_.max_batch_tokens, params_.max_running});
   forward_ = std::make_unique<LlamaForward>(model_, *backend_, g.block_size);
 }
 
@@ -54,7 +55,7 @@ Engine::~Engine() {
 
 std::shared_ptr<EngineOwner> Engine::create(std::shared_ptr<const Model> model, const EngineParams& params) {
   std::shared_ptr<Engine> engine(new Engine(std::move(model), params));
-  engine->worker_ = std::thread(&Engine::worker_loop, engine);
+  if (!params.manual) engine->worker_ = std::thread(&Engine::worker_loop, engine);
   return std::make_shared<EngineOwner>(engine);
 }
 
@@ -112,15 +113,92 @@ void Engine::worker_loop(std::shared_ptr<Engine> self) {
   self.reset();  // may destroy the engine, on this thread
 }
 
-bool Engine::step() {
+// The scheduler's window on the cache: sequences are streams' sessions.
+class Engine::Budget final : public KvBudget {
+ public:
+  Budget(KvCache& cache, std::vector<Stream*>& by_index) : cache_(cache), streams_(by_index) {}
+  bool allocate(SchedSequence& seq, size_t n_slots) override {
+    Session& se = session(seq);
+    std::lock_guard<std::mutex> lock(se.mutex_);
+    if (!cache_.reserve(se.block_table_, static_cast<int32_t>(n_slots))) return false;
+    return cache_.prepare_write(se.block_table_, static_cast<int32_t>(se.n_cached_));
+  }
+  void free(SchedSequence& seq) override {
+    Session& se = session(seq);
+    std::lock_guard<std::mutex> lock(se.mutex_);
+    cache_.release(se.block_table_);
+    se.n_cached_ = 0;
+    seq.n_computed = 0;
+  }
+  void admit(SchedSequence& seq) override {
+    Session& se = session(seq);
+    std::lock_guard<std::mutex> lock(se.mutex_);
+    if (!se.block_table_.empty() || se.tokens_.empty()) return;
+    // Reuse cached full blocks, leaving at least the last token to compute.
+    const size_t max_blocks = (se.tokens_.size() - 1) / static_cast<size_t>(cache_.block_size());
+    se.block_table_ = cache_.match_prefix(se.tokens_.data(), se.tokens_.size(), max_blocks);
+    se.n_cached_ = se.block_table_.size() * static_cast<size_t>(cache_.block_size());
+    seq.n_computed = se.n_cached_;
+  }
+  size_t capacity_slots() const override { return cache_.total_blocks() * static_cast<size_t>(cache_.block_size()); }
+
+ private:
+  Session& session(const SchedSequence& seq) { return *streams_[seq.id]->session_; }
+  KvCache& cache_;
+  std::vector<Stream*>& streams_;
+};
+
+size_t Engine::run_steps(double max_ms, int64_t max_tokens) {
+  const auto t0 = std::chrono::steady_clock::now();
+  size_t total = 0;
+  for (;;) {
+    const size_t n = step();
+    total += n;
+    if (n == 0) break;
+    if (max_tokens > 0 && static_cast<int64_t>(total) >= max_tokens) break;
+    if (max_ms > 0 && ms_between(t0, std::chrono::steady_clock::now()) >= max_ms) break;
+  }
+  return total;
+}
+
+size_t Engine::step() {
+  std::lock_guard<std::mutex> step_lock(step_mutex_);
   std::vector<std::shared_ptr<Stream>> streams;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    streams_.erase(std::remove_if(streams_.begin(), streams_.end(), [](const auto& s) { return s->finished_flag(); }),
+                   streams_.end());
     streams = streams_;
   }
-  if (streams.empty()) return false;
+  if (streams.empty()) return 0;
   const Tokenizer& tok = model_->tokenizer();
   const int32_t n_vocab = model_->config().n_vocab;
+
+  // Refresh the scheduler's view of every live stream (sched_.id indexes `by_index`).
+  std::vector<Stream*> by_index;
+  std::vector<SchedSequence*> seqs;
+  for (auto& sp : streams) {
+    Stream& s = *sp;
+    if (s.cancel_requested_) {
+      s.finish(EndReason::kCancelled);
+      continue;
+    }
+    Session& se = *s.session_;
+    std::lock_guard<std::mutex> lock(se.mutex_);
+    s.sched_.id = by_index.size();
+    s.sched_.n_tokens = se.tokens_.size();
+    s.sched_.n_computed = se.n_cached_;
+    s.sched_.running = !se.block_table_.empty();
+    by_index.push_back(&s);
+    seqs.push_back(&s.sched_);
+  }
+  Budget budget(*cache_, by_index);
+  StepPlan plan = scheduler_->schedule(seqs, budget);
+  for (SchedSequence* f : plan.failed) {
+    by_index[f->id]->fail_with(StatusCode::kOutOfMemory,
+                               "the sequence needs more KV blocks than the whole pool holds (" +
+                                   std::to_string(cache_->total_blocks()) + " blocks)");
+  }
 
   struct Entry {
     Stream* stream;
@@ -129,46 +207,27 @@ bool Engine::step() {
   };
   std::vector<Entry> entries;
   Batch batch;
-  int32_t budget = params_.max_batch_tokens;
   int32_t n_logits = 0;
-  // Decoding sequences (one pending token) first so they keep streaming while
-  // long prompts are prefilled in chunks with what is left of the budget.
-  std::stable_sort(streams.begin(), streams.end(), [](const auto& a, const auto& b) {
-    return a->started_decoding_ > b->started_decoding_;
-  });
-  for (auto& sp : streams) {
-    Stream& s = *sp;
-    if (s.finished_flag()) continue;
-    if (s.cancel_requested_) {
-      s.finish(EndReason::kCancelled);
-      continue;
-    }
-    if (static_cast<int32_t>(entries.size()) >= params_.max_running || budget <= 0) break;
+  for (const auto& [seq, chunk] : plan.run) {
+    Stream& s = *by_index[seq->id];
     Session& se = *s.session_;
     std::lock_guard<std::mutex> lock(se.mutex_);
-    const size_t pending = se.tokens_.size() - se.n_cached_;
-    if (pending == 0) {
-      s.fail_with(StatusCode::kInternal, "stream has nothing to run");
-      continue;
-    }
-    const int32_t chunk = static_cast<int32_t>(std::min<size_t>(pending, static_cast<size_t>(budget)));
-    const int32_t n_slots = static_cast<int32_t>(se.n_cached_) + chunk;
-    if (!cache_->reserve(se.block_table_, n_slots)) {
-      s.fail_with(StatusCode::kOutOfMemory, "the KV cache pool is exhausted (" +
-                                                std::to_string(cache_->stats().blocks_total) + " blocks)");
-      continue;
-    }
-    const bool last = static_cast<size_t>(chunk) == pending;
+    const bool last = se.n_cached_ + static_cast<size_t>(chunk) == se.tokens_.size();
     batch.add_sequence(se.tokens_.data() + se.n_cached_, chunk, static_cast<int32_t>(se.n_cached_),
                        se.block_table_, last);
     entries.push_back({&s, chunk, last ? n_logits++ : -1});
-    budget -= chunk;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.steps++;
+    stats_.running = entries.size();
+    stats_.last_step_tokens = static_cast<size_t>(batch.n_rows());
+    stats_.preempted = scheduler_->preemptions();
   }
   if (entries.empty()) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    streams_.erase(std::remove_if(streams_.begin(), streams_.end(), [](const auto& s) { return s->finished_flag(); }),
-                   streams_.end());
-    return true;
+    // Nothing could run (every sequence waits for blocks): let others finish.
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return 0;
   }
 
   logits_.resize(static_cast<size_t>(n_logits) * n_vocab);
@@ -177,10 +236,10 @@ bool Engine::step() {
     forward_->forward(batch, logits_.data());
   } catch (const Error& e) {
     for (auto& en : entries) en.stream->fail_with(e.code(), e.message());
-    entries.clear();
+    return static_cast<size_t>(batch.n_rows());
   } catch (const std::bad_alloc&) {
     for (auto& en : entries) en.stream->fail_with(StatusCode::kOutOfMemory, "out of memory in the forward pass");
-    entries.clear();
+    return static_cast<size_t>(batch.n_rows());
   }
 
   for (auto& en : entries) {
@@ -189,7 +248,8 @@ bool Engine::step() {
     std::vector<int32_t> history;
     {
       std::lock_guard<std::mutex> lock(se.mutex_);
-      se.n_cached_ += en.chunk;
+      se.n_cached_ += static_cast<size_t>(en.chunk);
+      cache_->commit(se.block_table_, se.tokens_.data(), se.n_cached_);
       if (!s.started_decoding_) s.stats_prompt_add(en.chunk);
       if (en.logit_index >= 0) history = se.tokens_;
     }
@@ -202,14 +262,7 @@ bool Engine::step() {
     const int32_t token = s.sampler_.sample(row, history);
     s.on_token(token, tok.is_eog(token));
   }
-
-  std::lock_guard<std::mutex> lock(mutex_);
-  stats_.steps++;
-  stats_.running = entries.size();
-  stats_.last_step_tokens = static_cast<size_t>(batch.n_rows());
-  streams_.erase(std::remove_if(streams_.begin(), streams_.end(), [](const auto& s) { return s->finished_flag(); }),
-                 streams_.end());
-  return true;
+  return static_cast<size_t>(batch.n_rows());
 }
 
 void Engine::score(const int32_t* tokens, size_t n, float* logprobs, float* logits) {
@@ -258,8 +311,9 @@ void Engine::score(const int32_t* tokens, size_t n, float* logprobs, float* logi
 
 // ------------------------------------------------------------------ Session
 
-Session::Session(std::shared_ptr<EngineOwner> engine, int32_t n_ctx, const std::string& system_prompt)
-    : engine_(std::move(engine)) {
+Session::Session(std::shared_ptr<EngineOwner> engine, int32_t n_ctx, const std::string& system_prompt,
+                 int32_t priority)
+    : engine_(std::move(engine)), priority_(priority) {
   const int32_t train = (*engine_)->model().config().n_ctx_train;
   if (n_ctx < 0) fail(StatusCode::kInvalidArgument, "session: n_ctx must be >= 0");
   n_ctx_ = n_ctx == 0 ? train : std::min(n_ctx, train);
@@ -347,6 +401,17 @@ size_t Session::token_count() const {
   return tokens_.size();
 }
 
+// Between turns a session pins no KV memory: with prefix caching its full
+// blocks stay in the pool's index (evictable, oldest first) and the next
+// turn finds them again through the prefix cache.
+void Session::park_locked() {
+  KvCache& cache = (*engine_)->cache();
+  if (!(*engine_)->params().prefix_caching) return;
+  cache.commit(block_table_, tokens_.data(), n_cached_);
+  cache.release(block_table_);
+  n_cached_ = 0;
+}
+
 void Session::truncate_cache_locked(size_t n) {
   if (n < n_cached_) {
     n_cached_ = n;
@@ -392,6 +457,8 @@ std::shared_ptr<Stream> Session::start(const StreamParams& params) {
     if (n_cached_ >= tokens_.size()) truncate_cache_locked(tokens_.size() - 1);
     const size_t prompt = tokens_.size() - n_cached_;
     stream = std::make_shared<Stream>(shared_from_this(), params, prompt);
+    stream->sched_.priority = priority_;
+    stream->sched_.arrival = (*engine_)->next_arrival();
     busy_ = true;
     active_ = stream;
   }
@@ -522,6 +589,7 @@ void Stream::finish(EndReason reason) {
   {
     std::lock_guard<std::mutex> lock(se.mutex_);
     if (se.mode_ == Session::Mode::kChat) se.messages_.push_back({"assistant", reply_text_});
+    se.park_locked();
     se.busy_ = false;
   }
   {
@@ -541,7 +609,7 @@ void Stream::fail_with(StatusCode code, const std::string& message) {
   Session& se = *session_;
   {
     std::lock_guard<std::mutex> lock(se.mutex_);
-    // Tokens that never reached the cache are dropped so the session stays consistent.
+    se.park_locked();
     se.busy_ = false;
   }
   {

@@ -25,6 +25,7 @@
 #include "core/kv_cache/kv_cache.h"
 #include "core/model/model.h"
 #include "core/sampling/sampler.h"
+#include "core/scheduler/scheduler.h"
 #include "core/util/status.h"
 
 namespace ember {
@@ -41,6 +42,10 @@ struct EngineParams {
   int32_t kv_block_size = 16;
   int32_t max_batch_tokens = 512;
   int32_t max_running = 64;
+  bool prefix_caching = true;
+  // Manual mode: no worker thread; the host runs steps with Engine::run_steps
+  // (ember_engine_step) from its own loop, e.g. once per game frame.
+  bool manual = false;
 };
 
 struct SchedulerStats {
@@ -63,6 +68,13 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // ember_engine_score). logprobs: n-1 values; logits: n*vocab or nullptr.
   void score(const int32_t* tokens, size_t n, float* logprobs, float* logits);
 
+  // Manual mode: runs steps on the caller's thread until `max_ms`
+  // milliseconds have passed or `max_tokens` tokens were processed (<= 0:
+  // no limit on that axis) or there is no work. Returns tokens processed.
+  size_t run_steps(double max_ms, int64_t max_tokens);
+  bool manual() const { return params_.manual; }
+  uint64_t next_arrival() { std::lock_guard<std::mutex> lock(mutex_); return arrivals_++; }
+
   // Internal: a stream asks to run / the worker wakes.
   void submit(const std::shared_ptr<Stream>& stream);
   // Stops the worker thread: joins it, or detaches it when called on the
@@ -73,7 +85,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   Engine(std::shared_ptr<const Model> model, const EngineParams& params);
   static void worker_loop(std::shared_ptr<Engine> self);
   // One engine step; returns false when there was nothing to do.
-  bool step();
+  // Returns the tokens processed (0 when there was nothing to run).
+  size_t step();
+  class Budget;
 
   std::shared_ptr<const Model> model_;
   EngineParams params_;
@@ -81,6 +95,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<LlamaForward> forward_;
   std::mutex forward_mutex_;  // one forward pass at a time (worker or score)
+  std::mutex step_mutex_;     // one step at a time (worker or manual callers)
+  std::unique_ptr<Scheduler> scheduler_;
+  uint64_t arrivals_ = 0;
 
   mutable std::mutex mutex_;  // guards streams_, stats_, stop_
   std::condition_variable cv_;
@@ -132,7 +149,8 @@ class EngineOwner {
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(std::shared_ptr<EngineOwner> engine, int32_t n_ctx, const std::string& system_prompt);
+  Session(std::shared_ptr<EngineOwner> engine, int32_t n_ctx, const std::string& system_prompt,
+          int32_t priority = 0);
   ~Session();
 
   void add_message(const std::string& role, const std::string& content);
@@ -150,12 +168,14 @@ class Session : public std::enable_shared_from_this<Session> {
   friend class Engine;
   friend class Stream;
   void require_idle_locked() const;
+  void park_locked();
   void append_tokens_locked(const std::vector<int32_t>& ids);
   void sync_chat_tokens_locked();
   void truncate_cache_locked(size_t n);
 
   std::shared_ptr<EngineOwner> engine_;
   int32_t n_ctx_;
+  int32_t priority_ = 0;
   mutable std::mutex mutex_;
   bool busy_ = false;
   enum class Mode { kEmpty, kChat, kText } mode_ = Mode::kEmpty;
@@ -182,6 +202,7 @@ class Stream : public std::enable_shared_from_this<Stream> {
 
  private:
   friend class Engine;
+  friend class Session;
   // Worker side.
   bool finished_flag() const;
   void stats_prompt_add(int32_t n);
@@ -193,6 +214,7 @@ class Stream : public std::enable_shared_from_this<Stream> {
 
   std::shared_ptr<Session> session_;
   StreamParams params_;
+  SchedSequence sched_;  // the scheduler's view, refreshed every step
   Sampler sampler_;
   std::unique_ptr<StreamingDetokenizer> detok_;
   std::atomic<bool> cancel_requested_{false};

@@ -1,56 +1,194 @@
 #include "core/kv_cache/kv_cache.h"
 
+#include <algorithm>
+
 #include "core/util/status.h"
 
 namespace ember {
 
-KvCache::KvCache(Backend& backend, const KvGeometry& geometry) : backend_(backend), geometry_(geometry) {
+KvCache::KvCache(Backend& backend, const KvGeometry& geometry, bool prefix_caching)
+    : backend_(backend), geometry_(geometry), prefix_caching_(prefix_caching) {
   if (geometry.block_size <= 0 || geometry.block_size > 64) {
     fail(StatusCode::kInvalidArgument, "kv cache: block size must be in [1, 64]");
   }
   if (geometry.num_blocks <= 0) fail(StatusCode::kInvalidArgument, "kv cache: the memory budget holds no block");
   backend_.kv_init(geometry_);
-  refcount_.assign(geometry_.num_blocks, 0);
-  for (int32_t b = 0; b < geometry_.num_blocks; ++b) free_list_.push_back(b);
+  blocks_.resize(static_cast<size_t>(geometry_.num_blocks));
+  for (int32_t b = 0; b < geometry_.num_blocks; ++b) free_list_push_back(b);
+}
+
+uint64_t KvCache::chain_hash(uint64_t parent, const int32_t* tokens, int32_t n) {
+  // FNV-1a over the parent hash and the token ids, then a final mix.
+  uint64_t h = 1469598103934665603ull ^ parent;
+  auto mix = [&](uint32_t v) {
+    for (int i = 0; i < 4; ++i) {
+      h ^= (v >> (8 * i)) & 0xFF;
+      h *= 1099511628211ull;
+    }
+  };
+  mix(static_cast<uint32_t>(parent >> 32));
+  mix(static_cast<uint32_t>(parent));
+  for (int32_t i = 0; i < n; ++i) mix(static_cast<uint32_t>(tokens[i]));
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  return h;
+}
+
+void KvCache::free_list_push_back(int32_t b) {
+  BlockMeta& m = blocks_[b];
+  m.prev = free_tail_;
+  m.next = -1;
+  if (free_tail_ >= 0) blocks_[free_tail_].next = b; else free_head_ = b;
+  free_tail_ = b;
+  m.in_free_list = true;
+  if (m.hashed) ++cached_count_; else ++free_count_;
+}
+
+void KvCache::free_list_remove(int32_t b) {
+  BlockMeta& m = blocks_[b];
+  if (m.prev >= 0) blocks_[m.prev].next = m.next; else free_head_ = m.next;
+  if (m.next >= 0) blocks_[m.next].prev = m.prev; else free_tail_ = m.prev;
+  m.prev = m.next = -1;
+  m.in_free_list = false;
+  if (m.hashed) --cached_count_; else --free_count_;
+}
+
+void KvCache::unhash_locked(int32_t b) {
+  BlockMeta& m = blocks_[b];
+  if (!m.hashed) return;
+  auto it = index_.find(m.hash);
+  if (it != index_.end() && it->second == b) index_.erase(it);
+  if (m.in_free_list) { --cached_count_; ++free_count_; }
+  m.hashed = false;
+  m.tokens.clear();
+}
+
+int32_t KvCache::take_free_block_locked() {
+  const int32_t b = free_head_;
+  if (b < 0) return -1;
+  free_list_remove(b);
+  if (blocks_[b].hashed) {
+    unhash_locked(b);
+    ++counters_.evictions;
+  }
+  blocks_[b].refcount = 1;
+  return b;
+}
+
+std::vector<int32_t> KvCache::match_prefix(const int32_t* tokens, size_t n_tokens, size_t max_blocks) {
+  std::vector<int32_t> out;
+  if (!prefix_caching_) return out;
+  const int32_t bs = geometry_.block_size;
+  const size_t full = std::min(n_tokens / static_cast<size_t>(bs), max_blocks);
+  std::lock_guard<std::mutex> lock(mutex_);
+  uint64_t parent = 0;
+  for (size_t i = 0; i < full; ++i) {
+    const int32_t* t = tokens + i * bs;
+    const uint64_t h = chain_hash(parent, t, bs);
+    auto it = index_.find(h);
+    if (it == index_.end()) break;
+    BlockMeta& m = blocks_[it->second];
+    if (m.parent_hash != parent || !std::equal(m.tokens.begin(), m.tokens.end(), t)) break;  // collision
+    if (m.in_free_list) free_list_remove(it->second);
+    ++m.refcount;
+    out.push_back(it->second);
+    parent = h;
+  }
+  counters_.prefix_hits += out.size();
+  counters_.prefix_misses += full - out.size();
+  return out;
 }
 
 bool KvCache::reserve(std::vector<int32_t>& block_table, int32_t n_slots) {
-  const size_t need = (static_cast<size_t>(n_slots) + geometry_.block_size - 1) / geometry_.block_size;
+  const size_t need = (static_cast<size_t>(std::max(n_slots, 0)) + geometry_.block_size - 1) / geometry_.block_size;
   if (need <= block_table.size()) return true;
   std::lock_guard<std::mutex> lock(mutex_);
   const size_t extra = need - block_table.size();
-  if (extra > free_list_.size()) return false;
-  for (size_t i = 0; i < extra; ++i) {
-    const int32_t b = free_list_.front();
-    free_list_.pop_front();
-    refcount_[b] = 1;
-    block_table.push_back(b);
-  }
+  if (extra > free_count_ + cached_count_) return false;
+  for (size_t i = 0; i < extra; ++i) block_table.push_back(take_free_block_locked());
   return true;
+}
+
+bool KvCache::prepare_write(std::vector<int32_t>& block_table, int32_t first_slot) {
+  const size_t first_block = static_cast<size_t>(std::max(first_slot, 0)) / geometry_.block_size;
+  std::vector<int32_t> src, dst;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (size_t i = first_block; i < block_table.size(); ++i) {
+      const int32_t b = block_table[i];
+      BlockMeta& m = blocks_[b];
+      if (m.refcount > 1) {
+        const int32_t copy = take_free_block_locked();
+        if (copy < 0) return false;
+        --m.refcount;
+        block_table[i] = copy;
+        src.push_back(b);
+        dst.push_back(copy);
+        ++counters_.cow_copies;
+      } else if (m.hashed) {
+        unhash_locked(b);  // only we hold it: its content is about to change
+      }
+    }
+  }
+  if (!src.empty()) backend_.kv_copy_blocks(src.data(), dst.data(), static_cast<int32_t>(src.size()));
+  return true;
+}
+
+void KvCache::commit(const std::vector<int32_t>& block_table, const int32_t* tokens, size_t n_filled) {
+  if (!prefix_caching_) return;
+  const int32_t bs = geometry_.block_size;
+  const size_t full = std::min(n_filled / static_cast<size_t>(bs), block_table.size());
+  std::lock_guard<std::mutex> lock(mutex_);
+  uint64_t parent = 0;
+  for (size_t i = 0; i < full; ++i) {
+    BlockMeta& m = blocks_[block_table[i]];
+    const int32_t* t = tokens + i * bs;
+    if (m.hashed) {
+      parent = m.hash;
+      continue;
+    }
+    const uint64_t h = chain_hash(parent, t, bs);
+    auto [it, inserted] = index_.emplace(h, block_table[i]);
+    if (inserted) {
+      m.hashed = true;
+      m.hash = h;
+      m.parent_hash = parent;
+      m.tokens.assign(t, t + bs);
+    }
+    // Not inserted: another block already holds this content; ours stays private.
+    parent = h;
+  }
+}
+
+void KvCache::unref_locked(int32_t b) {
+  if (b < 0 || b >= geometry_.num_blocks || blocks_[b].refcount <= 0) {
+    fail(StatusCode::kInternal, "kv cache: releasing a block that is not held");
+  }
+  if (--blocks_[b].refcount == 0) free_list_push_back(b);
 }
 
 void KvCache::truncate(std::vector<int32_t>& block_table, int32_t n_slots) {
   const size_t keep = (static_cast<size_t>(std::max(n_slots, 0)) + geometry_.block_size - 1) / geometry_.block_size;
   if (keep >= block_table.size()) return;
   std::lock_guard<std::mutex> lock(mutex_);
-  for (size_t i = keep; i < block_table.size(); ++i) unref_locked(block_table[i]);
+  for (size_t i = block_table.size(); i-- > keep;) unref_locked(block_table[i]);
   block_table.resize(keep);
 }
 
-void KvCache::unref_locked(int32_t block) {
-  if (block < 0 || block >= geometry_.num_blocks || refcount_[block] <= 0) {
-    fail(StatusCode::kInternal, "kv cache: releasing a block that is not held");
-  }
-  if (--refcount_[block] == 0) free_list_.push_back(block);
+size_t KvCache::available_blocks() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return free_count_ + cached_count_;
 }
 
 KvCacheStats KvCache::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  KvCacheStats s;
+  KvCacheStats s = counters_;
   s.block_size = geometry_.block_size;
-  s.blocks_total = static_cast<size_t>(geometry_.num_blocks);
-  s.blocks_free = free_list_.size();
-  s.blocks_used = s.blocks_total - s.blocks_free;
+  s.blocks_total = total_blocks();
+  s.blocks_free = free_count_;
+  s.blocks_cached = cached_count_;
+  s.blocks_used = s.blocks_total - free_count_ - cached_count_;
   s.bytes_per_block = geometry_.bytes_per_block();
   return s;
 }

@@ -1,13 +1,23 @@
 // core::KvCache: the pool of fixed-size KV blocks shared by every sequence of
-// an engine. Blocks are reference counted (a shared prefix is stored once);
-// free blocks are handed out from a free list. The storage itself lives in
-// the backend (Backend::kv_init); this class only does the bookkeeping.
-// Thread-safe.
+// an engine, with prefix caching.
+//
+// - Blocks are reference counted: a prefix shared by several sequences is
+//   stored once. A block about to be written while shared is copied first
+//   (copy-on-write, prepare_write).
+// - Every full block a sequence has computed is indexed by a hash of
+//   (parent block's hash, the block's token ids), so a new sequence whose
+//   prompt starts with the same tokens reuses it (match_prefix). Hash
+//   collisions are detected by comparing the stored token ids.
+// - Unreferenced blocks sit in one free list in eviction order: blocks freed
+//   last are reused last; a cached (hashed) block leaves the index only when
+//   the pool hands it out again.
+// The storage lives in the backend (Backend::kv_init); this class does the
+// bookkeeping. Thread-safe.
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "core/backend/backend.h"
@@ -17,35 +27,70 @@ namespace ember {
 struct KvCacheStats {
   int32_t block_size = 0;
   size_t blocks_total = 0, blocks_used = 0, blocks_cached = 0, blocks_free = 0;
-  uint64_t prefix_hits = 0, prefix_misses = 0;
+  uint64_t prefix_hits = 0, prefix_misses = 0;  // in blocks
+  uint64_t evictions = 0, cow_copies = 0;
   size_t bytes_per_block = 0;
 };
 
 class KvCache {
  public:
-  KvCache(Backend& backend, const KvGeometry& geometry);
+  KvCache(Backend& backend, const KvGeometry& geometry, bool prefix_caching = true);
 
   const KvGeometry& geometry() const { return geometry_; }
   int32_t block_size() const { return geometry_.block_size; }
+  size_t total_blocks() const { return static_cast<size_t>(geometry_.num_blocks); }
 
-  // Grows `block_table` so it covers `n_slots` slots. All or nothing: returns
-  // false (and leaves the table unchanged) when the pool lacks blocks.
+  // Longest run of cached full blocks that starts `tokens`, at most
+  // `max_blocks`; the returned blocks are referenced by the caller (release
+  // them like any other). Counts prefix hits and misses.
+  std::vector<int32_t> match_prefix(const int32_t* tokens, size_t n_tokens, size_t max_blocks);
+
+  // Grows `block_table` so it covers `n_slots` slots, evicting cached blocks
+  // if needed. All or nothing: false (table unchanged) when the pool lacks
+  // blocks.
   bool reserve(std::vector<int32_t>& block_table, int32_t n_slots);
-  // Shrinks `block_table` to cover only `n_slots` slots, releasing the rest.
+  // Makes the block holding `first_slot` (and every later one) private to
+  // this table before it is written: a shared block is copied, a cached
+  // block leaves the index. False when no block is free for the copy.
+  bool prepare_write(std::vector<int32_t>& block_table, int32_t first_slot);
+  // Indexes the full blocks of a sequence whose first `n_filled` slots hold
+  // the K/V of `tokens[0, n_filled)`. Blocks already indexed are skipped.
+  void commit(const std::vector<int32_t>& block_table, const int32_t* tokens, size_t n_filled);
+  // Shrinks `block_table` to cover `n_slots` slots, releasing the rest
+  // (last block first, so the tail of a sequence is evicted before its head).
   void truncate(std::vector<int32_t>& block_table, int32_t n_slots);
-  // Releases every block of the table and clears it.
   void release(std::vector<int32_t>& block_table) { truncate(block_table, 0); }
 
+  // Number of blocks that reserve() could hand out now (free + cached).
+  size_t available_blocks() const;
   KvCacheStats stats() const;
 
  private:
-  void unref_locked(int32_t block);
+  struct BlockMeta {
+    int32_t refcount = 0;
+    bool hashed = false;
+    uint64_t hash = 0;
+    std::vector<int32_t> tokens;  // the block's token ids, to detect hash collisions
+    uint64_t parent_hash = 0;
+    int32_t prev = -1, next = -1;  // free-list links
+    bool in_free_list = false;
+  };
+  static uint64_t chain_hash(uint64_t parent, const int32_t* tokens, int32_t n);
+  void free_list_push_back(int32_t b);
+  void free_list_remove(int32_t b);
+  int32_t take_free_block_locked();  // evicts a cached block if needed; -1 if none
+  void unref_locked(int32_t b);
+  void unhash_locked(int32_t b);
 
   Backend& backend_;
   KvGeometry geometry_;
+  bool prefix_caching_;
   mutable std::mutex mutex_;
-  std::vector<int32_t> refcount_;
-  std::deque<int32_t> free_list_;
+  std::vector<BlockMeta> blocks_;
+  int32_t free_head_ = -1, free_tail_ = -1;
+  size_t free_count_ = 0, cached_count_ = 0;
+  std::unordered_map<uint64_t, int32_t> index_;  // hash -> block
+  KvCacheStats counters_;
 };
 
 }  // namespace ember

@@ -155,36 +155,28 @@ Tokenizer::~Tokenizer() = default;
 std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const gguf::GgufFile& f) { return from_vocab(vocab_from_gguf(f)); }
 
 Tokenizer::Vocab Tokenizer::vocab_from_gguf(const gguf::GgufFile& f) {
-  Vocab v;
-  auto str = [&](const char* key) -> std::optional<std::string> { return f.get_string(key); };
-  auto need_array = [&](const char* key, gguf::ValueType elem) {
+  // The array under `key` (nullptr when absent) after checking its element type.
+  auto array = [&](const char* key, std::initializer_list<gguf::ValueType> elems) -> const gguf::Value* {
     const gguf::Value* val = f.find(key);
-    if (!val) bad_format(std::string("missing ") + key);
+    if (!val) return nullptr;
     if (val->type != gguf::ValueType::ARRAY) bad_format(std::string(key) + " is not an array");
-    if (elem != gguf::ValueType::ARRAY && val->array_type != elem)
-      bad_format(std::string(key) + " has element type " + gguf::value_type_name(val->array_type) + ", expected " +
-                 gguf::value_type_name(elem));
+    if (std::find(elems.begin(), elems.end(), val->array_type) == elems.end())
+      bad_format(std::string(key) + " has elements of type " + gguf::value_type_name(val->array_type));
     return val;
   };
 
-  auto model = str("tokenizer.ggml.model");
+  Vocab v;
+  const auto model = f.get_string("tokenizer.ggml.model");
   if (!model) bad_format("missing tokenizer.ggml.model");
   v.model = *model;
-  v.pre = str("tokenizer.ggml.pre");
-
-  need_array("tokenizer.ggml.tokens", gguf::ValueType::STRING);
+  v.pre = f.get_string("tokenizer.ggml.pre");
+  if (!array("tokenizer.ggml.tokens", {gguf::ValueType::STRING})) bad_format("missing tokenizer.ggml.tokens");
   v.tokens = f.get_string_array("tokenizer.ggml.tokens");
-  if (f.find("tokenizer.ggml.token_type")) {
-    const gguf::Value* tt = need_array("tokenizer.ggml.token_type", gguf::ValueType::ARRAY);
-    if (tt->array_type != gguf::ValueType::INT32 && tt->array_type != gguf::ValueType::UINT32)
-      bad_format(std::string("tokenizer.ggml.token_type has element type ") + gguf::value_type_name(tt->array_type));
+  if (array("tokenizer.ggml.token_type", {gguf::ValueType::INT32, gguf::ValueType::UINT32}))
     for (int64_t t : f.get_int_array("tokenizer.ggml.token_type")) v.token_types.push_back(static_cast<int32_t>(t));
-  }
-  if (f.find("tokenizer.ggml.scores")) v.scores = f.get_float_array("tokenizer.ggml.scores");
-  if (f.find("tokenizer.ggml.merges")) {
-    need_array("tokenizer.ggml.merges", gguf::ValueType::STRING);
-    v.merges = f.get_string_array("tokenizer.ggml.merges");
-  }
+  if (array("tokenizer.ggml.scores", {gguf::ValueType::FLOAT32, gguf::ValueType::INT32}))
+    v.scores = f.get_float_array("tokenizer.ggml.scores");
+  if (array("tokenizer.ggml.merges", {gguf::ValueType::STRING})) v.merges = f.get_string_array("tokenizer.ggml.merges");
   v.bos = f.get_int("tokenizer.ggml.bos_token_id");
   v.eos = f.get_int("tokenizer.ggml.eos_token_id");
   v.eot = f.get_int("tokenizer.ggml.eot_token_id");
@@ -656,8 +648,18 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special, 
   for (const Fragment& f : frags) {
     if (f.token >= 0) {
       out.push_back(f.token);
-    } else {
-      encode_bpe_fragment(text.substr(f.begin, f.end - f.begin), out);
+      continue;
+    }
+    const std::string_view raw = text.substr(f.begin, f.end - f.begin);
+    switch (vocab_type_) {
+      case VocabType::kBpe:
+        encode_bpe_fragment(raw, out);
+        break;
+      case VocabType::kSpm:
+        // The SentencePiece path goes here (space prefix after specials, ▁
+        // escaping, score-ordered merges, <0xXX> byte fallback); from_vocab
+        // does not build SPM tokenizers yet.
+        fail(StatusCode::kUnsupported, "tokenizer: SentencePiece encoding is not implemented");
     }
   }
   if (add_special && add_eos_) out.push_back(eos_);
@@ -665,42 +667,41 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special, 
 }
 
 void Tokenizer::encode_bpe_fragment(std::string_view text, std::vector<int32_t>& out) const {
-  // Code points (input is valid UTF-8) and their byte offsets.
+  // Code points (the input is valid UTF-8: encode() checked it).
   std::vector<uint32_t> cps;
-  std::vector<uint32_t> offs;
   cps.reserve(text.size());
-  offs.reserve(text.size() + 1);
-  size_t pos = 0;
-  while (pos < text.size()) {
+  for (size_t pos = 0; pos < text.size();) {
     uint32_t cp;
     size_t len;
-    const uint8_t b = static_cast<uint8_t>(text[pos]);
-    if (b < 0x80) {
-      cp = b;
+    if (static_cast<uint8_t>(text[pos]) < 0x80) {
+      cp = static_cast<uint8_t>(text[pos]);
       len = 1;
     } else if (!unicode::decode_utf8(text, pos, &cp, &len)) {
-      cp = unicode::kReplacementChar;  // unreachable: validated by encode()
+      cp = unicode::kReplacementChar;  // unreachable
     }
     cps.push_back(cp);
-    offs.push_back(static_cast<uint32_t>(pos));
     pos += len;
   }
-  offs.push_back(static_cast<uint32_t>(text.size()));
 
   const std::function<int32_t(std::string_view)> find = [this](std::string_view s) { return find_token(s); };
   BpeSession session(impl_->merges, impl_->byte_token, ignore_merges_, find);
+  // The pre-tokenizer reports consecutive words that cover all code points in
+  // order, so a running byte cursor maps code point ranges to bytes.
   struct Sink : pretok::WordSink {
     std::string_view text;
-    const std::vector<uint32_t>* offs;
-    BpeSession* session;
-    std::vector<int32_t>* out;
+    const uint32_t* cps = nullptr;
+    size_t byte_pos = 0;
+    BpeSession* session = nullptr;
+    std::vector<int32_t>* out = nullptr;
     void word(size_t b, size_t e) override {
-      const size_t bb = (*offs)[b], be = (*offs)[e];
-      session->encode_word(text.substr(bb, be - bb), *out);
+      size_t len = 0;
+      for (size_t i = b; i < e; ++i) len += cps[i] < 0x80 ? 1 : cps[i] < 0x800 ? 2 : cps[i] < 0x10000 ? 3 : 4;
+      session->encode_word(text.substr(byte_pos, len), *out);
+      byte_pos += len;
     }
   } sink;
   sink.text = text;
-  sink.offs = &offs;
+  sink.cps = cps.data();
   sink.session = &session;
   sink.out = &out;
   pretok::split(pre_type_, cps.data(), cps.size(), sink);

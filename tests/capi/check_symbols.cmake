@@ -6,6 +6,7 @@
 #
 # After an intended ABI change (a new function), regenerate the list with
 # -DUPDATE=ON and commit it with the header change.
+cmake_minimum_required(VERSION 3.20)
 foreach(var NM LIB EXPECTED)
   if(NOT DEFINED ${var} OR "${${var}}" STREQUAL "")
     message(FATAL_ERROR "check_symbols.cmake: -D${var}=... is required")

@@ -31,14 +31,6 @@ ember_stream_stats_t stream_stats(const ember_stream* s) {
   return st;
 }
 
-std::vector<int32_t> tokenize(ember_model* model, const std::string& text) {
-  size_t n = 0;
-  ember_tokenize(model, text.c_str(), 0, 0, nullptr, 0, &n);
-  std::vector<int32_t> ids(n);
-  EXPECT_EQ(ember_tokenize(model, text.c_str(), 0, 0, ids.data(), n, &n), EMBER_OK) << ember_last_error();
-  return ids;
-}
-
 std::string detokenize(ember_model* model, const std::vector<int32_t>& ids) {
   size_t len = 0;
   ember_detokenize(model, ids.data(), ids.size(), nullptr, 0, &len);

@@ -119,6 +119,12 @@ TEST(ChatTemplate, CopiesShareTheParsedTemplateAndApplyIsThreadSafe) {
   for (int k = 0; k < 8; ++k) EXPECT_EQ(mismatches[k], 0);
 }
 
+TEST(ChatTemplate, SelfReferencesDoNotLeak) {  // checked by the ASan build
+  EXPECT_EQ(render("{% set ns = namespace() %}{% set ns.me = ns %}{% macro m() %}{{ ns.me is defined }}{% endmacro %}"
+                   "{% set ns.m = m %}{{ ns.m() }}{% for i in [1] %}{% macro inner() %}x{% endmacro %}{{ inner() }}{% endfor %}"),
+            "Truex");
+}
+
 TEST(ChatTemplate, UnsupportedConstructsAreNamed) {
   struct C {
     const char* src;

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,27 @@ TEST(Pretokenize, Llama3) {
   EXPECT_EQ(split_words(P::kLlama3, "a.\n\nb"), (V{"a", ".\n\n", "b"}));
   EXPECT_EQ(split_words(P::kLlama3, "a \n\n b"), (V{"a", " \n\n", " b"}));
   EXPECT_EQ(split_words(P::kLlama3, "x   y"), (V{"x", "  ", " y"}));
+}
+
+// The words always cover the input exactly, in order (the BPE stage relies on it).
+TEST(Pretokenize, WordsCoverTheInput) {
+  const std::vector<std::string> pool = {"a", "Z", "7", " ", "  ", "\n", "\r", "\t", "'", "'s", "'LL", ".", "!", "$",
+                                         "\xC3\xA9", "\xCC\x81", "\xC2\xB2", "\xE4\xB8\xAD", "\xE3\x80\x80",
+                                         "\xC2\xA0", "\xF0\x9F\x98\x80", "\xE2\x80\x8D", "\x00", "\xEF\xBF\xBD"};
+  std::mt19937 rng(42);
+  for (int iter = 0; iter < 2000; ++iter) {
+    std::string text;
+    const int n = 1 + static_cast<int>(rng() % 40);
+    for (int i = 0; i < n; ++i) text += pool[rng() % pool.size()];
+    for (P type : {P::kGpt2, P::kSmolLM, P::kDefault, P::kLlama3}) {
+      std::string joined;
+      for (const std::string& w : split_words(type, text)) {
+        EXPECT_FALSE(w.empty());
+        joined += w;
+      }
+      ASSERT_EQ(joined, text) << static_cast<int>(type);
+    }
+  }
 }
 
 }  // namespace

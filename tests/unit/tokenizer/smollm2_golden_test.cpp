@@ -111,10 +111,10 @@ TEST(SmolLM2Tokenizer, InvalidUtf8IsRejected) {
   }
 }
 
-TEST(SmolLM2Tokenizer, GoldenCases) {
-  EMBER_REQUIRE_SMOLLM2(tok);
-  const auto lines = read_lines(golden_path("smollm2_cases.txt"));
-  ASSERT_FALSE(lines.empty()) << golden_path("smollm2_cases.txt");
+// Runs the "case" blocks of a golden file; returns the number of cases.
+int run_cases(const Tokenizer& tok, const std::string& path) {
+  const auto lines = read_lines(path);
+  EXPECT_FALSE(lines.empty()) << path;
   std::string name, flags, text;
   int n = 0, failed = 0;
   for (const std::string& line : lines) {
@@ -128,20 +128,58 @@ TEST(SmolLM2Tokenizer, GoldenCases) {
       const auto want = parse_ids(line.substr(4));
       const bool add_special = flags.find("add_special=1") != std::string::npos;
       const bool parse_special = flags.find("parse_special=1") != std::string::npos;
-      const auto got = tok->encode(text, add_special, parse_special);
+      const auto got = tok.encode(text, add_special, parse_special);
       ++n;
       if (got != want) {
         ++failed;
-        ADD_FAILURE() << "case " << name << " (" << flags << ") text " << testing::PrintToString(text)
+        ADD_FAILURE() << path << ": case " << name << " (" << flags << ") text " << testing::PrintToString(text)
                       << "\n  want: " << ids_str(want) << "\n  got:  " << ids_str(got);
       }
-      EXPECT_EQ(tok->decode(got), without_untokenizable_bytes(*tok, text))
-          << "round trip of case " << name;
+      EXPECT_EQ(tok.decode(got), without_untokenizable_bytes(tok, text)) << "round trip of case " << name;
     }
   }
-  EXPECT_GT(n, 700);
-  EXPECT_EQ(failed, 0);
+  EXPECT_EQ(failed, 0) << path;
+  return n;
 }
+
+TEST(SmolLM2Tokenizer, GoldenCases) {
+  EMBER_REQUIRE_SMOLLM2(tok);
+  EXPECT_GT(run_cases(*tok, golden_path("smollm2_cases.txt")), 700);
+}
+
+// The same vocabulary under the other supported pre-tokenizers, against
+// llama.cpp on vocab-only copies of the GGUF with tokenizer.ggml.pre changed.
+void check_pre_variant(const std::string& pre, Tokenizer::PreType type) {
+  const std::string mpath = model_path();
+  if (!file_exists(mpath)) GTEST_SKIP() << "model not found: " << mpath;
+  auto file = gguf::GgufFile::open(mpath);
+  Tokenizer::Vocab v = Tokenizer::vocab_from_gguf(*file);
+  v.pre = pre;
+  auto tok = Tokenizer::from_vocab(std::move(v));
+  EXPECT_EQ(tok->pre_type(), type);
+  const std::string path = golden_path("smollm2_pre_" + pre + ".txt");
+  EXPECT_GT(run_cases(*tok, path), 350);
+  int books = 0;
+  for (const std::string& line : read_lines(path)) {
+    if (line.rfind("book ", 0) != 0) continue;
+    const std::string book = line.substr(5, line.find(' ', 5) - 5);
+    const std::string bpath = data_dir() + "/" + book;
+    if (!file_exists(bpath)) continue;
+    const std::string text = read_file(bpath);
+    if (std::to_string(text.size()) != field(line, "bytes")) continue;  // check_book reports changed books
+    const auto ids = tok->encode(text, false, false);
+    char fnv[32];
+    std::snprintf(fnv, sizeof fnv, "%016llx", static_cast<unsigned long long>(fnv1a_ids(ids.data(), ids.size())));
+    EXPECT_TRUE(std::to_string(ids.size()) == field(line, "tokens") && fnv == field(line, "ids_fnv"))
+        << pre << " " << book << ": got tokens=" << ids.size() << " ids_fnv=" << fnv << ", golden: " << line;
+    ++books;
+  }
+  std::printf("pre '%s': %d books checked\n", pre.c_str(), books);
+}
+
+TEST(SmolLM2Tokenizer, PreGpt2) { check_pre_variant("gpt-2", Tokenizer::PreType::kGpt2); }
+TEST(SmolLM2Tokenizer, PreDefault) { check_pre_variant("default", Tokenizer::PreType::kDefault); }
+TEST(SmolLM2Tokenizer, PreLlama3) { check_pre_variant("llama-bpe", Tokenizer::PreType::kLlama3); }
 
 void check_book(const std::string& book) {
   EMBER_REQUIRE_SMOLLM2(tok);

@@ -1,0 +1,88 @@
+#include "core/scheduler/scheduler.h"
+
+#include <algorithm>
+
+namespace ember {
+
+StepPlan Scheduler::schedule(std::vector<SchedSequence*>& seqs, KvBudget& kv) {
+  StepPlan plan;
+  // Rank: running decodes keep their place; then priority, then arrival.
+  std::stable_sort(seqs.begin(), seqs.end(), [](const SchedSequence* a, const SchedSequence* b) {
+    if (a->priority != b->priority) return a->priority < b->priority;
+    return a->arrival < b->arrival;
+  });
+  int32_t budget = config_.max_batch_tokens;
+  int32_t running = 0;
+  for (const auto* s : seqs) running += s->running ? 1 : 0;
+  std::vector<bool> planned(seqs.size(), false);
+
+  // Decodes first (one token each, cheap, latency-critical), then prefill
+  // chunks, each pass in rank order.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t i = 0; i < seqs.size() && budget > 0; ++i) {
+      SchedSequence& s = *seqs[i];
+      if (planned[i] || s.n_tokens <= s.n_computed) continue;
+      const size_t pending = s.n_tokens - s.n_computed;
+      const bool decode = s.running && pending == 1;
+      if ((pass == 0) != decode) continue;
+      if (!s.running && running >= config_.max_running) continue;
+      if (s.n_tokens + 1 > kv.capacity_slots()) {
+        if (s.running) kv.free(s);
+        s.running = false;
+        plan.failed.push_back(&s);
+        planned[i] = true;
+        continue;
+      }
+      if (!s.running) kv.admit(s);
+      const size_t todo = s.n_tokens - s.n_computed;
+      const int32_t chunk = static_cast<int32_t>(std::min<size_t>(todo, static_cast<size_t>(budget)));
+      bool ok = kv.allocate(s, s.n_computed + static_cast<size_t>(chunk));
+      // Out of blocks: preempt the lowest-ranked running sequence that is
+      // not already part of this step, and retry.
+      while (!ok) {
+        size_t victim = seqs.size();
+        for (size_t j = seqs.size(); j-- > i + 1;) {
+          if (seqs[j]->running) {
+            victim = j;
+            break;
+          }
+        }
+        if (victim == seqs.size()) break;
+        if (planned[victim]) {  // give back its share of this step
+          for (auto it = plan.run.begin(); it != plan.run.end(); ++it) {
+            if (it->first == seqs[victim]) {
+              budget += it->second;
+              plan.run.erase(it);
+              break;
+            }
+          }
+        }
+        planned[victim] = true;  // not run again this step
+        kv.free(*seqs[victim]);
+        seqs[victim]->running = false;
+        seqs[victim]->n_computed = 0;
+        --running;
+        ++preemptions_;
+        plan.preempted.push_back(seqs[victim]);
+        ok = kv.allocate(s, s.n_computed + static_cast<size_t>(chunk));
+      }
+      if (!ok) {  // waits for running sequences to finish
+        if (!s.running) {
+          kv.free(s);
+          s.n_computed = 0;
+        }
+        continue;
+      }
+      if (!s.running) {
+        s.running = true;
+        ++running;
+      }
+      planned[i] = true;
+      plan.run.emplace_back(&s, chunk);
+      budget -= chunk;
+    }
+  }
+  return plan;
+}
+
+}  // namespace ember

@@ -1,0 +1,78 @@
+// core::Scheduler: iteration-level batch selection (Orca / vLLM v1 style).
+// Each step it decides how many tokens each sequence runs: one for a
+// decoding sequence, a chunk of a long prompt under the step's token budget
+// (Sarathi's chunked prefill), so running streams keep streaming while a
+// prompt is prefilled. Higher priority first, then arrival order (fairness
+// among equals); at most max_running sequences hold the cache. When the KV
+// pool runs out it preempts the lowest-ranked running sequence (its blocks
+// are freed and it is re-queued for recompute); a sequence fails only if it
+// alone cannot fit in the whole pool.
+//
+// The scheduler sees the cache only through KvBudget, so it is tested
+// without a model.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace ember {
+
+// What the scheduler sees of one sequence.
+struct SchedSequence {
+  uint64_t id = 0;
+  int32_t priority = 0;   // lower value = more urgent (0 interactive, 1 background)
+  uint64_t arrival = 0;   // submission order
+  size_t n_tokens = 0;    // tokens known: prompt + generated so far
+  size_t n_computed = 0;  // tokens whose K/V are in the cache
+  bool running = false;   // holds cache blocks
+};
+
+// The narrow cache interface: grow a sequence to n_slots (all or nothing),
+// or drop all its blocks (preemption).
+class KvBudget {
+ public:
+  virtual ~KvBudget() = default;
+  virtual bool allocate(SchedSequence& seq, size_t n_slots) = 0;
+  // Called before a waiting sequence is sized: it may take cached prefix
+  // blocks and raise n_computed (a prefix-cache hit).
+  virtual void admit(SchedSequence& seq) {}
+  virtual void free(SchedSequence& seq) = 0;
+  // Slots a single sequence could hold if it had the whole pool.
+  virtual size_t capacity_slots() const = 0;
+};
+
+struct SchedulerConfig {
+  int32_t max_batch_tokens = 512;
+  int32_t max_running = 64;
+};
+
+struct StepPlan {
+  std::vector<std::pair<SchedSequence*, int32_t>> run;  // sequence, tokens this step
+  std::vector<SchedSequence*> preempted;                // freed this step, re-queued
+  std::vector<SchedSequence*> failed;                   // can never fit
+  size_t tokens() const {
+    size_t n = 0;
+    for (const auto& r : run) n += static_cast<size_t>(r.second);
+    return n;
+  }
+};
+
+class Scheduler {
+ public:
+  explicit Scheduler(const SchedulerConfig& config) : config_(config) {}
+  const SchedulerConfig& config() const { return config_; }
+
+  // Plans one step over `seqs` (every unfinished sequence). Updates
+  // running / n_computed of preempted sequences through `kv`.
+  StepPlan schedule(std::vector<SchedSequence*>& seqs, KvBudget& kv);
+
+  uint64_t preemptions() const { return preemptions_; }
+
+ private:
+  SchedulerConfig config_;
+  uint64_t preemptions_ = 0;
+};
+
+}  // namespace ember

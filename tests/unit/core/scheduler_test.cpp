@@ -1,0 +1,151 @@
+#include "core/scheduler/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+
+namespace ember {
+namespace {
+
+// A pool of `blocks` blocks of `block_size` slots, tracked per sequence.
+class FakeBudget : public KvBudget {
+ public:
+  FakeBudget(size_t blocks, size_t block_size) : blocks_(blocks), block_size_(block_size) {}
+  bool allocate(SchedSequence& s, size_t n_slots) override {
+    const size_t need = (n_slots + block_size_ - 1) / block_size_;
+    size_t& held = held_[s.id];
+    if (need <= held) return true;
+    if (need - held > free()) return false;
+    held = need;
+    return true;
+  }
+  void free(SchedSequence& s) override { held_.erase(s.id); }
+  size_t capacity_slots() const override { return blocks_ * block_size_; }
+  size_t free() const {
+    size_t used = 0;
+    for (const auto& [id, n] : held_) used += n;
+    return blocks_ - used;
+  }
+  size_t held(uint64_t id) const {
+    auto it = held_.find(id);
+    return it == held_.end() ? 0 : it->second;
+  }
+
+ private:
+  size_t blocks_, block_size_;
+  std::map<uint64_t, size_t> held_;
+};
+
+SchedSequence seq(uint64_t id, size_t tokens, int priority = 0) {
+  SchedSequence s;
+  s.id = id;
+  s.arrival = id;
+  s.n_tokens = tokens;
+  s.priority = priority;
+  return s;
+}
+
+int32_t tokens_for(const StepPlan& p, uint64_t id) {
+  for (const auto& [s, n] : p.run) {
+    if (s->id == id) return n;
+  }
+  return 0;
+}
+
+void advance(StepPlan& p) {
+  for (auto& [s, n] : p.run) s->n_computed += static_cast<size_t>(n);
+}
+
+TEST(Scheduler, ChunksLongPromptUnderBudgetWhileDecodesContinue) {
+  Scheduler sched({/*max_batch_tokens=*/64, /*max_running=*/8});
+  FakeBudget kv(1000, 16);
+  SchedSequence a = seq(1, 10), b = seq(2, 300);
+  std::vector<SchedSequence*> all = {&a, &b};
+  StepPlan p = sched.schedule(all, kv);
+  EXPECT_EQ(tokens_for(p, 1), 10);
+  EXPECT_EQ(tokens_for(p, 2), 54);  // what is left of the budget
+  advance(p);
+  a.n_tokens++;  // a sampled a token: now decoding
+  for (int step = 0; step < 4; ++step) {
+    p = sched.schedule(all, kv);
+    EXPECT_EQ(tokens_for(p, 1), 1) << "decode runs every step";
+    EXPECT_EQ(tokens_for(p, 2), static_cast<int32_t>(std::min<size_t>(63, b.n_tokens - b.n_computed)));
+    EXPECT_LE(p.tokens(), 64u);
+    advance(p);
+    a.n_tokens++;
+  }
+}
+
+TEST(Scheduler, PriorityFirstThenArrival) {
+  Scheduler sched({32, 8});
+  FakeBudget kv(1000, 16);
+  SchedSequence bg = seq(1, 100, /*priority=*/1), fg = seq(2, 100, 0), fg2 = seq(3, 100, 0);
+  std::vector<SchedSequence*> all = {&bg, &fg, &fg2};
+  StepPlan p = sched.schedule(all, kv);
+  EXPECT_EQ(tokens_for(p, 2), 32);
+  EXPECT_EQ(tokens_for(p, 3), 0);
+  EXPECT_EQ(tokens_for(p, 1), 0);
+}
+
+TEST(Scheduler, CapsRunningSequences) {
+  Scheduler sched({512, 2});
+  FakeBudget kv(1000, 16);
+  SchedSequence a = seq(1, 10), b = seq(2, 10), c = seq(3, 10);
+  std::vector<SchedSequence*> all = {&a, &b, &c};
+  StepPlan p = sched.schedule(all, kv);
+  EXPECT_EQ(p.run.size(), 2u);
+  EXPECT_EQ(tokens_for(p, 3), 0);
+}
+
+TEST(Scheduler, PreemptsLowestRankedAndResumes) {
+  Scheduler sched({512, 8});
+  FakeBudget kv(4, 16);  // 64 slots in all
+  SchedSequence low = seq(1, 40, 1), high = seq(2, 30, 0);
+  std::vector<SchedSequence*> all = {&low};
+  StepPlan p = sched.schedule(all, kv);
+  EXPECT_EQ(tokens_for(p, 1), 40);  // 3 blocks
+  advance(p);
+  low.n_tokens++;
+  all = {&low, &high};
+  p = sched.schedule(all, kv);  // high needs 2 blocks, 1 free: low is preempted
+  ASSERT_EQ(p.preempted.size(), 1u);
+  EXPECT_EQ(p.preempted[0]->id, 1u);
+  EXPECT_EQ(low.n_computed, 0u);
+  EXPECT_FALSE(low.running);
+  EXPECT_EQ(tokens_for(p, 2), 30);
+  EXPECT_EQ(sched.preemptions(), 1u);
+  advance(p);
+  high.n_tokens = high.n_computed;  // high finished
+  kv.free(high);
+  high.running = false;
+  all = {&low};
+  p = sched.schedule(all, kv);  // low recomputes its 41 tokens
+  EXPECT_EQ(tokens_for(p, 1), 41);
+}
+
+TEST(Scheduler, FailsOnlyWhatCannotFitTheWholePool) {
+  Scheduler sched({512, 8});
+  FakeBudget kv(2, 16);  // 32 slots
+  SchedSequence big = seq(1, 40), small = seq(2, 10);
+  std::vector<SchedSequence*> all = {&big, &small};
+  StepPlan p = sched.schedule(all, kv);
+  ASSERT_EQ(p.failed.size(), 1u);
+  EXPECT_EQ(p.failed[0]->id, 1u);
+  EXPECT_EQ(tokens_for(p, 2), 10);
+}
+
+TEST(Scheduler, WaitsWhenNothingCanBePreempted) {
+  Scheduler sched({16, 8});
+  FakeBudget kv(3, 16);
+  SchedSequence a = seq(1, 40), b = seq(2, 20);
+  std::vector<SchedSequence*> all = {&a, &b};
+  // Step 1: a takes the whole budget (16 tokens, 1 block). b waits (budget).
+  StepPlan p = sched.schedule(all, kv);
+  EXPECT_EQ(tokens_for(p, 1), 16);
+  EXPECT_EQ(tokens_for(p, 2), 0);
+  EXPECT_TRUE(p.failed.empty());
+}
+
+}  // namespace
+}  // namespace ember
