@@ -2,7 +2,8 @@
 //
 //   bench_kernels [--threads N] [--isa scalar|avx2|avx512_vnni] [--hot]
 //                 [--types q4_0,q8_0,...] [--gemm-m 512] [--no-gemm]
-//                 [--sweep] [--time S] [--cpu-time]
+//                 [--sweep] [--sweep-m 1,2,4,...] [--sweep-shape NxK]
+//                 [--time S] [--cpu-time]
 //
 // For each weight type and SmolLM2-like shapes (NxK) it prints the M=1 GEMV
 // (decode) time, weight bandwidth (GB/s) and GFLOP/s, and the M=512 GEMM
@@ -126,6 +127,8 @@ int main(int argc, char** argv) {
   int threads = omp_get_max_threads();
   bool hot = false, gemm = true, sweep = false;
   int64_t gemm_m = 512;
+  std::vector<int64_t> sweep_ms = {1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128};
+  std::vector<std::pair<int64_t, int64_t>> sweep_shapes = {{1536, 576}, {4096, 4096}};
   double min_time = 0.3;
   std::vector<DType> types = {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::F16, DType::BF16, DType::F32};
   for (int i = 1; i < argc; ++i) {
@@ -143,6 +146,23 @@ int main(int argc, char** argv) {
     else if (a == "--no-gemm") gemm = false;
     else if (a == "--gemm-m") gemm_m = std::atoll(next().c_str());
     else if (a == "--sweep") sweep = true;
+    else if (a == "--sweep-m") {
+      sweep_ms.clear();
+      std::string v = next();
+      for (size_t pos = 0; pos < v.size();) {
+        sweep_ms.push_back(std::atoll(v.c_str() + pos));
+        const size_t c = v.find(',', pos);
+        pos = c == std::string::npos ? v.size() : c + 1;
+      }
+    } else if (a == "--sweep-shape") {
+      const std::string v = next();
+      const size_t xpos = v.find('x');
+      if (xpos == std::string::npos) {
+        std::fprintf(stderr, "--sweep-shape wants NxK\n");
+        return 2;
+      }
+      sweep_shapes = {{std::atoll(v.c_str()), std::atoll(v.c_str() + xpos + 1)}};
+    }
     else if (a == "--time") min_time = std::atof(next().c_str());
     else if (a == "--isa") {
       const std::string v = next();
@@ -166,9 +186,10 @@ int main(int argc, char** argv) {
   omp_set_num_threads(threads);
   const CpuFeatures& f = cpu_features();
   std::printf("cpu: %s avx2=%d avx512f=%d avx512vnni=%d avx512bf16=%d | isa=%s threads=%d weights=%s "
-              "prefill=%s decode_max_m=%lld\n",
+              "prefill=%s decode_max_m=%lld(quant)/%lld(float)\n",
               f.vendor, f.avx2, f.avx512f, f.avx512vnni, f.avx512bf16, isa_name(), threads, hot ? "hot" : "cold",
-              prefill_precision_name(), static_cast<long long>(decode_max_m()));
+              prefill_precision_name(), static_cast<long long>(decode_max_m(DType::Q4_0)),
+              static_cast<long long>(decode_max_m(DType::F32)));
 
   const std::pair<int64_t, int64_t> shapes[] = {{576, 576}, {1536, 576}, {576, 1536}, {49152, 576}, {4096, 4096}};
   MatmulScratch scratch;
@@ -176,10 +197,10 @@ int main(int argc, char** argv) {
   if (sweep) {
     std::printf("\n%-5s %-11s %4s %12s %12s %s\n", "type", "NxK", "M", "decode us", "oneDNN us", "faster");
     for (DType t : types)
-      for (auto [N, K] : {std::pair<int64_t, int64_t>{1536, 576}, {4096, 4096}}) {
+      for (auto [N, K] : sweep_shapes) {
         Weights w = make_weights(t, N, K, hot);
         size_t ci = 0;
-        for (int64_t M : {1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128}) {
+        for (int64_t M : sweep_ms) {
           std::vector<float> x(static_cast<size_t>(M * K), 0.5f), y(static_cast<size_t>(M * N));
           auto call = [&] {
             const WeightView v{t, N, K, w.copies[ci++ % w.copies.size()].data()};
@@ -193,7 +214,7 @@ int main(int argc, char** argv) {
                       (long long)M, td * 1e6, tp * 1e6, td <= tp ? "decode" : "oneDNN");
         }
       }
-    set_decode_max_m(kDefaultDecodeMaxM);
+    reset_decode_max_m();
     return 0;
   }
 

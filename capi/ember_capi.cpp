@@ -313,6 +313,8 @@ void ember_engine_params_init(ember_engine_params* params) {
   params->kv_dtype = EMBER_KV_F16;
   params->max_batch_tokens = 512;
   params->max_running = 64;
+  params->prefix_caching = 1;
+  params->manual_step = 0;
 }
 
 ember_status ember_engine_create(ember_model* model, const ember_engine_params* params, ember_engine** out_engine) {
@@ -332,6 +334,8 @@ ember_status ember_engine_create(ember_model* model, const ember_engine_params* 
     ep.kv_block_size = p.kv_block_size;
     ep.max_batch_tokens = p.max_batch_tokens;
     ep.max_running = p.max_running;
+    ep.prefix_caching = p.prefix_caching != 0;
+    ep.manual = p.manual_step != 0;
     auto h = std::make_unique<ember_engine>();
     h->owner = ember::Engine::create(model->model, ep);
     h->cache_view.engine = &**h->owner;
@@ -345,6 +349,17 @@ void ember_engine_destroy(ember_engine* engine) {
     delete engine;
   } catch (...) {
   }
+}
+
+ember_status ember_engine_step(ember_engine* engine, int32_t max_ms, int32_t max_tokens, size_t* out_tokens) {
+  return guarded([&] {
+    require(engine != nullptr, "engine is NULL");
+    if (out_tokens) *out_tokens = 0;
+    ember::Engine& e = **engine->owner;
+    require(e.manual(), "ember_engine_step: the engine runs its own worker (create it with manual_step = 1)");
+    const size_t n = e.run_steps(static_cast<double>(max_ms), max_tokens);
+    if (out_tokens) *out_tokens = n;
+  });
 }
 
 ember_cache* ember_engine_cache(ember_engine* engine) { return engine ? &engine->cache_view : nullptr; }
@@ -415,7 +430,9 @@ ember_status ember_session_create(ember_engine* engine, const ember_session_para
     std::string system;
     if (p.system_prompt) system = checked_text(p.system_prompt, "system_prompt");
     auto h = std::make_unique<ember_session>();
-    h->session = std::make_shared<ember::Session>(engine->owner, p.n_ctx, system);
+    require(p.priority == EMBER_PRIORITY_INTERACTIVE || p.priority == EMBER_PRIORITY_BACKGROUND,
+            "session params: unknown priority");
+    h->session = std::make_shared<ember::Session>(engine->owner, p.n_ctx, system, p.priority);
     *out_session = h.release();
   });
 }

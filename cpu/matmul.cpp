@@ -18,7 +18,7 @@ namespace {
 // ---------------------------------------------------------------- knobs
 
 std::atomic<int> g_forced_isa{-1};
-std::atomic<int64_t> g_decode_max_m{kDefaultDecodeMaxM};
+std::atomic<int64_t> g_decode_max_m{-1};  // < 0: per-type defaults
 std::atomic<int> g_prefill_precision{static_cast<int>(PrefillPrecision::kAuto)};
 
 const detail::IsaImpl& isa_impl(Isa isa) {
@@ -231,7 +231,7 @@ void matmul(const WeightView& w, const float* x, int64_t M, float* y, MatmulScra
   if (M == 0 || w.rows == 0) return;
   if (!x || !y) fail(StatusCode::kInvalidArgument, "matmul: null x or y");
   const detail::IsaImpl& impl = isa_impl(active_isa());
-  if (M <= decode_max_m())
+  if (M <= decode_max_m(w.type))
     run_decode(impl, w, x, M, y, scratch.impl());
   else
     run_prefill(impl, w, x, M, y, scratch.impl());
@@ -263,8 +263,20 @@ void force_isa(Isa isa) {
 }
 void reset_isa() { g_forced_isa.store(-1, std::memory_order_relaxed); }
 
-int64_t decode_max_m() { return g_decode_max_m.load(std::memory_order_relaxed); }
+int64_t decode_max_m(DType type) {
+  const int64_t forced = g_decode_max_m.load(std::memory_order_relaxed);
+  if (forced >= 0) return forced;
+  const bool bf16 = use_bf16_prefill();
+  return detail::is_quant(type) ? (bf16 ? 16 : 32) : (bf16 ? 8 : 16);
+}
+int64_t decode_max_m() {
+  int64_t m = std::numeric_limits<int64_t>::max();
+  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::F16, DType::BF16, DType::F32})
+    m = std::min(m, decode_max_m(t));
+  return m;
+}
 void set_decode_max_m(int64_t m) { g_decode_max_m.store(std::max<int64_t>(0, m), std::memory_order_relaxed); }
+void reset_decode_max_m() { g_decode_max_m.store(-1, std::memory_order_relaxed); }
 
 void set_prefill_precision(PrefillPrecision p) { g_prefill_precision.store(static_cast<int>(p), std::memory_order_relaxed); }
 PrefillPrecision prefill_precision() {

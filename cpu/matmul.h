@@ -78,11 +78,20 @@ const char* isa_name();  // isa_to_string(active_isa())
 void force_isa(Isa isa);
 void reset_isa();  // back to best_isa()
 
-// Largest M handled by the decode kernels; larger M goes to oneDNN.
-// Default kDefaultDecodeMaxM (chosen by measurement, see bench/bench_kernels.cpp).
-inline constexpr int64_t kDefaultDecodeMaxM = 8;
+// Largest M handled by the decode kernels for a weight type; larger M goes
+// to oneDNN. Defaults were picked by measurement (bench_kernels --sweep):
+// where oneDNN runs in f32 (CPUs without native bf16, e.g. AVX2-only), the
+// int8 decode kernels (2x the multiply-adds per instruction of f32 FMA) stay
+// >= 1.25x faster than dequantize + oneDNN f32 up to M ~ 32..128, so
+// quantized types default to 32 and float types to 16; where oneDNN runs in
+// bf16 (AVX512_BF16 / AMX) the defaults are 16 and 8.
+int64_t decode_max_m(DType type);
+// The smallest decode_max_m(type) over all types: a caller that needs every
+// row to take the decode path (e.g. rows that are independent decodes and
+// must not depend on the batch size) splits M into chunks of this size.
 int64_t decode_max_m();
-void set_decode_max_m(int64_t m);  // 0: always oneDNN; INT64_MAX: always decode
+void set_decode_max_m(int64_t m);  // override for all types (0: always oneDNN; INT64_MAX: always decode)
+void reset_decode_max_m();         // back to the defaults
 
 // Precision of the oneDNN (prefill) path.
 enum class PrefillPrecision : int {

@@ -226,6 +226,11 @@ inline __m256 pair_dot(const WPair& w, const __m256i& wabs_lo, const __m256i& wa
   }
 }
 
+#ifndef EMBER_PF
+#define EMBER_PF 0
+#endif
+constexpr int kPrefetch = EMBER_PF;
+
 // y[m0..m0+MT)[n..n+R) for weight rows n..n+R.
 template <DType T, int R, int MT>
 inline void qtile(const DecodeCtx& c, int64_t n, int64_t m0) {
@@ -243,6 +248,7 @@ inline void qtile(const DecodeCtx& c, int64_t n, int64_t m0) {
   auto step = [&](int64_t p, auto half) {
     constexpr bool kHalf = decltype(half)::value;
     for (int r = 0; r < R; ++r) {
+      if constexpr (kPrefetch > 0) _mm_prefetch(reinterpret_cast<const char*>(wr[r] + static_cast<size_t>(2 * p) * I::kBytes + kPrefetch), _MM_HINT_T0);
       const WPair w = load_wpair<T, kHalf>(wr[r] + static_cast<size_t>(2 * p) * I::kBytes);
       __m256i wabs_lo = w.lo, wabs_hi = w.hi;
       if constexpr (T == DType::Q8_0) {

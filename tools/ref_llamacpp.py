@@ -90,13 +90,17 @@ def llama_logits(llm, ids: list[int]) -> np.ndarray:
     return np.array(llm.scores[: len(ids)], dtype=np.float32, copy=True)
 
 
-def llama_greedy(llm, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
-    """Greedy continuation (argmax, EOS ignored); also returns llama's top1-top2 logit gap per step."""
+def llama_greedy(llm, prompt: list[int], n: int, rows: list | None = None) -> tuple[list[int], list[float]]:
+    """Greedy continuation (argmax, EOS ignored) by incremental decode, one token per llama_decode.
+
+    Returns the ids and llama's top1-top2 logit gap per step; appends each step's logits to `rows`."""
     llm.reset()
     llm.eval(prompt)
     out, gaps = [], []
     for _ in range(n):
-        row = llm.scores[llm.n_tokens - 1]
+        row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+        if rows is not None:
+            rows.append(row)
         tok = int(np.argmax(row))
         top2 = np.partition(row, -2)[-2:]
         gaps.append(float(top2[1] - top2[0]))
@@ -365,37 +369,55 @@ def cmd_greedy(args) -> None:
     em = Ember(args.lib, args.model, args.threads)
     n = args.n
     total = match = full = 0
-    tf_total = tf_agree = 0
-    print(f"{len(PROMPTS)} prompts, {n} greedy tokens each (EOS ignored), same prompt ids for both engines")
-    print(f"{'prompt':16s} {'len':>4s} {'prefix':>6s} {'pos-match':>9s} {'tf-top1':>7s}  first divergence")
+    tf = {"ember score vs llama decode": 0, "llama batch vs llama decode": 0, "ember score vs ember decode": 0}
+    notes = []
+    print(f"{len(PROMPTS)} prompts, {n} greedy tokens each (EOS ignored), same prompt ids for both engines.")
+    print("prefix = identical leading tokens; pos-match = position-wise equal tokens; teacher-forced argmax "
+          "agreement: E/L = Ember score (one batch) on llama's continuation, L/L = llama.cpp batch eval on its "
+          "own incremental continuation, E/E = Ember score on Ember's decode continuation")
+    print(f"{'prompt':16s} {'len':>4s} {'prefix':>6s} {'pos-match':>9s} {'E/L':>4s} {'L/L':>4s} {'E/E':>4s}  "
+          f"first divergence (lp = log-prob, from llama.cpp's incremental decode and from Ember's score)")
     for (name, ids) in prompt_ids(llm):
-        ref, gaps = llama_greedy(llm, ids, n)
+        rows: list = []
+        ref, gaps = llama_greedy(llm, ids, n, rows)
         ours = em.greedy(ids, n)
         prefix = next((i for i in range(n) if i >= len(ours) or ours[i] != ref[i]), n)
         pos = sum(1 for i in range(n) if i < len(ours) and ours[i] == ref[i])
-        # Teacher-forced: does Ember's argmax agree with llama's choice at every step of llama's continuation?
-        logits, _ = em.score(ids + ref)
-        tf = [int(np.argmax(logits[len(ids) - 1 + i])) == ref[i] for i in range(n)]
+        base = len(ids) - 1
+        e_ref = log_softmax(em.score(ids + ref)[0][base: base + n])
+        l_ref = llama_logits(llm, ids + ref)[base: base + n]
+        e_our = log_softmax(em.score(ids + ours)[0][base: base + len(ours)])
+        el = int((e_ref.argmax(-1) == np.array(ref)).sum())
+        ll = int((l_ref.argmax(-1) == np.array(ref)).sum())
+        ee = int((e_our.argmax(-1) == np.array(ours)).sum())
+        tf["ember score vs llama decode"] += el
+        tf["llama batch vs llama decode"] += ll
+        tf["ember score vs ember decode"] += ee
+        for k in np.nonzero(e_our.argmax(-1) != np.array(ours))[0]:
+            best = int(e_our[k].argmax())
+            notes.append(f"  {name} step {k}: Ember decode chose {ours[k]} but Ember score prefers {best} by "
+                         f"{e_our[k, best] - e_our[k, ours[k]]:.3f} nats")
         total += n
         match += pos
         full += prefix == n
-        tf_total += n
-        tf_agree += sum(tf)
         div = "-"
         if prefix < n:
             p = prefix
-            full_ref = llama_logits(llm, ids + ref[:p + 1])[len(ids) - 1 + p]
-            lp = log_softmax(full_ref)
-            theirs = llm.detokenize([ref[p]]).decode("utf-8", "replace")
-            mine = llm.detokenize([ours[p]]).decode("utf-8", "replace") if p < len(ours) else "<none>"
-            div = (f"@{p}: llama {ref[p]} {theirs!r} (lp {lp[ref[p]]:.3f}, gap to 2nd {gaps[p]:.3f}) vs ember "
-                   f"{ours[p] if p < len(ours) else -1} {mine!r} (llama lp {lp[ours[p]] if p < len(ours) else float('nan'):.3f})")
-        print(f"{name:16s} {len(ids):4d} {prefix:6d} {pos:5d}/{n:<3d} {sum(tf):4d}/{n:<3d} {div}")
+            lp = log_softmax(rows[p])
+            a, b = ref[p], ours[p] if p < len(ours) else -1
+            ta = llm.detokenize([a]).decode("utf-8", "replace")
+            tb = llm.detokenize([b]).decode("utf-8", "replace") if b >= 0 else "<none>"
+            div = (f"@{p}: llama {a} {ta!r} vs ember {b} {tb!r}; llama lp {lp[a]:.3f} vs {lp[b]:.3f}; "
+                   f"ember-score lp {e_ref[p, a]:.3f} vs {e_ref[p, b]:.3f}")
+        print(f"{name:16s} {len(ids):4d} {prefix:6d} {pos:5d}/{n:<3d} {el:4d} {ll:4d} {ee:4d}  {div}")
         sys.stdout.flush()
     print(f"overall position-wise greedy match: {match}/{total} = {100.0 * match / total:.2f}%; "
           f"identical continuations: {full}/{len(PROMPTS)}")
-    print(f"teacher-forced top-1 agreement on llama's continuations: {tf_agree}/{tf_total} = "
-          f"{100.0 * tf_agree / tf_total:.2f}%")
+    for k, v in tf.items():
+        print(f"teacher-forced argmax agreement, {k}: {v}/{total} = {100.0 * v / total:.2f}%")
+    if notes:
+        print("Ember decode vs Ember score disagreements:")
+        print("\n".join(notes))
 
 
 # ----------------------------------------------------------------- perplexity

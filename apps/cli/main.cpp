@@ -16,6 +16,8 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <algorithm>
 #include <vector>
 
 #include "ember/ember.h"
@@ -294,12 +296,120 @@ int cmd_perplexity(int argc, char** argv) {
   return 0;
 }
 
+// K concurrent sessions with different prompts on one engine: aggregate
+// decode tokens/s, time to first token and inter-token latency.
+int bench_sessions(const Args& a, int n_prompt, int n_gen, int threads, int k) {
+  const std::string path = a.str("-m", default_model_path());
+  ember_model* model = nullptr;
+  check(ember_model_load(path.c_str(), nullptr, &model), "loading the model");
+  ember_engine_params ep;
+  ember_engine_params_init(&ep);
+  ep.n_threads = threads;
+  ep.max_running = std::max(k, 1);
+  ember_engine* engine = nullptr;
+  ember_status st = ember_engine_create(model, &ep, &engine);
+  ember_model_destroy(model);
+  check(st, "creating the engine");
+  ember_model_info_t info;
+  std::memset(&info, 0, sizeof info);
+  info.size = sizeof info;
+  std::mt19937 rng(4321);
+  std::vector<ember_session*> sessions(static_cast<size_t>(k), nullptr);
+  std::vector<ember_stream*> streams(static_cast<size_t>(k), nullptr);
+  const int32_t vocab = 49152;
+  for (int i = 0; i < k; ++i) {
+    check(ember_session_create(engine, nullptr, &sessions[static_cast<size_t>(i)]), "session");
+    std::vector<int32_t> prompt(static_cast<size_t>(n_prompt));
+    for (auto& t : prompt) t = static_cast<int32_t>(rng() % vocab);
+    check(ember_session_add_tokens(sessions[static_cast<size_t>(i)], prompt.data(), prompt.size()), "prompt");
+  }
+  using clock = std::chrono::steady_clock;
+  struct Trace {
+    clock::time_point first;
+    std::vector<double> gaps_ms;
+    size_t tokens = 0;
+    double ttft_ms = 0;
+  };
+  std::vector<Trace> traces(static_cast<size_t>(k));
+  const auto t0 = clock::now();
+  for (int i = 0; i < k; ++i) {
+    ember_stream_params sp;
+    ember_stream_params_init(&sp);
+    sp.temperature = 0;
+    sp.max_tokens = n_gen;
+    sp.ignore_eos = 1;
+    check(ember_stream_start(sessions[static_cast<size_t>(i)], &sp, &streams[static_cast<size_t>(i)]), "start");
+  }
+  std::vector<std::thread> readers;
+  for (int i = 0; i < k; ++i) {
+    readers.emplace_back([&, i] {
+      Trace& tr = traces[static_cast<size_t>(i)];
+      clock::time_point last;
+      for (;;) {
+        ember_event ev;
+        std::memset(&ev, 0, sizeof ev);
+        ev.size = sizeof ev;
+        if (ember_stream_next(streams[static_cast<size_t>(i)], &ev, -1) != EMBER_OK || ev.type != EMBER_EVENT_TEXT) break;
+        const auto now = clock::now();
+        if (tr.tokens == 0) {
+          tr.first = now;
+          tr.ttft_ms = std::chrono::duration<double, std::milli>(now - t0).count();
+        } else {
+          tr.gaps_ms.push_back(std::chrono::duration<double, std::milli>(now - last).count() / static_cast<double>(ev.n_tokens));
+        }
+        tr.tokens += ev.n_tokens;
+        last = now;
+      }
+    });
+  }
+  for (auto& r : readers) r.join();
+  const double wall = std::chrono::duration<double>(clock::now() - t0).count();
+  size_t total = 0;
+  std::vector<double> ttft, gaps;
+  clock::time_point first_token = clock::time_point::max();
+  for (auto& tr : traces) {
+    total += tr.tokens;
+    ttft.push_back(tr.ttft_ms);
+    gaps.insert(gaps.end(), tr.gaps_ms.begin(), tr.gaps_ms.end());
+    if (tr.tokens) first_token = std::min(first_token, tr.first);
+  }
+  auto pct = [](std::vector<double> v, double q) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5)];
+  };
+  const double decode_secs = std::chrono::duration<double>(clock::now() - first_token).count();
+  const double agg = static_cast<double>(total) / wall;
+  const double agg_decode = decode_secs > 0 ? static_cast<double>(total - static_cast<size_t>(k)) / decode_secs : 0;
+  for (int i = 0; i < k; ++i) {
+    ember_stream_destroy(streams[static_cast<size_t>(i)]);
+    ember_session_destroy(sessions[static_cast<size_t>(i)]);
+  }
+  ember_engine_destroy(engine);
+  if (a.has("--json")) {
+    std::printf("{\"sessions\": %d, \"n_prompt\": %d, \"n_gen\": %d, \"threads\": %d, \"generated\": %zu, "
+                "\"wall_s\": %.3f, \"aggregate_tokens_per_second\": %.2f, \"aggregate_decode_tokens_per_second\": %.2f, "
+                "\"ttft_ms_p50\": %.1f, \"ttft_ms_p99\": %.1f, \"itl_ms_p50\": %.2f, \"itl_ms_p99\": %.2f}\n",
+                k, n_prompt, n_gen, threads, total, wall, agg, agg_decode, pct(ttft, 0.5), pct(ttft, 0.99), pct(gaps, 0.5),
+                pct(gaps, 0.99));
+  } else {
+    std::printf("sessions=%d prompt=%d gen=%d threads=%d\n", k, n_prompt, n_gen, threads);
+    std::printf("generated %zu tokens in %.2f s: aggregate %.2f tokens/s (decode phase %.2f tokens/s)\n", total, wall, agg, agg_decode);
+    std::printf("time to first token ms: p50 %.1f  p99 %.1f\n", pct(ttft, 0.5), pct(ttft, 0.99));
+    std::printf("inter-token latency ms: p50 %.2f  p99 %.2f\n", pct(gaps, 0.5), pct(gaps, 0.99));
+  }
+  return 0;
+}
+
 int cmd_bench(int argc, char** argv) {
-  Args a(argc, argv, 2, {"-m", "-p", "-n", "-t", "-r"}, {"--json"});
+  Args a(argc, argv, 2, {"-m", "-p", "-n", "-t", "-r", "--sessions"}, {"--json"});
   const int n_prompt = static_cast<int>(a.integer("-p", 512, 1, 1 << 20));
   const int n_gen = static_cast<int>(a.integer("-n", 128, 1, 1 << 20));
   const int threads = static_cast<int>(a.integer("-t", 0, 0, 1024));
   const int reps = static_cast<int>(a.integer("-r", 3, 1, 100));
+  if (a.has("--sessions")) {
+    return bench_sessions(a, n_prompt, n_gen, threads, static_cast<int>(a.integer("--sessions", 1, 1, 1024)));
+  }
   Handles h;
   load(h, a, threads);
   ember_model_info_t info;
@@ -351,7 +461,7 @@ void usage() {
                "  generate   [-m MODEL] -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P] [--seed S] [--chat]\n"
                "  chat       [-m MODEL] [--system TEXT]\n"
                "  perplexity [-m MODEL] -f FILE [--ctx C] [--max-tokens N]\n"
-               "  bench      [-m MODEL] [-p 512] [-n 128] [-t THREADS] [--json]\n"
+               "  bench      [-m MODEL] [-p 512] [-n 128] [-t THREADS] [--sessions K] [--json]\n"
                "  tokenize   [-m MODEL] (-p TEXT | -f FILE) [--special]\n"
                "MODEL defaults to $EMBER_HOME/SmolLM2-135M-Instruct.Q4_1.gguf (EMBER_HOME: ~/.cache/ember).\n");
 }

@@ -401,12 +401,12 @@ size_t Session::token_count() const {
   return tokens_.size();
 }
 
-// Between turns a session pins no KV memory: with prefix caching its full
-// blocks stay in the pool's index (evictable, oldest first) and the next
-// turn finds them again through the prefix cache.
+// Between turns a session pins no KV memory, so idle conversations can never
+// starve running ones: with prefix caching its full blocks stay in the pool's
+// index (evictable, oldest first) and the next turn finds them again through
+// the prefix cache; without it, the next turn recomputes.
 void Session::park_locked() {
   KvCache& cache = (*engine_)->cache();
-  if (!(*engine_)->params().prefix_caching) return;
   cache.commit(block_table_, tokens_.data(), n_cached_);
   cache.release(block_table_);
   n_cached_ = 0;
@@ -657,6 +657,12 @@ void Stream::set_callback(Callback cb) {
 }
 
 void Stream::wait() {
+  Engine& engine = session_->engine();
+  if (engine.manual()) {
+    // No worker: drive the engine from here until this stream has ended.
+    while (!finished_flag()) engine.run_steps(0, 1);
+    return;
+  }
   std::unique_lock<std::mutex> lock(mutex_);
   cv_.wait(lock, [&] { return finished_; });
 }

@@ -4,6 +4,7 @@
 #include <array>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -184,6 +185,12 @@ Tokenizer::Vocab Tokenizer::vocab_from_gguf(const gguf::GgufFile& f) {
   v.unk = f.get_int("tokenizer.ggml.unknown_token_id");
   v.sep = f.get_int("tokenizer.ggml.seperator_token_id");  // sic: the GGUF key is misspelled
   v.pad = f.get_int("tokenizer.ggml.padding_token_id");
+  v.fim_pre = f.get_int("tokenizer.ggml.fim_pre_token_id");
+  if (!v.fim_pre) v.fim_pre = f.get_int("tokenizer.ggml.prefix_token_id");  // deprecated names
+  v.fim_suf = f.get_int("tokenizer.ggml.fim_suf_token_id");
+  if (!v.fim_suf) v.fim_suf = f.get_int("tokenizer.ggml.suffix_token_id");
+  v.fim_mid = f.get_int("tokenizer.ggml.fim_mid_token_id");
+  if (!v.fim_mid) v.fim_mid = f.get_int("tokenizer.ggml.middle_token_id");
   v.fim_pad = f.get_int("tokenizer.ggml.fim_pad_token_id");
   v.fim_rep = f.get_int("tokenizer.ggml.fim_rep_token_id");
   v.fim_sep = f.get_int("tokenizer.ggml.fim_sep_token_id");
@@ -266,6 +273,9 @@ std::unique_ptr<Tokenizer> Tokenizer::from_vocab(Vocab v) {
   t->unk_ = special(v.unk, "unknown_token_id");
   t->pad_ = special(v.pad, "padding_token_id");
   special(v.sep, "seperator_token_id");
+  int32_t fim_pre = special(v.fim_pre, "fim_pre_token_id");
+  int32_t fim_suf = special(v.fim_suf, "fim_suf_token_id");
+  int32_t fim_mid = special(v.fim_mid, "fim_mid_token_id");
   int32_t fim_pad = special(v.fim_pad, "fim_pad_token_id");
   int32_t fim_rep = special(v.fim_rep, "fim_rep_token_id");
   int32_t fim_sep = special(v.fim_sep, "fim_sep_token_id");
@@ -287,7 +297,6 @@ std::unique_ptr<Tokenizer> Tokenizer::from_vocab(Vocab v) {
       }
     }
   };
-  int32_t fim_pre = -1, fim_suf = -1, fim_mid = -1;
   detect(t->eot_, kEotTexts);
   detect(t->eom_, kEomTexts);
   detect(fim_pre, kFimPreTexts);

@@ -65,7 +65,8 @@ class Tokenizer {
     std::vector<float> scores;         // tokenizer.ggml.scores (empty: none)
     std::vector<std::string> merges;   // tokenizer.ggml.merges ("left right", by rank)
     // Special token ids (tokenizer.ggml.*_token_id); nullopt when absent.
-    std::optional<int64_t> bos, eos, eot, eom, unk, sep, pad, fim_pad, fim_rep, fim_sep;
+    std::optional<int64_t> bos, eos, eot, eom, unk, sep, pad;
+    std::optional<int64_t> fim_pre, fim_suf, fim_mid, fim_pad, fim_rep, fim_sep;
     std::optional<bool> add_bos, add_eos;  // tokenizer.ggml.add_bos_token / add_eos_token
     std::optional<bool> add_space_prefix;  // tokenizer.ggml.add_space_prefix (SPM)
   };

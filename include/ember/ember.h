@@ -174,6 +174,9 @@ typedef struct ember_engine_params {
   int32_t kv_dtype;            /* EMBER_KV_*; default F16 */
   int32_t max_batch_tokens;    /* tokens per engine step; default 512 */
   int32_t max_running;         /* sequences per step; default 64 */
+  int32_t prefix_caching;      /* 1 (default): reuse KV of identical prompt prefixes */
+  int32_t manual_step;         /* 0 (default): a worker thread runs steps; 1: the host
+                                  runs them with ember_engine_step (game loops) */
 } ember_engine_params;
 
 EMBER_API void ember_engine_params_init(ember_engine_params* params);
@@ -188,6 +191,15 @@ EMBER_API ember_status ember_engine_create(ember_model* model, const ember_engin
 /* Releases the caller's reference; the engine stops once no session uses it
  * (running streams of live sessions keep going). NULL is a no-op. */
 EMBER_API void ember_engine_destroy(ember_engine* engine);
+
+/* Manual mode only (manual_step = 1): runs engine steps on the calling
+ * thread until `max_ms` milliseconds have passed or `max_tokens` tokens were
+ * processed (a value <= 0 lifts that limit) or no stream has work left.
+ * *out_tokens (may be NULL) receives the tokens processed. Poll streams with
+ * ember_stream_next(stream, &event, 0) between calls. Thread-safe (steps
+ * are serialised). Errors: INVALID_ARGUMENT (NULL, not in manual mode). */
+EMBER_API ember_status ember_engine_step(ember_engine* engine, int32_t max_ms, int32_t max_tokens,
+                                         size_t* out_tokens);
 
 /* Borrowed views of the engine's KV cache and scheduler; valid until the
  * engine handle is destroyed; never destroy them. NULL on NULL engine. */
@@ -227,7 +239,12 @@ typedef struct ember_session_params {
   size_t size;            /* sizeof(ember_session_params) */
   int32_t n_ctx;          /* max tokens held; 0 (default) = the model's context length */
   const char* system_prompt; /* optional first system message (copied); NULL = none */
+  int32_t priority;       /* EMBER_PRIORITY_*; default INTERACTIVE */
 } ember_session_params;
+
+/* Scheduling priority of a session's streams: interactive streams run before
+ * background ones and may preempt them when the KV pool is full. */
+enum { EMBER_PRIORITY_INTERACTIVE = 0, EMBER_PRIORITY_BACKGROUND = 1 };
 
 EMBER_API void ember_session_params_init(ember_session_params* params);
 

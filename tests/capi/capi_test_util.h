@@ -103,6 +103,7 @@ inline EnginePtr make_engine(ember_model* model, uint64_t kv_bytes = kTestKvByte
   ember_engine_params ep;
   ember_engine_params_init(&ep);
   ep.kv_memory_bytes = kv_bytes;
+  ep.n_threads = 1;
   ember_engine* e = nullptr;
   const ember_status st = ember_engine_create(model, &ep, &e);
   EXPECT_EQ(st, EMBER_OK) << ember_last_error();

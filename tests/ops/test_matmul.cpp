@@ -34,11 +34,10 @@ constexpr int64_t kMs[] = {1, 2, 3, 5, 8, 17, 64, 300};
 // Restores the process-wide knobs whatever a test does.
 struct KnobGuard {
   int threads = omp_get_max_threads();
-  int64_t max_m = decode_max_m();
   PrefillPrecision prec = prefill_precision();
   ~KnobGuard() {
     reset_isa();
-    set_decode_max_m(max_m);
+    reset_decode_max_m();
     set_prefill_precision(prec);
     omp_set_num_threads(threads);
   }
@@ -403,18 +402,28 @@ TEST(Matmul, PrefillPrecisionFallsBackWhenBf16Unavailable) {
 
 TEST(Matmul, DefaultThresholdSplitsPaths) {
   KnobGuard guard;
-  EXPECT_EQ(decode_max_m(), kDefaultDecodeMaxM);
+  reset_decode_max_m();
+  for (DType t : kTypes) {
+    EXPECT_GE(decode_max_m(t), 4) << name_of(t);
+    EXPECT_LE(decode_max_m(t), 128) << name_of(t);
+    EXPECT_LE(decode_max_m(), decode_max_m(t)) << name_of(t);
+  }
+  set_decode_max_m(5);
+  EXPECT_EQ(decode_max_m(DType::Q4_0), 5);
+  EXPECT_EQ(decode_max_m(), 5);
+  reset_decode_max_m();
   const int64_t N = 45, K = 256;
   const auto w = make_weight(DType::Q4_0, N, K, 8);
   const auto wf = ref_dequant(DType::Q4_0, w.data(), N, K);
   MatmulScratch s;
-  for (int64_t M : {kDefaultDecodeMaxM, kDefaultDecodeMaxM + 1}) {
+  const int64_t th = decode_max_m(DType::Q4_0);
+  for (int64_t M : {th, th + 1}) {
     const auto x = make_x(M, K, 9);
     std::vector<float> y(M * N);
     matmul({DType::Q4_0, N, K, w.data()}, x.data(), M, y.data(), s);
     ErrorModel em;
-    em.act_q8 = M <= kDefaultDecodeMaxM;
-    em.act_bf16 = em.w_bf16 = M > kDefaultDecodeMaxM && std::string(prefill_precision_name()) == "bf16";
+    em.act_q8 = M <= th;
+    em.act_bf16 = em.w_bf16 = M > th && std::string(prefill_precision_name()) == "bf16";
     expect_close(wf, x, y, M, N, K, em, "M=" + std::to_string(M));
   }
   EXPECT_GT(s.bytes_reserved(), 0u);
@@ -452,7 +461,7 @@ TEST(Matmul, ConcurrentCallersWithOwnScratch) {
   EXPECT_EQ(errors[1], "");
   for (size_t i = 0; i < xs.size(); ++i) {
     ErrorModel em;
-    em.act_q8 = Ms[i] <= decode_max_m();
+    em.act_q8 = Ms[i] <= decode_max_m(DType::Q4_1);
     em.act_bf16 = em.w_bf16 = !em.act_q8 && std::string(prefill_precision_name()) == "bf16";
     expect_close(wf, xs[i], ys[i], Ms[i], N, K, em, "concurrent M=" + std::to_string(Ms[i]));
   }
