@@ -315,6 +315,7 @@ void ember_engine_params_init(ember_engine_params* params) {
   params->max_running = 64;
   params->prefix_caching = 1;
   params->manual_step = 0;
+  params->batch_invariant = 1;
 }
 
 ember_status ember_engine_create(ember_model* model, const ember_engine_params* params, ember_engine** out_engine) {
@@ -336,6 +337,7 @@ ember_status ember_engine_create(ember_model* model, const ember_engine_params* 
     ep.max_running = p.max_running;
     ep.prefix_caching = p.prefix_caching != 0;
     ep.manual = p.manual_step != 0;
+    ep.batch_invariant = p.batch_invariant != 0;
     auto h = std::make_unique<ember_engine>();
     h->owner = ember::Engine::create(model->model, ep);
     h->cache_view.engine = &**h->owner;
@@ -570,6 +572,7 @@ ember_status ember_stream_set_callback(ember_stream* stream, ember_stream_callba
       if (armed_here) {
         std::lock_guard<std::mutex> lock(state->mutex);
         state->armed = false;
+        state->cv.notify_all();  // a concurrent ember_stream_wait may be waiting on it
       }
       throw;
     }

@@ -24,7 +24,8 @@ inline float f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int n_threads) : n_threads_(n_threads > 0 ? n_threads : omp_get_num_procs()) {}
+  CpuBackend(int n_threads, bool batch_invariant)
+      : n_threads_(n_threads > 0 ? n_threads : omp_get_num_procs()), batch_invariant_(batch_invariant) {}
   ~CpuBackend() override { std::free(kv_); }
 
   std::string name() const override { return std::string("cpu/") + cpu::isa_name(); }
@@ -94,6 +95,13 @@ class CpuBackend final : public Backend {
     cpu::WeightView view{d.type, d.rows, d.cols, d.host_data};
     std::lock_guard<std::mutex> lock(scratch_mutex_);
     omp_set_num_threads(n_threads_);
+    if (batch_invariant_) {
+      // Ember's kernels for every M: a row's result never depends on what it
+      // is batched with (and on CPUs without native bf16 they also beat the
+      // oneDNN f32 path, see docs/BENCHMARKS.md).
+      cpu::matmul(view, x, M, y, scratch_, cpu::MatmulPath::kRowInvariant);
+      return;
+    }
     if (!rows_are_decodes) {
       cpu::matmul(view, x, M, y, scratch_);
       return;
@@ -274,6 +282,7 @@ class CpuBackend final : public Backend {
   }
 
   int n_threads_;
+  bool batch_invariant_;
   KvGeometry geom_;
   uint16_t* kv_ = nullptr;
   std::mutex scratch_mutex_;
@@ -282,8 +291,8 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int n_threads) {
-  return std::make_unique<CpuBackend>(n_threads);
+std::unique_ptr<Backend> make_cpu_backend(int n_threads, bool batch_invariant) {
+  return std::make_unique<CpuBackend>(n_threads, batch_invariant);
 }
 
 }  // namespace ember

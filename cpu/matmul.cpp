@@ -225,13 +225,14 @@ bool matmul_supports(DType type) {
   }
 }
 
-void matmul(const WeightView& w, const float* x, int64_t M, float* y, MatmulScratch& scratch) {
+void matmul(const WeightView& w, const float* x, int64_t M, float* y, MatmulScratch& scratch, MatmulPath path) {
   check_weight(w, "matmul");
   if (M < 0) fail(StatusCode::kInvalidArgument, "matmul: negative M");
   if (M == 0 || w.rows == 0) return;
   if (!x || !y) fail(StatusCode::kInvalidArgument, "matmul: null x or y");
   const detail::IsaImpl& impl = isa_impl(active_isa());
-  if (M <= decode_max_m(w.type))
+  const bool decode = path == MatmulPath::kRowInvariant || (path == MatmulPath::kAuto && M <= decode_max_m(w.type));
+  if (decode)
     run_decode(impl, w, x, M, y, scratch.impl());
   else
     run_prefill(impl, w, x, M, y, scratch.impl());

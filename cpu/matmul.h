@@ -61,9 +61,17 @@ class MatmulScratch {
 // True for the weight types matmul() and dequantize_rows() accept.
 bool matmul_supports(DType type);
 
+// Which kernels matmul() uses.
+enum class MatmulPath : int {
+  kAuto = 0,          // decode kernels up to decode_max_m(), oneDNN above
+  kRowInvariant = 1,  // always Ember's kernels: every row is computed exactly as
+                      // for M = 1, whatever M is (batch-invariant results)
+};
+
 // y[M, N] = x[M, K] · W^T. x must not alias y. M >= 0 (M == 0 is a no-op).
 // Uses up to omp_get_max_threads() threads.
-void matmul(const WeightView& w, const float* x, int64_t M, float* y, MatmulScratch& scratch);
+void matmul(const WeightView& w, const float* x, int64_t M, float* y, MatmulScratch& scratch,
+            MatmulPath path = MatmulPath::kAuto);
 
 // Dequantize rows [row_begin, row_begin + n_rows) of W to f32:
 // out[(r - row_begin) * K + k]. Used for embedding lookups. Single-threaded.
@@ -83,8 +91,9 @@ void reset_isa();  // back to best_isa()
 // where oneDNN runs in f32 (CPUs without native bf16, e.g. AVX2-only), the
 // int8 decode kernels (2x the multiply-adds per instruction of f32 FMA) stay
 // >= 1.25x faster than dequantize + oneDNN f32 up to M ~ 32..128, so
-// quantized types default to 32 and float types to 16; where oneDNN runs in
-// bf16 (AVX512_BF16 / AMX) the defaults are 16 and 8.
+// quantized types default to 32 and float types to 16. Where oneDNN runs in
+// bf16 (AVX512_BF16 / AMX) the defaults are 16 and 8 -- an estimate, not
+// measured yet (no such CPU was available): re-run the sweep there.
 int64_t decode_max_m(DType type);
 // The smallest decode_max_m(type) over all types: a caller that needs every
 // row to take the decode path (e.g. rows that are independent decodes and

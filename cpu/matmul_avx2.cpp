@@ -226,10 +226,14 @@ inline __m256 pair_dot(const WPair& w, const __m256i& wabs_lo, const __m256i& wa
   }
 }
 
-#ifndef EMBER_PF
-#define EMBER_PF 0
-#endif
-constexpr int kPrefetch = EMBER_PF;
+// Software prefetch (into L2) of the weight rows one row group ahead: the
+// same position in row n + R. The rows are contiguous, so this runs exactly
+// one group ahead of the loads whatever the row length. Measured on Zen 3
+// with weights streamed from DRAM, 1 thread: ~1.3-1.6x over the hardware
+// prefetcher alone; L2 (T1) beat L1 (T0), which a group-ahead distance of
+// up to 8 x 16 KiB overflows. Prefetching past the chunk or the matrix is
+// harmless (prefetches never fault).
+inline void prefetch(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
 
 // y[m0..m0+MT)[n..n+R) for weight rows n..n+R.
 template <DType T, int R, int MT>
@@ -238,6 +242,7 @@ inline void qtile(const DecodeCtx& c, int64_t n, int64_t m0) {
   const int64_t nb = c.K / kQK, np = nb / 2;
   const uint8_t* wr[R];
   for (int r = 0; r < R; ++r) wr[r] = c.w + static_cast<size_t>(n + r) * c.w_row_bytes;
+  const size_t pf_dist = R * c.w_row_bytes;
   const ActPair* ap[MT];
   for (int m = 0; m < MT; ++m)
     ap[m] = reinterpret_cast<const ActPair*>(c.act + static_cast<size_t>(m0 + m) * c.act_row_bytes);
@@ -248,7 +253,7 @@ inline void qtile(const DecodeCtx& c, int64_t n, int64_t m0) {
   auto step = [&](int64_t p, auto half) {
     constexpr bool kHalf = decltype(half)::value;
     for (int r = 0; r < R; ++r) {
-      if constexpr (kPrefetch > 0) _mm_prefetch(reinterpret_cast<const char*>(wr[r] + static_cast<size_t>(2 * p) * I::kBytes + kPrefetch), _MM_HINT_T0);
+      prefetch(wr[r] + static_cast<size_t>(2 * p) * I::kBytes + pf_dist);
       const WPair w = load_wpair<T, kHalf>(wr[r] + static_cast<size_t>(2 * p) * I::kBytes);
       __m256i wabs_lo = w.lo, wabs_hi = w.hi;
       if constexpr (T == DType::Q8_0) {
@@ -337,11 +342,15 @@ inline void ftile(const DecodeCtx& c, int64_t n, int64_t m0) {
   __m256 acc[R][MT];
   for (int r = 0; r < R; ++r)
     for (int m = 0; m < MT; ++m) acc[r][m] = _mm256_setzero_ps();
+  const size_t pf_dist = R * c.w_row_bytes;
+  constexpr size_t kElemBytes = T == DType::F32 ? 4 : 2;
   int64_t k = 0;
   for (; k + 8 <= c.K; k += 8) {
     __m256 xv[MT];
     for (int m = 0; m < MT; ++m) xv[m] = _mm256_loadu_ps(xr[m] + k);
     for (int r = 0; r < R; ++r) {
+      // one prefetch per 32 bytes of weights
+      if (kElemBytes == 4 || (k & 15) == 0) prefetch(wr[r] + static_cast<size_t>(k) * kElemBytes + pf_dist);
       const __m256 wv = load8<T>(wr[r], k);
       for (int m = 0; m < MT; ++m) acc[r][m] = _mm256_fmadd_ps(wv, xv[m], acc[r][m]);
     }

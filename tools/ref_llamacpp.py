@@ -532,15 +532,55 @@ def cmd_golden(args) -> None:
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
     print(f"wrote {path} ({os.path.getsize(path)} bytes)")
-    # Preview what the C++ test will see, when Ember is built.
+    # Preview what tests/integration/reference_test.cpp checks, when Ember is built (to pick its thresholds).
     if os.path.exists(args.lib):
-        em = Ember(args.lib, args.model, args.threads)
-        lo = log_softmax(em.score(ids)[0])
-        top_o = lo.argmax(-1)
-        top_r = lp.argmax(-1)
-        d = np.abs(lo[np.arange(len(ids)), top_r] - lp[np.arange(len(ids)), top_r])
-        print(f"ember on these positions: top-1 agreement {100.0 * (top_o == top_r).mean():.2f}%, "
-              f"|logprob(llama top-1)| diff mean {d.mean():.5f} max {d.max():.5f}")
+        preview_test(args, llm, ids, lp)
+
+
+def preview_test(args, llm, ids: list[int], lp: np.ndarray) -> None:
+    em = Ember(args.lib, args.model, args.threads)
+    n = len(ids)
+    lo = log_softmax(em.score(ids)[0])
+    top_r, top_o = lp.argmax(-1), lo.argmax(-1)
+    srt = np.sort(lp, axis=-1)
+    gap = srt[:, -1] - srt[:, -2]
+    d = np.abs(lo[np.arange(n), top_r] - lp[np.arange(n), top_r])
+    dec = gap >= args.decisive
+    print(f"[positions] top-1 agreement {100.0 * (top_o == top_r).mean():.2f}% ({(top_o == top_r).sum()}/{n}); "
+          f"on decisive positions (llama gap >= {args.decisive}) {100.0 * (top_o == top_r)[dec].mean():.2f}% "
+          f"({(top_o == top_r)[dec].sum()}/{dec.sum()}); largest llama gap at a disagreement "
+          f"{gap[top_o != top_r].max() if (top_o != top_r).any() else 0:.4f}")
+    print(f"[positions] |logprob(llama top-1)| ember vs llama: mean {d.mean():.5f} max {d.max():.5f} "
+          f"(position {int(d.argmax())}); KL mean {kl_rows(lp, lo).mean():.6f}")
+    checked = agreed = 0
+    tf_checked = tf_agreed = 0
+    worst_tf = 0.0
+    raw = total = 0
+    for name, pids in prompt_ids(llm):
+        rows: list = []
+        ref, gaps = llama_greedy(llm, pids, args.n, rows)
+        ours = em.greedy(pids, args.n)
+        total += args.n
+        raw += sum(1 for k in range(args.n) if k < len(ours) and ours[k] == ref[k])
+        first_tie = next((k for k in range(args.n) if gaps[k] < args.near_tie), args.n)
+        prefix = next((k for k in range(args.n) if k >= len(ours) or ours[k] != ref[k]), args.n)
+        ok = prefix >= first_tie
+        checked += first_tie
+        agreed += min(prefix, first_tie)
+        e = em.score(pids + ref)[0][len(pids) - 1: len(pids) - 1 + args.n].argmax(-1)
+        for k in range(args.n):
+            if gaps[k] >= args.decisive:
+                tf_checked += 1
+                tf_agreed += int(e[k] == ref[k])
+            if e[k] != ref[k]:
+                worst_tf = max(worst_tf, gaps[k])
+        print(f"[greedy] {name:16s} first llama gap < {args.near_tie}: step {first_tie:2d}; ember diverges at "
+              f"{prefix:2d}{'' if prefix == args.n else f' (llama gap there {gaps[prefix]:.3f})'}"
+              f"{'' if ok else '  <-- diverged at a confident step'}")
+    print(f"[greedy] raw position-wise agreement {100.0 * raw / total:.2f}%; tokens before llama's first near-tie: "
+          f"{agreed}/{checked} matched")
+    print(f"[teacher-forced] ember score argmax vs llama greedy on steps with llama gap >= {args.decisive}: "
+          f"{tf_agreed}/{tf_checked}; largest llama gap at any disagreement {worst_tf:.4f}")
 
 
 def main() -> None:
@@ -562,6 +602,8 @@ def main() -> None:
     p.add_argument("-n", type=int, default=64)
     p.add_argument("--positions", type=int, default=256)
     p.add_argument("--golden-offset", type=int, default=300000)
+    p.add_argument("--decisive", type=float, default=0.5, help="llama top1-top2 gap that must not flip")
+    p.add_argument("--near-tie", type=float, default=1.0, help="greedy may diverge only below this llama gap")
     args = ap.parse_args()
     {"logits": cmd_logits, "greedy": cmd_greedy, "perplexity": cmd_perplexity, "golden": cmd_golden}[args.cmd](args)
 

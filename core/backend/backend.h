@@ -112,7 +112,9 @@ class Backend {
   virtual void gather_rows(const float* x, const int32_t* rows, int32_t n, int32_t dim, float* out) = 0;
 };
 
-// Creates the CPU backend (threads: 0 = all cores).
-std::unique_ptr<Backend> make_cpu_backend(int n_threads);
+// Creates the CPU backend (threads: 0 = all cores). batch_invariant: every
+// matmul row is computed as for a single row, so a sequence's output never
+// depends on batching, chunking or prefix-cache hits.
+std::unique_ptr<Backend> make_cpu_backend(int n_threads, bool batch_invariant = true);
 
 }  // namespace ember

@@ -33,7 +33,7 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineParams& params)
   if (params_.n_threads < 0 || params_.n_threads > 1024) {
     fail(StatusCode::kInvalidArgument, "engine: n_threads must be in [0, 1024]");
   }
-  backend_ = make_cpu_backend(params_.n_threads);
+  backend_ = make_cpu_backend(params_.n_threads, params_.batch_invariant);
   KvGeometry g;
   g.num_layers = c.n_layers;
   g.num_kv_heads = c.n_kv_heads;

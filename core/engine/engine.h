@@ -43,6 +43,9 @@ struct EngineParams {
   int32_t max_batch_tokens = 512;
   int32_t max_running = 64;
   bool prefix_caching = true;
+  // Every sequence computes exactly what it would alone (batching, chunked
+  // prefill, prefix hits and preemption never change its tokens).
+  bool batch_invariant = true;
   // Manual mode: no worker thread; the host runs steps with Engine::run_steps
   // (ember_engine_step) from its own loop, e.g. once per game frame.
   bool manual = false;

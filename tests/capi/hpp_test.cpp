@@ -138,9 +138,13 @@ TEST(CapiHpp, MovesStopStringsCallbacksAndOrder) {
     ember::Session assigned(engine);
     assigned = std::move(moved);
     stream.emplace(assigned.stream(greedy(6)));
-    // Model, engine and sessions go out of scope before the stream is read.
+    // Model and engine go out of scope before the stream is read; the
+    // session too, which cancels the stream (what it produced stays readable).
   }
-  EXPECT_EQ(stream->text(), reference);
+  const std::string partial = stream->text();
+  EXPECT_EQ(reference.compare(0, partial.size(), partial), 0) << partial;
+  EXPECT_TRUE(stream->end_reason() == EMBER_END_CANCELLED || stream->end_reason() == EMBER_END_MAX_TOKENS ||
+              stream->end_reason() == EMBER_END_EOS);
   stream.reset();
 
   ember::Model model(ember::test::default_model_path());

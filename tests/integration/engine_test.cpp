@@ -156,7 +156,9 @@ TEST(Engine, CancelFromAnotherThreadLeavesSessionUsable) {
   EXPECT_EQ(r.reason, EndReason::kCancelled);
   EXPECT_THROW(session->add_message("user", "hi"), Error);  // text mode
   session->add_text(" The end.", false);
-  Result r2 = drain(session->start(greedy(4)));
+  StreamParams p2 = greedy(4);
+  p2.ignore_eos = true;
+  Result r2 = drain(session->start(p2));
   EXPECT_EQ(r2.tokens.size(), 4u);
 }
 
