@@ -420,6 +420,9 @@ void ember_session_params_init(ember_session_params* params) {
   if (!params) return;
   std::memset(params, 0, sizeof *params);
   params->size = sizeof *params;
+  params->cache_policy = EMBER_CACHE_FULL;
+  params->sink_tokens = 4;
+  params->window_tokens = 0;
 }
 
 ember_status ember_session_create(ember_engine* engine, const ember_session_params* params,
@@ -434,7 +437,16 @@ ember_status ember_session_create(ember_engine* engine, const ember_session_para
     auto h = std::make_unique<ember_session>();
     require(p.priority == EMBER_PRIORITY_INTERACTIVE || p.priority == EMBER_PRIORITY_BACKGROUND,
             "session params: unknown priority");
-    h->session = std::make_shared<ember::Session>(engine->owner, p.n_ctx, system, p.priority);
+    require(p.cache_policy == EMBER_CACHE_FULL || p.cache_policy == EMBER_CACHE_WINDOW ||
+                p.cache_policy == EMBER_CACHE_SINK,
+            "session params: unknown cache_policy");
+    require(p.sink_tokens >= 0, "session params: sink_tokens must be >= 0");
+    require(p.window_tokens >= 0, "session params: window_tokens must be >= 0");
+    ember::CachePolicy policy;
+    policy.kind = static_cast<ember::CachePolicyKind>(p.cache_policy);
+    policy.sink_tokens = p.cache_policy == EMBER_CACHE_SINK ? p.sink_tokens : 0;
+    policy.window_tokens = p.cache_policy == EMBER_CACHE_FULL ? 0 : p.window_tokens;
+    h->session = std::make_shared<ember::Session>(engine->owner, p.n_ctx, system, p.priority, policy);
     *out_session = h.release();
   });
 }
@@ -484,6 +496,63 @@ ember_status ember_session_token_count(const ember_session* session, size_t* out
     require(session != nullptr, "session is NULL");
     require(out_count != nullptr, "out_count is NULL");
     *out_count = session->session->token_count();
+  });
+}
+
+ember_status ember_session_score(ember_session* session, const int32_t* tokens, size_t n_tokens, float* logprobs) {
+  return guarded([&] {
+    require(session != nullptr, "session is NULL");
+    require(tokens != nullptr || n_tokens == 0, "tokens is NULL");
+    session->session->score(std::vector<int32_t>(tokens, tokens + n_tokens), logprobs);
+  });
+}
+
+ember_status ember_session_cache_info(const ember_session* session, ember_session_cache_info_t* info) {
+  return guarded([&] {
+    require(session != nullptr, "session is NULL");
+    require(info != nullptr, "info is NULL");
+    const ember::SessionCacheInfo c = session->session->cache_info();
+    ember_session_cache_info_t out;
+    std::memset(&out, 0, sizeof out);
+    out.size = sizeof out;
+    out.cache_policy = static_cast<int32_t>(c.policy.kind);
+    out.sink_tokens = c.policy.sink_tokens;
+    out.window_tokens = c.policy.window_tokens;
+    out.n_tokens = c.n_tokens;
+    out.processed_tokens = c.n_processed;
+    out.resident_tokens = c.resident;
+    out.evicted_tokens = c.evicted;
+    out.blocks = c.blocks;
+    out.max_blocks = c.max_blocks;
+    out.max_position = c.max_position;
+    write_sized(info, out);
+  });
+}
+
+ember_status ember_session_save(ember_session* session, const char* path) {
+  return guarded([&] {
+    require(session != nullptr, "session is NULL");
+    session->session->save(checked_text(path, "path"));
+  });
+}
+
+ember_status ember_session_load(ember_engine* engine, const char* path, const ember_session_params* params,
+                                ember_session** out_session) {
+  return guarded([&] {
+    require(out_session != nullptr, "out_session is NULL");
+    *out_session = nullptr;
+    require(engine != nullptr, "engine is NULL");
+    const std::string p = checked_text(path, "path");
+    int32_t priority = -1;  // the saved one
+    if (params) {
+      const ember_session_params sp = read_params(params, ember_session_params_init);
+      require(sp.priority == EMBER_PRIORITY_INTERACTIVE || sp.priority == EMBER_PRIORITY_BACKGROUND,
+              "session params: unknown priority");
+      priority = sp.priority;
+    }
+    auto h = std::make_unique<ember_session>();
+    h->session = ember::Session::load(engine->owner, p, priority);
+    *out_session = h.release();
   });
 }
 

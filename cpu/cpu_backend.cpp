@@ -67,6 +67,56 @@ class CpuBackend final : public Backend {
     }
   }
 
+  void kv_rope_shift(const int32_t* blocks, int32_t n, int32_t delta, int32_t rot_dim, float freq_base) override {
+    // One rotation by `delta` for every slot (RoPE(p+d) = R(d) RoPE(p)); the
+    // angles in double so that repeated shifts add only the f16 rounding.
+    const int32_t half = rot_dim / 2, hd = geom_.head_dim;
+    if (hd > 512 || rot_dim > hd) fail(StatusCode::kInternal, "kv_rope_shift: unsupported head_dim");
+    std::vector<float> cs(half), sn(half);
+    for (int32_t i = 0; i < half; ++i) {
+      const double theta = delta * std::pow(static_cast<double>(freq_base), -2.0 * i / rot_dim);
+      cs[i] = static_cast<float>(std::cos(theta));
+      sn[i] = static_cast<float>(std::sin(theta));
+    }
+    const int32_t items = geom_.num_layers * n;
+    const size_t rows = static_cast<size_t>(geom_.num_kv_heads) * geom_.block_size;
+#pragma omp parallel for num_threads(n_threads_) if (items > 4)
+    for (int32_t it = 0; it < items; ++it) {
+      const int32_t layer = it / n, block = blocks[it % n];
+      if (block < 0 || block >= geom_.num_blocks) continue;
+      uint16_t* k = block_ptr(layer, 0, block);
+      float buf[512];
+      for (size_t r = 0; r < rows; ++r) {
+        uint16_t* kr = k + r * hd;
+        for (int32_t i = 0; i < hd; ++i) buf[i] = f16_to_f32(kr[i]);
+        for (int32_t i = 0; i < half; ++i) {
+          const float x0 = buf[2 * i], x1 = buf[2 * i + 1];
+          buf[2 * i] = x0 * cs[i] - x1 * sn[i];
+          buf[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
+        }
+        convert_row(buf, kr, hd);
+      }
+    }
+  }
+
+  void kv_read_block(int32_t block, void* dst) override {
+    if (block < 0 || block >= geom_.num_blocks) fail(StatusCode::kInternal, "kv_read_block: block outside the pool");
+    const size_t bytes = block_elems() * sizeof(uint16_t);
+    auto* out = static_cast<uint8_t*>(dst);
+    for (int32_t l = 0; l < geom_.num_layers; ++l) {
+      for (int kv = 0; kv < 2; ++kv, out += bytes) std::memcpy(out, block_ptr(l, kv, block), bytes);
+    }
+  }
+
+  void kv_write_block(int32_t block, const void* src) override {
+    if (block < 0 || block >= geom_.num_blocks) fail(StatusCode::kInternal, "kv_write_block: block outside the pool");
+    const size_t bytes = block_elems() * sizeof(uint16_t);
+    const auto* in = static_cast<const uint8_t*>(src);
+    for (int32_t l = 0; l < geom_.num_layers; ++l) {
+      for (int kv = 0; kv < 2; ++kv, in += bytes) std::memcpy(block_ptr(l, kv, block), in, bytes);
+    }
+  }
+
   void embed(const DeviceWeight& table, const int32_t* ids, int32_t n, float* out) override {
     const auto& d = table.desc;
     cpu::WeightView w{d.type, d.rows, d.cols, d.host_data};
@@ -255,23 +305,32 @@ class CpuBackend final : public Backend {
       const uint16_t* kb = block_ptr(layer, 0, block) + static_cast<size_t>(kvh) * bs * hd;
       const uint16_t* vb = block_ptr(layer, 1, block) + static_cast<size_t>(kvh) * bs * hd;
       const int32_t n = std::min(bs, kv_len - b * bs);
-      for (int g = 0; g < group; ++g) {
-        const float* qh = qrow + static_cast<size_t>(kvh * group + g) * hd;
-        float block_max = -INFINITY;
-        for (int32_t t = 0; t < n; ++t) {
-          scores[g][t] = dot_f16(qh, kb + static_cast<size_t>(t) * hd, hd) * p.scale;
-          block_max = std::max(block_max, scores[g][t]);
+      // The block's slots minus the sequence's hole: [0, hi1) and [lo2, n).
+      const int32_t base = b * bs;
+      const bool has_hole = seq.hole_end > seq.hole_begin;
+      const int32_t hi1 = has_hole ? std::clamp(seq.hole_begin - base, 0, n) : n;
+      const int32_t lo2 = has_hole ? std::max(hi1, std::clamp(seq.hole_end - base, 0, n)) : n;
+      for (int range = 0; range < 2; ++range) {
+        const int32_t t0 = range == 0 ? 0 : lo2, t1 = range == 0 ? hi1 : n;
+        if (t0 >= t1) continue;
+        for (int g = 0; g < group; ++g) {
+          const float* qh = qrow + static_cast<size_t>(kvh * group + g) * hd;
+          float block_max = -INFINITY;
+          for (int32_t t = t0; t < t1; ++t) {
+            scores[g][t] = dot_f16(qh, kb + static_cast<size_t>(t) * hd, hd) * p.scale;
+            block_max = std::max(block_max, scores[g][t]);
+          }
+          const float new_m = std::max(m[g], block_max);
+          const float correction = std::exp(m[g] - new_m);
+          l[g] *= correction;
+          for (int32_t i = 0; i < hd; ++i) acc[g][i] *= correction;
+          for (int32_t t = t0; t < t1; ++t) {
+            const float w = std::exp(scores[g][t] - new_m);
+            l[g] += w;
+            axpy_f16(w, vb + static_cast<size_t>(t) * hd, acc[g], hd);
+          }
+          m[g] = new_m;
         }
-        const float new_m = std::max(m[g], block_max);
-        const float correction = std::exp(m[g] - new_m);
-        l[g] *= correction;
-        for (int32_t i = 0; i < hd; ++i) acc[g][i] *= correction;
-        for (int32_t t = 0; t < n; ++t) {
-          const float w = std::exp(scores[g][t] - new_m);
-          l[g] += w;
-          axpy_f16(w, vb + static_cast<size_t>(t) * hd, acc[g], hd);
-        }
-        m[g] = new_m;
       }
     }
     for (int g = 0; g < group; ++g) {

@@ -27,6 +27,10 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#if !defined(__CUDACC__)
+#include <type_traits>
+#include <vector>
+#endif
 
 #include "core/tensor/types.h"
 
@@ -150,7 +154,9 @@ EMBER_HD float dequant_elem(DType t, const uint8_t* qs, uint32_t hdr, int j) {
   const int q = j < 16 ? (byte & 0x0F) : (byte >> 4);
   if (t == DType::Q4_0) return static_cast<float>(q - 8) * d;
   const float m = f16_to_f32(static_cast<uint16_t>(hdr >> 16));
-  return static_cast<float>(q) * d + m;  // Q4_1, as dequantize_row_q4_1
+  // Q4_1, as dequantize_row_q4_1 compiled with FMA contraction (the library's
+  // baseline flags): one fused multiply-add on host and device alike.
+  return fma_rn(static_cast<float>(q), d, m);
 }
 
 // Element k of row n of a float-type device weight.
@@ -228,6 +234,9 @@ EMBER_HD void quant_gemv_lane(const QuantGemvArgs& g, int64_t n, int64_t m0, int
   const int64_t nb = g.K / kQK;
   const int qb = quant_qs_bytes(g.type);
   for (int j = 0; j < NR; ++j) acc[j] = 0.0f;
+#if defined(__CUDA_ARCH__)
+#pragma unroll 4
+#endif
   for (int64_t b = lane; b < nb; b += kWarp) {
     const int64_t gb = n * nb + b;
     const U32x4* wq = reinterpret_cast<const U32x4*>(g.qs + gb * qb);
@@ -300,6 +309,9 @@ template <int NR>
 EMBER_HD void float_gemv_lane(const FloatGemvArgs& g, int64_t n, int64_t m0, int m_valid, int lane, float* acc) {
   const int64_t chunks = (g.K + 7) / 8;
   for (int j = 0; j < NR; ++j) acc[j] = 0.0f;
+#if defined(__CUDA_ARCH__)
+#pragma unroll 4
+#endif
   for (int64_t c = lane; c < chunks; c += kWarp) {
     float w8[8];
     load_weight_chunk(g, n, c, w8);
@@ -401,5 +413,87 @@ inline AttnSplit plan_attention_split(int64_t work_items, int32_t max_kv_len, in
   p.tiles_per_split = (bucket + p.n_splits - 1) / p.n_splits;
   return p;
 }
+
+// ---------------------------------------------------------------- host reference
+
+#if !defined(__CUDACC__)
+// Pass width of the GEMV launch for M rows (as gpu::gemv in matmul.cu).
+inline int gemv_pass_rows(int64_t M) { return M == 1 ? 1 : M == 2 ? 2 : M <= 4 ? 4 : 8; }
+
+template <int NR, class Lane>
+void host_gemv_passes(int64_t N, int64_t M, float* y, Lane lane_fn) {
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t m0 = 0; m0 < M; m0 += NR) {
+      const int m_valid = static_cast<int>(M - m0 < NR ? M - m0 : NR);
+      float part[NR][kWarp];
+      for (int lane = 0; lane < kWarp; ++lane) {
+        float acc[NR];
+        lane_fn(n, m0, m_valid, lane, acc);
+        for (int j = 0; j < NR; ++j) part[j][lane] = acc[j];
+      }
+      for (int j = 0; j < m_valid; ++j) y[(m0 + j) * N + n] = host_warp_sum(part[j]);
+    }
+  }
+}
+
+// The CUDA backend's GEMV path (activation quantization included) computed
+// on the host with the same operations in the same order: the device result
+// must equal it bit for bit. w: GGUF layout (N rows of K elements of type).
+inline void reference_gemv(DType type, const void* w, int64_t N, int64_t K, const float* x, int64_t M, float* y,
+                           int force_nr = 0) {
+  const int nr = force_nr ? force_nr : gemv_pass_rows(M);
+  const auto* src = static_cast<const uint8_t*>(w);
+  if (is_quant(type)) {
+    const int64_t nb = K / kQK, total = N * nb;
+    const int qb = quant_qs_bytes(type), hb = quant_header_bytes(type);
+    std::vector<U32x4> qs(static_cast<size_t>(total) * qb / 16 + 1);
+    std::vector<uint32_t> sc(static_cast<size_t>(total) * hb / 4 + 1);
+    for (int64_t b = 0; b < total; ++b) {
+      split_block(type, src + b * gguf_block_bytes(type), reinterpret_cast<uint8_t*>(qs.data()) + b * qb,
+                  reinterpret_cast<uint8_t*>(sc.data()) + b * hb);
+    }
+    std::vector<U32x4> xq(static_cast<size_t>(M * K) / 16 + 1);
+    std::vector<ActScale> xs(static_cast<size_t>(M * nb) + 1);
+    auto* xq8 = reinterpret_cast<int8_t*>(xq.data());
+    for (int64_t i = 0; i < M * nb; ++i) quantize_block_host(x + i * kQK, xq8 + i * kQK, &xs[i]);
+    const QuantGemvArgs g{type, K, reinterpret_cast<const uint8_t*>(qs.data()),
+                          reinterpret_cast<const uint8_t*>(sc.data()), xq8, xs.data()};
+    auto run = [&](auto nr_tag) {
+      constexpr int NR = decltype(nr_tag)::value;
+      host_gemv_passes<NR>(N, M, y, [&](int64_t n, int64_t m0, int mv, int lane, float* acc) {
+        quant_gemv_lane<NR>(g, n, m0, mv, lane, acc);
+      });
+    };
+    if (nr == 1) run(std::integral_constant<int, 1>{});
+    else if (nr == 2) run(std::integral_constant<int, 2>{});
+    else if (nr == 4) run(std::integral_constant<int, 4>{});
+    else run(std::integral_constant<int, 8>{});
+    return;
+  }
+  const int64_t stride = float_row_stride(K);
+  const int es = float_elem_bytes(type);
+  std::vector<U32x4> dev(static_cast<size_t>(N * stride * es) / 16 + 1, U32x4{0, 0, 0, 0});
+  for (int64_t n = 0; n < N; ++n) {
+    const uint8_t* row = src + n * K * es;
+    uint8_t* drow = reinterpret_cast<uint8_t*>(dev.data()) + n * stride * es;
+    for (int64_t i = 0; i < K * es; ++i) drow[i] = row[i];
+  }
+  // x rows are 16-byte aligned exactly when the device's would be.
+  std::vector<F32x4> xa(static_cast<size_t>(M * K) / 4 + 1);
+  float* xf = reinterpret_cast<float*>(xa.data());
+  for (int64_t i = 0; i < M * K; ++i) xf[i] = x[i];
+  const FloatGemvArgs g{type, K, stride, dev.data(), xf, K % 4 == 0};
+  auto run = [&](auto nr_tag) {
+    constexpr int NR = decltype(nr_tag)::value;
+    host_gemv_passes<NR>(N, M, y, [&](int64_t n, int64_t m0, int mv, int lane, float* acc) {
+      float_gemv_lane<NR>(g, n, m0, mv, lane, acc);
+    });
+  };
+  if (nr == 1) run(std::integral_constant<int, 1>{});
+  else if (nr == 2) run(std::integral_constant<int, 2>{});
+  else if (nr == 4) run(std::integral_constant<int, 4>{});
+  else run(std::integral_constant<int, 8>{});
+}
+#endif
 
 }  // namespace ember::gpu

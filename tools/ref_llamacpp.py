@@ -125,6 +125,11 @@ class EngineParams(C.Structure):
                 ("max_batch_tokens", C.c_int32), ("max_running", C.c_int32)]
 
 
+class EngineParamsV2(C.Structure):  # with the fields appended later in ember.h
+    _fields_ = EngineParams._fields_ + [("prefix_caching", C.c_int32), ("manual_step", C.c_int32),
+                                        ("batch_invariant", C.c_int32)]
+
+
 class StreamParams(C.Structure):
     _fields_ = [("size", C.c_size_t), ("max_tokens", C.c_int32), ("temperature", C.c_float), ("top_k", C.c_int32),
                 ("top_p", C.c_float), ("min_p", C.c_float), ("repeat_penalty", C.c_float),
@@ -139,7 +144,7 @@ class Event(C.Structure):
 
 
 class Ember:
-    def __init__(self, lib_path: str, model_path: str, n_threads: int):
+    def __init__(self, lib_path: str, model_path: str, n_threads: int, batch_invariant: int | None = None):
         if not os.path.exists(lib_path):
             sys.exit(f"error: {lib_path} does not exist; build Ember first (bash tools/build.sh build)")
         L = self.L = C.CDLL(lib_path)
@@ -148,8 +153,6 @@ class Ember:
         L.ember_version.restype = C.c_char_p
         L.ember_model_load.argtypes = [C.c_char_p, vp, C.POINTER(vp)]
         L.ember_model_info.argtypes = [vp, C.POINTER(ModelInfo)]
-        L.ember_engine_params_init.argtypes = [C.POINTER(EngineParams)]
-        L.ember_engine_create.argtypes = [vp, C.POINTER(EngineParams), C.POINTER(vp)]
         L.ember_engine_score.argtypes = [vp, C.POINTER(C.c_int32), C.c_size_t, C.POINTER(C.c_float),
                                          C.POINTER(C.c_float)]
         L.ember_tokenize.argtypes = [vp, C.c_char_p, C.c_int32, C.c_int32, C.POINTER(C.c_int32), C.c_size_t,
@@ -157,7 +160,6 @@ class Ember:
         L.ember_session_create.argtypes = [vp, vp, C.POINTER(vp)]
         L.ember_session_destroy.argtypes = [vp]
         L.ember_session_add_tokens.argtypes = [vp, C.POINTER(C.c_int32), C.c_size_t]
-        L.ember_stream_params_init.argtypes = [C.POINTER(StreamParams)]
         L.ember_stream_start.argtypes = [vp, C.POINTER(StreamParams), C.POINTER(vp)]
         L.ember_stream_next.argtypes = [vp, C.POINTER(Event), C.c_int32]
         L.ember_stream_destroy.argtypes = [vp]
@@ -169,11 +171,19 @@ class Ember:
         info.size = C.sizeof(ModelInfo)
         self._check(L.ember_model_info(self.model, C.byref(info)), "ember_model_info")
         self.vocab = info.vocab_size
-        ep = EngineParams()
-        ep.size = C.sizeof(EngineParams)
-        L.ember_engine_params_init(C.byref(ep))
-        ep.n_threads = n_threads
-        self._check(L.ember_engine_create(self.model, C.byref(ep), C.byref(self.engine)), "ember_engine_create")
+        # Parameter structs are filled here, not with ember_*_params_init: the library's init
+        # functions write the library's full (possibly newer, larger) struct, while `size`
+        # tells the library how many bytes this caller's struct has (the rest take defaults).
+        common = dict(device=0, n_threads=n_threads, kv_memory_bytes=0, kv_block_size=16, kv_dtype=0,
+                      max_batch_tokens=512, max_running=64)
+        if batch_invariant is None:
+            ep = EngineParams(size=C.sizeof(EngineParams), **common)
+        else:  # batch_invariant=0: the CPU may run large prefill chunks in f32 through oneDNN
+            ep = EngineParamsV2(size=C.sizeof(EngineParamsV2), prefix_caching=1, manual_step=0,
+                                batch_invariant=batch_invariant, **common)
+        L.ember_engine_create.argtypes = [vp, C.c_void_p, C.POINTER(vp)]
+        self._check(L.ember_engine_create(self.model, C.c_void_p(C.addressof(ep)), C.byref(self.engine)),
+                    "ember_engine_create")
         self.version = L.ember_version().decode()
 
     def _check(self, st: int, what: str) -> None:
@@ -204,12 +214,9 @@ class Ember:
         try:
             arr = (C.c_int32 * len(prompt))(*prompt)
             self._check(L.ember_session_add_tokens(sess, arr, len(prompt)), "ember_session_add_tokens")
-            sp = StreamParams()
-            sp.size = C.sizeof(StreamParams)
-            L.ember_stream_params_init(C.byref(sp))
-            sp.temperature = 0.0
-            sp.max_tokens = n
-            sp.ignore_eos = 1
+            sp = StreamParams(size=C.sizeof(StreamParams), max_tokens=n, temperature=0.0, top_k=40, top_p=0.95,
+                              min_p=0.05, repeat_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
+                              penalty_last_n=64, seed=0xEEEE, stop=None, ignore_eos=1)
             self._check(L.ember_stream_start(sess, C.byref(sp), C.byref(stream)), "ember_stream_start")
             out: list[int] = []
             try:
@@ -269,7 +276,7 @@ def cmd_logits(args) -> None:
     t0 = time.time()
     ref = llama_logits(llm, ids)
     t1 = time.time()
-    em = Ember(args.lib, args.model, args.threads)
+    em = Ember(args.lib, args.model, args.threads, args.batch_invariant)
     ours, our_lp = em.score(ids)
     t2 = time.time()
     print(f"llama.cpp eval {t1 - t0:.1f}s, ember score {t2 - t1:.1f}s (ember {em.version})")
@@ -592,6 +599,8 @@ def main() -> None:
     p = sub.add_parser("logits", help="per-position top-1 agreement and KL on real text")
     p.add_argument("--offset", type=int, default=100000, help="character offset into the text")
     p.add_argument("--tokens", type=int, default=1200)
+    p.add_argument("--batch-invariant", type=int, choices=(0, 1), default=None,
+                   help="set ember_engine_params.batch_invariant (default: the library's default)")
     p = sub.add_parser("greedy", help="greedy continuations of varied prompts")
     p.add_argument("-n", type=int, default=64)
     p = sub.add_parser("perplexity", help="llama-perplexity method on a text file")

@@ -133,6 +133,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--offset", type=int, default=100000)
     ap.add_argument("--modes", default="exact,ggml,f16kv")
+    ap.add_argument("--ember-f32", action="store_true",
+                    help="also score with batch_invariant=0 (Ember's f32 oneDNN prefill path)")
     args = ap.parse_args()
     R.header(args)
     llm = R.load_llama(args, n_ctx=2048, logits_all=True)
@@ -144,6 +146,8 @@ def main() -> None:
     del llm
     em = R.Ember(args.lib, args.model, args.threads)
     res["ember"] = R.log_softmax(em.score(ids)[0])
+    if args.ember_f32:
+        res["ember-f32"] = R.log_softmax(R.Ember(args.lib, args.model, args.threads, 0).score(ids)[0])
     print(f"engines: {time.time() - t:.0f}s")
     model = Model(args.model)
     for mode in args.modes.split(","):

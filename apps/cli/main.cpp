@@ -2,6 +2,8 @@
 //   ember generate [-m MODEL] -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P] [--seed S] [--chat]
 //   ember chat [-m MODEL]
 //   ember perplexity [-m MODEL] -f FILE [--ctx C] [--max-tokens N]
+//   ember perplexity [-m MODEL] -f FILE --stream --cache full|window:W|sink:S:W|recompute:W
+//                    [--max-tokens N] [--series FILE.csv]
 //   ember bench [-m MODEL] [-p 512] [-n 128] [-t THREADS] [--json]
 //   ember tokenize [-m MODEL] (-p TEXT | -f FILE) [--special]
 #include <chrono>
@@ -251,9 +253,173 @@ int cmd_tokenize(int argc, char** argv) {
   return 0;
 }
 
+// Resident set size of this process in bytes (0 where unknown).
+double resident_bytes() {
+  long pages = 0, resident = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+    std::fclose(f);
+  }
+  return static_cast<double>(resident) * 4096.0;
+}
+
+struct StreamCache {
+  std::string kind;  // full, window, sink, recompute
+  int32_t sinks = 0, window = 0;
+};
+
+StreamCache parse_stream_cache(const std::string& spec) {
+  StreamCache c;
+  std::vector<std::string> parts;
+  size_t start = 0;
+  for (;;) {
+    const size_t colon = spec.find(':', start);
+    parts.push_back(spec.substr(start, colon == std::string::npos ? std::string::npos : colon - start));
+    if (colon == std::string::npos) break;
+    start = colon + 1;
+  }
+  auto num = [&](const std::string& v) {
+    char* end = nullptr;
+    errno = 0;
+    const long long x = std::strtoll(v.c_str(), &end, 10);
+    if (errno || v.empty() || *end || x < 0 || x > (1 << 24)) throw CliError("--cache " + spec + ": '" + v + "' is not a valid count");
+    return static_cast<int32_t>(x);
+  };
+  c.kind = parts[0];
+  if (c.kind == "full" && parts.size() == 1) return c;
+  if ((c.kind == "window" || c.kind == "recompute") && parts.size() == 2) {
+    c.window = num(parts[1]);
+    if (c.window < 1) throw CliError("--cache " + spec + ": the window must be at least 1 token");
+    return c;
+  }
+  if (c.kind == "sink" && parts.size() == 3) {
+    c.sinks = num(parts[1]);
+    c.window = num(parts[2]);
+    return c;
+  }
+  throw CliError("--cache must be full, window:W, sink:S:W or recompute:W (got '" + spec + "')");
+}
+
+// Streaming perplexity (StreamingLLM's eval_long_ppl): the text goes through
+// ONE session a token at a time and every next token is scored under the
+// cache policy; recompute:W rebuilds the last W tokens' KV for every token
+// (sliding window with re-computation, the quality baseline).
+int perplexity_stream(const Args& a, std::vector<int32_t> ids, Handles& h, const ember_model_info_t& info,
+                      int threads) {
+  const StreamCache cache = parse_stream_cache(a.str("--cache", "full"));
+  const bool recompute = cache.kind == "recompute";
+  if (cache.kind == "full" && ids.size() > static_cast<size_t>(info.context_length)) {
+    std::fprintf(stderr, "full cache: scoring the first %d tokens (the model's context)\n", info.context_length);
+    ids.resize(static_cast<size_t>(info.context_length));
+  }
+  if (ids.size() < 2) throw CliError("the text has fewer than 2 tokens");
+  // A pool just large enough for the policy, so resident memory reflects it.
+  const int32_t block = 16;
+  const int32_t head_dim = info.n_embd / info.n_heads;
+  const uint64_t bytes_per_block = static_cast<uint64_t>(info.n_layers) * 2 * info.n_kv_heads * block * head_dim * 2;
+  uint64_t slots = 0;
+  if (cache.kind == "full") slots = ids.size() + 1;
+  else if (recompute) slots = static_cast<uint64_t>(cache.window) + 1;
+  else slots = (static_cast<uint64_t>(cache.sinks) + block - 1) / block * block + static_cast<uint64_t>(cache.window);
+  ember_engine_params ep;
+  ember_engine_params_init(&ep);
+  ep.n_threads = threads;
+  ep.kv_block_size = block;
+  ep.kv_memory_bytes = ((slots + block - 1) / block + 2) * bytes_per_block;
+  check(ember_engine_create(h.model, &ep, &h.engine), "creating the engine");
+  ember_session_params sp;
+  ember_session_params_init(&sp);
+  if (cache.kind == "window") {
+    sp.cache_policy = EMBER_CACHE_WINDOW;
+    sp.window_tokens = cache.window;
+  } else if (cache.kind == "sink") {
+    sp.cache_policy = EMBER_CACHE_SINK;
+    sp.sink_tokens = cache.sinks;
+    sp.window_tokens = cache.window;
+  }
+  check(ember_session_create(h.engine, &sp, &h.session), "creating the session");
+  std::FILE* series = nullptr;
+  if (a.has("--series")) {
+    series = std::fopen(a.str("--series").c_str(), "w");
+    if (!series) throw CliError("cannot write '" + a.str("--series") + "'");
+    std::fprintf(series, "tokens,ppl,ppl_recent,ms_per_token,rss_mb,kv_mb\n");
+  }
+  struct Closer {
+    std::FILE* f;
+    ~Closer() { if (f) std::fclose(f); }
+  } closer{series};
+  ember_cache_stats_t cs;
+  std::memset(&cs, 0, sizeof cs);
+  cs.size = sizeof cs;
+  std::fprintf(stderr, "streaming perplexity: %zu tokens, cache %s, pool %llu blocks\n", ids.size(),
+               a.str("--cache", "full").c_str(), static_cast<unsigned long long>(ep.kv_memory_bytes / bytes_per_block));
+  using clock = std::chrono::steady_clock;
+  double nll = 0.0, recent_nll = 0.0;
+  size_t count = 0, recent = 0;
+  const auto t0 = clock::now();
+  auto t_mark = t0;
+  float lp = 0.0f;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (recompute) {
+      if (i > 0) {
+        const size_t from = i > static_cast<size_t>(cache.window) ? i - static_cast<size_t>(cache.window) : 0;
+        check(ember_session_reset(h.session), "reset");
+        check(ember_session_score(h.session, ids.data() + from, i - from, nullptr), "scoring");
+        check(ember_session_score(h.session, ids.data() + i, 1, &lp), "scoring");
+      }
+    } else {
+      check(ember_session_score(h.session, ids.data() + i, 1, &lp), "scoring");
+    }
+    if (i == 0) continue;
+    if (!std::isfinite(lp)) throw CliError("token " + std::to_string(i) + " got no log-probability");
+    nll -= lp;
+    recent_nll -= lp;
+    ++count;
+    ++recent;
+    if (count % 1000 == 0 || i + 1 == ids.size()) {
+      const auto now = clock::now();
+      const double ms = std::chrono::duration<double, std::milli>(now - t_mark).count() / static_cast<double>(recent);
+      t_mark = now;
+      check(ember_cache_stats(ember_engine_cache(h.engine), &cs), "cache stats");
+      const double rss_mb = resident_bytes() / (1 << 20);
+      const double kv_mb = static_cast<double>(cs.blocks_used * cs.bytes_per_block) / (1 << 20);
+      const double ppl = std::exp(nll / static_cast<double>(count));
+      const double ppl_recent = std::exp(recent_nll / static_cast<double>(recent));
+      std::fprintf(stderr, "[%zu/%zu] ppl=%.4f recent=%.4f %.2f ms/token rss=%.1f MB kv=%.2f MB\n", count,
+                   ids.size() - 1, ppl, ppl_recent, ms, rss_mb, kv_mb);
+      if (series) {
+        std::fprintf(series, "%zu,%.6f,%.6f,%.4f,%.2f,%.3f\n", count, ppl, ppl_recent, ms, rss_mb, kv_mb);
+        std::fflush(series);
+      }
+      recent_nll = 0.0;
+      recent = 0;
+    }
+  }
+  const double secs = std::chrono::duration<double>(clock::now() - t0).count();
+  std::fprintf(stderr, "%zu tokens in %.1f s (%.2f ms/token)\n", count, secs, 1000.0 * secs / static_cast<double>(count));
+  std::printf("ppl=%.4f tokens=%zu\n", std::exp(nll / static_cast<double>(count)), count);
+  return 0;
+}
+
 int cmd_perplexity(int argc, char** argv) {
-  Args a(argc, argv, 2, {"-m", "-f", "--ctx", "--max-tokens", "-t"}, {});
+  Args a(argc, argv, 2, {"-m", "-f", "--ctx", "--max-tokens", "-t", "--cache", "--series"}, {"--stream"});
   if (!a.has("-f")) throw CliError("perplexity needs -f FILE");
+  if (!a.has("--stream") && (a.has("--cache") || a.has("--series"))) {
+    throw CliError("--cache and --series need --stream");
+  }
+  if (a.has("--stream")) {
+    const std::string text = read_file(a.str("-f"));
+    Handles h;
+    load(h, a, 0, false);
+    ember_model_info_t info;
+    std::memset(&info, 0, sizeof info);
+    info.size = sizeof info;
+    check(ember_model_info(h.model, &info), "model info");
+    std::vector<int32_t> ids = tokenize(h.model, text, true, false);
+    const long long max_tokens = a.integer("--max-tokens", 0, 0, 1LL << 40);
+    if (max_tokens > 0 && static_cast<size_t>(max_tokens) < ids.size()) ids.resize(static_cast<size_t>(max_tokens));
+    return perplexity_stream(a, std::move(ids), h, info, static_cast<int>(a.integer("-t", 0, 0, 1024)));
+  }
   const std::string text = read_file(a.str("-f"));
   Handles h;
   load(h, a, static_cast<int>(a.integer("-t", 0, 0, 1024)));
@@ -461,6 +627,8 @@ void usage() {
                "  generate   [-m MODEL] -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P] [--seed S] [--chat]\n"
                "  chat       [-m MODEL] [--system TEXT]\n"
                "  perplexity [-m MODEL] -f FILE [--ctx C] [--max-tokens N]\n"
+               "  perplexity [-m MODEL] -f FILE --stream --cache full|window:W|sink:S:W|recompute:W\n"
+               "             [--max-tokens N] [--series FILE.csv]\n"
                "  bench      [-m MODEL] [-p 512] [-n 128] [-t THREADS] [--sessions K] [--json]\n"
                "  tokenize   [-m MODEL] (-p TEXT | -f FILE) [--special]\n"
                "MODEL defaults to $EMBER_HOME/SmolLM2-135M-Instruct.Q4_1.gguf (EMBER_HOME: ~/.cache/ember).\n");

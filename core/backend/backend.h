@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/tensor/types.h"
+#include "core/util/status.h"
 
 namespace ember {
 
@@ -53,6 +54,10 @@ struct AttentionSeq {
   int32_t n_rows = 0;      // its rows are [first_row, first_row + n_rows)
   const int32_t* block_table = nullptr;  // host pointer, n_blocks entries
   int32_t n_blocks = 0;
+  // Cache slots [hole_begin, hole_end) are skipped (tokens a window/sink
+  // cache policy evicted next to its sinks); empty by default.
+  int32_t hole_begin = 0;
+  int32_t hole_end = 0;
 };
 
 struct AttentionParams {
@@ -104,12 +109,29 @@ class Backend {
   // over the paged cache of `layer`.
   virtual void attention(int32_t layer, const float* q, const AttentionSeq* seqs, int32_t n_seqs,
                          const AttentionParams& params, float* out) = 0;
+  // K-shift: re-rotates the keys of whole blocks, every layer, by `delta`
+  // positions (RoPE(p) k becomes RoPE(p + delta) k; same layout as rope()).
+  // Used when a cache policy moves kept tokens to lower positions.
+  virtual void kv_rope_shift(const int32_t* blocks, int32_t n, int32_t delta, int32_t rot_dim,
+                             float freq_base) {
+    (void)blocks, (void)n, (void)delta, (void)rot_dim, (void)freq_base;
+    unsupported("kv_rope_shift");
+  }
+  // Copies one block (every layer, K then V: KvGeometry::bytes_per_block()
+  // bytes, host memory) out of or into the pool: session save and restore.
+  virtual void kv_read_block(int32_t block, void* dst) { (void)block, (void)dst; unsupported("kv_read_block"); }
+  virtual void kv_write_block(int32_t block, const void* src) { (void)block, (void)src; unsupported("kv_write_block"); }
   // out = silu(gate) * up, n elements.
   virtual void swiglu(const float* gate, const float* up, size_t n, float* out) = 0;
   // x += y, n elements.
   virtual void add(float* x, const float* y, size_t n) = 0;
   // Gathers rows: out[i] = x[rows[i]] (rows of `dim`).
   virtual void gather_rows(const float* x, const int32_t* rows, int32_t n, int32_t dim, float* out) = 0;
+
+ protected:
+  [[noreturn]] void unsupported(const char* op) const {
+    fail(StatusCode::kUnsupported, name() + ": " + op + " is not implemented by this backend");
+  }
 };
 
 // Creates the CPU backend (threads: 0 = all cores). batch_invariant: every

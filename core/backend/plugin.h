@@ -87,16 +87,20 @@ class BackendExtras {
   virtual void sample(float* logits, int32_t rows, int32_t vocab, const DeviceSamplingParams* params,
                       const DevicePenalties* penalties, int32_t* out_tokens) = 0;
 
-  // CUDA graphs for decode steps. Between graph_begin and graph_end the
-  // backend only records the operations (host metadata is staged, nothing is
-  // launched); graph_end uploads the staged metadata in one copy and either
-  // replays the graph cached under `key` (when the recorded operations are
-  // identical to the captured ones, pointers and launch shapes included) or
-  // captures a new one. `key` only selects the cache slot: a wrong key costs
-  // a capture, never a wrong result. No download/upload/alloc/free/upload_weight
-  // may happen inside the region (they throw kInternal). If an operation
-  // throws inside the region the recording is dropped; call graph_abort()
-  // when the caller abandons a step for another reason.
+  // CUDA graphs for decode steps. From graph_begin on, the backend records
+  // the ops (host metadata is staged, nothing is launched) until graph_end or
+  // until an op that cannot be recorded (download, upload, upload_weight,
+  // kv_init, synchronize, sampling, free_buffer after recorded ops) ends the
+  // region implicitly, so a caller may simply call graph_begin at the start of
+  // a step and let the logits download end it. Ending a region uploads the
+  // staged metadata in one copy and replays the graph cached under `key` when
+  // the recorded ops are identical to the captured ones (pointers and launch
+  // shapes included), else captures (or updates) it. Results are always those
+  // of eager execution: `key` only picks the cache slot, so a wrong key costs
+  // a capture, never a wrong result. graph_abort ends a region without a
+  // graph (the recorded ops still run); an exception inside a region does
+  // the same before it propagates. Worth it for decode steps (same shapes
+  // step after step); prefill shapes rarely repeat.
   virtual void graph_begin(uint64_t key) = 0;
   virtual void graph_end() = 0;
   virtual void graph_abort() = 0;
@@ -108,7 +112,7 @@ class BackendExtras {
 // The plugin ABI.
 
 // Bump on any change to Backend, BackendExtras or the structs they take.
-inline constexpr uint32_t kBackendPluginAbi = 1;
+inline constexpr uint32_t kBackendPluginAbi = 2;  // 2: kv_rope_shift, kv_read/write_block, AttentionSeq holes
 
 // A hash of what both sides must agree on: the sizes of the interface
 // structs and the C++ library ABI. Computed from the headers each side was

@@ -13,6 +13,10 @@ struct BatchSeq {
   int32_t first_row = 0;
   int32_t n_rows = 0;
   std::vector<int32_t> block_table;  // the sequence's blocks, covering every slot used
+  // Cache slots [hole_begin, hole_end) are not attended (evicted by a cache
+  // policy, see core/kv_cache/streaming.h); empty for most sequences.
+  int32_t hole_begin = 0;
+  int32_t hole_end = 0;
 };
 
 struct Batch {
@@ -44,6 +48,30 @@ struct Batch {
       kv_len.push_back(n_past + i + 1);
       seq_of_row.push_back(seq_index);
       if (logits_for_all || (logits_for_last && i == n - 1)) logit_rows.push_back(row);
+    }
+    seqs.push_back(std::move(s));
+  }
+
+  // Appends `n` rows of one sequence with explicit RoPE positions and cache
+  // slots (a window/sink sequence): row i attends to slots [0, slots[i] + 1)
+  // minus [hole_begin, hole_end). Rows i >= first_logit get logits.
+  void add_rows(const int32_t* toks, const int32_t* pos, const int32_t* slot, int32_t n,
+                std::vector<int32_t> block_table, int32_t hole_begin, int32_t hole_end, int32_t first_logit) {
+    BatchSeq s;
+    s.first_row = n_rows();
+    s.n_rows = n;
+    s.block_table = std::move(block_table);
+    s.hole_begin = hole_begin;
+    s.hole_end = hole_end;
+    const int32_t seq_index = static_cast<int32_t>(seqs.size());
+    for (int32_t i = 0; i < n; ++i) {
+      const int32_t row = n_rows();
+      tokens.push_back(toks[i]);
+      positions.push_back(pos[i]);
+      slots.push_back(slot[i]);
+      kv_len.push_back(slot[i] + 1);
+      seq_of_row.push_back(seq_index);
+      if (i >= first_logit) logit_rows.push_back(row);
     }
     seqs.push_back(std::move(s));
   }

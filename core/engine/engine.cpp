@@ -120,22 +120,34 @@ class Engine::Budget final : public KvBudget {
   bool allocate(SchedSequence& seq, size_t n_slots) override {
     Session& se = session(seq);
     std::lock_guard<std::mutex> lock(se.mutex_);
+    // n_slots counts history tokens; a bounded policy maps them to fewer slots.
+    if (se.bounded()) return se.make_room_locked(n_slots - std::min(n_slots, se.n_cached_));
     if (!cache_.reserve(se.block_table_, static_cast<int32_t>(n_slots))) return false;
     return cache_.prepare_write(se.block_table_, static_cast<int32_t>(se.n_cached_));
   }
   void free(SchedSequence& seq) override {
     Session& se = session(seq);
     std::lock_guard<std::mutex> lock(se.mutex_);
+    // A session that evicted tokens cannot recompute its cache: it is never
+    // preempted (SchedSequence::preemptible) and its pool share was checked
+    // when it was created, so it keeps its blocks.
+    if (se.bounded() && se.layout_.shifted()) return;
     cache_.release(se.block_table_);
     se.n_cached_ = 0;
     seq.n_computed = 0;
   }
   void admit(SchedSequence& seq) override {
+    const Stream& st = *streams_[seq.id];
     Session& se = session(seq);
     std::lock_guard<std::mutex> lock(se.mutex_);
     if (!se.block_table_.empty() || se.tokens_.empty()) return;
-    // Reuse cached full blocks, leaving at least the last token to compute.
-    const size_t max_blocks = (se.tokens_.size() - 1) / static_cast<size_t>(cache_.block_size());
+    // Reuse cached full blocks, leaving at least the last token to compute
+    // (and, when scoring, every token whose logits are wanted); a bounded
+    // session takes at most its cache size.
+    const size_t bs = static_cast<size_t>(cache_.block_size());
+    size_t max_blocks = (se.tokens_.size() - 1) / bs;
+    if (st.score_mode_ && st.score_first_ > 0) max_blocks = std::min(max_blocks, (st.score_first_ - 1) / bs);
+    if (se.bounded()) max_blocks = std::min(max_blocks, static_cast<size_t>(se.policy_.capacity()) / bs);
     se.block_table_ = cache_.match_prefix(se.tokens_.data(), se.tokens_.size(), max_blocks);
     se.n_cached_ = se.block_table_.size() * static_cast<size_t>(cache_.block_size());
     seq.n_computed = se.n_cached_;
@@ -186,9 +198,9 @@ size_t Engine::step() {
     Session& se = *s.session_;
     std::lock_guard<std::mutex> lock(se.mutex_);
     s.sched_.id = by_index.size();
-    s.sched_.n_tokens = se.tokens_.size();
-    s.sched_.n_computed = se.n_cached_;
-    s.sched_.running = !se.block_table_.empty();
+    se.fill_sched_locked(s.sched_);
+    // Scoring leaves the last token pending (its logits predict nothing known).
+    if (s.score_mode_) s.sched_.n_tokens = se.tokens_.size() - 1;
     by_index.push_back(&s);
     seqs.push_back(&s.sched_);
   }
@@ -204,6 +216,8 @@ size_t Engine::step() {
     Stream* stream;
     int32_t chunk;
     int32_t logit_index;  // -1: no logits this step
+    size_t first_logit;   // history index of the row at logit_index
+    int32_t n_logit_rows;
   };
   std::vector<Entry> entries;
   Batch batch;
@@ -212,10 +226,23 @@ size_t Engine::step() {
     Stream& s = *by_index[seq->id];
     Session& se = *s.session_;
     std::lock_guard<std::mutex> lock(se.mutex_);
-    const bool last = se.n_cached_ + static_cast<size_t>(chunk) == se.tokens_.size();
-    batch.add_sequence(se.tokens_.data() + se.n_cached_, chunk, static_cast<int32_t>(se.n_cached_),
-                       se.block_table_, last);
-    entries.push_back({&s, chunk, last ? n_logits++ : -1});
+    const size_t end = se.n_cached_ + static_cast<size_t>(chunk);
+    if (s.score_mode_) {
+      const size_t from = std::max(se.n_cached_, s.score_first_ == 0 ? size_t{0} : s.score_first_ - 1);
+      const int32_t rows = end > from ? static_cast<int32_t>(end - from) : 0;
+      se.add_rows_locked(batch, chunk, from);
+      entries.push_back({&s, chunk, rows > 0 ? n_logits : -1, from, rows});
+      n_logits += rows;
+      continue;
+    }
+    const bool last = end == se.tokens_.size();
+    if (se.bounded()) {
+      se.add_rows_locked(batch, chunk, last ? end - 1 : SIZE_MAX);
+    } else {
+      batch.add_sequence(se.tokens_.data() + se.n_cached_, chunk, static_cast<int32_t>(se.n_cached_),
+                         se.block_table_, last);
+    }
+    entries.push_back({&s, chunk, last ? n_logits++ : -1, end - 1, last ? 1 : 0});
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -246,12 +273,40 @@ size_t Engine::step() {
     Stream& s = *en.stream;
     Session& se = *s.session_;
     std::vector<int32_t> history;
+    bool scored_all = false;
     {
       std::lock_guard<std::mutex> lock(se.mutex_);
       se.n_cached_ += static_cast<size_t>(en.chunk);
-      cache_->commit(se.block_table_, se.tokens_.data(), se.n_cached_);
+      // Blocks of a session that evicted tokens hold K/V at moved positions
+      // and computed without the evicted context: never indexed.
+      if (!se.layout_.shifted()) cache_->commit(se.block_table_, se.tokens_.data(), se.n_cached_);
       if (!s.started_decoding_) s.stats_prompt_add(en.chunk);
-      if (en.logit_index >= 0) history = se.tokens_;
+      if (s.score_mode_) {
+        for (int32_t r = 0; r < en.n_logit_rows; ++r) {
+          const size_t target = en.first_logit + static_cast<size_t>(r) + 1;  // history index predicted
+          if (target >= se.tokens_.size() || target < s.score_first_) continue;
+          const float* row = logits_.data() + static_cast<size_t>(en.logit_index + r) * n_vocab;
+          const float mx = *std::max_element(row, row + n_vocab);
+          double sum = 0.0;
+          for (int32_t v = 0; v < n_vocab; ++v) sum += std::exp(static_cast<double>(row[v] - mx));
+          s.scores_[target - s.score_first_] = static_cast<float>(row[se.tokens_[target]] - mx - std::log(sum));
+        }
+        scored_all = se.n_cached_ + 1 >= se.tokens_.size();
+      } else if (en.logit_index >= 0) {
+        // The sampler reads only the penalty window of the history.
+        const int32_t last_n = s.params_.sampling.penalty_last_n;
+        const size_t n = se.tokens_.size();
+        const size_t keep = last_n < 0 ? n : std::min(n, static_cast<size_t>(last_n));
+        history.assign(se.tokens_.end() - static_cast<std::ptrdiff_t>(keep), se.tokens_.end());
+      }
+    }
+    if (s.score_mode_) {
+      if (s.cancel_requested_) {
+        s.finish(EndReason::kCancelled);
+      } else if (scored_all) {
+        s.finish(EndReason::kNone);
+      }
+      continue;
     }
     if (en.logit_index < 0) continue;
     if (s.cancel_requested_) {
@@ -312,11 +367,25 @@ void Engine::score(const int32_t* tokens, size_t n, float* logprobs, float* logi
 // ------------------------------------------------------------------ Session
 
 Session::Session(std::shared_ptr<EngineOwner> engine, int32_t n_ctx, const std::string& system_prompt,
-                 int32_t priority)
-    : engine_(std::move(engine)), priority_(priority) {
+                 int32_t priority, CachePolicy policy)
+    : engine_(std::move(engine)), priority_(priority), policy_(policy) {
   const int32_t train = (*engine_)->model().config().n_ctx_train;
   if (n_ctx < 0) fail(StatusCode::kInvalidArgument, "session: n_ctx must be >= 0");
   n_ctx_ = n_ctx == 0 ? train : std::min(n_ctx, train);
+  if (policy_.bounded()) {
+    KvCache& cache = (*engine_)->cache();
+    if (policy_.kind == CachePolicyKind::kWindow) policy_.sink_tokens = 0;
+    if (policy_.window_tokens == 0) policy_.window_tokens = n_ctx_ - policy_.sink_tokens;
+    policy_.validate(cache.block_size(), train);
+    layout_ = StreamingLayout(policy_.sink_tokens, policy_.window_tokens, cache.block_size());
+    // It holds its blocks for its whole life and can never be preempted once
+    // it has evicted, so the pool must be able to hold all of them.
+    const size_t blocks = (static_cast<size_t>(layout_.max_slots()) + cache.block_size() - 1) / cache.block_size();
+    if (blocks > cache.total_blocks()) {
+      fail(StatusCode::kOutOfMemory, "session: the cache policy needs " + std::to_string(blocks) +
+                                         " KV blocks but the pool has " + std::to_string(cache.total_blocks()));
+    }
+  }
   if (!system_prompt.empty()) {
     messages_.push_back({"system", system_prompt});
     mode_ = Mode::kChat;
@@ -369,7 +438,7 @@ void Session::add_tokens(std::vector<int32_t> ids) {
 }
 
 void Session::append_tokens_locked(const std::vector<int32_t>& ids) {
-  if (tokens_.size() + ids.size() > static_cast<size_t>(n_ctx_)) {
+  if (!bounded() && tokens_.size() + ids.size() > static_cast<size_t>(n_ctx_)) {
     fail(StatusCode::kContextFull, std::to_string(tokens_.size() + ids.size()) +
                                        " tokens exceed the session's context of " + std::to_string(n_ctx_));
   }
@@ -385,6 +454,8 @@ void Session::reset() {
   n_cached_ = 0;
   messages_.clear();
   mode_ = Mode::kEmpty;
+  if (bounded()) layout_ = StreamingLayout(policy_.sink_tokens, policy_.window_tokens, layout_.block_size());
+  max_position_ = -1;
 }
 
 void Session::cancel_active() {
@@ -405,7 +476,12 @@ size_t Session::token_count() const {
 // starve running ones: with prefix caching its full blocks stay in the pool's
 // index (evictable, oldest first) and the next turn finds them again through
 // the prefix cache; without it, the next turn recomputes.
+//
+// Window/sink sessions keep their blocks instead: their footprint is bounded
+// (S + W tokens), and once they have evicted tokens their cache could not be
+// found again nor recomputed.
 void Session::park_locked() {
+  if (bounded()) return;
   KvCache& cache = (*engine_)->cache();
   cache.commit(block_table_, tokens_.data(), n_cached_);
   cache.release(block_table_);
@@ -413,6 +489,15 @@ void Session::park_locked() {
 }
 
 void Session::truncate_cache_locked(size_t n) {
+  if (n < n_cached_ && bounded()) {
+    if (!layout_.can_truncate(static_cast<int64_t>(n))) {
+      fail(StatusCode::kUnsupported, "the session's history changed at token " + std::to_string(n) +
+                                         ", which its cache policy has already evicted");
+    }
+    n_cached_ = n;
+    (*engine_)->cache().truncate(block_table_, layout_.kv_len(static_cast<int64_t>(n)));
+    return;
+  }
   if (n < n_cached_) {
     n_cached_ = n;
     (*engine_)->cache().truncate(block_table_, static_cast<int32_t>(n));
@@ -443,12 +528,14 @@ std::shared_ptr<Stream> Session::start(const StreamParams& params) {
     require_idle_locked();
     if (mode_ == Mode::kChat) sync_chat_tokens_locked();
     if (tokens_.empty()) fail(StatusCode::kInvalidArgument, "stream_start: the session is empty; add a message or text first");
-    if (tokens_.size() >= static_cast<size_t>(n_ctx_)) {
+    if (!bounded() && tokens_.size() >= static_cast<size_t>(n_ctx_)) {
       fail(StatusCode::kContextFull, "stream_start: the prompt (" + std::to_string(tokens_.size()) +
                                          " tokens) fills the session's context of " + std::to_string(n_ctx_));
     }
     KvCache& cache = (*engine_)->cache();
-    const size_t need_blocks = (tokens_.size() + 1 + cache.block_size() - 1) / cache.block_size();
+    size_t need_slots = tokens_.size() + 1;
+    if (bounded()) need_slots = std::min(need_slots, static_cast<size_t>(layout_.max_slots()));
+    const size_t need_blocks = (need_slots + cache.block_size() - 1) / cache.block_size();
     if (need_blocks > cache.stats().blocks_total) {
       fail(StatusCode::kOutOfMemory, "stream_start: the prompt needs " + std::to_string(need_blocks) +
                                          " KV blocks but the pool has " + std::to_string(cache.stats().blocks_total));
@@ -464,6 +551,108 @@ std::shared_ptr<Stream> Session::start(const StreamParams& params) {
   }
   (*engine_)->submit(stream);
   return stream;
+}
+
+void Session::fill_sched_locked(SchedSequence& seq) const {
+  seq.n_tokens = tokens_.size();
+  seq.n_computed = n_cached_;
+  seq.running = !block_table_.empty();
+  seq.max_chunk = bounded() ? static_cast<size_t>(layout_.max_chunk()) : 0;
+  seq.max_slots = bounded() ? static_cast<size_t>(layout_.max_slots()) : 0;
+  seq.preemptible = !(bounded() && layout_.shifted());
+}
+
+bool Session::make_room_locked(size_t n_new) {
+  Engine& engine = **engine_;
+  KvCache& cache = engine.cache();
+  const int32_t bs = cache.block_size();
+  const int64_t done = static_cast<int64_t>(n_cached_);
+  const StreamingLayout::Eviction ev = layout_.plan(done, static_cast<int32_t>(n_new));
+  if (ev.any()) {
+    // The kept window moves to lower positions: its blocks must be private
+    // (a shared one is copied) and leave the prefix index before the K-shift.
+    if (!cache.prepare_write(block_table_, ev.first_block * bs)) return false;
+    cache.drop_blocks(block_table_, static_cast<size_t>(ev.first_block), static_cast<size_t>(ev.dropped_blocks));
+    layout_.apply(ev);
+    const size_t used = (static_cast<size_t>(layout_.kv_len(done)) + bs - 1) / bs;
+    std::vector<int32_t> window;
+    for (size_t i = static_cast<size_t>(ev.first_block); i < std::min(used, block_table_.size()); ++i) {
+      window.push_back(block_table_[i]);
+    }
+    const auto& c = engine.model().config();
+    cache.shift_keys(window, -ev.shift, c.rope_dim, c.rope_freq_base);
+  }
+  if (!cache.reserve(block_table_, layout_.kv_len(done + static_cast<int64_t>(n_new)))) return false;
+  return cache.prepare_write(block_table_, layout_.kv_len(done));
+}
+
+void Session::add_rows_locked(Batch& batch, int32_t n, size_t first_logit) {
+  std::vector<int32_t> pos(static_cast<size_t>(n)), slot(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) {
+    const int64_t t = static_cast<int64_t>(n_cached_) + i;
+    pos[i] = bounded() ? layout_.position_of(t) : static_cast<int32_t>(t);
+    slot[i] = bounded() ? layout_.slot_of(t) : static_cast<int32_t>(t);
+    max_position_ = std::max(max_position_, pos[i]);
+  }
+  const int32_t first = first_logit <= n_cached_ ? 0
+                        : static_cast<int32_t>(std::min<size_t>(first_logit - n_cached_, static_cast<size_t>(n)));
+  const bool hole = bounded() && layout_.hole_end() > layout_.hole_begin();
+  batch.add_rows(tokens_.data() + n_cached_, pos.data(), slot.data(), n, block_table_, hole ? layout_.hole_begin() : 0,
+                 hole ? layout_.hole_end() : 0, first);
+}
+
+SessionCacheInfo Session::cache_info() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  SessionCacheInfo info;
+  info.policy = policy_;
+  info.n_tokens = tokens_.size();
+  info.n_processed = n_cached_;
+  info.resident = bounded() ? static_cast<size_t>(layout_.resident(static_cast<int64_t>(n_cached_))) : n_cached_;
+  info.evicted = static_cast<uint64_t>(layout_.n_evicted());
+  info.blocks = block_table_.size();
+  const size_t bs = static_cast<size_t>((*engine_)->cache().block_size());
+  info.max_blocks = bounded() ? (static_cast<size_t>(layout_.max_slots()) + bs - 1) / bs : 0;
+  info.max_position = max_position_;
+  return info;
+}
+
+void Session::score(const std::vector<int32_t>& ids, float* out) {
+  const int32_t n_vocab = (*engine_)->model().config().n_vocab;
+  for (int32_t id : ids) {
+    if (id < 0 || id >= n_vocab) fail(StatusCode::kInvalidArgument, "score: token id " + std::to_string(id) + " out of range");
+  }
+  if (out) std::fill(out, out + ids.size(), std::nanf(""));
+  if (ids.empty()) return;
+  std::shared_ptr<Stream> stream;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    require_idle_locked();
+    if (mode_ == Mode::kChat) fail(StatusCode::kInvalidArgument, "score: the session holds chat messages; reset it first");
+    const size_t first = tokens_.size();
+    append_tokens_locked(ids);
+    // Logits are needed from the token before the first scored one.
+    if (out && first > 0 && n_cached_ > first - 1) truncate_cache_locked(first - 1);
+    if (n_cached_ + 1 >= tokens_.size()) return;  // nothing to run (e.g. the very first token)
+    stream = std::make_shared<Stream>(shared_from_this(), StreamParams{}, tokens_.size() - n_cached_);
+    stream->score_mode_ = true;
+    // Without `out` nothing is scored: logits only from the last token on.
+    stream->score_first_ = out ? first : tokens_.size();
+    stream->scores_.assign(tokens_.size() - stream->score_first_, std::nanf(""));
+    stream->sched_.priority = priority_;
+    stream->sched_.arrival = (*engine_)->next_arrival();
+    busy_ = true;
+    active_ = stream;
+  }
+  (*engine_)->submit(stream);
+  stream->wait();
+  StreamEvent ev;
+  while (stream->next(ev, 0) == StatusCode::kOk) {
+    if (ev.type == StreamEvent::kError) throw Error(ev.status, "score: " + ev.error);
+    if (ev.type == StreamEvent::kEnd && ev.end_reason == EndReason::kCancelled) {
+      fail(StatusCode::kCancelled, "score: cancelled");
+    }
+  }
+  if (out) std::copy(stream->scores_.begin(), stream->scores_.end(), out);
 }
 
 // ------------------------------------------------------------------ Stream
@@ -548,12 +737,12 @@ void Stream::on_token(int32_t token, bool is_eog) {
   }
   ++generated_;
   Session& se = *session_;
-  int32_t n_ctx;
+  size_t n_ctx;
   size_t n_tokens;
   {
     std::lock_guard<std::mutex> lock(se.mutex_);
     se.tokens_.push_back(token);
-    n_ctx = se.n_ctx_;
+    n_ctx = se.bounded() ? SIZE_MAX : static_cast<size_t>(se.n_ctx_);  // a bounded cache never fills
     n_tokens = se.tokens_.size();
   }
   if (is_eog && !params_.ignore_eos) {
@@ -574,7 +763,7 @@ void Stream::on_token(int32_t token, bool is_eog) {
   emit_text(false);
   if (generated_ >= static_cast<size_t>(params_.max_tokens)) {
     finish(EndReason::kMaxTokens);
-  } else if (n_tokens >= static_cast<size_t>(n_ctx)) {
+  } else if (n_tokens >= n_ctx) {
     finish(EndReason::kContextFull);
   }
 }

@@ -23,6 +23,7 @@
 
 #include "core/chat/chat_template.h"
 #include "core/kv_cache/kv_cache.h"
+#include "core/kv_cache/streaming.h"
 #include "core/model/model.h"
 #include "core/sampling/sampler.h"
 #include "core/scheduler/scheduler.h"
@@ -31,6 +32,7 @@
 namespace ember {
 
 class LlamaForward;
+struct Batch;
 class StreamingDetokenizer;
 class EngineOwner;
 class Session;
@@ -150,11 +152,41 @@ class EngineOwner {
   std::shared_ptr<Engine> engine_;
 };
 
+// What a session's cache holds (ember_session_cache_info).
+struct SessionCacheInfo {
+  CachePolicy policy;
+  size_t n_tokens = 0;       // tokens in the history
+  size_t n_processed = 0;    // history tokens run through the model (resident or evicted)
+  size_t resident = 0;       // tokens whose K/V are in the cache now
+  uint64_t evicted = 0;      // tokens evicted by the policy
+  size_t blocks = 0;         // KV blocks held
+  size_t max_blocks = 0;     // the most it can hold (bounded policies; 0 = unbounded)
+  int32_t max_position = -1; // highest RoPE position any of its tokens was given
+};
+
 class Session : public std::enable_shared_from_this<Session> {
  public:
+  // n_ctx: the context of a full session; for a window/sink policy with
+  // window_tokens == 0 the cache size S + W (W = n_ctx - S).
   Session(std::shared_ptr<EngineOwner> engine, int32_t n_ctx, const std::string& system_prompt,
-          int32_t priority = 0);
+          int32_t priority = 0, CachePolicy policy = {});
   ~Session();
+
+  // Appends `ids` (completion mode) and scores them under the cache policy
+  // through the engine's scheduler: out[i] = log p(ids[i] | every session
+  // token before it), NaN for a token with nothing before it. out may be
+  // nullptr (ingest only). The last token stays pending (not yet run), so the
+  // next call or stream continues from it. Blocks until done.
+  void score(const std::vector<int32_t>& ids, float* out);
+  SessionCacheInfo cache_info() const;
+  const CachePolicy& policy() const { return policy_; }
+
+  // Writes the session (history, policy, messages, KV) to `path`
+  // (core/engine/session_file.cpp). The session must be idle.
+  void save(const std::string& path);
+  // Restores a saved session on `engine`; priority < 0 keeps the saved one.
+  static std::shared_ptr<Session> load(std::shared_ptr<EngineOwner> engine, const std::string& path,
+                                       int32_t priority = -1);
 
   void add_message(const std::string& role, const std::string& content);
   void add_text(const std::string& text, bool parse_special);
@@ -175,6 +207,15 @@ class Session : public std::enable_shared_from_this<Session> {
   void append_tokens_locked(const std::vector<int32_t>& ids);
   void sync_chat_tokens_locked();
   void truncate_cache_locked(size_t n);
+  bool bounded() const { return policy_.bounded(); }
+  // Bounded policies: evicts (and K-shifts) so that `n_new` tokens fit the
+  // window, then reserves their slots. False (retry later) when the pool has
+  // no block for them.
+  bool make_room_locked(size_t n_new);
+  // Appends rows for tokens [n_cached_, n_cached_ + n) to `batch`; rows at
+  // history index >= first_logit get logits.
+  void add_rows_locked(Batch& batch, int32_t n, size_t first_logit);
+  void fill_sched_locked(SchedSequence& seq) const;
 
   std::shared_ptr<EngineOwner> engine_;
   int32_t n_ctx_;
@@ -188,6 +229,9 @@ class Session : public std::enable_shared_from_this<Session> {
   size_t n_cached_ = 0;
   std::vector<int32_t> block_table_;
   std::weak_ptr<Stream> active_;
+  CachePolicy policy_;
+  StreamingLayout layout_;    // bounded policies: where the tokens sit in block_table_
+  int32_t max_position_ = -1; // highest RoPE position given to any of its rows
 };
 
 class Stream : public std::enable_shared_from_this<Stream> {
@@ -228,6 +272,11 @@ class Stream : public std::enable_shared_from_this<Stream> {
   std::string reply_text_;             // everything emitted, for the session's messages
   std::atomic<size_t> generated_{0};
   std::atomic<bool> started_decoding_{false};
+  // Scoring (Session::score) instead of sampling: rows from history index
+  // score_first_ - 1 on get logits; scores_[i] is log p(token score_first_ + i).
+  bool score_mode_ = false;
+  size_t score_first_ = 0;
+  std::vector<float> scores_;
 
   mutable std::mutex mutex_;
   std::condition_variable cv_;

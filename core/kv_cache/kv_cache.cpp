@@ -76,7 +76,8 @@ int32_t KvCache::take_free_block_locked() {
   return b;
 }
 
-std::vector<int32_t> KvCache::match_prefix(const int32_t* tokens, size_t n_tokens, size_t max_blocks) {
+std::vector<int32_t> KvCache::match_prefix(const int32_t* tokens, size_t n_tokens, size_t max_blocks,
+                                           bool count_stats) {
   std::vector<int32_t> out;
   if (!prefix_caching_) return out;
   const int32_t bs = geometry_.block_size;
@@ -95,8 +96,10 @@ std::vector<int32_t> KvCache::match_prefix(const int32_t* tokens, size_t n_token
     out.push_back(it->second);
     parent = h;
   }
-  counters_.prefix_hits += out.size();
-  counters_.prefix_misses += full - out.size();
+  if (count_stats) {
+    counters_.prefix_hits += out.size();
+    counters_.prefix_misses += full - out.size();
+  }
   return out;
 }
 
@@ -174,6 +177,28 @@ void KvCache::truncate(std::vector<int32_t>& block_table, int32_t n_slots) {
   std::lock_guard<std::mutex> lock(mutex_);
   for (size_t i = block_table.size(); i-- > keep;) unref_locked(block_table[i]);
   block_table.resize(keep);
+}
+
+void KvCache::drop_blocks(std::vector<int32_t>& block_table, size_t first, size_t count) {
+  if (count == 0) return;
+  if (first + count > block_table.size()) fail(StatusCode::kInternal, "kv cache: dropping blocks past the table");
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (size_t i = first; i < first + count; ++i) unref_locked(block_table[i]);
+  block_table.erase(block_table.begin() + static_cast<std::ptrdiff_t>(first),
+                    block_table.begin() + static_cast<std::ptrdiff_t>(first + count));
+}
+
+void KvCache::shift_keys(const std::vector<int32_t>& blocks, int32_t delta, int32_t rot_dim, float freq_base) {
+  if (blocks.empty() || delta == 0) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (int32_t b : blocks) {
+      if (b < 0 || b >= geometry_.num_blocks || blocks_[b].refcount != 1 || blocks_[b].hashed) {
+        fail(StatusCode::kInternal, "kv cache: K-shift of a block that is shared or indexed");
+      }
+    }
+  }
+  backend_.kv_rope_shift(blocks.data(), static_cast<int32_t>(blocks.size()), delta, rot_dim, freq_base);
 }
 
 size_t KvCache::available_blocks() const {

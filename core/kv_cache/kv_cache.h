@@ -43,7 +43,8 @@ class KvCache {
   // Longest run of cached full blocks that starts `tokens`, at most
   // `max_blocks`; the returned blocks are referenced by the caller (release
   // them like any other). Counts prefix hits and misses.
-  std::vector<int32_t> match_prefix(const int32_t* tokens, size_t n_tokens, size_t max_blocks);
+  std::vector<int32_t> match_prefix(const int32_t* tokens, size_t n_tokens, size_t max_blocks,
+                                    bool count_stats = true);
 
   // Grows `block_table` so it covers `n_slots` slots, evicting cached blocks
   // if needed. All or nothing: false (table unchanged) when the pool lacks
@@ -60,6 +61,16 @@ class KvCache {
   // (last block first, so the tail of a sequence is evicted before its head).
   void truncate(std::vector<int32_t>& block_table, int32_t n_slots);
   void release(std::vector<int32_t>& block_table) { truncate(block_table, 0); }
+  // Removes `count` blocks from `block_table` starting at index `first` and
+  // releases them (a cache policy evicting its oldest window blocks; the later
+  // entries move down, no KV is copied).
+  void drop_blocks(std::vector<int32_t>& block_table, size_t first, size_t count);
+  // K-shift of whole blocks (Backend::kv_rope_shift). The caller holds them
+  // privately (prepare_write) and none of them is in the prefix index.
+  void shift_keys(const std::vector<int32_t>& blocks, int32_t delta, int32_t rot_dim, float freq_base);
+  // Raw block contents (KvGeometry::bytes_per_block() bytes): save/restore.
+  void read_block(int32_t block, void* dst) const { backend_.kv_read_block(block, dst); }
+  void write_block(int32_t block, const void* src) { backend_.kv_write_block(block, src); }
 
   // Number of blocks that reserve() could hand out now (free + cached).
   size_t available_blocks() const;

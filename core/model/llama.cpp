@@ -72,7 +72,7 @@ void LlamaForward::forward(const Batch& batch, float* logits) {
   for (size_t s = 0; s < batch.seqs.size(); ++s) {
     const auto& bs = batch.seqs[s];
     seqs[s] = AttentionSeq{bs.first_row, bs.n_rows, bs.block_table.data(),
-                           static_cast<int32_t>(bs.block_table.size())};
+                           static_cast<int32_t>(bs.block_table.size()), bs.hole_begin, bs.hole_end};
     for (int32_t r = bs.first_row; r < bs.first_row + bs.n_rows; ++r) {
       const int32_t logical = batch.slots[r];
       const int32_t b = logical / block_size_;

@@ -26,7 +26,8 @@ StepPlan Scheduler::schedule(std::vector<SchedSequence*>& seqs, KvBudget& kv) {
       const bool decode = s.running && pending == 1;
       if ((pass == 0) != decode) continue;
       if (!s.running && running >= config_.max_running) continue;
-      if (s.n_tokens + 1 > kv.capacity_slots()) {
+      const size_t need_slots = s.max_slots ? std::min(s.n_tokens + 1, s.max_slots) : s.n_tokens + 1;
+      if (need_slots > kv.capacity_slots()) {
         if (s.running) kv.free(s);
         s.running = false;
         plan.failed.push_back(&s);
@@ -35,14 +36,16 @@ StepPlan Scheduler::schedule(std::vector<SchedSequence*>& seqs, KvBudget& kv) {
       }
       if (!s.running) kv.admit(s);
       const size_t todo = s.n_tokens - s.n_computed;
-      const int32_t chunk = static_cast<int32_t>(std::min<size_t>(todo, static_cast<size_t>(budget)));
+      size_t limit = static_cast<size_t>(budget);
+      if (s.max_chunk) limit = std::min(limit, s.max_chunk);
+      const int32_t chunk = static_cast<int32_t>(std::min<size_t>(todo, limit));
       bool ok = kv.allocate(s, s.n_computed + static_cast<size_t>(chunk));
       // Out of blocks: preempt the lowest-ranked running sequence that is
       // not already part of this step, and retry.
       while (!ok) {
         size_t victim = seqs.size();
         for (size_t j = seqs.size(); j-- > i + 1;) {
-          if (seqs[j]->running) {
+          if (seqs[j]->running && seqs[j]->preemptible) {
             victim = j;
             break;
           }

@@ -27,6 +27,10 @@ struct SchedSequence {
   size_t n_tokens = 0;    // tokens known: prompt + generated so far
   size_t n_computed = 0;  // tokens whose K/V are in the cache
   bool running = false;   // holds cache blocks
+  // Bounded cache policies (window/sink sessions, core/kv_cache/streaming.h):
+  size_t max_chunk = 0;     // most tokens per step (0: no limit)
+  size_t max_slots = 0;     // most slots it ever holds (0: n_tokens + 1)
+  bool preemptible = true;  // false once its cache cannot be recomputed (evicted tokens)
 };
 
 // The narrow cache interface: grow a sequence to n_slots (all or nothing),

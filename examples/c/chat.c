@@ -28,20 +28,11 @@
 
 #define DEFAULT_MODEL_FILE "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-/* The whole public ABI: a library missing any of these is not libember v1. */
+/* The whole public ABI: a library missing any of these is not the libember
+ * v1 this program was built for. CMake generates ember_symbols.inc from
+ * capi/ember.symbols: one line "name", per symbol. */
 static const char* const k_public_symbols[] = {
-    "ember_cache_stats",        "ember_detokenize",          "ember_engine_cache",
-    "ember_engine_create",      "ember_engine_destroy",      "ember_engine_params_init",
-    "ember_engine_scheduler",   "ember_engine_score",        "ember_last_error",
-    "ember_model_destroy",      "ember_model_info",          "ember_model_load",
-    "ember_model_params_init",  "ember_scheduler_stats",     "ember_session_add_message",
-    "ember_session_add_text",   "ember_session_add_tokens",  "ember_session_create",
-    "ember_session_destroy",    "ember_session_params_init", "ember_session_reset",
-    "ember_session_token_count", "ember_set_log_callback",   "ember_status_string",
-    "ember_stream_cancel",      "ember_stream_destroy",      "ember_stream_next",
-    "ember_stream_params_init", "ember_stream_set_callback", "ember_stream_start",
-    "ember_stream_stats",       "ember_stream_wait",         "ember_tokenize",
-    "ember_version",
+#include "ember_symbols.inc"
 };
 
 /* The functions this program calls, typed. */

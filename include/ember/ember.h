@@ -243,16 +243,45 @@ typedef struct ember_session_params {
   int32_t n_ctx;          /* max tokens held; 0 (default) = the model's context length */
   const char* system_prompt; /* optional first system message (copied); NULL = none */
   int32_t priority;       /* EMBER_PRIORITY_*; default INTERACTIVE */
+  int32_t cache_policy;   /* EMBER_CACHE_*; default FULL */
+  int32_t sink_tokens;    /* SINK: first tokens kept for ever; default 4 (0 allowed) */
+  int32_t window_tokens;  /* WINDOW/SINK: most recent tokens kept; 0 (default) =
+                             n_ctx - sink_tokens (the cache then holds n_ctx tokens) */
 } ember_session_params;
 
 /* Scheduling priority of a session's streams: interactive streams run before
  * background ones and may preempt them when the KV pool is full. */
 enum { EMBER_PRIORITY_INTERACTIVE = 0, EMBER_PRIORITY_BACKGROUND = 1 };
 
+/* Cache policies (fixed at creation).
+ *  FULL:   every token stays cached; the session ends at n_ctx tokens
+ *          (CONTEXT_FULL).
+ *  WINDOW: only the most recent window_tokens tokens stay (plain window
+ *          attention; kept for comparison: quality collapses once the first
+ *          tokens leave the cache).
+ *  SINK:   StreamingLLM: the first sink_tokens tokens (the attention sinks)
+ *          plus the most recent window_tokens tokens. The session never runs
+ *          out of context and its KV memory stays constant however long it
+ *          runs.
+ * WINDOW and SINK give the tokens positions inside the cache (sinks 0..S-1,
+ * window S..S+W-1), so no position ever reaches S + W; S + W must not exceed
+ * the model's context and W must be at least the engine's kv_block_size.
+ * Tokens leave the window a KV block at a time (kv_block_size tokens), so the
+ * window holds between W - kv_block_size + 1 and W tokens. Such a session
+ * keeps its KV blocks between turns (at most S + W tokens' worth; creation
+ * fails with OUT_OF_MEMORY if the pool cannot hold them) and, once it has
+ * evicted tokens, is never preempted and no longer shares its blocks through
+ * the prefix cache. History before the evicted tokens cannot be rewritten:
+ * a chat template that re-renders earlier text differently fails with
+ * UNSUPPORTED. */
+enum { EMBER_CACHE_FULL = 0, EMBER_CACHE_WINDOW = 1, EMBER_CACHE_SINK = 2 };
+
 EMBER_API void ember_session_params_init(ember_session_params* params);
 
 /* Creates an empty conversation on `engine` (which it keeps alive).
- * Errors: INVALID_ARGUMENT. Thread-safe. */
+ * Errors: INVALID_ARGUMENT (bad params, e.g. an unknown cache policy or a
+ * window smaller than a KV block), OUT_OF_MEMORY (the pool cannot hold a
+ * WINDOW/SINK cache). Thread-safe. */
 EMBER_API ember_status ember_session_create(ember_engine* engine, const ember_session_params* params,
                                             ember_session** out_session);
 
@@ -286,6 +315,60 @@ EMBER_API ember_status ember_session_reset(ember_session* session);
 
 /* Number of tokens the session holds (prompt and replies). */
 EMBER_API ember_status ember_session_token_count(const ember_session* session, size_t* out_count);
+
+/* Appends token ids (completion mode, as ember_session_add_tokens) and scores
+ * them through the engine under the session's cache policy: logprobs[i]
+ * receives log p(tokens[i] | every session token before it), computed with
+ * what the policy keeps of that context; NaN for a token with nothing before
+ * it (the first token of an empty session). `logprobs` holds n_tokens floats,
+ * or is NULL to only feed the tokens. The last token stays pending (its K/V
+ * are computed by the next call or stream), so a text can be fed one token at
+ * a time at the cost of one decode step each: streaming perplexity. Blocks
+ * until done; in manual-step mode it runs the engine's steps itself.
+ * Errors: INVALID_ARGUMENT (NULL, id out of range, chat session), BUSY,
+ * CONTEXT_FULL (FULL policy), OUT_OF_MEMORY, CANCELLED. Thread-safe per session. */
+EMBER_API ember_status ember_session_score(ember_session* session, const int32_t* tokens, size_t n_tokens,
+                                           float* logprobs);
+
+typedef struct ember_session_cache_info_t {
+  size_t size;               /* sizeof(ember_session_cache_info_t), set by the caller */
+  int32_t cache_policy;      /* EMBER_CACHE_* */
+  int32_t sink_tokens;       /* S (0 unless SINK) */
+  int32_t window_tokens;     /* W (0 for FULL) */
+  size_t n_tokens;           /* tokens in the history (as ember_session_token_count) */
+  size_t processed_tokens;   /* history tokens run through the model so far */
+  size_t resident_tokens;    /* tokens whose K/V are cached now (<= S + W when bounded) */
+  uint64_t evicted_tokens;   /* tokens the policy dropped from the cache */
+  size_t blocks;             /* KV blocks the session holds now */
+  size_t max_blocks;         /* the most it will ever hold (WINDOW/SINK), 0 for FULL */
+  int32_t max_position;      /* highest RoPE position given to any of its tokens
+                                (< S + W when bounded); -1 before the first */
+} ember_session_cache_info_t;
+
+/* What the session's cache holds. A FULL session holds no blocks between
+ * turns (they wait in the prefix cache). Errors: INVALID_ARGUMENT. Thread-safe. */
+EMBER_API ember_status ember_session_cache_info(const ember_session* session, ember_session_cache_info_t* info);
+
+/* Saves the session to a file at `path` (replaced atomically): its token
+ * history, cache policy, chat messages and KV blocks, in a versioned format
+ * with a checksum and a fingerprint of the model. For a FULL session the KV
+ * of its prefix still held by the pool is saved. A session restored with
+ * ember_session_load continues exactly as this one would (same engine
+ * settings). Errors: INVALID_ARGUMENT, BUSY (a stream runs), NOT_FOUND (the
+ * file cannot be written). Thread-safe per session. */
+EMBER_API ember_status ember_session_save(ember_session* session, const char* path);
+
+/* Restores a session saved by ember_session_save on `engine`, whose model must
+ * be the one that saved it. The policy, context, messages and history come
+ * from the file; of `params` (may be NULL) only `priority` is read. On success
+ * *out_session receives a new handle owned by the caller. Errors:
+ * INVALID_ARGUMENT (NULL), NOT_FOUND (missing/unreadable file), BAD_FORMAT
+ * (not a session file, truncated, checksum mismatch, inconsistent content),
+ * UNSUPPORTED (another model, another kv_block_size, a newer file version),
+ * OUT_OF_MEMORY (no room in the KV pool). The message says which.
+ * Thread-safe. */
+EMBER_API ember_status ember_session_load(ember_engine* engine, const char* path, const ember_session_params* params,
+                                          ember_session** out_session);
 
 /* ---------------------------------------------------------------- stream */
 

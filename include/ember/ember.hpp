@@ -218,6 +218,14 @@ class Engine {
     return s;
   }
 
+  // Manual-step engines (manual_step = 1): runs steps on this thread; returns
+  // the number of tokens processed (see ember_engine_step).
+  size_t step(int32_t max_ms, int32_t max_tokens = 0) {
+    size_t n = 0;
+    detail::check(ember_engine_step(get(), max_ms, max_tokens, &n));
+    return n;
+  }
+
   // log p(tokens[i+1] | tokens[0..i]) for each i: tokens.size() - 1 values.
   std::vector<float> score(const std::vector<int32_t>& tokens) const {
     std::vector<float> logprobs(tokens.size() + 1);  // n - 1 values are written
@@ -387,6 +395,13 @@ class Session {
     handle_ = Handle(s);
   }
 
+  // Restores a session saved with save() (see ember_session_load).
+  static Session load(const Engine& engine, const std::string& path) {
+    ember_session* s = nullptr;
+    detail::check(ember_session_load(engine.get(), detail::c_text(path, "path"), nullptr, &s));
+    return Session(s);
+  }
+
   ember_session* get() const noexcept { return handle_.get(); }
 
   void add_message(const std::string& role, const std::string& content) {
@@ -404,6 +419,19 @@ class Session {
     detail::check(ember_session_token_count(get(), &n));
     return n;
   }
+  // Appends `tokens` and returns log p(token | everything before it) for each
+  // (NaN for the very first token of an empty session); ember_session_score.
+  std::vector<float> score(const std::vector<int32_t>& tokens) {
+    std::vector<float> logprobs(tokens.size());
+    detail::check(ember_session_score(get(), tokens.data(), tokens.size(), logprobs.data()));
+    return logprobs;
+  }
+  ember_session_cache_info_t cache_info() const {
+    auto info = detail::sized<ember_session_cache_info_t>();
+    detail::check(ember_session_cache_info(get(), &info));
+    return info;
+  }
+  void save(const std::string& path) { detail::check(ember_session_save(get(), detail::c_text(path, "path"))); }
 
   Stream stream(const ember_stream_params& params = stream_params()) {
     ember_stream* s = nullptr;
@@ -420,6 +448,8 @@ class Session {
   }
 
  private:
+  explicit Session(ember_session* session) noexcept : handle_(session) {}
+
   using Handle = detail::Handle<ember_session, ember_session_destroy>;
   Handle handle_;
 };

@@ -380,6 +380,7 @@ TEST(CapiParams, AutoDeviceAndNoMmapWork) {
   ember_engine_params_init(&ep);
   ep.device = EMBER_DEVICE_AUTO;
   ep.kv_memory_bytes = kTestKvBytes;
+  ep.n_threads = 1;
   ember_engine* engine = nullptr;
   ASSERT_OK(ember_engine_create(copy, &ep, &engine));
   EnginePtr eguard(engine);

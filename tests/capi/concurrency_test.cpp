@@ -62,7 +62,7 @@ void expect_same(const Collected& got, const Collected& want, int i) {
 
 TEST(CapiConcurrency, EightSessionsMatchSoloRuns) {
   CAPI_REQUIRE_MODEL(model);
-  EnginePtr engine = make_engine(model, kTestKvBytes, 0);  // all cores: OpenMP in the worker too
+  EnginePtr engine = make_engine(model);
   ASSERT_TRUE(engine);
   const std::vector<Request> reqs = requests();
   std::vector<Collected> solo;
@@ -230,7 +230,8 @@ TEST(CapiConcurrency, DestroyWhileRunningFromManyThreads) {
 
 TEST(CapiConcurrency, ScoreAndTokenizeBesideStreams) {
   CAPI_REQUIRE_MODEL(model);
-  EnginePtr engine = make_engine(model);
+  // All cores: OpenMP teams on the worker and on the scoring threads.
+  EnginePtr engine = make_engine(model, kTestKvBytes, 0);
   int32_t ids[32];
   size_t n = 0;
   ASSERT_OK(ember_tokenize(model, "The cat sat on the mat and looked out of the window.", 1, 0, ids, 32, &n));

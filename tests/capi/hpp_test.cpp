@@ -2,6 +2,8 @@
 #include "ember/ember.hpp"
 
 #include <atomic>
+#include <cmath>
+#include <cstdio>
 #include <type_traits>
 
 #include "capi/capi_test_util.h"
@@ -17,6 +19,7 @@ static_assert(!std::is_copy_assignable_v<ember::Stream> && std::is_move_assignab
 ember_engine_params small_engine() {
   ember_engine_params p = ember::engine_params();
   p.kv_memory_bytes = capi_test::kTestKvBytes;
+  p.n_threads = 1;
   return p;
 }
 
@@ -185,5 +188,20 @@ TEST(CapiHpp, MovesStopStringsCallbacksAndOrder) {
   ASSERT_EQ(lp.size(), ids.size() - 1);
   for (float v : lp) EXPECT_LE(v, 0.0f);
   EXPECT_GT(engine.cache_stats().blocks_total, 0u);
+  EXPECT_THROW(engine.step(1), ember::Error) << "not a manual-step engine";
+
+  // Session scoring, cache info, save and load.
+  ember::Session scored(engine);
+  const std::vector<float> slp = scored.score(ids);
+  ASSERT_EQ(slp.size(), ids.size());
+  EXPECT_TRUE(std::isnan(slp[0]));
+  for (size_t i = 1; i < slp.size(); ++i) EXPECT_NEAR(slp[i], lp[i - 1], 0.05f) << i;
+  EXPECT_EQ(scored.cache_info().n_tokens, ids.size());
+  const std::string path = ::testing::TempDir() + "ember_hpp_test.session";
+  scored.save(path);
+  ember::Session restored = ember::Session::load(engine, path);
+  EXPECT_EQ(restored.token_count(), ids.size());
+  std::remove(path.c_str());
+  EXPECT_THROW(ember::Session::load(engine, path), ember::Error);
   EXPECT_GT(engine.scheduler_stats().steps, 0u);
 }

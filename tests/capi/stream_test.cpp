@@ -312,6 +312,7 @@ TEST(CapiLifetime, DestroyInTheWrongOrder) {
   ember_engine_params ep;
   ember_engine_params_init(&ep);
   ep.kv_memory_bytes = kTestKvBytes;
+  ep.n_threads = 1;
   ember_engine* engine = nullptr;
   ASSERT_OK(ember_engine_create(model, &ep, &engine));
   ember_session* session = nullptr;

@@ -16,6 +16,7 @@ namespace {
   (void)engine.cache_stats();
   (void)engine.scheduler_stats();
   (void)engine.score(ids);
+  (void)engine.step(10, 0);
   ember::Session session(engine, ember::session_params());
   ember::Session with_system(engine, 512, "system");
   session.add_message("user", "hi");
@@ -23,6 +24,10 @@ namespace {
   with_system.add_tokens(ids);
   with_system.reset();
   (void)session.token_count();
+  (void)with_system.score(ids);
+  (void)with_system.cache_info();
+  with_system.save("/tmp/x.session");
+  ember::Session restored = ember::Session::load(engine, "/tmp/x.session");
   ember::Stream stream = session.stream(ember::stream_params(), {"stop"});
   stream.set_callback([](const ember::Event& e) { return e.is_end(); });
   for (const ember::Event& e : stream) std::cout << e.text;

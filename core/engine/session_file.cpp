@@ -1,0 +1,421 @@
+// Session save and restore (ember_session_save / ember_session_load).
+//
+// File layout (little-endian), version 1:
+//
+//   header (48 bytes)
+//     char[8]  magic "EMBERSES"
+//     u32      version (1)
+//     u32      reserved (0)
+//     u64      model fingerprint (architecture, hyperparameters, tokenizer size
+//              and samples of every weight tensor's bytes)
+//     u64      payload size in bytes
+//     u64      checksum: a 64-bit hash of version, fingerprint, payload size
+//              and the payload
+//     u64      reserved (0)
+//   payload
+//     policy (kind, sinks, window), n_ctx, priority, mode
+//     messages (role, content), token history
+//     n_processed, evicted tokens, dropped blocks, highest position
+//     KV geometry (block size, layers, kv heads, head dim, dtype, bytes/block)
+//     the session's KV blocks in table order, raw (every layer, K then V)
+//
+// Checks on load, in order: magic (not a session file), version, size
+// (truncated or trailing bytes), checksum (corrupt), fingerprint (another
+// model), then the payload's own consistency and the engine's KV geometry.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/engine/engine.h"
+#include "core/model/model.h"
+#include "core/tensor/types.h"
+#include "core/tokenizer/tokenizer.h"
+#include "core/util/status.h"
+
+namespace ember {
+
+namespace {
+
+constexpr char kMagic[8] = {'E', 'M', 'B', 'E', 'R', 'S', 'E', 'S'};
+constexpr uint32_t kVersion = 1;
+constexpr size_t kHeaderBytes = 48;
+
+// A 64-bit hash (murmur3-style mixing over 8-byte words), streamed.
+class Hasher {
+ public:
+  explicit Hasher(uint64_t seed = 0x9E3779B97F4A7C15ull) : h_(seed) {}
+  void bytes(const void* data, size_t n) {
+    const auto* p = static_cast<const uint8_t*>(data);
+    len_ += n;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      uint64_t w;
+      std::memcpy(&w, p + i, 8);
+      word(w);
+    }
+    uint64_t tail = 0;
+    for (size_t k = 0; i + k < n; ++k) tail |= static_cast<uint64_t>(p[i + k]) << (8 * k);
+    if (i < n) word(tail ^ 0xA5A5A5A5A5A5A5A5ull);
+  }
+  template <typename T>
+  void value(const T& v) { bytes(&v, sizeof v); }
+  uint64_t digest() const {
+    uint64_t h = h_ ^ len_;
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ull;
+    h ^= h >> 33;
+    return h;
+  }
+
+ private:
+  void word(uint64_t k) {
+    k *= 0x87c37b91114253d5ull;
+    k = (k << 31) | (k >> 33);
+    k *= 0x4cf5ad432745937full;
+    h_ ^= k;
+    h_ = ((h_ << 27) | (h_ >> 37)) * 5 + 0x52dce729;
+  }
+  uint64_t h_;
+  uint64_t len_ = 0;
+};
+
+uint64_t model_fingerprint(const Model& model) {
+  Hasher h(0x656d6265726d6f64ull);
+  h.bytes(model.architecture().data(), model.architecture().size());
+  const LlamaConfig& c = model.config();
+  for (int32_t v : {c.n_vocab, c.n_ctx_train, c.n_embd, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.n_ff,
+                    c.rope_dim}) {
+    h.value(v);
+  }
+  h.value(c.rope_freq_base);
+  h.value(c.rms_eps);
+  h.value(model.tokenizer().n_vocab());
+  // Samples of every weight: same shapes with other values (a fine-tune)
+  // still differ.
+  auto tensor = [&](const WeightDesc& w) {
+    h.value(static_cast<uint32_t>(w.type));
+    h.value(w.rows);
+    h.value(w.cols);
+    if (!w.host_data || w.rows <= 0) return;
+    const size_t size = row_bytes(w.type, w.cols) * static_cast<size_t>(w.rows);
+    const auto* p = static_cast<const uint8_t*>(w.host_data);
+    constexpr size_t kSample = 4096;
+    if (size <= 3 * kSample) {
+      h.bytes(p, size);
+    } else {
+      h.bytes(p, kSample);
+      h.bytes(p + size / 2 - kSample / 2, kSample);
+      h.bytes(p + size - kSample, kSample);
+    }
+  };
+  tensor(model.token_embd());
+  tensor(model.output_norm());
+  tensor(model.output());
+  for (const auto& l : model.layers()) {
+    for (const WeightDesc* w : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down}) {
+      tensor(*w);
+    }
+  }
+  return h.digest();
+}
+
+class Writer {
+ public:
+  template <typename T>
+  void value(const T& v) { raw(&v, sizeof v); }
+  void str(const std::string& s) {
+    value<uint64_t>(s.size());
+    raw(s.data(), s.size());
+  }
+  void raw(const void* p, size_t n) {
+    const auto* b = static_cast<const uint8_t*>(p);
+    buf_.insert(buf_.end(), b, b + n);
+  }
+  std::vector<uint8_t>& buffer() { return buf_; }
+
+ private:
+  std::vector<uint8_t> buf_;
+};
+
+class Reader {
+ public:
+  Reader(const uint8_t* p, size_t n, const std::string& path) : p_(p), n_(n), path_(path) {}
+  template <typename T>
+  T value() {
+    T v;
+    std::memcpy(&v, take(sizeof v), sizeof v);
+    return v;
+  }
+  std::string str() {
+    const uint64_t n = value<uint64_t>();
+    if (n > n_ - off_) corrupt("a string runs past the end");
+    const auto* b = take(static_cast<size_t>(n));
+    return std::string(reinterpret_cast<const char*>(b), static_cast<size_t>(n));
+  }
+  const uint8_t* take(size_t n) {
+    if (n > n_ - off_) corrupt("a field runs past the end");
+    const uint8_t* b = p_ + off_;
+    off_ += n;
+    return b;
+  }
+  size_t left() const { return n_ - off_; }
+  [[noreturn]] void corrupt(const std::string& why) const {
+    fail(StatusCode::kBadFormat, "session file '" + path_ + "' is corrupt: " + why);
+  }
+
+ private:
+  const uint8_t* p_;
+  size_t n_;
+  size_t off_ = 0;
+  std::string path_;
+};
+
+uint64_t checksum(uint64_t fingerprint, uint64_t payload_bytes, const uint8_t* payload) {
+  Hasher h(0x73657373696f6e31ull);
+  h.value(kVersion);
+  h.value(fingerprint);
+  h.value(payload_bytes);
+  h.bytes(payload, static_cast<size_t>(payload_bytes));
+  return h.digest();
+}
+
+}  // namespace
+
+void Session::save(const std::string& path) {
+  Engine& engine = **engine_;
+  KvCache& cache = engine.cache();
+  const KvGeometry& g = cache.geometry();
+  std::lock_guard<std::mutex> lock(mutex_);
+  require_idle_locked();
+
+  // The blocks to write. A full session pins nothing between turns: save the
+  // prefix blocks the pool still holds for it (what its next turn would reuse).
+  std::vector<int32_t> blocks = block_table_;
+  size_t n_processed = n_cached_;
+  bool borrowed = false;
+  if (!bounded() && blocks.empty() && !tokens_.empty()) {
+    const size_t max_blocks = (tokens_.size() - 1) / static_cast<size_t>(g.block_size);
+    blocks = cache.match_prefix(tokens_.data(), tokens_.size(), max_blocks, /*count_stats=*/false);
+    n_processed = blocks.size() * static_cast<size_t>(g.block_size);
+    borrowed = true;
+  }
+  struct Unborrow {
+    KvCache& cache;
+    std::vector<int32_t>& blocks;
+    bool active;
+    ~Unborrow() { if (active) cache.release(blocks); }
+  } unborrow{cache, blocks, borrowed};
+
+  Writer w;
+  w.value<uint32_t>(static_cast<uint32_t>(policy_.kind));
+  w.value<int32_t>(policy_.sink_tokens);
+  w.value<int32_t>(policy_.window_tokens);
+  w.value<int32_t>(n_ctx_);
+  w.value<int32_t>(priority_);
+  w.value<int32_t>(static_cast<int32_t>(mode_));
+  w.value<uint64_t>(messages_.size());
+  for (const auto& m : messages_) {
+    w.str(m.role);
+    w.str(m.content);
+  }
+  w.value<uint64_t>(tokens_.size());
+  w.raw(tokens_.data(), tokens_.size() * sizeof(int32_t));
+  w.value<uint64_t>(n_processed);
+  w.value<int64_t>(layout_.n_evicted());
+  w.value<int64_t>(layout_.dropped_blocks());
+  w.value<int32_t>(max_position_);
+  w.value<int32_t>(g.block_size);
+  w.value<int32_t>(g.num_layers);
+  w.value<int32_t>(g.num_kv_heads);
+  w.value<int32_t>(g.head_dim);
+  w.value<uint32_t>(0);  // dtype: f16
+  const size_t bpb = g.bytes_per_block();
+  w.value<uint64_t>(bpb);
+  w.value<uint64_t>(blocks.size());
+  std::vector<uint8_t>& buf = w.buffer();
+  const size_t kv_at = buf.size();
+  buf.resize(kv_at + blocks.size() * bpb);
+  for (size_t i = 0; i < blocks.size(); ++i) cache.read_block(blocks[i], buf.data() + kv_at + i * bpb);
+
+  const uint64_t fp = model_fingerprint(engine.model());
+  const uint64_t payload = buf.size();
+  uint8_t header[kHeaderBytes] = {};
+  std::memcpy(header, kMagic, 8);
+  const uint32_t version = kVersion;
+  std::memcpy(header + 8, &version, 4);
+  std::memcpy(header + 16, &fp, 8);
+  std::memcpy(header + 24, &payload, 8);
+  const uint64_t sum = checksum(fp, payload, buf.data());
+  std::memcpy(header + 32, &sum, 8);
+
+  // Written next to the target and renamed: a crash never leaves half a file
+  // under the real name.
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) fail(StatusCode::kNotFound, "save: cannot create '" + tmp + "'");
+    out.write(reinterpret_cast<const char*>(header), kHeaderBytes);
+    out.write(reinterpret_cast<const char*>(buf.data()), static_cast<std::streamsize>(buf.size()));
+    out.flush();
+    if (!out) {
+      std::remove(tmp.c_str());
+      fail(StatusCode::kNotFound, "save: writing '" + tmp + "' failed");
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    fail(StatusCode::kNotFound, "save: cannot rename '" + tmp + "' to '" + path + "'");
+  }
+}
+
+std::shared_ptr<Session> Session::load(std::shared_ptr<EngineOwner> owner, const std::string& path,
+                                       int32_t priority) {
+  Engine& engine = **owner;
+  KvCache& cache = engine.cache();
+  const KvGeometry& g = cache.geometry();
+
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) fail(StatusCode::kNotFound, "load: cannot open session file '" + path + "'");
+  const std::streamoff size = in.tellg();
+  if (size < 0) fail(StatusCode::kNotFound, "load: cannot read '" + path + "'");
+  in.seekg(0);
+  std::vector<uint8_t> file(static_cast<size_t>(size));
+  if (size > 0 && !in.read(reinterpret_cast<char*>(file.data()), size)) {
+    fail(StatusCode::kNotFound, "load: cannot read '" + path + "'");
+  }
+  if (file.size() < 8 || std::memcmp(file.data(), kMagic, 8) != 0) {
+    fail(StatusCode::kBadFormat, "load: '" + path + "' is not an Ember session file");
+  }
+  if (file.size() < kHeaderBytes) {
+    fail(StatusCode::kBadFormat, "load: session file '" + path + "' is truncated (" + std::to_string(file.size()) +
+                                     " bytes, shorter than its header)");
+  }
+  uint32_t version;
+  uint64_t fp, payload, sum;
+  std::memcpy(&version, file.data() + 8, 4);
+  std::memcpy(&fp, file.data() + 16, 8);
+  std::memcpy(&payload, file.data() + 24, 8);
+  std::memcpy(&sum, file.data() + 32, 8);
+  if (version != kVersion) {
+    fail(StatusCode::kUnsupported, "load: session file '" + path + "' has version " + std::to_string(version) +
+                                       "; this library reads version " + std::to_string(kVersion));
+  }
+  const uint64_t have = file.size() - kHeaderBytes;
+  if (have < payload) {
+    fail(StatusCode::kBadFormat, "load: session file '" + path + "' is truncated (" + std::to_string(have) +
+                                     " of " + std::to_string(payload) + " payload bytes)");
+  }
+  if (have > payload) {
+    fail(StatusCode::kBadFormat, "load: session file '" + path + "' is corrupt (" + std::to_string(have - payload) +
+                                     " unexpected bytes after its payload)");
+  }
+  const uint8_t* body = file.data() + kHeaderBytes;
+  if (checksum(fp, payload, body) != sum) {
+    fail(StatusCode::kBadFormat, "load: session file '" + path + "' is corrupt (checksum mismatch)");
+  }
+  const uint64_t ours = model_fingerprint(engine.model());
+  if (fp != ours) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, " (file %016llx, model %016llx)", static_cast<unsigned long long>(fp),
+                  static_cast<unsigned long long>(ours));
+    fail(StatusCode::kUnsupported, "load: session file '" + path + "' was saved with a different model" + buf);
+  }
+
+  Reader r(body, static_cast<size_t>(payload), path);
+  CachePolicy policy;
+  const uint32_t kind = r.value<uint32_t>();
+  if (kind > 2) r.corrupt("unknown cache policy " + std::to_string(kind));
+  policy.kind = static_cast<CachePolicyKind>(kind);
+  policy.sink_tokens = r.value<int32_t>();
+  policy.window_tokens = r.value<int32_t>();
+  const int32_t n_ctx = r.value<int32_t>();
+  const int32_t saved_priority = r.value<int32_t>();
+  const int32_t mode = r.value<int32_t>();
+  if (mode < 0 || mode > 2) r.corrupt("unknown mode");
+  if (n_ctx < 0) r.corrupt("negative n_ctx");
+  const uint64_t n_messages = r.value<uint64_t>();
+  if (n_messages > r.left() / 16) r.corrupt("message count out of range");
+  std::vector<ChatMessage> messages;
+  for (uint64_t i = 0; i < n_messages; ++i) {
+    ChatMessage m;
+    m.role = r.str();
+    m.content = r.str();
+    messages.push_back(std::move(m));
+  }
+  const uint64_t n_tokens = r.value<uint64_t>();
+  if (n_tokens > r.left() / sizeof(int32_t)) r.corrupt("token count out of range");
+  std::vector<int32_t> tokens(static_cast<size_t>(n_tokens));
+  std::memcpy(tokens.data(), r.take(tokens.size() * sizeof(int32_t)), tokens.size() * sizeof(int32_t));
+  const int32_t n_vocab = engine.model().config().n_vocab;
+  for (int32_t t : tokens) {
+    if (t < 0 || t >= n_vocab) r.corrupt("token id out of range");
+  }
+  const uint64_t n_processed = r.value<uint64_t>();
+  const int64_t n_evicted = r.value<int64_t>();
+  const int64_t dropped = r.value<int64_t>();
+  const int32_t max_position = r.value<int32_t>();
+  const int32_t block_size = r.value<int32_t>();
+  const int32_t layers = r.value<int32_t>();
+  const int32_t kv_heads = r.value<int32_t>();
+  const int32_t head_dim = r.value<int32_t>();
+  const uint32_t dtype = r.value<uint32_t>();
+  const uint64_t bpb = r.value<uint64_t>();
+  const uint64_t n_blocks = r.value<uint64_t>();
+  if (layers != g.num_layers || kv_heads != g.num_kv_heads || head_dim != g.head_dim || dtype != 0 ||
+      bpb != g.bytes_per_block()) {
+    r.corrupt("its KV geometry does not match the model");
+  }
+  if (block_size != g.block_size) {
+    fail(StatusCode::kUnsupported, "load: session file '" + path + "' was saved with kv_block_size " +
+                                       std::to_string(block_size) + "; this engine uses " +
+                                       std::to_string(g.block_size));
+  }
+  if (n_blocks > r.left() / bpb || n_blocks * bpb != r.left()) r.corrupt("KV block data does not match its count");
+  if (n_processed > n_tokens) r.corrupt("more tokens processed than in the history");
+
+  auto se = std::make_shared<Session>(owner, n_ctx, "", priority >= 0 ? priority : saved_priority, policy);
+  std::lock_guard<std::mutex> lock(se->mutex_);
+  se->mode_ = static_cast<Mode>(mode);
+  se->messages_ = std::move(messages);
+  se->tokens_ = std::move(tokens);
+  se->max_position_ = max_position;
+  const int32_t bs = g.block_size;
+  int64_t kv_len = static_cast<int64_t>(n_processed);
+  if (se->bounded()) {
+    if (se->policy_.sink_tokens != policy.sink_tokens || se->policy_.window_tokens != policy.window_tokens) {
+      r.corrupt("inconsistent cache policy");
+    }
+    se->layout_.restore(n_evicted, dropped);
+    if (!se->layout_.consistent() || (n_evicted > 0 && static_cast<int64_t>(n_processed) < policy.sink_tokens + n_evicted)) {
+      r.corrupt("inconsistent eviction state");
+    }
+    if (se->layout_.resident(static_cast<int64_t>(n_processed)) > policy.capacity()) {
+      r.corrupt("more resident tokens than the cache policy allows");
+    }
+    kv_len = se->layout_.kv_len(static_cast<int64_t>(n_processed));
+  } else if (n_evicted != 0 || dropped != 0) {
+    r.corrupt("a full session with evicted tokens");
+  }
+  if (static_cast<uint64_t>((kv_len + bs - 1) / bs) > n_blocks) r.corrupt("fewer KV blocks than tokens processed");
+  if (!cache.reserve(se->block_table_, static_cast<int32_t>(n_blocks * static_cast<uint64_t>(bs)))) {
+    fail(StatusCode::kOutOfMemory, "load: the KV pool has no room for the session's " + std::to_string(n_blocks) +
+                                       " blocks now");
+  }
+  const uint8_t* kv = r.take(static_cast<size_t>(n_blocks * bpb));
+  for (size_t i = 0; i < se->block_table_.size(); ++i) cache.write_block(se->block_table_[i], kv + i * bpb);
+  se->n_cached_ = static_cast<size_t>(n_processed);
+  cache.truncate(se->block_table_, static_cast<int32_t>(kv_len));
+  if (se->bounded() && !se->layout_.shifted()) {
+    cache.commit(se->block_table_, se->tokens_.data(), se->n_cached_);
+  } else if (!se->bounded()) {
+    se->park_locked();  // into the prefix cache, as an idle full session
+  }
+  return se;
+}
+
+}  // namespace ember

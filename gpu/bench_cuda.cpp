@@ -1,0 +1,223 @@
+// bench_cuda: the CUDA backend's numbers for docs/BENCHMARKS.md, measured on
+// the machine it runs on:
+//   * device read bandwidth (streaming kernel) and copy bandwidth;
+//   * prefill tokens/s (one sequence of --prefill tokens);
+//   * decode tokens/s for batches of B sequences (each with --ctx tokens of
+//     cache), with and without CUDA graphs; for B = 1 the fraction of the
+//     read bandwidth reached = weight bytes per token / step time / bandwidth.
+// It drives the model's forward pass (LlamaForward) on the plugin backend
+// directly, as the engine does for a step, logits download included.
+//
+//   bench_cuda --model /tmp/l3-8b-q4_0.gguf --ctx 512 --batches 1,8,32,64
+//
+// Prints a table and one JSON object (also written to --json PATH).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/backend/backend.h"
+#include "core/backend/plugin.h"
+#include "core/engine/batch.h"
+#include "core/model/llama.h"
+#include "core/model/model.h"
+#include "core/tensor/types.h"
+#include "core/util/status.h"
+
+namespace ember::gpu_bench {
+double read_bandwidth_gbs(size_t bytes, int iters);
+double copy_bandwidth_gbs(size_t bytes, int iters);
+}  // namespace ember::gpu_bench
+
+namespace ember {
+namespace {
+
+struct Args {
+  std::string model, device = "cuda", json;
+  int32_t ctx = 512, steps = 64, prefill = 512;
+  std::vector<int32_t> batches = {1, 8, 32, 64};
+  int graphs = 2;  // 0 off, 1 on, 2 both
+};
+
+[[noreturn]] void usage() {
+  std::fprintf(stderr,
+               "usage: bench_cuda --model PATH [--device cuda[:N]] [--ctx N] [--steps N] [--prefill N]\n"
+               "                  [--batches 1,8,32,64] [--graphs on|off|both] [--json PATH]\n");
+  std::exit(2);
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto v = [&]() -> std::string {
+      if (i + 1 >= argc) usage();
+      return argv[++i];
+    };
+    if (k == "--model") a.model = v();
+    else if (k == "--device") a.device = v();
+    else if (k == "--ctx") a.ctx = std::atoi(v().c_str());
+    else if (k == "--steps") a.steps = std::atoi(v().c_str());
+    else if (k == "--prefill") a.prefill = std::atoi(v().c_str());
+    else if (k == "--json") a.json = v();
+    else if (k == "--graphs") {
+      const std::string g = v();
+      a.graphs = g == "off" ? 0 : g == "on" ? 1 : 2;
+    } else if (k == "--batches") {
+      a.batches.clear();
+      std::string s = v();
+      for (size_t p = 0; p < s.size();) {
+        const size_t c = s.find(',', p);
+        a.batches.push_back(std::atoi(s.substr(p, c - p).c_str()));
+        p = c == std::string::npos ? s.size() : c + 1;
+      }
+    } else {
+      usage();
+    }
+  }
+  if (a.model.empty()) usage();
+  return a;
+}
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+uint64_t weight_bytes(const WeightDesc& d) { return static_cast<uint64_t>(row_bytes(d.type, d.cols)) * d.rows; }
+
+int run(const Args& a) {
+  const double read_bw = gpu_bench::read_bandwidth_gbs(size_t{2} << 30, 10);
+  const double copy_bw = gpu_bench::copy_bandwidth_gbs(size_t{1} << 30, 10);
+  std::shared_ptr<const Model> model = Model::load(a.model);
+  const auto& c = model->config();
+#ifdef EMBER_CUDA_PLUGIN_PATH
+  LoadedBackend lb = open_backend_plugin_file(EMBER_CUDA_PLUGIN_PATH, a.device, 0);
+#else
+  LoadedBackend lb = open_backend_plugin(a.device, 0);
+#endif
+  Backend& be = *lb.backend;
+  BackendExtras* ex = lb.extras;
+
+  // Bytes a decode token reads: every matmul weight once (+ norms, one embedding row).
+  uint64_t wbytes = weight_bytes(model->output()) + weight_bytes(model->output_norm());
+  for (const auto& l : model->layers()) {
+    for (const WeightDesc* d : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down, &l.attn_norm, &l.ffn_norm}) {
+      wbytes += weight_bytes(*d);
+    }
+  }
+  const uint64_t kv_bytes_per_token = static_cast<uint64_t>(c.n_layers) * 2 * c.n_kv_heads * c.head_dim * 2;
+
+  const int32_t bs = 16;
+  const int32_t max_b = *std::max_element(a.batches.begin(), a.batches.end());
+  const int32_t per_seq = std::max(a.ctx + a.steps * 2 + 8, a.prefill + 8);
+  const int32_t blocks_per_seq = (per_seq + bs - 1) / bs;
+  KvGeometry g;
+  g.num_layers = c.n_layers;
+  g.num_kv_heads = c.n_kv_heads;
+  g.head_dim = c.head_dim;
+  g.block_size = bs;
+  g.num_blocks = blocks_per_seq * std::max(max_b, 1);
+  be.kv_init(g);
+  LlamaForward fwd(model, be, bs);
+  auto table = [&](int32_t s) {
+    std::vector<int32_t> t(blocks_per_seq);
+    for (int32_t i = 0; i < blocks_per_seq; ++i) t[i] = s * blocks_per_seq + i;
+    return t;
+  };
+
+  std::printf("device: %s (%s)\nmodel: %s, %d layers, embd %d, vocab %d; %.1f MiB of weights read per decode token\n",
+              be.name().c_str(), lb.build_info.c_str(), model->name().c_str(), c.n_layers, c.n_embd, c.n_vocab,
+              static_cast<double>(wbytes) / (1 << 20));
+  std::printf("bandwidth: read %.0f GB/s, device copy %.0f GB/s\n", read_bw, copy_bw);
+
+  // Prefill.
+  std::vector<float> logits(static_cast<size_t>(c.n_vocab) * std::max(max_b, 1));
+  double prefill_tps = 0;
+  if (a.prefill > 0) {
+    std::vector<int32_t> toks(a.prefill);
+    for (int32_t i = 0; i < a.prefill; ++i) toks[i] = (i * 7919 + 13) % c.n_vocab;
+    double best = 1e30;
+    for (int rep = 0; rep < 3; ++rep) {
+      Batch b;
+      b.add_sequence(toks.data(), a.prefill, 0, table(0), true);
+      const double t0 = now_s();
+      fwd.forward(b, logits.data());
+      best = std::min(best, now_s() - t0);
+    }
+    prefill_tps = a.prefill / best;
+    std::printf("prefill: %d tokens in %.2f ms = %.0f tokens/s\n", a.prefill, best * 1e3, prefill_tps);
+  }
+
+  std::string json = "{\"device\":\"" + be.name() + "\",\"model\":\"" + model->name() +
+                     "\",\"read_bw_gbs\":" + std::to_string(read_bw) + ",\"copy_bw_gbs\":" + std::to_string(copy_bw) +
+                     ",\"weight_bytes_per_token\":" + std::to_string(wbytes) + ",\"ctx\":" + std::to_string(a.ctx) +
+                     ",\"prefill_tokens\":" + std::to_string(a.prefill) +
+                     ",\"prefill_tps\":" + std::to_string(prefill_tps) + ",\"decode\":[";
+  std::printf("\n%6s %7s %10s %12s %10s %14s\n", "batch", "graphs", "ms/step", "tokens/s", "weights", "weights+KV");
+  bool first = true;
+  for (int32_t B : a.batches) {
+    for (int graphs : {0, 1}) {
+      if ((a.graphs == 0 && graphs) || (a.graphs == 1 && !graphs)) continue;
+      if (graphs && !ex) continue;
+      int32_t n_past = a.ctx;
+      auto step = [&]() {
+        Batch b;
+        for (int32_t s = 0; s < B; ++s) {
+          const int32_t tok = (s * 31 + n_past) % c.n_vocab;
+          b.add_sequence(&tok, 1, n_past, table(s), true);
+        }
+        if (graphs) ex->graph_begin(static_cast<uint64_t>(B));  // the logits download ends the region
+        fwd.forward(b, logits.data());
+        ++n_past;
+      };
+      for (int i = 0; i < 3; ++i) step();
+      const double t0 = now_s();
+      for (int i = 0; i < a.steps; ++i) step();
+      const double dt = (now_s() - t0) / a.steps;
+      const double tps = B / dt;
+      // Fraction of the read bandwidth: each step reads the weights once and
+      // every sequence's cache.
+      const double w_frac = static_cast<double>(wbytes) / dt / (read_bw * 1e9);
+      const double kv = static_cast<double>(kv_bytes_per_token) * (a.ctx + a.steps / 2.0) * B;
+      const double all_frac = (static_cast<double>(wbytes) + kv) / dt / (read_bw * 1e9);
+      std::printf("%6d %7s %10.3f %12.1f %9.1f%% %13.1f%%\n", B, graphs ? "on" : "off", dt * 1e3, tps, 100 * w_frac,
+                  100 * all_frac);
+      json += std::string(first ? "" : ",") + "{\"batch\":" + std::to_string(B) + ",\"graphs\":" +
+              (graphs ? "true" : "false") + ",\"ms_per_step\":" + std::to_string(dt * 1e3) +
+              ",\"tokens_per_s\":" + std::to_string(tps) + ",\"weight_bw_fraction\":" + std::to_string(w_frac) +
+              ",\"weight_kv_bw_fraction\":" + std::to_string(all_frac) + "}";
+      first = false;
+    }
+  }
+  json += "]";
+  if (ex) {
+    const GraphStats st = ex->graph_stats();
+    json += ",\"graph_captures\":" + std::to_string(st.captures) + ",\"graph_updates\":" + std::to_string(st.updates) +
+            ",\"graph_replays\":" + std::to_string(st.replays);
+  }
+  json += "}";
+  std::printf("\n%s\n", json.c_str());
+  if (!a.json.empty()) {
+    if (FILE* f = std::fopen(a.json.c_str(), "w")) {
+      std::fprintf(f, "%s\n", json.c_str());
+      std::fclose(f);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace ember
+
+int main(int argc, char** argv) {
+  try {
+    return ember::run(ember::parse(argc, argv));
+  } catch (const ember::Error& e) {
+    std::fprintf(stderr, "bench_cuda: %s\n", e.what());
+    return 1;
+  }
+}

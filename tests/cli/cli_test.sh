@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The CLI contract: stdout carries only the generated text / ids / final
+# line; bad input gives one error line on stderr and a non-zero exit code.
+set -u
+ember="$1"
+model="${EMBER_HOME:-$HOME/.cache/ember}/SmolLM2-135M-Instruct.Q4_1.gguf"
+if [ ! -s "$model" ]; then
+  [ -n "${CI:-}" ] && { echo "model missing: $model"; exit 1; }
+  echo "model missing, skipping"; exit 77
+fi
+tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
+pass=0; fail=0
+ok() { pass=$((pass+1)); }
+bad() { fail=$((fail+1)); echo "FAIL: $*"; }
+
+expect_error() {  # name, command...
+  local name="$1"; shift
+  "$@" >"$tmp/out" 2>"$tmp/err"; local rc=$?
+  if [ $rc -ne 0 ] && [ ! -s "$tmp/out" ] && [ "$(wc -l <"$tmp/err")" -ge 1 ] && grep -q "ember" "$tmp/err"; then ok; else bad "$name (rc=$rc, stdout=$(head -c 200 "$tmp/out"), stderr=$(head -c 300 "$tmp/err"))"; fi
+}
+
+expect_error "missing model" "$ember" generate -m "$tmp/none.gguf" -p hi
+head -c 100000 "$model" > "$tmp/trunc.gguf"
+expect_error "truncated model" "$ember" generate -m "$tmp/trunc.gguf" -p hi
+printf 'GGUF\x03\x00\x00\x00garbage' > "$tmp/garbage.gguf"
+expect_error "garbage model" "$ember" generate -m "$tmp/garbage.gguf" -p hi
+expect_error "bad -n" "$ember" generate -p hi -n abc
+expect_error "bad temp" "$ember" generate -p hi --temp -1
+expect_error "unknown option" "$ember" generate -p hi --frobnicate
+expect_error "invalid UTF-8 prompt" "$ember" generate -p $'\xff\xfe'
+expect_error "prompt over context" "$ember" generate -p "$(python3 -c "print('x '*9000)")" -n 2
+expect_error "missing -p" "$ember" generate
+expect_error "perplexity missing file" "$ember" perplexity -f "$tmp/none.txt"
+expect_error "unknown command" "$ember" frobnicate
+
+# generate: only the text on stdout, deterministic when greedy.
+a="$("$ember" generate -p "The capital of France is" -n 8 --temp 0 2>/dev/null)"
+b="$("$ember" generate -p "The capital of France is" -n 8 --temp 0 2>/dev/null)"
+if [ -n "$a" ] && [ "$a" = "$b" ]; then ok; else bad "greedy generate not deterministic: '$a' vs '$b'"; fi
+c="$("$ember" generate -p "Say hello." --chat -n 16 --seed 3 2>/dev/null)"; [ -n "$c" ] && ok || bad "chat generate empty"
+# tokenize: ids only.
+ids="$("$ember" tokenize -p "Hello world")"
+[ "$ids" = "19556 905" ] && ok || bad "tokenize gave '$ids'"
+# perplexity: the last line has the contract format.
+head -c 20000 "$(dirname "$0")/../../../shared/data/pride_and_prejudice.txt" > "$tmp/pp.txt" 2>/dev/null || python3 -c "print('It is a truth universally acknowledged. '*300)" > "$tmp/pp.txt"
+last="$("$ember" perplexity -f "$tmp/pp.txt" --ctx 128 --max-tokens 512 2>/dev/null | tail -n 1)"
+[[ "$last" =~ ^ppl=[0-9]+\.[0-9]+\ tokens=[0-9]+$ ]] && ok || bad "perplexity last line '$last'"
+# bench --json is JSON.
+"$ember" bench -p 16 -n 4 -r 1 --json | python3 -c "import json,sys; json.load(sys.stdin)" && ok || bad "bench --json"
+
+echo "cli: $pass passed, $fail failed"
+[ $fail -eq 0 ]

@@ -1,0 +1,591 @@
+// Every Backend op on every backend that can be created in this process,
+// against one scalar reference: the CPU backend always; the CUDA backend when
+// libember_cuda.so loads and a GPU is present (otherwise those cases are
+// skipped with the loader's message). On CUDA the GEMV path must also equal
+// gpu::reference_gemv bit for bit, and the extras (device sampling, CUDA
+// graphs) are tested.
+//
+//   EMBER_TEST_BACKENDS=cuda ./test_backend --gtest_filter='*BackendOps*'
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/backend/backend.h"
+#include "core/backend/plugin.h"
+#include "core/tensor/types.h"
+#include "core/util/status.h"
+#include "gpu/layout.h"
+
+namespace ember {
+namespace {
+
+struct Instance {
+  std::unique_ptr<Backend> owner;
+  Backend* backend = nullptr;
+  BackendExtras* extras = nullptr;
+  std::string skip;  // why it is unavailable
+};
+
+Instance& instance(const std::string& name) {
+  static std::map<std::string, Instance> all;
+  auto it = all.find(name);
+  if (it != all.end()) return it->second;
+  Instance& in = all[name];
+  try {
+    if (name == "cpu") {
+      in.owner = make_cpu_backend(2);
+    } else {
+#ifdef EMBER_CUDA_PLUGIN_PATH
+      LoadedBackend lb = open_backend_plugin_file(EMBER_CUDA_PLUGIN_PATH, "cuda", 0);
+#else
+      LoadedBackend lb = open_backend_plugin("cuda", 0);
+#endif
+      in.owner = std::move(lb.backend);
+      in.extras = lb.extras;
+    }
+    in.backend = in.owner.get();
+  } catch (const Error& e) {
+    in.skip = e.what();
+  }
+  return in;
+}
+
+// A device buffer of floats (or raw bytes) with host copies in and out.
+class Buf {
+ public:
+  Buf(Backend& b, size_t bytes) : b_(b), bytes_(bytes) { p_ = b_.alloc(std::max<size_t>(bytes, 4)); }
+  Buf(Backend& b, const std::vector<float>& v) : Buf(b, v.size() * 4) { b_.upload(p_, v.data(), v.size() * 4); }
+  ~Buf() { b_.free_buffer(p_); }
+  Buf(const Buf&) = delete;
+  float* f() const { return static_cast<float*>(p_); }
+  std::vector<float> get() const {
+    std::vector<float> v(bytes_ / 4);
+    b_.download(v.data(), p_, bytes_);
+    return v;
+  }
+  void set(const std::vector<float>& v) { b_.upload(p_, v.data(), v.size() * 4); }
+
+ private:
+  Backend& b_;
+  void* p_;
+  size_t bytes_;
+};
+
+std::vector<float> randn(size_t n, uint32_t seed, float sd = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.f, sd);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// Random weights in the GGUF layout.
+std::vector<uint8_t> make_weight(DType t, int64_t N, int64_t K, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> scale(0.002f, 0.03f);
+  std::normal_distribution<float> normal(0.f, 0.05f);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::vector<uint8_t> out(row_bytes(t, K) * static_cast<size_t>(N) + 64);
+  uint8_t* p = out.data();
+  for (int64_t r = 0; r < N; ++r) {
+    if (t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0) {
+      const size_t bb = type_traits(t)->type_size;
+      for (int64_t b = 0; b < K / 32; ++b, p += bb) {
+        const uint16_t d = fp32_to_fp16(t == DType::Q8_0 ? scale(rng) / 16.f : scale(rng));
+        std::memcpy(p, &d, 2);
+        size_t q0 = 2;
+        if (t == DType::Q4_1) {
+          const uint16_t m = fp32_to_fp16(-8.f * scale(rng));
+          std::memcpy(p + 2, &m, 2);
+          q0 = 4;
+        }
+        for (size_t i = q0; i < bb; ++i) p[i] = static_cast<uint8_t>(byte(rng));
+      }
+    } else {
+      for (int64_t k = 0; k < K; ++k) {
+        const float f = normal(rng);
+        if (t == DType::F32) {
+          std::memcpy(p, &f, 4);
+          p += 4;
+        } else {
+          const uint16_t h = t == DType::F16 ? fp32_to_fp16(f) : fp32_to_bf16(f);
+          std::memcpy(p, &h, 2);
+          p += 2;
+        }
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<float> dequant(DType t, const uint8_t* w, int64_t N, int64_t K) {
+  std::vector<float> out(static_cast<size_t>(N * K));
+  for (int64_t n = 0; n < N; ++n) type_traits(t)->dequantize_row(w + n * row_bytes(t, K), out.data() + n * K, K);
+  return out;
+}
+
+float f16_round(float x) { return fp16_to_fp32(fp32_to_fp16(x)); }
+
+class BackendOps : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (const char* only = std::getenv("EMBER_TEST_BACKENDS")) {
+      if (std::string(only).find(GetParam()) == std::string::npos) GTEST_SKIP() << "EMBER_TEST_BACKENDS=" << only;
+    }
+    Instance& in = instance(GetParam());
+    if (!in.backend) GTEST_SKIP() << GetParam() << " backend unavailable: " << in.skip;
+    b_ = in.backend;
+    extras_ = in.extras;
+  }
+  bool cuda() const { return GetParam() == "cuda"; }
+  Backend& b() { return *b_; }
+
+  Backend* b_ = nullptr;
+  BackendExtras* extras_ = nullptr;
+};
+
+constexpr DType kAllTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::F16, DType::BF16, DType::F32};
+
+TEST_P(BackendOps, EmbedIsExact) {
+  for (DType t : kAllTypes) {
+    const int64_t N = 50, K = 96;
+    const auto w = make_weight(t, N, K, 3);
+    auto dw = b().upload_weight(WeightDesc{t, N, K, w.data()});
+    const std::vector<int32_t> ids = {3, 0, 49, 3};
+    Buf out(b(), ids.size() * K * 4);
+    b().embed(*dw, ids.data(), static_cast<int32_t>(ids.size()), out.f());
+    const auto got = out.get();
+    const auto ref = dequant(t, w.data(), N, K);
+    for (size_t i = 0; i < ids.size(); ++i)
+      for (int64_t k = 0; k < K; ++k)
+        ASSERT_EQ(got[i * K + k], ref[ids[i] * K + k]) << type_name(static_cast<uint32_t>(t)) << " " << i << " " << k;
+    const int32_t bad = 50;
+    try {
+      b().embed(*dw, &bad, 1, out.f());
+      ADD_FAILURE() << "no error for an out-of-range id";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), StatusCode::kInvalidArgument);
+    }
+  }
+}
+
+TEST_P(BackendOps, RmsNorm) {
+  const int32_t rows = 3, dim = 200;
+  const auto x = randn(static_cast<size_t>(rows) * dim, 1, 3.0f);
+  const auto wv = randn(dim, 2);
+  auto w = b().upload_weight(WeightDesc{DType::F32, 1, dim, wv.data()});
+  Buf bx(b(), x), out(b(), x.size() * 4);
+  b().rms_norm(bx.f(), *w, rows, dim, 1e-5f, out.f());
+  b().rms_norm(bx.f(), *w, rows, dim, 1e-5f, bx.f());  // in place
+  const auto got = out.get(), got_inplace = bx.get();
+  for (int32_t r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int32_t i = 0; i < dim; ++i) ss += static_cast<double>(x[r * dim + i]) * x[r * dim + i];
+    const double s = 1.0 / std::sqrt(ss / dim + 1e-5);
+    for (int32_t i = 0; i < dim; ++i) {
+      const double ref = x[r * dim + i] * s * wv[i];
+      ASSERT_NEAR(got[r * dim + i], ref, 1e-5 * (1 + std::fabs(ref)));
+      ASSERT_EQ(got_inplace[r * dim + i], got[r * dim + i]);
+    }
+  }
+}
+
+TEST_P(BackendOps, MatmulAllTypesPathsAndDecodeRows) {
+  for (DType t : kAllTypes) {
+    for (int64_t K : {96, 256}) {
+      const int64_t N = 67;
+      const auto w = make_weight(t, N, K, static_cast<uint32_t>(K + static_cast<int>(t)));
+      auto dw = b().upload_weight(WeightDesc{t, N, K, w.data()});
+      const auto wf = dequant(t, w.data(), N, K);
+      for (int32_t M : {1, 2, 3, 5, 8, 9, 17, 64}) {
+        for (bool decodes : {false, true}) {
+          const auto x = randn(static_cast<size_t>(M) * K, static_cast<uint32_t>(M * 7 + K));
+          Buf bx(b(), x), by(b(), static_cast<size_t>(M) * N * 4);
+          b().matmul(*dw, bx.f(), M, by.f(), decodes);
+          const auto y = by.get();
+          const std::string where = std::string(type_name(static_cast<uint32_t>(t))) + " K=" + std::to_string(K) +
+                                    " M=" + std::to_string(M) + (decodes ? " decodes" : " prefill");
+          for (int32_t m = 0; m < M; ++m) {
+            for (int64_t n = 0; n < N; ++n) {
+              double ref = 0, mag = 0;
+              for (int64_t k = 0; k < K; ++k) {
+                ref += static_cast<double>(wf[n * K + k]) * x[m * K + k];
+                mag += std::fabs(static_cast<double>(wf[n * K + k]) * x[m * K + k]);
+              }
+              const bool quant = gpu::is_quant(t);
+              // CPU prefill may run in bf16 (oneDNN); cuBLAS in f16 (f32 for F32 weights).
+              const double tol = (quant ? 0.02 : (t == DType::F32 && cuda() ? 1e-5 : 4e-3)) * mag + 1e-4;
+              ASSERT_NEAR(y[m * N + n], ref, tol) << where << " m=" << m << " n=" << n;
+            }
+          }
+          if (cuda() && (decodes || M <= gpu::kGemvMaxNR)) {
+            // The device GEMV is the host emulation, bit for bit.
+            std::vector<float> ref(static_cast<size_t>(M) * N);
+            gpu::reference_gemv(t, w.data(), N, K, x.data(), M, ref.data());
+            ASSERT_EQ(std::memcmp(ref.data(), y.data(), ref.size() * 4), 0) << where;
+          }
+          if (decodes) {
+            // rows_are_decodes: each row exactly as alone.
+            for (int32_t m : {0, M - 1}) {
+              std::vector<float> xr(x.begin() + m * K, x.begin() + (m + 1) * K);
+              Buf bx1(b(), xr), by1(b(), N * 4);
+              b().matmul(*dw, bx1.f(), 1, by1.f(), true);
+              const auto y1 = by1.get();
+              ASSERT_EQ(std::memcmp(y1.data(), y.data() + m * N, N * 4), 0) << where << " row " << m;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(BackendOps, RopeAdjacentPairs) {
+  const int32_t rows = 3, heads = 4, hd = 16;
+  const std::vector<int32_t> pos = {0, 7, 1000};
+  for (int32_t rot : {16, 8}) {
+    const auto x = randn(static_cast<size_t>(rows) * heads * hd, 9);
+    Buf bx(b(), x);
+    b().rope(bx.f(), pos.data(), rows, heads, hd, rot, 10000.0f);
+    const auto got = bx.get();
+    for (int32_t r = 0; r < rows; ++r)
+      for (int32_t h = 0; h < heads; ++h)
+        for (int32_t i = 0; i < hd; i += 2) {
+          const size_t o = (static_cast<size_t>(r) * heads + h) * hd + i;
+          double y0 = x[o], y1 = x[o + 1];
+          if (i < rot) {
+            const float inv = static_cast<float>(std::pow(10000.0, -2.0 * (i / 2) / rot));
+            const double th = static_cast<double>(static_cast<float>(pos[r]) * inv);
+            y0 = x[o] * std::cos(th) - x[o + 1] * std::sin(th);
+            y1 = x[o] * std::sin(th) + x[o + 1] * std::cos(th);
+          }
+          ASSERT_NEAR(got[o], y0, 2e-5) << r << " " << h << " " << i;
+          ASSERT_NEAR(got[o + 1], y1, 2e-5);
+        }
+  }
+}
+
+TEST_P(BackendOps, ElementwiseAndGather) {
+  const size_t n = 1000;
+  const auto g = randn(n, 1, 4.0f), u = randn(n, 2);
+  Buf bg(b(), g), bu(b(), u), out(b(), n * 4);
+  b().swiglu(bg.f(), bu.f(), n, out.f());
+  const auto s = out.get();
+  for (size_t i = 0; i < n; ++i) ASSERT_NEAR(s[i], g[i] / (1.0 + std::exp(-static_cast<double>(g[i]))) * u[i], 1e-5 * (1 + std::fabs(s[i])));
+  b().add(bg.f(), bu.f(), n);
+  const auto a = bg.get();
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(a[i], g[i] + u[i]);
+  const int32_t dim = 10;
+  const std::vector<int32_t> rows = {99, 0, 42, 42};
+  Buf gathered(b(), rows.size() * dim * 4);
+  b().gather_rows(bu.f(), rows.data(), static_cast<int32_t>(rows.size()), dim, gathered.f());
+  const auto gr = gathered.get();
+  for (size_t i = 0; i < rows.size(); ++i)
+    for (int32_t d = 0; d < dim; ++d) ASSERT_EQ(gr[i * dim + d], u[rows[i] * dim + d]);
+}
+
+// ---------------------------------------------------------------- KV cache + attention
+
+struct SeqSpec {
+  int32_t n_past;  // tokens already in the cache
+  int32_t n_new;   // rows of this call
+};
+
+// Fills the cache of `layer` for every sequence (past + new tokens), runs
+// attention for the new rows and compares with a double-precision reference.
+void check_attention(Backend& be, int32_t heads, int32_t kv_heads, int32_t hd, int32_t bs,
+                     const std::vector<SeqSpec>& specs, uint32_t seed) {
+  const int32_t layers = 2, layer = 1, G = heads / kv_heads;
+  int32_t blocks_needed = 0;
+  for (const auto& s : specs) blocks_needed += (s.n_past + s.n_new + bs - 1) / bs;
+  KvGeometry g;
+  g.num_layers = layers;
+  g.num_kv_heads = kv_heads;
+  g.head_dim = hd;
+  g.block_size = bs;
+  g.num_blocks = blocks_needed + 7;
+  be.kv_init(g);
+  std::mt19937 rng(seed);
+  std::vector<int32_t> perm(g.num_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);  // non-contiguous, out-of-order blocks
+  size_t next_block = 0;
+  const int32_t kv_dim = kv_heads * hd;
+
+  std::vector<std::vector<int32_t>> tables;
+  std::vector<std::vector<float>> kmirror, vmirror;  // [slot][kv_dim], f16-rounded
+  std::vector<AttentionSeq> seqs;
+  std::vector<int32_t> kv_len;
+  int32_t row = 0;
+  for (size_t s = 0; s < specs.size(); ++s) {
+    const int32_t total = specs[s].n_past + specs[s].n_new;
+    std::vector<int32_t> table;
+    for (int32_t i = 0; i < (total + bs - 1) / bs; ++i) table.push_back(perm[next_block++]);
+    const auto k = randn(static_cast<size_t>(total) * kv_dim, seed + 100 + s);
+    const auto v = randn(static_cast<size_t>(total) * kv_dim, seed + 200 + s);
+    std::vector<int32_t> slots(total);
+    for (int32_t t = 0; t < total; ++t) slots[t] = table[t / bs] * bs + t % bs;
+    Buf bk(be, k), bv(be, v);
+    be.kv_store(layer, bk.f(), bv.f(), slots.data(), total);
+    // Layer 0 gets different data: attention must read its own layer.
+    const auto junk = randn(k.size(), seed + 300 + s, 50.0f);
+    Buf bj(be, junk);
+    be.kv_store(0, bj.f(), bj.f(), slots.data(), total);
+    std::vector<float> km(k.size()), vm(v.size());
+    for (size_t i = 0; i < k.size(); ++i) km[i] = f16_round(k[i]), vm[i] = f16_round(v[i]);
+    kmirror.push_back(km);
+    vmirror.push_back(vm);
+    tables.push_back(table);
+    for (int32_t r = 0; r < specs[s].n_new; ++r) kv_len.push_back(specs[s].n_past + r + 1);
+    seqs.push_back(AttentionSeq{row, specs[s].n_new, nullptr, static_cast<int32_t>(table.size())});
+    row += specs[s].n_new;
+  }
+  for (size_t s = 0; s < specs.size(); ++s) seqs[s].block_table = tables[s].data();
+  const int32_t rows = row;
+  const auto q = randn(static_cast<size_t>(rows) * heads * hd, seed + 7);
+  Buf bq(be, q), out(be, q.size() * 4);
+  AttentionParams p;
+  p.num_heads = heads;
+  p.num_kv_heads = kv_heads;
+  p.head_dim = hd;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  p.kv_len = kv_len.data();
+  be.attention(layer, bq.f(), seqs.data(), static_cast<int32_t>(seqs.size()), p, out.f());
+  const auto got = out.get();
+  for (size_t s = 0; s < specs.size(); ++s) {
+    for (int32_t r = seqs[s].first_row; r < seqs[s].first_row + seqs[s].n_rows; ++r) {
+      for (int32_t h = 0; h < heads; ++h) {
+        const int32_t kvh = h / G;
+        const float* qh = q.data() + (static_cast<size_t>(r) * heads + h) * hd;
+        std::vector<double> sc(kv_len[r]);
+        double mx = -1e300;
+        for (int32_t t = 0; t < kv_len[r]; ++t) {
+          double d = 0;
+          for (int32_t i = 0; i < hd; ++i) d += static_cast<double>(qh[i]) * kmirror[s][(static_cast<size_t>(t) * kv_heads + kvh) * hd + i];
+          sc[t] = d * p.scale;
+          mx = std::max(mx, sc[t]);
+        }
+        double sum = 0;
+        for (auto& v : sc) sum += (v = std::exp(v - mx));
+        for (int32_t i = 0; i < hd; ++i) {
+          double o = 0;
+          for (int32_t t = 0; t < kv_len[r]; ++t) o += sc[t] * vmirror[s][(static_cast<size_t>(t) * kv_heads + kvh) * hd + i];
+          o /= sum;
+          ASSERT_NEAR(got[(static_cast<size_t>(r) * heads + h) * hd + i], o, 2e-4)
+              << "seq " << s << " row " << r << " head " << h << " dim " << i << " (heads " << heads << "/" << kv_heads
+              << ", hd " << hd << ", bs " << bs << ")";
+        }
+      }
+    }
+  }
+}
+
+TEST_P(BackendOps, AttentionPrefillDecodeMixedGqa) {
+  // Prefill from empty, a chunked prefill on a cache, decodes (one short, one long).
+  const std::vector<SeqSpec> mixed = {{0, 20}, {40, 3}, {300, 1}, {5, 1}};
+  check_attention(b(), 8, 2, 64, 16, mixed, 1);     // G = 4
+  check_attention(b(), 6, 2, 64, 16, mixed, 2);     // G = 3 (SmolLM2-like)
+  check_attention(b(), 4, 4, 32, 16, mixed, 3);     // MHA
+  check_attention(b(), 16, 1, 128, 16, mixed, 4);   // G = 16, head_dim 128
+  check_attention(b(), 4, 2, 256, 8, {{0, 5}, {33, 1}}, 5);  // head_dim 256, block 8
+  check_attention(b(), 4, 2, 72, 5, {{0, 9}, {13, 2}}, 6);   // head_dim 72, odd block size
+}
+
+TEST_P(BackendOps, AttentionLongContextDecodes) {
+  // Long caches at decode: split-K on the GPU.
+  check_attention(b(), 32, 8, 128, 16, {{2047, 1}}, 11);
+  check_attention(b(), 8, 2, 64, 16, {{4000, 1}, {100, 1}, {1500, 1}}, 12);
+  check_attention(b(), 8, 8, 64, 16, {{700, 40}}, 13);  // a long chunked prefill
+}
+
+TEST_P(BackendOps, KvCopyBlocksIncludingChains) {
+  // Write a sequence into blocks {3}, copy 3 -> 9 -> 11 (a chain: sequential
+  // semantics), then attend through block 11: same result as through 3.
+  const int32_t heads = 4, kv_heads = 2, hd = 64, bs = 16;
+  KvGeometry g{2, kv_heads, hd, bs, 16};
+  b().kv_init(g);
+  const int32_t n = 10;
+  const auto k = randn(static_cast<size_t>(n) * kv_heads * hd, 1), v = randn(k.size(), 2);
+  std::vector<int32_t> slots(n);
+  for (int32_t t = 0; t < n; ++t) slots[t] = 3 * bs + t;
+  Buf bk(b(), k), bv(b(), v);
+  for (int32_t l = 0; l < 2; ++l) b().kv_store(l, bk.f(), bv.f(), slots.data(), n);
+  const std::vector<int32_t> src = {3, 9}, dst = {9, 11};
+  b().kv_copy_blocks(src.data(), dst.data(), 2);
+  const auto q = randn(static_cast<size_t>(heads) * hd, 3);
+  Buf bq(b(), q), o1(b(), q.size() * 4), o2(b(), q.size() * 4);
+  AttentionParams p{heads, kv_heads, hd, 0.125f, nullptr};
+  const int32_t len = n;
+  p.kv_len = &len;
+  for (int32_t l = 0; l < 2; ++l) {
+    const int32_t t3 = 3, t11 = 11;
+    AttentionSeq s3{0, 1, &t3, 1}, s11{0, 1, &t11, 1};
+    b().attention(l, bq.f(), &s3, 1, p, o1.f());
+    b().attention(l, bq.f(), &s11, 1, p, o2.f());
+    const auto a = o1.get(), c = o2.get();
+    ASSERT_EQ(std::memcmp(a.data(), c.data(), a.size() * 4), 0) << "layer " << l;
+  }
+}
+
+// ---------------------------------------------------------------- extras (CUDA)
+
+// The CPU sampler's selection (core/sampling/sampler.cpp) given the uniform draw.
+int32_t host_sample(const std::vector<float>& logits, const DeviceSamplingParams& p) {
+  const int32_t V = static_cast<int32_t>(logits.size());
+  if (p.temperature <= 0) return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  std::vector<std::pair<float, int32_t>> c(V);
+  for (int32_t i = 0; i < V; ++i) c[i] = {logits[i], i};
+  auto by = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
+  const int32_t k = p.top_k <= 0 || p.top_k > std::min(V, BackendExtras::kMaxDeviceTopK)
+                        ? std::min(V, BackendExtras::kMaxDeviceTopK)
+                        : p.top_k;
+  std::partial_sort(c.begin(), c.begin() + k, c.end(), by);
+  size_t n = k;
+  std::vector<double> probs(n);
+  double sum = 0;
+  for (size_t i = 0; i < n; ++i) sum += (probs[i] = std::exp((c[i].first - c[0].first) / p.temperature));
+  for (auto& x : probs) x /= sum;
+  if (p.top_p < 1.0f) {
+    double cum = 0;
+    size_t keep = n;
+    for (size_t i = 0; i < n; ++i) {
+      cum += probs[i];
+      if (cum >= p.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+    n = std::max<size_t>(keep, 1);
+  }
+  if (p.min_p > 0) {
+    size_t keep = 1;
+    while (keep < n && probs[keep] >= probs[0] * p.min_p) ++keep;
+    n = keep;
+  }
+  double total = 0;
+  for (size_t i = 0; i < n; ++i) total += probs[i];
+  double r = p.uniform * total;
+  for (size_t i = 0; i < n; ++i) {
+    r -= probs[i];
+    if (r < 0) return c[i].second;
+  }
+  return c[n - 1].second;
+}
+
+TEST_P(BackendOps, DeviceSampling) {
+  if (!extras_) GTEST_SKIP() << GetParam() << " has no extras";
+  const int32_t rows = 3, V = 5000;
+  auto logits = randn(static_cast<size_t>(rows) * V, 5, 2.0f);
+  logits[1 * V + 17] = 9.0f;
+  logits[1 * V + 18] = 9.0f;  // a tie: the first wins
+  Buf bl(b(), logits);
+  std::vector<int32_t> out(rows);
+  extras_->sample_argmax(bl.f(), rows, V, out.data());
+  for (int32_t r = 0; r < rows; ++r) {
+    const auto* row = logits.data() + static_cast<size_t>(r) * V;
+    EXPECT_EQ(out[r], std::max_element(row, row + V) - row) << r;
+  }
+  std::mt19937 rng(8);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  int mismatches = 0, trials = 0;
+  for (int32_t top_k : {0, 1, 40, 1024, 3000})
+    for (float top_p : {1.0f, 0.9f, 0.5f})
+      for (float min_p : {0.0f, 0.05f})
+        for (float temp : {0.0f, 0.7f, 1.5f}) {
+          std::vector<DeviceSamplingParams> ps(rows);
+          for (auto& p : ps) p = DeviceSamplingParams{temp, top_k, top_p, min_p, u(rng)};
+          extras_->sample(bl.f(), rows, V, ps.data(), nullptr, out.data());
+          for (int32_t r = 0; r < rows; ++r) {
+            std::vector<float> row(logits.begin() + static_cast<size_t>(r) * V, logits.begin() + static_cast<size_t>(r + 1) * V);
+            ++trials;
+            mismatches += out[r] != host_sample(row, ps[r]);  // only a draw on a boundary may differ
+          }
+        }
+  EXPECT_LE(mismatches, trials / 50) << mismatches << " of " << trials;
+  // Penalties: a huge repeat penalty on the argmax moves the choice.
+  const int32_t best = static_cast<int32_t>(std::max_element(logits.begin(), logits.begin() + V) - logits.begin());
+  const int32_t count = 1;
+  DevicePenalties pen;
+  pen.tokens = &best;
+  pen.counts = &count;
+  pen.n = 1;
+  pen.presence = 100.0f;
+  DeviceSamplingParams greedy{0.0f, 0, 1.0f, 0.0f, 0.0};
+  int32_t tok = -1;
+  extras_->sample(bl.f(), 1, V, &greedy, &pen, &tok);
+  EXPECT_NE(tok, best);
+}
+
+TEST_P(BackendOps, GraphReplayEqualsEagerExecution) {
+  if (!extras_) GTEST_SKIP() << GetParam() << " has no extras";
+  const int32_t heads = 8, kv_heads = 2, hd = 64, dim = heads * hd, bs = 16;
+  KvGeometry g{1, kv_heads, hd, bs, 8};
+  b().kv_init(g);
+  const auto wq = make_weight(DType::Q4_0, dim, dim, 1), wk = make_weight(DType::Q4_0, kv_heads * hd, dim, 2);
+  auto dq = b().upload_weight(WeightDesc{DType::Q4_0, dim, dim, wq.data()});
+  auto dk = b().upload_weight(WeightDesc{DType::Q4_0, kv_heads * hd, dim, wk.data()});
+  const auto nw = randn(dim, 3);
+  auto dn = b().upload_weight(WeightDesc{DType::F32, 1, dim, nw.data()});
+  const int32_t rows = 2;  // two decoding sequences
+  Buf x(b(), static_cast<size_t>(rows) * dim * 4), h(b(), static_cast<size_t>(rows) * dim * 4),
+      q(b(), static_cast<size_t>(rows) * dim * 4), k(b(), static_cast<size_t>(rows) * kv_heads * hd * 4),
+      o(b(), static_cast<size_t>(rows) * dim * 4);
+  const std::vector<int32_t> t0 = {1, 4}, t1 = {6, 2};
+  // mode 0: eager; 1: graph_begin/graph_end; 2: graph_begin only (the download ends the region).
+  auto step = [&](int32_t n_past, int mode) {
+    x.set(randn(static_cast<size_t>(rows) * dim, 100 + n_past));
+    const std::vector<int32_t> pos = {n_past, n_past + 3};
+    const std::vector<int32_t> slots = {t0[(pos[0]) / bs] * bs + pos[0] % bs, t1[(pos[1]) / bs] * bs + pos[1] % bs};
+    const std::vector<int32_t> lens = {pos[0] + 1, pos[1] + 1};
+    AttentionSeq seqs[2] = {{0, 1, t0.data(), 2}, {1, 1, t1.data(), 2}};
+    AttentionParams p{heads, kv_heads, hd, 0.125f, lens.data()};
+    if (mode != 0) extras_->graph_begin(42);
+    b().rms_norm(x.f(), *dn, rows, dim, 1e-5f, h.f());
+    b().matmul(*dq, h.f(), rows, q.f(), true);
+    b().matmul(*dk, h.f(), rows, k.f(), true);
+    b().rope(q.f(), pos.data(), rows, heads, hd, hd, 10000.0f);
+    b().rope(k.f(), pos.data(), rows, kv_heads, hd, hd, 10000.0f);
+    b().kv_store(0, k.f(), k.f(), slots.data(), rows);
+    b().attention(0, q.f(), seqs, 2, p, o.f());
+    b().add(o.f(), x.f(), static_cast<size_t>(rows) * dim);
+    if (mode == 1) extras_->graph_end();
+    return o.get();
+  };
+  std::vector<std::vector<float>> eager, graphed;
+  for (int32_t n = 0; n < 6; ++n) eager.push_back(step(n, 0));
+  b().kv_init(g);  // same pool again (the graphs are dropped)
+  for (int32_t n = 0; n < 6; ++n) graphed.push_back(step(n, 1));
+  for (int32_t n = 0; n < 6; ++n) {
+    ASSERT_EQ(std::memcmp(eager[n].data(), graphed[n].data(), eager[n].size() * 4), 0) << "step " << n;
+  }
+  const GraphStats st = extras_->graph_stats();
+  EXPECT_GE(st.captures, 1u);
+  EXPECT_GE(st.replays + st.updates, 4u);
+  // A download ends a region by itself (the core may omit graph_end).
+  b().kv_init(g);
+  for (int32_t n = 0; n < 6; ++n) {
+    const auto got = step(n, 2);
+    ASSERT_EQ(std::memcmp(eager[n].data(), got.data(), got.size() * 4), 0) << "implicit end, step " << n;
+  }
+  // An op that throws inside a region leaves the backend usable.
+  extras_->graph_begin(44);
+  const int32_t bad = -1;
+  EXPECT_THROW(b().embed(*dq, &bad, 1, h.f()), Error);
+  EXPECT_EQ(step(0, 0).size(), static_cast<size_t>(rows) * dim);
+}
+
+INSTANTIATE_TEST_SUITE_P(All, BackendOps, ::testing::Values(std::string("cpu"), std::string("cuda")),
+                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
+
+}  // namespace
+}  // namespace ember

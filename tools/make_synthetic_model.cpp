@@ -1,0 +1,557 @@
+// make_synthetic_model: writes a random-weight Llama-architecture GGUF of any
+// shape and tensor type, loadable by Ember and by llama.cpp, for performance
+// work and for tests that need a particular shape. Weights are produced
+// tensor by tensor while the file is written (GgufWriter's streaming filler),
+// so an 8B F16 file needs about one tensor (<= 1 GiB) of memory, not 16 GB.
+//
+//   make_synthetic_model --preset llama3-8b --type q4_0 --out /tmp/l3-8b-q4_0.gguf
+//   make_synthetic_model --layers 2 --embd 64 --ff 128 --heads 4 --kv-heads 2
+//       --vocab 384 --type f16 --out tiny.gguf --verify
+//
+// The vocabulary is a valid minimal GPT-2 byte-level BPE: the 256 byte
+// tokens, a few dozen English merges, <|endoftext|> <|im_start|> <|im_end|>,
+// padded with unused <|reserved_N|> tokens to the vocabulary size; a ChatML
+// chat template is included.
+//
+// --verify loads the written file with Ember (Model::load), checks the
+// hyperparameters and the tokenizer, and runs a prefill + two decode steps
+// on the CPU backend (finite logits). --verify-device cuda additionally runs
+// the same batches on that device (the CUDA plugin) and compares its logits
+// with the CPU's; the exit status is non-zero when they disagree.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "core/backend/backend.h"
+#include "core/backend/plugin.h"
+#include "core/engine/batch.h"
+#include "core/model/gguf/gguf_writer.h"
+#include "core/model/llama.h"
+#include "core/model/model.h"
+#include "core/tensor/types.h"
+#include "core/tokenizer/tokenizer.h"
+#include "core/tokenizer/unicode.h"
+#include "core/util/status.h"
+
+namespace ember {
+namespace {
+
+struct Shape {
+  std::string name = "custom";
+  int64_t layers = 2, embd = 64, ff = 128, heads = 4, kv_heads = 2, vocab = 384, ctx = 2048;
+  double rope_base = 10000.0;
+  bool tied = false;
+};
+
+struct Options {
+  Shape shape;
+  DType type = DType::Q4_0;
+  std::string out;
+  uint64_t seed = 1234;
+  bool verify = false;
+  std::string verify_device;
+  double tolerance = 0.02;  // relative max logit difference allowed vs the CPU
+};
+
+[[noreturn]] void usage(const char* msg) {
+  if (msg) std::fprintf(stderr, "make_synthetic_model: %s\n\n", msg);
+  std::fprintf(stderr,
+               "usage: make_synthetic_model --out PATH [--preset llama3-8b|smollm2-135m|tiny]\n"
+               "         [--layers N] [--embd N] [--ff N] [--heads N] [--kv-heads N] [--vocab N] [--ctx N]\n"
+               "         [--type q4_0|q4_1|q8_0|f16|bf16|f32] [--rope-base F] [--tied|--untied] [--seed N]\n"
+               "         [--verify] [--verify-device cuda[:N]] [--tolerance F]\n");
+  std::exit(2);
+}
+
+bool preset(const std::string& name, Shape* s) {
+  if (name == "llama3-8b") {
+    *s = Shape{"llama3-8b", 32, 4096, 14336, 32, 8, 128256, 8192, 500000.0, false};
+  } else if (name == "smollm2-135m") {
+    *s = Shape{"smollm2-135m", 30, 576, 1536, 9, 3, 49152, 8192, 100000.0, true};
+  } else if (name == "tiny") {
+    *s = Shape{"tiny", 2, 64, 128, 4, 2, 384, 2048, 10000.0, false};
+  } else {
+    return false;
+  }
+  return true;
+}
+
+DType parse_type(const std::string& t) {
+  if (t == "q4_0") return DType::Q4_0;
+  if (t == "q4_1") return DType::Q4_1;
+  if (t == "q8_0") return DType::Q8_0;
+  if (t == "f16") return DType::F16;
+  if (t == "bf16") return DType::BF16;
+  if (t == "f32") return DType::F32;
+  usage(("unknown --type '" + t + "'").c_str());
+}
+
+// llama.cpp's general.file_type (enum llama_ftype).
+uint32_t file_type(DType t) {
+  switch (t) {
+    case DType::F32: return 0;
+    case DType::F16: return 1;
+    case DType::Q4_0: return 2;
+    case DType::Q4_1: return 3;
+    case DType::Q8_0: return 7;
+    case DType::BF16: return 32;
+    default: return 0;
+  }
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  std::vector<std::pair<std::string, std::string>> overrides;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(("missing value after " + a).c_str());
+      return argv[++i];
+    };
+    if (a == "--preset") {
+      if (!preset(value(), &o.shape)) usage(("unknown preset '" + std::string(argv[i]) + "'").c_str());
+    } else if (a == "--layers" || a == "--embd" || a == "--ff" || a == "--heads" || a == "--kv-heads" ||
+               a == "--vocab" || a == "--ctx" || a == "--rope-base") {
+      overrides.emplace_back(a, value());
+    } else if (a == "--tied" || a == "--untied") {
+      overrides.emplace_back(a, "");
+    } else if (a == "--type") {
+      o.type = parse_type(value());
+    } else if (a == "--out") {
+      o.out = value();
+    } else if (a == "--seed") {
+      o.seed = std::strtoull(value().c_str(), nullptr, 10);
+    } else if (a == "--verify") {
+      o.verify = true;
+    } else if (a == "--verify-device") {
+      o.verify = true;
+      o.verify_device = value();
+    } else if (a == "--tolerance") {
+      o.tolerance = std::atof(value().c_str());
+    } else if (a == "-h" || a == "--help") {
+      usage(nullptr);
+    } else {
+      usage(("unknown argument '" + a + "'").c_str());
+    }
+  }
+  // Explicit sizes override the preset wherever they appear on the line.
+  for (const auto& [k, v] : overrides) {
+    const long long n = std::atoll(v.c_str());
+    Shape& s = o.shape;
+    if (k == "--layers") s.layers = n;
+    else if (k == "--embd") s.embd = n;
+    else if (k == "--ff") s.ff = n;
+    else if (k == "--heads") s.heads = n;
+    else if (k == "--kv-heads") s.kv_heads = n;
+    else if (k == "--vocab") s.vocab = n;
+    else if (k == "--ctx") s.ctx = n;
+    else if (k == "--rope-base") s.rope_base = std::atof(v.c_str());
+    else if (k == "--tied") s.tied = true;
+    else if (k == "--untied") s.tied = false;
+    if (k != "--tied" && k != "--untied" && k != "--rope-base") s.name = "custom";
+  }
+  if (o.out.empty()) usage("--out is required");
+  return o;
+}
+
+// ---------------------------------------------------------------- vocabulary
+
+struct Vocab {
+  std::vector<std::string> tokens;
+  std::vector<int32_t> types;
+  std::vector<std::string> merges;
+  int32_t eos = 0;
+};
+
+// Merges as "left|right" in plain text (' ' is the byte-level space); each
+// result becomes a token. Later merges build on earlier results.
+constexpr const char* kMerges[] = {
+    " |t", " |a", "h|e", "i|n", "r|e", "o|n", " t|he", "e|r", " |s", "a|t", " |w", " |o", "e|n", " |c",
+    "i|t", "i|s", "a|n", "o|r", "e|s", " |b", "e|d", " |f", "in|g", " |p", "o|u", " a|n", "a|l", "a|r",
+    " t|o", " |m", " o|f", " |in", " |d", " |h", " an|d", "l|l", " t|h", "i|c", " h|e", "o|m",
+};
+
+Vocab make_vocab(int64_t n_vocab) {
+  Vocab v;
+  auto byte_level = [](const std::string& s) {
+    std::string out;
+    for (unsigned char c : s) out += unicode::byte_to_utf8(c);
+    return out;
+  };
+  for (int b = 0; b < 256; ++b) {
+    v.tokens.push_back(unicode::byte_to_utf8(static_cast<uint8_t>(b)));
+    v.types.push_back(1);  // normal
+  }
+  for (const char* m : kMerges) {
+    const std::string s = m;
+    const size_t bar = s.find('|');
+    const std::string left = s.substr(0, bar), right = s.substr(bar + 1);
+    v.merges.push_back(byte_level(left) + " " + byte_level(right));
+    const std::string merged = byte_level(left + right);
+    if (std::find(v.tokens.begin(), v.tokens.end(), merged) == v.tokens.end()) {
+      v.tokens.push_back(merged);
+      v.types.push_back(1);
+    }
+  }
+  v.eos = static_cast<int32_t>(v.tokens.size());
+  for (const char* s : {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}) {
+    v.tokens.push_back(s);
+    v.types.push_back(3);  // control
+  }
+  if (static_cast<int64_t>(v.tokens.size()) > n_vocab) {
+    fail(StatusCode::kInvalidArgument, "--vocab must be at least " + std::to_string(v.tokens.size()));
+  }
+  for (int64_t i = 0; static_cast<int64_t>(v.tokens.size()) < n_vocab; ++i) {
+    v.tokens.push_back("<|reserved_" + std::to_string(i) + "|>");
+    v.types.push_back(5);  // unused
+  }
+  return v;
+}
+
+constexpr const char* kChatTemplate =
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+// ---------------------------------------------------------------- weights
+
+struct Rng {
+  uint64_t s[4];
+  explicit Rng(uint64_t seed) {
+    for (auto& w : s) {  // splitmix64
+      uint64_t z = (seed += 0x9E3779B97F4A7C15ull);
+      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+      w = z ^ (z >> 31);
+    }
+  }
+  static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+  uint64_t next() {  // xoshiro256**
+    const uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return r;
+  }
+};
+
+// Uniform values in [-a, a] on a grid of 65536 levels, looked up from 16 random bits.
+struct ValueTables {
+  std::vector<float> f32;
+  std::vector<uint16_t> f16, bf16;
+  explicit ValueTables(float a) : f32(65536), f16(65536), bf16(65536) {
+    for (int u = 0; u < 65536; ++u) {
+      f32[u] = a * (2.0f * (static_cast<float>(u) + 0.5f) / 65536.0f - 1.0f);
+      f16[u] = fp32_to_fp16(f32[u]);
+      bf16[u] = fp32_to_bf16(f32[u]);
+    }
+  }
+};
+
+constexpr float kSigma = 0.02f;                    // weight standard deviation
+const float kA = kSigma * std::sqrt(3.0f);         // uniform half-width with that deviation
+
+// Fills a matrix of `type` (n bytes) with random values.
+void fill_matrix(DType type, uint8_t* dst, size_t n, uint64_t seed, const ValueTables& vt) {
+  Rng rng(seed);
+  auto random_bytes = [&](uint8_t* p, size_t len) {
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+      const uint64_t r = rng.next();
+      std::memcpy(p + i, &r, 8);
+    }
+    if (i < len) {
+      const uint64_t r = rng.next();
+      std::memcpy(p + i, &r, len - i);
+    }
+  };
+  switch (type) {
+    case DType::F32: {
+      auto* f = reinterpret_cast<float*>(dst);
+      const size_t count = n / 4;
+      for (size_t i = 0; i < count; i += 4) {
+        const uint64_t r = rng.next();
+        for (size_t j = 0; j < 4 && i + j < count; ++j) f[i + j] = vt.f32[(r >> (16 * j)) & 0xFFFF];
+      }
+      break;
+    }
+    case DType::F16:
+    case DType::BF16: {
+      const auto& table = type == DType::F16 ? vt.f16 : vt.bf16;
+      const size_t count = n / 2;
+      for (size_t i = 0; i < count; i += 4) {
+        const uint64_t r = rng.next();
+        for (size_t j = 0; j < 4 && i + j < count; ++j) {
+          const uint16_t h = table[(r >> (16 * j)) & 0xFFFF];
+          std::memcpy(dst + 2 * (i + j), &h, 2);
+        }
+      }
+      break;
+    }
+    case DType::Q4_0: {
+      const uint16_t d = fp32_to_fp16(kA / 8.0f);
+      for (size_t off = 0; off + sizeof(BlockQ4_0) <= n; off += sizeof(BlockQ4_0)) {
+        std::memcpy(dst + off, &d, 2);
+        random_bytes(dst + off + 2, 16);
+      }
+      break;
+    }
+    case DType::Q4_1: {
+      const uint16_t d = fp32_to_fp16(2.0f * kA / 15.0f), m = fp32_to_fp16(-kA);
+      for (size_t off = 0; off + sizeof(BlockQ4_1) <= n; off += sizeof(BlockQ4_1)) {
+        std::memcpy(dst + off, &d, 2);
+        std::memcpy(dst + off + 2, &m, 2);
+        random_bytes(dst + off + 4, 16);
+      }
+      break;
+    }
+    case DType::Q8_0: {
+      const uint16_t d = fp32_to_fp16(kA / 127.0f);
+      for (size_t off = 0; off + sizeof(BlockQ8_0) <= n; off += sizeof(BlockQ8_0)) {
+        std::memcpy(dst + off, &d, 2);
+        random_bytes(dst + off + 2, 32);
+        for (int j = 0; j < 32; ++j) {
+          if (dst[off + 2 + j] == 0x80) dst[off + 2 + j] = 0x81;  // keep q in [-127, 127]
+        }
+      }
+      break;
+    }
+    default:
+      fail(StatusCode::kUnsupported, "unsupported tensor type");
+  }
+}
+
+void check_shape(const Options& o) {
+  const Shape& s = o.shape;
+  auto need = [](bool ok, const std::string& msg) {
+    if (!ok) fail(StatusCode::kInvalidArgument, msg);
+  };
+  need(s.layers >= 1 && s.embd >= 8 && s.ff >= 1 && s.heads >= 1 && s.kv_heads >= 1 && s.ctx >= 1,
+       "sizes must be positive");
+  need(s.embd % s.heads == 0, "--embd must be a multiple of --heads");
+  need(s.heads % s.kv_heads == 0, "--heads must be a multiple of --kv-heads");
+  const int64_t hd = s.embd / s.heads;
+  need(hd % 8 == 0 && hd <= 256, "head_dim (embd / heads) must be a multiple of 8 and at most 256");
+  need(s.heads / s.kv_heads <= 16, "at most 16 query heads per kv head");
+  const TypeTraits* tt = type_traits(o.type);
+  need(s.embd % tt->block_size == 0 && s.ff % tt->block_size == 0,
+       std::string("--embd and --ff must be multiples of the ") + tt->name + " block size " +
+           std::to_string(tt->block_size));
+}
+
+void write_model(const Options& o) {
+  const Shape& s = o.shape;
+  check_shape(o);
+  const int64_t hd = s.embd / s.heads;
+  const int64_t q_dim = s.heads * hd, kv_dim = s.kv_heads * hd;
+  const Vocab vocab = make_vocab(s.vocab);
+
+  gguf::GgufWriter w;
+  w.add_string("general.architecture", "llama");
+  w.add_string("general.name", "synthetic " + s.name + " " + type_name(static_cast<uint32_t>(o.type)));
+  w.add_u32("general.file_type", file_type(o.type));
+  w.add_u32("llama.context_length", static_cast<uint32_t>(s.ctx));
+  w.add_u32("llama.embedding_length", static_cast<uint32_t>(s.embd));
+  w.add_u32("llama.block_count", static_cast<uint32_t>(s.layers));
+  w.add_u32("llama.feed_forward_length", static_cast<uint32_t>(s.ff));
+  w.add_u32("llama.attention.head_count", static_cast<uint32_t>(s.heads));
+  w.add_u32("llama.attention.head_count_kv", static_cast<uint32_t>(s.kv_heads));
+  w.add_u32("llama.rope.dimension_count", static_cast<uint32_t>(hd));
+  w.add_f32("llama.rope.freq_base", static_cast<float>(s.rope_base));
+  w.add_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  w.add_u32("llama.vocab_size", static_cast<uint32_t>(s.vocab));
+  w.add_string("tokenizer.ggml.model", "gpt2");
+  w.add_string("tokenizer.ggml.pre", "gpt-2");
+  w.add_array("tokenizer.ggml.tokens", vocab.tokens);
+  w.add_array("tokenizer.ggml.token_type", vocab.types);
+  w.add_array("tokenizer.ggml.merges", vocab.merges);
+  w.add_u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(vocab.eos));
+  w.add_u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(vocab.eos));
+  w.add_bool("tokenizer.ggml.add_bos_token", false);
+  w.add_string("tokenizer.chat_template", kChatTemplate);
+
+  auto vt = std::make_shared<ValueTables>(kA);
+  uint64_t tensor_seed = o.seed * 1000003ull;
+  auto matrix = [&](const std::string& name, int64_t cols, int64_t rows) {
+    const DType t = o.type;
+    const uint64_t seed = ++tensor_seed;
+    w.add_tensor(name, t, {cols, rows}, [t, seed, vt](uint8_t* dst, size_t n) { fill_matrix(t, dst, n, seed, *vt); });
+  };
+  auto norm = [&](const std::string& name) {
+    const uint64_t seed = ++tensor_seed;
+    const int64_t n = s.embd;
+    w.add_tensor(name, DType::F32, {n}, [seed](uint8_t* dst, size_t bytes) {
+      Rng rng(seed);
+      for (size_t i = 0; i < bytes / 4; ++i) {
+        const float v = 1.0f + 0.1f * (static_cast<float>(rng.next() >> 40) / 16777216.0f * 2.0f - 1.0f);
+        std::memcpy(dst + 4 * i, &v, 4);
+      }
+    });
+  };
+  matrix("token_embd.weight", s.embd, s.vocab);
+  norm("output_norm.weight");
+  if (!s.tied) matrix("output.weight", s.embd, s.vocab);
+  for (int64_t l = 0; l < s.layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    norm(p + "attn_norm.weight");
+    matrix(p + "attn_q.weight", s.embd, q_dim);
+    matrix(p + "attn_k.weight", s.embd, kv_dim);
+    matrix(p + "attn_v.weight", s.embd, kv_dim);
+    matrix(p + "attn_output.weight", q_dim, s.embd);
+    norm(p + "ffn_norm.weight");
+    matrix(p + "ffn_gate.weight", s.embd, s.ff);
+    matrix(p + "ffn_up.weight", s.embd, s.ff);
+    matrix(p + "ffn_down.weight", s.ff, s.embd);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  w.write_file(o.out);
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("wrote %s: %s %s, %lld layers, embd %lld, ff %lld, heads %lld/%lld, vocab %lld, %.1f MiB in %.1f s\n",
+              o.out.c_str(), s.name.c_str(), type_name(static_cast<uint32_t>(o.type)), static_cast<long long>(s.layers),
+              static_cast<long long>(s.embd), static_cast<long long>(s.ff), static_cast<long long>(s.heads),
+              static_cast<long long>(s.kv_heads), static_cast<long long>(s.vocab),
+              static_cast<double>(w.file_size()) / (1 << 20), sec);
+}
+
+// ---------------------------------------------------------------- verification
+
+// A prefill of `prompt` then two greedy decode steps; returns all logits
+// (prefill rows, then one row per decode step) and the decoded tokens.
+std::vector<float> run_forward(const std::shared_ptr<const Model>& model, Backend& backend,
+                               const std::vector<int32_t>& prompt, std::vector<int32_t>* generated) {
+  const auto& c = model->config();
+  constexpr int32_t kBlock = 16;
+  KvGeometry g;
+  g.num_layers = c.n_layers;
+  g.num_kv_heads = c.n_kv_heads;
+  g.head_dim = c.head_dim;
+  g.block_size = kBlock;
+  g.num_blocks = 8;
+  backend.kv_init(g);
+  LlamaForward fwd(model, backend, kBlock);
+  // Non-contiguous blocks on purpose (the block table is honoured).
+  const std::vector<int32_t> table = {5, 2, 7, 0};
+  const int32_t V = c.n_vocab;
+  std::vector<float> all;
+  Batch b;
+  b.add_sequence(prompt.data(), static_cast<int32_t>(prompt.size()), 0, table, true, true);
+  std::vector<float> logits(static_cast<size_t>(prompt.size()) * V);
+  fwd.forward(b, logits.data());
+  all.insert(all.end(), logits.begin(), logits.end());
+  int32_t next = static_cast<int32_t>(std::max_element(logits.end() - V, logits.end()) - (logits.end() - V));
+  int32_t n_past = static_cast<int32_t>(prompt.size());
+  for (int step = 0; step < 2; ++step) {
+    generated->push_back(next);
+    Batch d;
+    d.add_sequence(&next, 1, n_past, table, true);
+    std::vector<float> l(V);
+    fwd.forward(d, l.data());
+    all.insert(all.end(), l.begin(), l.end());
+    next = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+    ++n_past;
+  }
+  generated->push_back(next);
+  return all;
+}
+
+int verify(const Options& o) {
+  const Shape& s = o.shape;
+  std::shared_ptr<const Model> model = Model::load(o.out);
+  const auto& c = model->config();
+  auto expect = [](bool ok, const std::string& what) {
+    if (!ok) fail(StatusCode::kInternal, "verify: " + what);
+  };
+  expect(c.n_layers == s.layers && c.n_embd == s.embd && c.n_ff == s.ff && c.n_heads == s.heads &&
+             c.n_kv_heads == s.kv_heads && c.n_vocab == s.vocab && c.n_ctx_train == s.ctx,
+         "hyperparameters differ from the ones written");
+  expect(model->chat_template() != nullptr, "chat template: " + model->chat_template_error());
+  const Tokenizer& tok = model->tokenizer();
+  const std::string text = "the cat sat on the mat, and then it ran; \xC3\xA9t\xC3\xA9 <|im_end|>";
+  const std::vector<int32_t> ids = tok.encode(text, false, true);
+  expect(tok.decode(ids) == text, "tokenizer round trip");
+  expect(std::find(ids.begin(), ids.end(), tok.find_token("<|im_end|>")) != ids.end(), "special token parsed");
+  expect(std::find(ids.begin(), ids.end(), tok.find_token("\xC4\xA0the")) != ids.end(), "merges applied");
+
+  std::vector<int32_t> prompt(ids.begin(), ids.begin() + std::min<size_t>(ids.size(), 20));
+  auto cpu = make_cpu_backend(0);
+  std::vector<int32_t> gen_cpu;
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<float> ref = run_forward(model, *cpu, prompt, &gen_cpu);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  float max_abs = 0.0f;
+  for (float v : ref) {
+    expect(std::isfinite(v), "non-finite logit on the CPU");
+    max_abs = std::max(max_abs, std::fabs(v));
+  }
+  std::printf("verify: loaded OK (%s), tokenizer OK, CPU forward OK (%zu prompt tokens + 2 decodes, %.0f ms, "
+              "max |logit| %.3f), greedy tokens:",
+              model->name().c_str(), prompt.size(), ms, max_abs);
+  for (int32_t t : gen_cpu) std::printf(" %d", t);
+  std::printf("\n");
+  if (o.verify_device.empty()) return 0;
+
+  // In a build tree the plugin sits next to libember.so (build/capi); the
+  // usual search (EMBER_PLUGIN_DIR, the loader's path) follows.
+  PluginSearch search;
+  char exe[4096];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n > 0) {
+    exe[n] = '\0';
+    std::string dir(exe);
+    dir = dir.substr(0, dir.rfind('/'));
+    search.dirs.push_back(dir + "/../capi");
+  }
+  LoadedBackend dev = open_backend_plugin(o.verify_device, 0, search);
+  std::printf("verify: device %s (%s, %s)\n", dev.backend->name().c_str(), dev.library.c_str(), dev.build_info.c_str());
+  std::vector<int32_t> gen_dev;
+  const auto t1 = std::chrono::steady_clock::now();
+  const std::vector<float> got = run_forward(model, *dev.backend, prompt, &gen_dev);
+  const double ms_dev = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
+  const int32_t V = c.n_vocab;
+  const size_t rows = ref.size() / static_cast<size_t>(V);
+  double max_diff = 0.0;
+  size_t top1_same = 0;
+  for (size_t r = 0; r < rows; ++r) {
+    const float* a = ref.data() + r * V;
+    const float* b = got.data() + r * V;
+    for (int32_t i = 0; i < V; ++i) {
+      if (!std::isfinite(b[i])) fail(StatusCode::kInternal, "verify: non-finite logit on " + o.verify_device);
+      max_diff = std::max(max_diff, static_cast<double>(std::fabs(a[i] - b[i])));
+    }
+    top1_same += (std::max_element(a, a + V) - a) == (std::max_element(b, b + V) - b);
+  }
+  const double rel = max_diff / std::max(1e-6f, max_abs);
+  std::printf("verify: %s vs cpu: max |diff| %.4g (%.3g of max |logit|), top-1 agreement %zu/%zu rows, %.0f ms\n",
+              o.verify_device.c_str(), max_diff, rel, top1_same, rows, ms_dev);
+  if (rel > o.tolerance) {
+    std::fprintf(stderr, "verify: FAILED: logits differ by more than %.3g of max |logit|\n", o.tolerance);
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace ember
+
+int main(int argc, char** argv) {
+  const ember::Options o = ember::parse(argc, argv);
+  try {
+    ember::write_model(o);
+    if (o.verify) return ember::verify(o);
+  } catch (const ember::Error& e) {
+    std::fprintf(stderr, "make_synthetic_model: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
