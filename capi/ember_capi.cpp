@@ -324,12 +324,11 @@ ember_status ember_engine_create(ember_model* model, const ember_engine_params* 
     *out_engine = nullptr;
     require(model != nullptr, "model is NULL");
     const ember_engine_params p = read_params(params, ember_engine_params_init);
-    if (p.device == EMBER_DEVICE_CUDA) {
-      throw Error(StatusCode::kUnsupported, "the CUDA device is not available in this build");
-    }
-    require(p.device == EMBER_DEVICE_CPU || p.device == EMBER_DEVICE_AUTO, "engine params: unknown device");
+    require(p.device == EMBER_DEVICE_CPU || p.device == EMBER_DEVICE_CUDA || p.device == EMBER_DEVICE_AUTO,
+            "engine params: unknown device");
     require(p.kv_dtype == EMBER_KV_F16, "engine params: unknown kv_dtype");
     ember::EngineParams ep;
+    ep.device = p.device == EMBER_DEVICE_CUDA ? "cuda" : p.device == EMBER_DEVICE_AUTO ? "auto" : "cpu";
     ep.n_threads = p.n_threads;
     ep.kv_memory_bytes = p.kv_memory_bytes == 0 ? (512ull << 20) : p.kv_memory_bytes;
     ep.kv_block_size = p.kv_block_size;

@@ -67,16 +67,26 @@ class CpuBackend final : public Backend {
     }
   }
 
+  bool supports_cache_policies() const override { return true; }
+
   void kv_rope_shift(const int32_t* blocks, int32_t n, int32_t delta, int32_t rot_dim, float freq_base) override {
     // One rotation by `delta` for every slot (RoPE(p+d) = R(d) RoPE(p)); the
     // angles in double so that repeated shifts add only the f16 rounding.
     const int32_t half = rot_dim / 2, hd = geom_.head_dim;
     if (hd > 512 || rot_dim > hd) fail(StatusCode::kInternal, "kv_rope_shift: unsupported head_dim");
-    std::vector<float> cs(half), sn(half);
-    for (int32_t i = 0; i < half; ++i) {
-      const double theta = delta * std::pow(static_cast<double>(freq_base), -2.0 * i / rot_dim);
-      cs[i] = static_cast<float>(std::cos(theta));
-      sn[i] = static_cast<float>(std::sin(theta));
+    // Per element: out = x * c + swap_pairs(x) * s, with c = (cos, cos) and
+    // s = (-sin, +sin) per pair; dims past rot_dim are left as they are.
+    alignas(32) float cs[512], sn[512];
+    for (int32_t i = 0; i < hd / 2; ++i) {
+      double c = 1.0, s = 0.0;
+      if (i < half) {
+        const double theta = delta * std::pow(static_cast<double>(freq_base), -2.0 * i / rot_dim);
+        c = std::cos(theta);
+        s = std::sin(theta);
+      }
+      cs[2 * i] = cs[2 * i + 1] = static_cast<float>(c);
+      sn[2 * i] = static_cast<float>(-s);
+      sn[2 * i + 1] = static_cast<float>(s);
     }
     const int32_t items = geom_.num_layers * n;
     const size_t rows = static_cast<size_t>(geom_.num_kv_heads) * geom_.block_size;
@@ -85,16 +95,20 @@ class CpuBackend final : public Backend {
       const int32_t layer = it / n, block = blocks[it % n];
       if (block < 0 || block >= geom_.num_blocks) continue;
       uint16_t* k = block_ptr(layer, 0, block);
-      float buf[512];
       for (size_t r = 0; r < rows; ++r) {
         uint16_t* kr = k + r * hd;
-        for (int32_t i = 0; i < hd; ++i) buf[i] = f16_to_f32(kr[i]);
-        for (int32_t i = 0; i < half; ++i) {
-          const float x0 = buf[2 * i], x1 = buf[2 * i + 1];
-          buf[2 * i] = x0 * cs[i] - x1 * sn[i];
-          buf[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
+        int32_t i = 0;
+        for (; i + 8 <= hd; i += 8) {
+          const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kr + i)));
+          const __m256 sw = _mm256_permute_ps(x, 0xB1);  // (x1, x0) in every pair
+          const __m256 y = _mm256_fmadd_ps(sw, _mm256_load_ps(sn + i), _mm256_mul_ps(x, _mm256_load_ps(cs + i)));
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(kr + i), _mm256_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT));
         }
-        convert_row(buf, kr, hd);
+        for (; i + 2 <= hd; i += 2) {
+          const float x0 = f16_to_f32(kr[i]), x1 = f16_to_f32(kr[i + 1]);
+          kr[i] = _cvtss_sh(x0 * cs[i] + x1 * sn[i], _MM_FROUND_TO_NEAREST_INT);
+          kr[i + 1] = _cvtss_sh(x1 * cs[i + 1] + x0 * sn[i + 1], _MM_FROUND_TO_NEAREST_INT);
+        }
       }
     }
   }

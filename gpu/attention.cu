@@ -93,8 +93,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32) attention_kernel(AttnLaunch a)
   const int chunks_per_tok = D / 8;
   __syncthreads();  // q_s
 
+  const int hb = td.hole_begin, he = td.hole_end > td.hole_begin ? td.hole_end : td.hole_begin;
   for (int t = t_begin; t < t_end; ++t) {
     const int base_pos = t * kAttnTile;
+    if (base_pos >= hb && base_pos + kAttnTile <= he) continue;  // the whole tile is in the hole (uniform)
     // Load 32 tokens of K and V (zeros past max_len: p = 0 must not meet NaN).
 #pragma unroll 4
     for (int c = threadIdx.x; c < kAttnTile * chunks_per_tok; c += blockDim.x) {
@@ -122,7 +124,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) attention_kernel(AttnLaunch a)
       if (v < QV && base_pos < len[vi]) {  // uniform per warp
         const int pos = base_pos + lane;
         float s = -INFINITY;
-        if (pos < len[vi]) {
+        if (pos < len[vi] && (pos < hb || pos >= he)) {
           const float2* qv = reinterpret_cast<const float2*>(q_s + v * D);
           const __half2* kr = reinterpret_cast<const __half2*>(k_s + lane * kstride);
           float dot = 0.0f;
@@ -134,7 +136,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32) attention_kernel(AttnLaunch a)
           }
           s = dot * a.scale;
         }
-        const float new_m = fmaxf(m[vi], warp_max(s));
+        const float tile_max = warp_max(s);
+        if (tile_max == -INFINITY) continue;  // every slot of this tile is in the hole (uniform per warp)
+        const float new_m = fmaxf(m[vi], tile_max);
         const float corr = expf(m[vi] - new_m);  // m = -inf: 0
         const float p = expf(s - new_m);         // s = -inf: 0
         l[vi] = l[vi] * corr + warp_sum(p);
@@ -142,6 +146,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) attention_kernel(AttnLaunch a)
         for (int i = 0; i < DPL; ++i) acc[vi][i] *= corr;
         const int n_valid = min(kAttnTile, len[vi] - base_pos);
         for (int j = 0; j < n_valid; ++j) {
+          if (base_pos + j >= hb && base_pos + j < he) continue;  // uniform
           const float pj = __shfl_sync(kFull, p, j);
           const __half* vr = v_s + j * D;
 #pragma unroll

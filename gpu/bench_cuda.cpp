@@ -10,6 +10,13 @@
 //
 //   bench_cuda --model /tmp/l3-8b-q4_0.gguf --ctx 512 --batches 1,8,32,64
 //
+// --agree N instead compares the device with the CPU backend on the same
+// model: teacher-forced logits over N tokens of --text FILE (or synthetic
+// ids) give the top-1 agreement and the mean KL(cpu || device); a greedy
+// continuation of --gen tokens from the first 32 is run on both and compared
+// token by token (the issue's criteria: top-1 >= 99%, KL <= 0.01, >= 95% of
+// greedy tokens equal). Exit status 1 when a criterion fails.
+//
 // Prints a table and one JSON object (also written to --json PATH).
 #include <algorithm>
 #include <chrono>
@@ -26,7 +33,12 @@
 #include "core/model/llama.h"
 #include "core/model/model.h"
 #include "core/tensor/types.h"
+#include "core/tokenizer/tokenizer.h"
 #include "core/util/status.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
 
 namespace ember::gpu_bench {
 double read_bandwidth_gbs(size_t bytes, int iters);
@@ -41,12 +53,16 @@ struct Args {
   int32_t ctx = 512, steps = 64, prefill = 512;
   std::vector<int32_t> batches = {1, 8, 32, 64};
   int graphs = 2;  // 0 off, 1 on, 2 both
+  int32_t agree = 0, gen = 64;
+  bool invariant = false;  // the engine's batch_invariant (BackendExtras::set_batch_invariant)
+  std::string text;
 };
 
 [[noreturn]] void usage() {
   std::fprintf(stderr,
                "usage: bench_cuda --model PATH [--device cuda[:N]] [--ctx N] [--steps N] [--prefill N]\n"
-               "                  [--batches 1,8,32,64] [--graphs on|off|both] [--json PATH]\n");
+               "                  [--batches 1,8,32,64] [--graphs on|off|both] [--batch-invariant on|off] [--json PATH]\n"
+               "       bench_cuda --model PATH --agree N [--text FILE] [--gen N]\n");
   std::exit(2);
 }
 
@@ -64,6 +80,10 @@ Args parse(int argc, char** argv) {
     else if (k == "--steps") a.steps = std::atoi(v().c_str());
     else if (k == "--prefill") a.prefill = std::atoi(v().c_str());
     else if (k == "--json") a.json = v();
+    else if (k == "--agree") a.agree = std::atoi(v().c_str());
+    else if (k == "--gen") a.gen = std::atoi(v().c_str());
+    else if (k == "--text") a.text = v();
+    else if (k == "--batch-invariant") a.invariant = v() == "on";
     else if (k == "--graphs") {
       const std::string g = v();
       a.graphs = g == "off" ? 0 : g == "on" ? 1 : 2;
@@ -89,7 +109,125 @@ double now_s() {
 
 uint64_t weight_bytes(const WeightDesc& d) { return static_cast<uint64_t>(row_bytes(d.type, d.cols)) * d.rows; }
 
+LoadedBackend open_device(const std::string& device) {
+#ifdef EMBER_CUDA_PLUGIN_PATH
+  return open_backend_plugin_file(EMBER_CUDA_PLUGIN_PATH, device, 0);
+#else
+  return open_backend_plugin(device, 0);
+#endif
+}
+
+// Teacher-forced logits of `toks` (one sequence, every row), in chunks.
+std::vector<float> score(const std::shared_ptr<const Model>& model, Backend& be, const std::vector<int32_t>& toks) {
+  const auto& c = model->config();
+  const int32_t bs = 16, n = static_cast<int32_t>(toks.size());
+  KvGeometry g{c.n_layers, c.n_kv_heads, c.head_dim, bs, (n + bs - 1) / bs + 1};
+  be.kv_init(g);
+  LlamaForward fwd(model, be, bs);
+  std::vector<int32_t> table(g.num_blocks);
+  for (int32_t i = 0; i < g.num_blocks; ++i) table[i] = g.num_blocks - 1 - i;
+  std::vector<float> out(static_cast<size_t>(n) * c.n_vocab);
+  const int32_t chunk = 128;
+  for (int32_t p = 0; p < n; p += chunk) {
+    const int32_t m = std::min(chunk, n - p);
+    Batch b;
+    b.add_sequence(toks.data() + p, m, p, table, false, true);
+    fwd.forward(b, out.data() + static_cast<size_t>(p) * c.n_vocab);
+  }
+  return out;
+}
+
+// Greedy continuation: prefill `prompt`, then `n` decode steps.
+std::vector<int32_t> greedy(const std::shared_ptr<const Model>& model, Backend& be, const std::vector<int32_t>& prompt,
+                            int32_t n) {
+  const auto& c = model->config();
+  const int32_t bs = 16, total = static_cast<int32_t>(prompt.size()) + n + 1;
+  KvGeometry g{c.n_layers, c.n_kv_heads, c.head_dim, bs, (total + bs - 1) / bs + 1};
+  be.kv_init(g);
+  LlamaForward fwd(model, be, bs);
+  std::vector<int32_t> table(g.num_blocks);
+  for (int32_t i = 0; i < g.num_blocks; ++i) table[i] = i;
+  std::vector<float> l(c.n_vocab);
+  Batch b;
+  b.add_sequence(prompt.data(), static_cast<int32_t>(prompt.size()), 0, table, true);
+  fwd.forward(b, l.data());
+  std::vector<int32_t> out;
+  int32_t pos = static_cast<int32_t>(prompt.size());
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t t = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+    out.push_back(t);
+    Batch d;
+    d.add_sequence(&t, 1, pos++, table, true);
+    fwd.forward(d, l.data());
+  }
+  return out;
+}
+
+int run_agree(const Args& a) {
+  std::shared_ptr<const Model> model = Model::load(a.model);
+  const auto& c = model->config();
+  std::vector<int32_t> toks;
+  if (!a.text.empty()) {
+    std::ifstream in(a.text, std::ios::binary);
+    if (!in) fail(StatusCode::kNotFound, "cannot read " + a.text);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    toks = model->tokenizer().encode(ss.str(), false, false);
+  } else {
+    for (int32_t i = 0; i < a.agree; ++i) toks.push_back((i * 7919 + 13) % c.n_vocab);
+  }
+  if (static_cast<int32_t>(toks.size()) > a.agree) toks.resize(a.agree);
+  if (toks.size() < 40) fail(StatusCode::kInvalidArgument, "--agree needs at least 40 tokens");
+  auto cpu = make_cpu_backend(0);
+  LoadedBackend dev = open_device(a.device);
+  std::printf("agreement: %s vs %s on %s, %zu tokens\n", dev.backend->name().c_str(), cpu->name().c_str(),
+              model->name().c_str(), toks.size());
+  const auto lc = score(model, *cpu, toks);
+  const auto ld = score(model, *dev.backend, toks);
+  const int32_t V = c.n_vocab;
+  double kl_sum = 0, max_diff = 0;
+  size_t top1 = 0;
+  for (size_t r = 0; r < toks.size(); ++r) {
+    const float* p = lc.data() + r * V;
+    const float* q = ld.data() + r * V;
+    top1 += (std::max_element(p, p + V) - p) == (std::max_element(q, q + V) - q);
+    const double mp = *std::max_element(p, p + V), mq = *std::max_element(q, q + V);
+    double zp = 0, zq = 0;
+    for (int32_t i = 0; i < V; ++i) {
+      zp += std::exp(p[i] - mp);
+      zq += std::exp(q[i] - mq);
+      max_diff = std::max(max_diff, static_cast<double>(std::fabs(p[i] - q[i])));
+    }
+    double kl = 0;
+    for (int32_t i = 0; i < V; ++i) {
+      const double lp = p[i] - mp - std::log(zp), lq = q[i] - mq - std::log(zq);
+      kl += std::exp(lp) * (lp - lq);
+    }
+    kl_sum += kl;
+  }
+  const double top1_frac = static_cast<double>(top1) / toks.size(), mean_kl = kl_sum / toks.size();
+  const std::vector<int32_t> prompt(toks.begin(), toks.begin() + 32);
+  const auto gc = greedy(model, *cpu, prompt, a.gen);
+  const auto gd = greedy(model, *dev.backend, prompt, a.gen);
+  size_t same = 0, first_diff = gc.size();
+  for (size_t i = 0; i < gc.size(); ++i) {
+    if (gc[i] == gd[i]) ++same;
+    else if (first_diff == gc.size()) first_diff = i;
+  }
+  const double greedy_frac = static_cast<double>(same) / gc.size();
+  std::printf("teacher-forced: top-1 agreement %.2f%%, mean KL %.5f, max |logit diff| %.4g\n", 100 * top1_frac,
+              mean_kl, max_diff);
+  std::printf("greedy: %zu/%zu tokens equal (first difference at %zu)\n", same, gc.size(), first_diff);
+  const bool ok = top1_frac >= 0.99 && mean_kl <= 0.01 && greedy_frac >= 0.95;
+  std::printf("{\"device\":\"%s\",\"model\":\"%s\",\"tokens\":%zu,\"top1\":%.6f,\"mean_kl\":%.6g,"
+              "\"greedy_equal\":%.6f,\"pass\":%s}\n",
+              dev.backend->name().c_str(), model->name().c_str(), toks.size(), top1_frac, mean_kl, greedy_frac,
+              ok ? "true" : "false");
+  return ok ? 0 : 1;
+}
+
 int run(const Args& a) {
+  if (a.agree > 0) return run_agree(a);
   const double read_bw = gpu_bench::read_bandwidth_gbs(size_t{2} << 30, 10);
   const double copy_bw = gpu_bench::copy_bandwidth_gbs(size_t{1} << 30, 10);
   std::shared_ptr<const Model> model = Model::load(a.model);
@@ -101,6 +239,7 @@ int run(const Args& a) {
 #endif
   Backend& be = *lb.backend;
   BackendExtras* ex = lb.extras;
+  if (ex) ex->set_batch_invariant(a.invariant);
 
   // Bytes a decode token reads: every matmul weight once (+ norms, one embedding row).
   uint64_t wbytes = weight_bytes(model->output()) + weight_bytes(model->output_norm());
@@ -132,7 +271,8 @@ int run(const Args& a) {
   std::printf("device: %s (%s)\nmodel: %s, %d layers, embd %d, vocab %d; %.1f MiB of weights read per decode token\n",
               be.name().c_str(), lb.build_info.c_str(), model->name().c_str(), c.n_layers, c.n_embd, c.n_vocab,
               static_cast<double>(wbytes) / (1 << 20));
-  std::printf("bandwidth: read %.0f GB/s, device copy %.0f GB/s\n", read_bw, copy_bw);
+  std::printf("bandwidth: read %.0f GB/s, device copy %.0f GB/s; batch_invariant %s\n", read_bw, copy_bw,
+              a.invariant ? "on" : "off");
 
   // Prefill.
   std::vector<float> logits(static_cast<size_t>(c.n_vocab) * std::max(max_b, 1));
@@ -155,6 +295,7 @@ int run(const Args& a) {
   std::string json = "{\"device\":\"" + be.name() + "\",\"model\":\"" + model->name() +
                      "\",\"read_bw_gbs\":" + std::to_string(read_bw) + ",\"copy_bw_gbs\":" + std::to_string(copy_bw) +
                      ",\"weight_bytes_per_token\":" + std::to_string(wbytes) + ",\"ctx\":" + std::to_string(a.ctx) +
+                     ",\"batch_invariant\":" + (a.invariant ? "true" : "false") +
                      ",\"prefill_tokens\":" + std::to_string(a.prefill) +
                      ",\"prefill_tps\":" + std::to_string(prefill_tps) + ",\"decode\":[";
   std::printf("\n%6s %7s %10s %12s %10s %14s\n", "batch", "graphs", "ms/step", "tokens/s", "weights", "weights+KV");

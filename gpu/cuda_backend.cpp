@@ -212,6 +212,7 @@ struct MatmulOp {
   uint16_t* xh;          // f16 / bf16 activations (nullptr: F32 weights read x)
   uint16_t* wtile;       // tiles path: dequantized rows
   int64_t tile_rows;
+  bool reuse_xq;         // the previous op quantized the same x into xq (Q, K, V / gate, up)
   bool operator==(const MatmulOp&) const = default;
 };
 struct RopeOp {
@@ -254,6 +255,15 @@ struct GatherOp {
   float* out;
   bool operator==(const GatherOp&) const = default;
 };
+struct KvShiftOp {
+  KvView kv;
+  const int32_t* blocks;
+  int32_t n;
+  const float* cs;
+  const float* sn;
+  int32_t rot_dim;
+  bool operator==(const KvShiftOp&) const = default;
+};
 struct KvCopyOp {
   KvView kv;
   const int32_t* src;
@@ -263,10 +273,12 @@ struct KvCopyOp {
   bool operator==(const KvCopyOp&) const = default;
 };
 using Op = std::variant<EmbedOp, RmsNormOp, MatmulOp, RopeOp, KvStoreOp, AttentionOp, SwigluOp, AddOp, GatherOp,
-                        KvCopyOp>;
+                        KvCopyOp, KvShiftOp>;
 
 // Kinds of staged host data (dedup of identical consecutive pieces).
-enum StageKind : int { kIds = 0, kPositions, kInvFreq, kSlots, kAttnMeta, kGatherRows, kKvCopy, kSampling, kNumKinds };
+enum StageKind : int {
+  kIds = 0, kPositions, kInvFreq, kSlots, kAttnMeta, kGatherRows, kKvCopy, kKvShift, kSampling, kNumKinds
+};
 
 // ------------------------------------------------------------------ staging arena
 
@@ -472,6 +484,39 @@ class CudaBackend final : public Backend, public BackendExtras {
     submit(KvCopyOp{kv_view(), dev, dev + n, n, overlap});
   }
 
+  bool supports_cache_policies() const override { return true; }
+
+  void kv_rope_shift(const int32_t* blocks, int32_t n, int32_t delta, int32_t rot_dim, float freq_base) override {
+    Lock lock(this, "kv_rope_shift");
+    if (rot_dim <= 0 || rot_dim > geom_.head_dim || rot_dim % 2 != 0) {
+      fail(StatusCode::kInternal, "kv_rope_shift: unsupported rot_dim");
+    }
+    if (n <= 0) return;
+    // The angles in double, as the CPU backend, so repeated shifts only add the f16 rounding.
+    const int32_t half = rot_dim / 2;
+    std::vector<float> table(2 * static_cast<size_t>(half));
+    for (int32_t i = 0; i < half; ++i) {
+      const double theta = delta * std::pow(static_cast<double>(freq_base), -2.0 * i / rot_dim);
+      table[i] = static_cast<float>(std::cos(theta));
+      table[half + i] = static_cast<float>(std::sin(theta));
+    }
+    std::vector<int32_t> ids(blocks, blocks + n);
+    const auto* b = static_cast<const int32_t*>(stage(kKvShift, ids.data(), ids.size() * 4));
+    const auto* t = static_cast<const float*>(stage(kInvFreq, table.data(), table.size() * 4));
+    submit(KvShiftOp{kv_view(), b, n, t, t + half, rot_dim});
+  }
+
+  // Block `block` of every layer, K then V, to / from host memory
+  // (KvGeometry::bytes_per_block() bytes, the CPU backend's order).
+  void kv_read_block(int32_t block, void* dst) override {
+    Lock lock(this, "kv_read_block");
+    block_copy(block, dst, true);
+  }
+  void kv_write_block(int32_t block, const void* src) override {
+    Lock lock(this, "kv_write_block");
+    block_copy(block, const_cast<void*>(src), false);
+  }
+
   // ---------------------------------------------------------------- ops
 
   void embed(const DeviceWeight& table, const int32_t* ids, int32_t n, float* out) override {
@@ -506,15 +551,17 @@ class CudaBackend final : public Backend, public BackendExtras {
     op.x = x;
     op.M = M;
     op.y = y;
-    if (rows_are_decodes || M <= gemv_max_m_) {
+    if (rows_are_decodes || batch_invariant_ || M <= gemv_max_m_) {
       op.path = GemmPath::kGemv;
       if (gpu::is_quant(w.type)) {
         const size_t q_bytes = round_up(static_cast<size_t>(M) * w.K, 256);
         auto* base = static_cast<uint8_t*>(scratch(act_, q_bytes + static_cast<size_t>(M) * (w.K / 32) * 8));
         op.xq = reinterpret_cast<int8_t*>(base);
         op.xs = reinterpret_cast<gpu::ActScale*>(base + q_bytes);
+        op.reuse_xq = last_quant_.x == x && last_quant_.M == M && last_quant_.K == w.K && last_quant_.xq == op.xq;
       }
       submit(op);
+      if (gpu::is_quant(w.type)) last_quant_ = LastQuant{x, M, w.K, op.xq};
       return;
     }
     // cuBLAS. Activations in the weight's 16-bit type (F32 weights: f32).
@@ -584,7 +631,7 @@ class CudaBackend final : public Backend, public BackendExtras {
     const int32_t G = p.num_heads / p.num_kv_heads;
     if (G > gpu::kAttnMaxVecs) fail(StatusCode::kUnsupported, "attention: GQA groups above 16 are not supported");
     const int32_t rpt = gpu::attn_rows_per_tile(G);
-    // Metadata: [tiles x 4 | kv_len per row | packed block tables].
+    // Metadata: [tiles x 6 | kv_len per row | packed block tables].
     int32_t n_rows = 0, n_tiles = 0, max_rows_in_tile = 1, max_len = 0;
     size_t n_table = 0;
     for (int32_t s = 0; s < n_seqs; ++s) {
@@ -593,9 +640,10 @@ class CudaBackend final : public Backend, public BackendExtras {
       n_table += static_cast<size_t>(std::max(seqs[s].n_blocks, 0));
     }
     if (n_tiles == 0) return;
-    meta_.assign(static_cast<size_t>(n_tiles) * 4 + static_cast<size_t>(n_rows) + n_table, 0);
+    const size_t tile_ints = static_cast<size_t>(n_tiles) * gpu::kAttnTileInts;
+    meta_.assign(tile_ints + static_cast<size_t>(n_rows) + n_table, 0);
     int32_t* tiles = meta_.data();
-    int32_t* lens = tiles + static_cast<size_t>(n_tiles) * 4;
+    int32_t* lens = tiles + tile_ints;
     int32_t* tables = lens + n_rows;
     int32_t t = 0, off = 0;
     for (int32_t s = 0; s < n_seqs; ++s) {
@@ -616,10 +664,13 @@ class CudaBackend final : public Backend, public BackendExtras {
       }
       for (int32_t r0 = 0; r0 < sq.n_rows; r0 += rpt) {
         const int32_t nr = std::min(rpt, sq.n_rows - r0);
-        tiles[4 * t + 0] = sq.first_row + r0;
-        tiles[4 * t + 1] = nr;
-        tiles[4 * t + 2] = off;
-        tiles[4 * t + 3] = sq.n_blocks;
+        int32_t* td = tiles + static_cast<size_t>(t) * gpu::kAttnTileInts;
+        td[0] = sq.first_row + r0;
+        td[1] = nr;
+        td[2] = off;
+        td[3] = sq.n_blocks;
+        td[4] = sq.hole_begin;
+        td[5] = sq.hole_end;
         max_rows_in_tile = std::max(max_rows_in_tile, nr);
         ++t;
       }
@@ -634,7 +685,7 @@ class CudaBackend final : public Backend, public BackendExtras {
     a.tiles = reinterpret_cast<const gpu::AttnTileDesc*>(dev);
     a.n_tiles = n_tiles;
     a.rows_per_tile = max_rows_in_tile;
-    a.kv_len = dev + static_cast<size_t>(n_tiles) * 4;
+    a.kv_len = dev + tile_ints;
     a.block_tables = a.kv_len + n_rows;
     a.num_heads = p.num_heads;
     a.num_kv_heads = p.num_kv_heads;
@@ -642,7 +693,9 @@ class CudaBackend final : public Backend, public BackendExtras {
     a.scale = p.scale;
     a.n_rows = n_rows;
     const gpu::AttnSplit split =
-        gpu::plan_attention_split(static_cast<int64_t>(n_tiles) * p.num_kv_heads, max_len, prop_.multiProcessorCount);
+        batch_invariant_ ? gpu::plan_attention_split_invariant(max_len)
+                         : gpu::plan_attention_split(static_cast<int64_t>(n_tiles) * p.num_kv_heads, max_len,
+                                                     prop_.multiProcessorCount);
     a.n_splits = split.n_splits;
     a.tiles_per_split = split.tiles_per_split;
     if (a.n_splits > 1) {
@@ -680,6 +733,11 @@ class CudaBackend final : public Backend, public BackendExtras {
     std::snprintf(mem, sizeof(mem), "%.1f", static_cast<double>(prop_.totalGlobalMem) / (1u << 30));
     return std::string(prop_.name) + ", sm_" + std::to_string(prop_.major) + std::to_string(prop_.minor) + ", " +
            std::to_string(prop_.multiProcessorCount) + " SMs, " + mem + " GiB, device " + std::to_string(device_);
+  }
+
+  void set_batch_invariant(bool on) override {
+    Lock lock(this, "set_batch_invariant");
+    batch_invariant_ = on;
   }
 
   void synchronize() override {
@@ -771,6 +829,7 @@ class CudaBackend final : public Backend, public BackendExtras {
     Lock(const CudaBackend* b, const char* what)
         : b_(const_cast<CudaBackend*>(b)), lock_(b_->mutex_), exceptions_(std::uncaught_exceptions()) {
       cudaSetDevice(b_->device_);
+      if (std::strcmp(what, "matmul") != 0) b_->last_quant_ = LastQuant{};  // e.g. an upload into x
       if (b_->recording_ && !recordable(what) &&
           !(std::strcmp(what, "free_buffer") == 0 && b_->ops_.empty())) {
         b_->end_region(true);
@@ -790,7 +849,7 @@ class CudaBackend final : public Backend, public BackendExtras {
     static bool recordable(const char* what) {
       // alloc: cudaMalloc is fine while recording (nothing is being captured).
       for (const char* ok : {"embed", "rms_norm", "matmul", "rope", "kv_store", "attention", "swiglu", "add",
-                             "gather_rows", "kv_copy_blocks", "alloc"}) {
+                             "gather_rows", "kv_copy_blocks", "kv_rope_shift", "alloc"}) {
         if (std::strcmp(ok, what) == 0) return true;
       }
       return false;
@@ -824,6 +883,22 @@ class CudaBackend final : public Backend, public BackendExtras {
     cublas_ = nullptr;
     if (stream_) cudaStreamDestroy(stream_);
     stream_ = nullptr;
+  }
+
+  void block_copy(int32_t block, void* host, bool to_host_side) {
+    if (block < 0 || block >= geom_.num_blocks) fail(StatusCode::kInternal, "kv block outside the pool");
+    const KvView v = kv_view();
+    const size_t width = static_cast<size_t>(geom_.num_kv_heads) * geom_.block_size * geom_.head_dim * 2;
+    // The (layer, K|V) pieces of one block are num_blocks * width bytes apart.
+    auto* dev = reinterpret_cast<uint8_t*>(v.base) + static_cast<size_t>(block) * width;
+    const size_t pitch = static_cast<size_t>(geom_.num_blocks) * width;
+    const size_t height = static_cast<size_t>(geom_.num_layers) * 2;
+    if (to_host_side) {
+      ck(cudaMemcpy2DAsync(host, width, dev, pitch, width, height, cudaMemcpyDeviceToHost, stream_), "kv_read_block");
+    } else {
+      ck(cudaMemcpy2DAsync(dev, pitch, host, width, width, height, cudaMemcpyHostToDevice, stream_), "kv_write_block");
+    }
+    ck(cudaStreamSynchronize(stream_), "kv block copy (synchronize)");
   }
 
   static const DevWeight& view(const DeviceWeight& w) { return static_cast<const CudaWeight&>(w).st->view; }
@@ -968,6 +1043,9 @@ class CudaBackend final : public Backend, public BackendExtras {
   // ---------------------------------------------------------------- execution
 
   void submit(Op op) {
+    // Any op may write what the last quantization read: only back-to-back
+    // quantized GEMVs over the same input share it.
+    last_quant_ = LastQuant{};
     if (recording_) {
       ops_.push_back(std::move(op));
     } else {
@@ -995,7 +1073,7 @@ class CudaBackend final : public Backend, public BackendExtras {
   }
   void run(const MatmulOp& op) {
     if (op.path == GemmPath::kGemv) {
-      if (gpu::is_quant(op.w.type)) {
+      if (gpu::is_quant(op.w.type) && !op.reuse_xq) {
         ck(gpu::quantize_activations(op.x, op.M, op.w.K, op.xq, op.xs, stream_), "quantize_activations");
       }
       ck(gpu::gemv(op.w, op.x, op.xq, op.xs, op.M, op.y, stream_), "gemv");
@@ -1032,6 +1110,9 @@ class CudaBackend final : public Backend, public BackendExtras {
   void run(const SwigluOp& op) { ck(gpu::swiglu(op.gate, op.up, op.n, op.out, stream_), "swiglu"); }
   void run(const AddOp& op) { ck(gpu::add(op.x, op.y, op.n, stream_), "add"); }
   void run(const GatherOp& op) { ck(gpu::gather_rows(op.x, op.rows, op.n, op.dim, op.out, stream_), "gather_rows"); }
+  void run(const KvShiftOp& op) {
+    ck(gpu::kv_rope_shift(op.kv, op.blocks, op.n, op.cs, op.sn, op.rot_dim, stream_), "kv_rope_shift");
+  }
   void run(const KvCopyOp& op) {
     if (!op.one_at_a_time) {
       ck(gpu::kv_copy_blocks(op.kv, op.src, op.dst, op.n, stream_), "kv_copy_blocks");
@@ -1128,7 +1209,9 @@ class CudaBackend final : public Backend, public BackendExtras {
     ops_.clear();
     try {
       stager_.flush(stream_);
-      if (with_graph) {
+      if (ops.empty()) {
+        // nothing recorded (e.g. a region ended by the first op)
+      } else if (with_graph) {
         run_region(std::move(ops));
       } else {
         for (const Op& op : ops) exec(op);
@@ -1170,7 +1253,14 @@ class CudaBackend final : public Backend, public BackendExtras {
   std::vector<PinnedBuffer> host_graveyard_;
   std::vector<int32_t> meta_;
 
+  struct LastQuant {
+    const float* x = nullptr;
+    int64_t M = 0, K = 0;
+    const int8_t* xq = nullptr;
+  };
+  LastQuant last_quant_;
   int gemv_max_m_ = gpu::kGemvMaxNR;
+  bool batch_invariant_ = true;
   std::string f16_policy_ = "auto";
 
   bool recording_ = false;

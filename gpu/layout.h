@@ -385,11 +385,15 @@ inline constexpr int kAttnMaxHeadDim = 256;
 EMBER_HD int attn_rows_per_tile(int group) { return group >= kAttnMaxVecs ? 1 : kAttnMaxVecs / group; }
 
 struct AttnTileDesc {
-  int32_t row0;     // first batch row
-  int32_t n_rows;   // rows in this tile
-  int32_t bt_off;   // offset of the sequence's block table in the packed tables
-  int32_t n_blocks; // entries in that table
+  int32_t row0;        // first batch row
+  int32_t n_rows;      // rows in this tile
+  int32_t bt_off;      // offset of the sequence's block table in the packed tables
+  int32_t n_blocks;    // entries in that table
+  int32_t hole_begin;  // the sequence's skipped cache slots [hole_begin, hole_end)
+  int32_t hole_end;
 };
+inline constexpr int kAttnTileInts = 6;
+static_assert(sizeof(AttnTileDesc) == kAttnTileInts * sizeof(int32_t), "packed as int32s");
 
 // Split-K plan for a call: KV tiles are bucketed to a power of two so that
 // the launch shape (and a captured CUDA graph) only changes when a cache
@@ -411,6 +415,19 @@ inline AttnSplit plan_attention_split(int64_t work_items, int32_t max_kv_len, in
   AttnSplit p;
   p.n_splits = static_cast<int32_t>(s);
   p.tiles_per_split = (bucket + p.n_splits - 1) / p.n_splits;
+  return p;
+}
+
+// Batch-invariant plan: splits of a fixed kAttnInvariantSplitTiles tiles, so
+// the partials of a row (and their merge order) depend on its own kv_len only.
+// A row whose cache fits one split gives the same bits through the merge as
+// without it (weights exp(0) = 1).
+inline constexpr int32_t kAttnInvariantSplitTiles = 16;  // 512 cache slots
+inline AttnSplit plan_attention_split_invariant(int32_t max_kv_len) {
+  const int32_t tiles = (max_kv_len + kAttnTile - 1) / kAttnTile;
+  AttnSplit p;
+  p.tiles_per_split = kAttnInvariantSplitTiles;
+  p.n_splits = tiles <= kAttnInvariantSplitTiles ? 1 : (tiles + kAttnInvariantSplitTiles - 1) / kAttnInvariantSplitTiles;
   return p;
 }
 

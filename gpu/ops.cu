@@ -152,6 +152,32 @@ __global__ void kv_copy_kernel(KvView kv, const int32_t* __restrict__ src, const
   for (int64_t j = threadIdx.x; j < vecs; j += blockDim.x) to[j] = from[j];
 }
 
+// One thread per (layer, block, kv head x slot, pair): as the CPU's
+// kv_rope_shift, the pair is read as f32, rotated, and stored back as f16.
+__global__ void kv_rope_shift_kernel(KvView kv, const int32_t* __restrict__ blocks, int32_t n,
+                                     const float* __restrict__ cs, const float* __restrict__ sn, int32_t half) {
+  const int64_t rows = static_cast<int64_t>(kv.num_kv_heads) * kv.block_size;  // per block and layer
+  const int64_t total = static_cast<int64_t>(kv.num_layers) * n * rows * half;
+  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
+       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int32_t i = static_cast<int32_t>(t % half);
+    int64_t rest = t / half;
+    const int64_t r = rest % rows;  // kv_head * block_size + slot
+    rest /= rows;
+    const int32_t b = static_cast<int32_t>(rest % n);
+    const int32_t layer = static_cast<int32_t>(rest / n);
+    const int32_t block = blocks[b];
+    if (block < 0 || block >= kv.num_blocks) continue;
+    uint16_t* k = kv.base + kv_offset(layer, 0, block, 0, 0, kv.num_blocks, kv.num_kv_heads, kv.block_size,
+                                      kv.head_dim) + r * kv.head_dim + 2 * i;
+    const float x0 = __half2float(__ushort_as_half(k[0])), x1 = __half2float(__ushort_as_half(k[1]));
+    const float y0 = __fmaf_rn(x0, cs[i], -__fmul_rn(x1, sn[i]));
+    const float y1 = __fmaf_rn(x0, sn[i], __fmul_rn(x1, cs[i]));
+    k[0] = __half_as_ushort(__float2half_rn(y0));
+    k[1] = __half_as_ushort(__float2half_rn(y1));
+  }
+}
+
 // ------------------------------------------------------------------ sampling
 
 // Order-preserving map of a float to uint32 (larger float -> larger key);
@@ -483,6 +509,15 @@ cudaError_t kv_copy_blocks(const KvView& kv, const int32_t* src, const int32_t* 
   if (n <= 0 || kv.num_layers <= 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(kv.num_layers * 2));
   kv_copy_kernel<<<grid, 256, 0, stream>>>(kv, src, dst);
+  return cudaGetLastError();
+}
+
+cudaError_t kv_rope_shift(const KvView& kv, const int32_t* blocks, int32_t n, const float* cs, const float* sn,
+                          int32_t rot_dim, cudaStream_t stream) {
+  const int32_t half = rot_dim / 2;
+  const int64_t total = static_cast<int64_t>(kv.num_layers) * n * kv.num_kv_heads * kv.block_size * half;
+  if (total <= 0) return cudaSuccess;
+  kv_rope_shift_kernel<<<grid_for(total, 256), 256, 0, stream>>>(kv, blocks, n, cs, sn, half);
   return cudaGetLastError();
 }
 

@@ -41,6 +41,14 @@ def cpu_model() -> str:
     return "unknown"
 
 
+def loadavg() -> str:
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return "?"
+
+
 def bench_ember(args) -> dict:
     cli = os.path.join(ROOT, "build", "apps", "cli", "ember")
     cmd = [cli, "bench", "-m", args.model, "-p", str(args.p), "-n", str(args.n), "-t", str(args.t), "-r",
@@ -101,6 +109,9 @@ def main() -> None:
         shlex.quote(a) for a in sys.argv[1:])
     print(f"# command: (cd {ROOT} && {cmd.strip()})")
     print(f"# date: {date}\n# machine: {mach}\n# model: {args.model}")
+    load0 = loadavg()
+    print(f"# load average before: {load0} (other processes share these cores; numbers are only comparable "
+          f"when it is low)")
     sys.stdout.flush()
     # Run one after the other, never concurrently, so they do not share the cores.
     em = bench_ember(args)
@@ -114,8 +125,10 @@ def main() -> None:
           f"decode {ll['decode_tokens_per_second']:.1f} ± {ll['decode_stddev']:.1f} tok/s")
     rp = em["prefill_tokens_per_second"] / ll["prefill_tokens_per_second"]
     rd = em["decode_tokens_per_second"] / ll["decode_tokens_per_second"]
-    print(f"ratio ember / llama.cpp: prefill {rp:.2f}x, decode {rd:.2f}x\n")
-    print(f"Machine: {mach}; date: {date}; threads: {args.t}; model: {os.path.basename(args.model)}\n")
+    print(f"ratio ember / llama.cpp: prefill {rp:.2f}x, decode {rd:.2f}x")
+    print(f"# load average after: {loadavg()}\n")
+    print(f"Machine: {mach}; date: {date}; threads: {args.t}; model: {os.path.basename(args.model)}; "
+          f"load average {load0} before, {loadavg()} after\n")
     print(f"| engine | pp{args.p} tok/s | tg{args.n} tok/s |")
     print("|---|---:|---:|")
     print(f"| Ember | {em['prefill_tokens_per_second']:.1f} ± {em['prefill_stddev']:.1f} | "

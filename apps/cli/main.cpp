@@ -3,7 +3,7 @@
 //   ember chat [-m MODEL]
 //   ember perplexity [-m MODEL] -f FILE [--ctx C] [--max-tokens N]
 //   ember perplexity [-m MODEL] -f FILE --stream --cache full|window:W|sink:S:W|recompute:W
-//                    [--max-tokens N] [--series FILE.csv]
+//                    [--max-tokens N] [--series FILE.csv] [--stride K] [--logprobs FILE.csv]
 //   ember bench [-m MODEL] [-p 512] [-n 128] [-t THREADS] [--json]
 //   ember tokenize [-m MODEL] (-p TEXT | -f FILE) [--special]
 #include <chrono>
@@ -263,6 +263,14 @@ double resident_bytes() {
   return static_cast<double>(resident) * 4096.0;
 }
 
+// CPU time of this process (all threads), in seconds: unlike wall time it
+// does not count time other processes take on a shared machine.
+double cpu_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 struct StreamCache {
   std::string kind;  // full, window, sink, recompute
   int32_t sinks = 0, window = 0;
@@ -303,11 +311,19 @@ StreamCache parse_stream_cache(const std::string& spec) {
 // Streaming perplexity (StreamingLLM's eval_long_ppl): the text goes through
 // ONE session a token at a time and every next token is scored under the
 // cache policy; recompute:W rebuilds the last W tokens' KV for every token
-// (sliding window with re-computation, the quality baseline).
+// (sliding window with re-computation, the quality baseline). `full` keeps
+// every token (up to the model's context): a session whose window holds the
+// whole text, so nothing is ever evicted -- the computation of a FULL session,
+// but its blocks stay pinned between the per-token calls (a FULL session
+// parks them in the prefix cache after each call and would recompute its
+// partial last block every token). With --stride K only every K-th token is
+// scored: recompute:W then skips the others entirely (each scored token is a
+// fresh rebuild), the streaming policies still feed every token.
 int perplexity_stream(const Args& a, std::vector<int32_t> ids, Handles& h, const ember_model_info_t& info,
                       int threads) {
   const StreamCache cache = parse_stream_cache(a.str("--cache", "full"));
   const bool recompute = cache.kind == "recompute";
+  const size_t stride = static_cast<size_t>(a.integer("--stride", 1, 1, 1 << 20));
   if (cache.kind == "full" && ids.size() > static_cast<size_t>(info.context_length)) {
     std::fprintf(stderr, "full cache: scoring the first %d tokens (the model's context)\n", info.context_length);
     ids.resize(static_cast<size_t>(info.context_length));
@@ -318,7 +334,8 @@ int perplexity_stream(const Args& a, std::vector<int32_t> ids, Handles& h, const
   const int32_t head_dim = info.n_embd / info.n_heads;
   const uint64_t bytes_per_block = static_cast<uint64_t>(info.n_layers) * 2 * info.n_kv_heads * block * head_dim * 2;
   uint64_t slots = 0;
-  if (cache.kind == "full") slots = ids.size() + 1;
+  const int32_t full_window = std::max<int32_t>(block, static_cast<int32_t>(ids.size()));
+  if (cache.kind == "full") slots = static_cast<uint64_t>(full_window);
   else if (recompute) slots = static_cast<uint64_t>(cache.window) + 1;
   else slots = (static_cast<uint64_t>(cache.sinks) + block - 1) / block * block + static_cast<uint64_t>(cache.window);
   ember_engine_params ep;
@@ -329,9 +346,9 @@ int perplexity_stream(const Args& a, std::vector<int32_t> ids, Handles& h, const
   check(ember_engine_create(h.model, &ep, &h.engine), "creating the engine");
   ember_session_params sp;
   ember_session_params_init(&sp);
-  if (cache.kind == "window") {
+  if (cache.kind == "window" || cache.kind == "full") {
     sp.cache_policy = EMBER_CACHE_WINDOW;
-    sp.window_tokens = cache.window;
+    sp.window_tokens = cache.kind == "full" ? full_window : cache.window;
   } else if (cache.kind == "sink") {
     sp.cache_policy = EMBER_CACHE_SINK;
     sp.sink_tokens = cache.sinks;
@@ -342,26 +359,41 @@ int perplexity_stream(const Args& a, std::vector<int32_t> ids, Handles& h, const
   if (a.has("--series")) {
     series = std::fopen(a.str("--series").c_str(), "w");
     if (!series) throw CliError("cannot write '" + a.str("--series") + "'");
-    std::fprintf(series, "tokens,ppl,ppl_recent,ms_per_token,rss_mb,kv_mb\n");
+    std::fprintf(series, "tokens,ppl,ppl_recent,ms_per_token,cpu_ms_per_token,rss_mb,kv_mb\n");
+  }
+  std::FILE* dump = nullptr;  // --logprobs: "position,logprob" per scored token
+  if (a.has("--logprobs")) {
+    dump = std::fopen(a.str("--logprobs").c_str(), "w");
+    if (!dump) throw CliError("cannot write '" + a.str("--logprobs") + "'");
+    std::fprintf(dump, "position,logprob\n");
   }
   struct Closer {
     std::FILE* f;
-    ~Closer() { if (f) std::fclose(f); }
-  } closer{series};
+    std::FILE* g;
+    ~Closer() {
+      if (f) std::fclose(f);
+      if (g) std::fclose(g);
+    }
+  } closer{series, dump};
   ember_cache_stats_t cs;
   std::memset(&cs, 0, sizeof cs);
   cs.size = sizeof cs;
-  std::fprintf(stderr, "streaming perplexity: %zu tokens, cache %s, pool %llu blocks\n", ids.size(),
-               a.str("--cache", "full").c_str(), static_cast<unsigned long long>(ep.kv_memory_bytes / bytes_per_block));
+  std::fprintf(stderr, "streaming perplexity: %zu tokens, cache %s, pool %llu blocks, stride %zu\n", ids.size(),
+               a.str("--cache", "full").c_str(), static_cast<unsigned long long>(ep.kv_memory_bytes / bytes_per_block),
+               stride);
   using clock = std::chrono::steady_clock;
   double nll = 0.0, recent_nll = 0.0;
   size_t count = 0, recent = 0;
   const auto t0 = clock::now();
   auto t_mark = t0;
+  const double cpu0 = cpu_seconds();
+  double cpu_mark = cpu0;
+  size_t fed = 0;  // tokens fed since the last report
   float lp = 0.0f;
   for (size_t i = 0; i < ids.size(); ++i) {
+    const bool scored = i > 0 && i % stride == 0;
     if (recompute) {
-      if (i > 0) {
+      if (scored) {
         const size_t from = i > static_cast<size_t>(cache.window) ? i - static_cast<size_t>(cache.window) : 0;
         check(ember_session_reset(h.session), "reset");
         check(ember_session_score(h.session, ids.data() + from, i - from, nullptr), "scoring");
@@ -370,25 +402,34 @@ int perplexity_stream(const Args& a, std::vector<int32_t> ids, Handles& h, const
     } else {
       check(ember_session_score(h.session, ids.data() + i, 1, &lp), "scoring");
     }
-    if (i == 0) continue;
-    if (!std::isfinite(lp)) throw CliError("token " + std::to_string(i) + " got no log-probability");
-    nll -= lp;
-    recent_nll -= lp;
-    ++count;
-    ++recent;
-    if (count % 1000 == 0 || i + 1 == ids.size()) {
+    ++fed;
+    if (scored) {
+      if (!std::isfinite(lp)) throw CliError("token " + std::to_string(i) + " got no log-probability");
+      nll -= lp;
+      recent_nll -= lp;
+      if (dump) std::fprintf(dump, "%zu,%.6f\n", i, lp);
+      ++count;
+      ++recent;
+    }
+    if (recent > 0 && (i % 1000 == 0 || i + 1 == ids.size())) {
       const auto now = clock::now();
-      const double ms = std::chrono::duration<double, std::milli>(now - t_mark).count() / static_cast<double>(recent);
+      // Per token fed (streaming policies) or per token rebuilt (recompute).
+      const double per = static_cast<double>(recompute ? recent : fed);
+      const double ms = std::chrono::duration<double, std::milli>(now - t_mark).count() / per;
+      const double cpu_now = cpu_seconds();
+      const double cpu_ms = 1000.0 * (cpu_now - cpu_mark) / per;
       t_mark = now;
+      cpu_mark = cpu_now;
+      fed = 0;
       check(ember_cache_stats(ember_engine_cache(h.engine), &cs), "cache stats");
       const double rss_mb = resident_bytes() / (1 << 20);
       const double kv_mb = static_cast<double>(cs.blocks_used * cs.bytes_per_block) / (1 << 20);
       const double ppl = std::exp(nll / static_cast<double>(count));
       const double ppl_recent = std::exp(recent_nll / static_cast<double>(recent));
-      std::fprintf(stderr, "[%zu/%zu] ppl=%.4f recent=%.4f %.2f ms/token rss=%.1f MB kv=%.2f MB\n", count,
-                   ids.size() - 1, ppl, ppl_recent, ms, rss_mb, kv_mb);
+      std::fprintf(stderr, "[%zu/%zu] ppl=%.4f recent=%.4f %.2f ms/token (cpu %.2f) rss=%.1f MB kv=%.2f MB\n", i,
+                   ids.size() - 1, ppl, ppl_recent, ms, cpu_ms, rss_mb, kv_mb);
       if (series) {
-        std::fprintf(series, "%zu,%.6f,%.6f,%.4f,%.2f,%.3f\n", count, ppl, ppl_recent, ms, rss_mb, kv_mb);
+        std::fprintf(series, "%zu,%.6f,%.6f,%.4f,%.4f,%.2f,%.3f\n", i, ppl, ppl_recent, ms, cpu_ms, rss_mb, kv_mb);
         std::fflush(series);
       }
       recent_nll = 0.0;
@@ -396,16 +437,19 @@ int perplexity_stream(const Args& a, std::vector<int32_t> ids, Handles& h, const
     }
   }
   const double secs = std::chrono::duration<double>(clock::now() - t0).count();
-  std::fprintf(stderr, "%zu tokens in %.1f s (%.2f ms/token)\n", count, secs, 1000.0 * secs / static_cast<double>(count));
+  if (count == 0) throw CliError("no token was scored (text shorter than --stride?)");
+  const double per = static_cast<double>(recompute ? count : ids.size());
+  std::fprintf(stderr, "%zu tokens scored in %.1f s: %.2f ms (cpu %.2f ms) per %s\n", count, secs, 1000.0 * secs / per,
+               1000.0 * (cpu_seconds() - cpu0) / per, recompute ? "rebuilt token" : "token fed");
   std::printf("ppl=%.4f tokens=%zu\n", std::exp(nll / static_cast<double>(count)), count);
   return 0;
 }
 
 int cmd_perplexity(int argc, char** argv) {
-  Args a(argc, argv, 2, {"-m", "-f", "--ctx", "--max-tokens", "-t", "--cache", "--series"}, {"--stream"});
+  Args a(argc, argv, 2, {"-m", "-f", "--ctx", "--max-tokens", "-t", "--cache", "--series", "--stride", "--logprobs"}, {"--stream"});
   if (!a.has("-f")) throw CliError("perplexity needs -f FILE");
-  if (!a.has("--stream") && (a.has("--cache") || a.has("--series"))) {
-    throw CliError("--cache and --series need --stream");
+  if (!a.has("--stream") && (a.has("--cache") || a.has("--series") || a.has("--stride") || a.has("--logprobs"))) {
+    throw CliError("--cache, --series, --stride and --logprobs need --stream");
   }
   if (a.has("--stream")) {
     const std::string text = read_file(a.str("-f"));
@@ -628,7 +672,7 @@ void usage() {
                "  chat       [-m MODEL] [--system TEXT]\n"
                "  perplexity [-m MODEL] -f FILE [--ctx C] [--max-tokens N]\n"
                "  perplexity [-m MODEL] -f FILE --stream --cache full|window:W|sink:S:W|recompute:W\n"
-               "             [--max-tokens N] [--series FILE.csv]\n"
+               "             [--max-tokens N] [--series FILE.csv] [--stride K] [--logprobs FILE.csv]\n"
                "  bench      [-m MODEL] [-p 512] [-n 128] [-t THREADS] [--sessions K] [--json]\n"
                "  tokenize   [-m MODEL] (-p TEXT | -f FILE) [--special]\n"
                "MODEL defaults to $EMBER_HOME/SmolLM2-135M-Instruct.Q4_1.gguf (EMBER_HOME: ~/.cache/ember).\n");

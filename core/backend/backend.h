@@ -109,6 +109,11 @@ class Backend {
   // over the paged cache of `layer`.
   virtual void attention(int32_t layer, const float* q, const AttentionSeq* seqs, int32_t n_seqs,
                          const AttentionParams& params, float* out) = 0;
+  // Window/sink cache policies need kv_rope_shift and attention that skips
+  // AttentionSeq holes; a backend that provides both says so here (sessions
+  // with such a policy are refused otherwise). kv_read/write_block serve
+  // session save/restore.
+  virtual bool supports_cache_policies() const { return false; }
   // K-shift: re-rotates the keys of whole blocks, every layer, by `delta`
   // positions (RoPE(p) k becomes RoPE(p + delta) k; same layout as rope()).
   // Used when a cache policy moves kept tokens to lower positions.

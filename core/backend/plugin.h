@@ -74,6 +74,13 @@ class BackendExtras {
 
   virtual ~BackendExtras() = default;
   virtual std::string device_description() const = 0;
+  // The engine's batch_invariant (see make_cpu_backend), default true: every
+  // matmul row is computed as for a single row (the GEMV path, also for
+  // prefill) and attention splits a row's cache at fixed 512-slot
+  // boundaries, so a sequence's output never depends on batching, chunking
+  // or prefix-cache hits. false: cuBLAS for prefill and split-K sized to the
+  // batch (faster prefill; decode rows stay row-invariant either way).
+  virtual void set_batch_invariant(bool on) = 0;
   // Waits until every queued operation finished (timing, tests).
   virtual void synchronize() = 0;
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/backend/plugin.h"
 #include "core/engine/batch.h"
 #include "core/model/llama.h"
 #include "core/tokenizer/tokenizer.h"
@@ -33,7 +34,20 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineParams& params)
   if (params_.n_threads < 0 || params_.n_threads > 1024) {
     fail(StatusCode::kInvalidArgument, "engine: n_threads must be in [0, 1024]");
   }
-  backend_ = make_cpu_backend(params_.n_threads, params_.batch_invariant);
+  if (params_.device == "cpu") {
+    backend_ = make_cpu_backend(params_.n_threads, params_.batch_invariant);
+  } else {
+    try {
+      LoadedBackend lb = open_backend_plugin(params_.device == "auto" ? "cuda" : params_.device, params_.n_threads);
+      backend_ = std::move(lb.backend);
+      backend_extras_ = lb.extras;
+      if (backend_extras_) backend_extras_->set_batch_invariant(params_.batch_invariant);
+    } catch (const Error& e) {
+      if (params_.device != "auto") throw;
+      log(LogLevel::kInfo, "engine: %s; running on the CPU", e.what());
+      backend_ = make_cpu_backend(params_.n_threads, params_.batch_invariant);
+    }
+  }
   KvGeometry g;
   g.num_layers = c.n_layers;
   g.num_kv_heads = c.n_kv_heads;
@@ -121,7 +135,14 @@ class Engine::Budget final : public KvBudget {
     Session& se = session(seq);
     std::lock_guard<std::mutex> lock(se.mutex_);
     // n_slots counts history tokens; a bounded policy maps them to fewer slots.
-    if (se.bounded()) return se.make_room_locked(n_slots - std::min(n_slots, se.n_cached_));
+    if (se.bounded()) {
+      try {
+        return se.make_room_locked(n_slots - std::min(n_slots, se.n_cached_));
+      } catch (const Error& e) {  // the stream fails after scheduling; its state is unchanged
+        errors_.emplace_back(streams_[seq.id], e);
+        return false;
+      }
+    }
     if (!cache_.reserve(se.block_table_, static_cast<int32_t>(n_slots))) return false;
     return cache_.prepare_write(se.block_table_, static_cast<int32_t>(se.n_cached_));
   }
@@ -146,16 +167,22 @@ class Engine::Budget final : public KvBudget {
     // session takes at most its cache size.
     const size_t bs = static_cast<size_t>(cache_.block_size());
     size_t max_blocks = (se.tokens_.size() - 1) / bs;
-    if (st.score_mode_ && st.score_first_ > 0) max_blocks = std::min(max_blocks, (st.score_first_ - 1) / bs);
+    if (st.score_mode_) max_blocks = std::min(max_blocks, st.score_first_ == 0 ? 0 : (st.score_first_ - 1) / bs);
     if (se.bounded()) max_blocks = std::min(max_blocks, static_cast<size_t>(se.policy_.capacity()) / bs);
     se.block_table_ = cache_.match_prefix(se.tokens_.data(), se.tokens_.size(), max_blocks);
     se.n_cached_ = se.block_table_.size() * static_cast<size_t>(cache_.block_size());
     seq.n_computed = se.n_cached_;
+    if (se.bounded()) seq.max_chunk = static_cast<size_t>(se.layout_.chunk_limit(static_cast<int64_t>(se.n_cached_)));
   }
   size_t capacity_slots() const override { return cache_.total_blocks() * static_cast<size_t>(cache_.block_size()); }
 
  private:
   Session& session(const SchedSequence& seq) { return *streams_[seq.id]->session_; }
+
+ public:
+  std::vector<std::pair<Stream*, Error>> errors_;  // allocations that failed with an error
+
+ private:
   KvCache& cache_;
   std::vector<Stream*>& streams_;
 };
@@ -175,13 +202,25 @@ size_t Engine::run_steps(double max_ms, int64_t max_tokens) {
 
 size_t Engine::step() {
   std::lock_guard<std::mutex> step_lock(step_mutex_);
-  std::vector<std::shared_ptr<Stream>> streams;
+  std::vector<std::shared_ptr<Stream>> streams, finished;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    streams_.erase(std::remove_if(streams_.begin(), streams_.end(), [](const auto& s) { return s->finished_flag(); }),
-                   streams_.end());
+    size_t keep = 0;
+    for (size_t i = 0; i < streams_.size(); ++i) {
+      if (streams_[i]->finished_flag()) {
+        finished.push_back(std::move(streams_[i]));
+      } else {
+        if (keep != i) streams_[keep] = std::move(streams_[i]);
+        ++keep;
+      }
+    }
+    streams_.resize(keep);
     streams = streams_;
   }
+  // Dropped outside mutex_: the last reference to a finished stream may
+  // destroy its session and with it the engine's last owner, whose
+  // stop_worker() takes mutex_.
+  finished.clear();
   if (streams.empty()) return 0;
   const Tokenizer& tok = model_->tokenizer();
   const int32_t n_vocab = model_->config().n_vocab;
@@ -206,6 +245,15 @@ size_t Engine::step() {
   }
   Budget budget(*cache_, by_index);
   StepPlan plan = scheduler_->schedule(seqs, budget);
+  for (auto& [stream, error] : budget.errors_) {
+    for (auto it = plan.run.begin(); it != plan.run.end(); ++it) {
+      if (by_index[it->first->id] == stream) {
+        plan.run.erase(it);
+        break;
+      }
+    }
+    stream->fail_with(error.code(), error.message());
+  }
   for (SchedSequence* f : plan.failed) {
     by_index[f->id]->fail_with(StatusCode::kOutOfMemory,
                                "the sequence needs more KV blocks than the whole pool holds (" +
@@ -374,6 +422,10 @@ Session::Session(std::shared_ptr<EngineOwner> engine, int32_t n_ctx, const std::
   n_ctx_ = n_ctx == 0 ? train : std::min(n_ctx, train);
   if (policy_.bounded()) {
     KvCache& cache = (*engine_)->cache();
+    if (!cache.supports_cache_policies()) {
+      fail(StatusCode::kUnsupported, "session: the " + cache.backend_name() +
+                                         " backend does not support window/sink cache policies yet");
+    }
     if (policy_.kind == CachePolicyKind::kWindow) policy_.sink_tokens = 0;
     if (policy_.window_tokens == 0) policy_.window_tokens = n_ctx_ - policy_.sink_tokens;
     policy_.validate(cache.block_size(), train);
@@ -557,7 +609,7 @@ void Session::fill_sched_locked(SchedSequence& seq) const {
   seq.n_tokens = tokens_.size();
   seq.n_computed = n_cached_;
   seq.running = !block_table_.empty();
-  seq.max_chunk = bounded() ? static_cast<size_t>(layout_.max_chunk()) : 0;
+  seq.max_chunk = bounded() ? static_cast<size_t>(layout_.chunk_limit(static_cast<int64_t>(n_cached_))) : 0;
   seq.max_slots = bounded() ? static_cast<size_t>(layout_.max_slots()) : 0;
   seq.preemptible = !(bounded() && layout_.shifted());
 }
@@ -572,15 +624,17 @@ bool Session::make_room_locked(size_t n_new) {
     // The kept window moves to lower positions: its blocks must be private
     // (a shared one is copied) and leave the prefix index before the K-shift.
     if (!cache.prepare_write(block_table_, ev.first_block * bs)) return false;
-    cache.drop_blocks(block_table_, static_cast<size_t>(ev.first_block), static_cast<size_t>(ev.dropped_blocks));
-    layout_.apply(ev);
+    // Shift the blocks that stay (those after the dropped ones, up to the
+    // last written slot) first: if the backend fails, nothing has changed.
     const size_t used = (static_cast<size_t>(layout_.kv_len(done)) + bs - 1) / bs;
     std::vector<int32_t> window;
-    for (size_t i = static_cast<size_t>(ev.first_block); i < std::min(used, block_table_.size()); ++i) {
+    for (size_t i = static_cast<size_t>(ev.first_block + ev.dropped_blocks); i < std::min(used, block_table_.size()); ++i) {
       window.push_back(block_table_[i]);
     }
     const auto& c = engine.model().config();
     cache.shift_keys(window, -ev.shift, c.rope_dim, c.rope_freq_base);
+    cache.drop_blocks(block_table_, static_cast<size_t>(ev.first_block), static_cast<size_t>(ev.dropped_blocks));
+    layout_.apply(ev);
   }
   if (!cache.reserve(block_table_, layout_.kv_len(done + static_cast<int64_t>(n_new)))) return false;
   return cache.prepare_write(block_table_, layout_.kv_len(done));

@@ -35,10 +35,12 @@ class LlamaForward;
 struct Batch;
 class StreamingDetokenizer;
 class EngineOwner;
+class BackendExtras;
 class Session;
 class Stream;
 
 struct EngineParams {
+  std::string device = "cpu";  // "cpu", "cuda", "cuda:N", "auto" (CUDA when available)
   int32_t n_threads = 0;
   uint64_t kv_memory_bytes = 512ull << 20;
   int32_t kv_block_size = 16;
@@ -97,6 +99,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::shared_ptr<const Model> model_;
   EngineParams params_;
   std::unique_ptr<Backend> backend_;
+  BackendExtras* backend_extras_ = nullptr;
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<LlamaForward> forward_;
   std::mutex forward_mutex_;  // one forward pass at a time (worker or score)

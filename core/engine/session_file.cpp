@@ -366,8 +366,7 @@ std::shared_ptr<Session> Session::load(std::shared_ptr<EngineOwner> owner, const
   const uint32_t dtype = r.value<uint32_t>();
   const uint64_t bpb = r.value<uint64_t>();
   const uint64_t n_blocks = r.value<uint64_t>();
-  if (layers != g.num_layers || kv_heads != g.num_kv_heads || head_dim != g.head_dim || dtype != 0 ||
-      bpb != g.bytes_per_block()) {
+  if (layers != g.num_layers || kv_heads != g.num_kv_heads || head_dim != g.head_dim || dtype != 0) {
     r.corrupt("its KV geometry does not match the model");
   }
   if (block_size != g.block_size) {
@@ -375,6 +374,7 @@ std::shared_ptr<Session> Session::load(std::shared_ptr<EngineOwner> owner, const
                                        std::to_string(block_size) + "; this engine uses " +
                                        std::to_string(g.block_size));
   }
+  if (bpb != g.bytes_per_block()) r.corrupt("its KV block size in bytes does not match the model");
   if (n_blocks > r.left() / bpb || n_blocks * bpb != r.left()) r.corrupt("KV block data does not match its count");
   if (n_processed > n_tokens) r.corrupt("more tokens processed than in the history");
 

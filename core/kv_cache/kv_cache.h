@@ -68,6 +68,8 @@ class KvCache {
   // K-shift of whole blocks (Backend::kv_rope_shift). The caller holds them
   // privately (prepare_write) and none of them is in the prefix index.
   void shift_keys(const std::vector<int32_t>& blocks, int32_t delta, int32_t rot_dim, float freq_base);
+  bool supports_cache_policies() const { return backend_.supports_cache_policies(); }
+  std::string backend_name() const { return backend_.name(); }
   // Raw block contents (KvGeometry::bytes_per_block() bytes): save/restore.
   void read_block(int32_t block, void* dst) const { backend_.kv_read_block(block, dst); }
   void write_block(int32_t block, const void* src) { backend_.kv_write_block(block, src); }

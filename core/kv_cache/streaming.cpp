@@ -70,7 +70,7 @@ int32_t StreamingLayout::position_of(int64_t t) const {
 }
 
 StreamingLayout::Eviction StreamingLayout::plan(int64_t n_processed, int32_t n_new) const {
-  if (n_new > max_chunk()) fail(StatusCode::kInternal, "streaming layout: chunk larger than the window allows");
+  if (n_new < 0) fail(StatusCode::kInternal, "streaming layout: negative chunk");
   if (n_processed < sinks_ + n_evicted_ && n_evicted_ > 0) {
     fail(StatusCode::kInternal, "streaming layout: processed count inside the evicted range");
   }
@@ -96,6 +96,14 @@ StreamingLayout::Eviction StreamingLayout::plan(int64_t n_processed, int32_t n_n
   }
   e.shift = static_cast<int32_t>(evicted - n_evicted_);
   return e;
+}
+
+int32_t StreamingLayout::chunk_limit(int64_t n_processed) const {
+  const Eviction first = plan(n_processed, 1);
+  const int64_t evicted = n_evicted_ + first.shift;
+  // After the first token's eviction the window may grow to W again.
+  const int64_t limit = static_cast<int64_t>(window_) + sinks_ + evicted - n_processed;
+  return static_cast<int32_t>(std::clamp<int64_t>(limit, 1, INT32_MAX));
 }
 
 void StreamingLayout::apply(const Eviction& e) {

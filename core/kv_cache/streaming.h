@@ -17,7 +17,8 @@
 // later one drops the window's oldest block from the block table (the later
 // slots renumber by B, which costs an int move per block). The kept window
 // keys are then re-rotated by the shift (llama.cpp's K-shift), so the window
-// between evictions holds from W-B+1 to W tokens. See docs/BENCHMARKS.md
+// between evictions holds from W-B+1 to W tokens. Evictions happen at fixed
+// token indices, whatever the chunking (chunk_limit). See docs/BENCHMARKS.md
 // (StreamingLLM) for why K-shift rather than rotating keys at attention time.
 //
 // This class is pure bookkeeping (tested without a model): token indices
@@ -58,9 +59,12 @@ class StreamingLayout {
   bool shifted() const { return n_evicted_ > 0; }
   int32_t win_begin() const;  // first window slot (== S before any eviction)
 
-  // The most tokens one forward chunk may append: W - B + 1, so that evicting
-  // whole blocks always makes room.
-  int32_t max_chunk() const { return window_ - block_size_ + 1; }
+  // The most tokens one forward chunk may append after `n_processed`: up to
+  // (not past) the next eviction point. Every row of such a chunk then sees
+  // exactly the cache it would see if the tokens came one at a time, so a
+  // session's results never depend on how its tokens were split into calls,
+  // chunks or prefix-cache hits.
+  int32_t chunk_limit(int64_t n_processed) const;
   // Slots the table must cover at most (the cache never grows past this).
   int32_t max_slots() const;
 
@@ -82,8 +86,8 @@ class StreamingLayout {
     int32_t shift = 0;           // positions the kept window moves down (tokens evicted)
     bool any() const { return shift > 0; }
   };
-  // What must be evicted before `n_new` tokens (<= max_chunk()) are appended
-  // after `n_processed` ones, so the window holds at most W tokens.
+  // What must be evicted before `n_new` tokens (<= chunk_limit()) are
+  // appended after `n_processed` ones, so the window holds at most W tokens.
   Eviction plan(int64_t n_processed, int32_t n_new) const;
   void apply(const Eviction& e);
 

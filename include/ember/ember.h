@@ -167,7 +167,10 @@ enum { EMBER_KV_F16 = 0 };
 
 typedef struct ember_engine_params {
   size_t size;                 /* sizeof(ember_engine_params) */
-  int32_t device;              /* EMBER_DEVICE_*, default CPU */
+  int32_t device;              /* EMBER_DEVICE_*, default CPU. CUDA loads the
+                                  libember_cuda.so plugin (UNSUPPORTED when it, a
+                                  driver or a GPU is missing); AUTO uses CUDA when
+                                  available, else the CPU */
   int32_t n_threads;           /* CPU threads; 0 (default) = all cores */
   uint64_t kv_memory_bytes;    /* KV pool budget; 0 (default) = 512 MiB */
   int32_t kv_block_size;       /* tokens per KV block; default 16 */

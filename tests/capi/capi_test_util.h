@@ -100,8 +100,12 @@ inline ember_model* shared_model() {
 }
 
 // One thread per engine unless asked: these tests are about the API, and on a
-// busy 2-core machine OpenMP's spin-waiting costs 10-20x in CPU time.
+// busy 2-core machine OpenMP's spin-waiting costs 10-20x in CPU time. Under
+// TSan always one: see tests/capi/tsan.supp.
 inline EnginePtr make_engine(ember_model* model, uint64_t kv_bytes = kTestKvBytes, int32_t n_threads = 1) {
+#ifdef EMBER_TEST_TSAN
+  n_threads = 1;
+#endif
   ember_engine_params ep;
   ember_engine_params_init(&ep);
   ep.kv_memory_bytes = kv_bytes;

@@ -1,6 +1,8 @@
 // Sessions and streams from one thread: calls in the wrong order, handles
 // destroyed in the "wrong" order, context limits, stop strings, callbacks,
 // UTF-8 of streamed pieces and chat continuation.
+#include <dirent.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -366,6 +368,47 @@ TEST(CapiLifetime, StreamOutlivesEverythingWhileRunning) {
   session.reset();
   ember_stream_destroy(stream);
 }
+
+#if defined(__linux__)
+namespace {
+size_t thread_count() {
+  size_t n = 0;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (const dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+  }
+  return n;
+}
+}  // namespace
+
+// The stream handle is the last one, destroyed right after END: whoever
+// drops the last internal reference (this thread or the engine's worker)
+// must tear the engine down, so its worker thread (and KV pool) goes away.
+TEST(CapiLifetime, NothingLeaksWhenTheStreamIsTheLastHandle) {
+  CAPI_REQUIRE_MODEL(model);
+  const size_t baseline = thread_count();
+  for (int i = 0; i < 20; ++i) {
+    EnginePtr engine = make_engine(model, 4u << 20);
+    ember_session* session = nullptr;
+    ASSERT_OK(ember_session_create(engine.get(), nullptr, &session));
+    const int32_t tokens[4] = {1, 2, 3, 4};
+    ASSERT_OK(ember_session_add_tokens(session, tokens, 4));
+    ember_stream_params p = greedy_params(1);
+    p.ignore_eos = 1;
+    ember_stream* stream = nullptr;
+    ASSERT_OK(ember_stream_start(session, &p, &stream));
+    engine.reset();
+    ember_session_destroy(session);
+    EXPECT_TRUE(drain(stream).ended);
+    ember_stream_destroy(stream);
+  }
+  // A worker that tore its engine down itself exits asynchronously.
+  for (int wait = 0; wait < 200 && thread_count() > baseline; ++wait) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(thread_count(), baseline) << "engine worker threads were left behind (deadlocked or leaked)";
+}
+#endif
 
 TEST(CapiLifetime, DestroyRunningStreamThenReuseSession) {
   CAPI_REQUIRE_MODEL(model);

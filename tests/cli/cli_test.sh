@@ -45,6 +45,15 @@ ids="$("$ember" tokenize -p "Hello world")"
 head -c 20000 "$(dirname "$0")/../../../shared/data/pride_and_prejudice.txt" > "$tmp/pp.txt" 2>/dev/null || python3 -c "print('It is a truth universally acknowledged. '*300)" > "$tmp/pp.txt"
 last="$("$ember" perplexity -f "$tmp/pp.txt" --ctx 128 --max-tokens 512 2>/dev/null | tail -n 1)"
 [[ "$last" =~ ^ppl=[0-9]+\.[0-9]+\ tokens=[0-9]+$ ]] && ok || bad "perplexity last line '$last'"
+# perplexity --stream: the same contract for every cache policy, series CSV written.
+for cache in sink:4:60 window:64 full recompute:32; do
+  last="$("$ember" perplexity -f "$tmp/pp.txt" --stream --cache "$cache" --max-tokens 120 -t 1 --series "$tmp/s.csv" 2>/dev/null | tail -n 1)"
+  [[ "$last" =~ ^ppl=[0-9]+\.[0-9]+\ tokens=119$ ]] && ok || bad "perplexity --stream --cache $cache last line '$last'"
+done
+head -n 1 "$tmp/s.csv" | grep -q "^tokens,ppl," && ok || bad "series header"
+expect_error "bad --cache" "$ember" perplexity -f "$tmp/pp.txt" --stream --cache sink:4
+expect_error "--cache without --stream" "$ember" perplexity -f "$tmp/pp.txt" --cache sink:4:60
+expect_error "window under a block" "$ember" perplexity -f "$tmp/pp.txt" --stream --cache window:8
 # bench --json is JSON.
 "$ember" bench -p 16 -n 4 -r 1 --json | python3 -c "import json,sys; json.load(sys.stdin)" && ok || bad "bench --json"
 

@@ -19,20 +19,21 @@ namespace ember {
 namespace {
 
 // Thresholds, from what was measured (docs/BENCHMARKS.md, "Correctness against llama.cpp").
-// Neither engine is bit-exact: llama.cpp quantizes activations to 8 bits (Q8_1/Q8_0) in its
-// matmuls, Ember does so in its decode kernels and runs prefill/scoring in f32. Near-ties in
-// llama.cpp's own distribution therefore flip either way (llama.cpp's batched eval disagrees
-// with its own incremental decode on ~2% of greedy steps), and one flip changes the rest of a
+// Neither engine is bit-exact against the other: both quantize activations to 8-bit blocks
+// of 32 inside their matmuls (llama.cpp: Q8_1 with f16 scales; Ember's row-invariant kernels:
+// f32 scales), with different rounding and accumulation order. Near-ties in llama.cpp's own
+// distribution therefore flip either way (llama.cpp's batched eval disagrees with its own
+// incremental decode on ~2% of greedy steps), and one flip changes the rest of a
 // free-running continuation. So the hard checks are: no flip where llama.cpp was decisive,
-// and small log-prob differences; the raw agreement figures are printed and only
-// floor-checked.
-constexpr float kDecisiveGap = 0.5f;           // llama.cpp top1 - top2 (nats): must not flip
-constexpr float kNearTieGap = 1.0f;            // greedy may only diverge below this llama.cpp gap
-constexpr double kMinDecisiveAgreement = 0.99;  // top-1 agreement where llama.cpp is decisive
-constexpr double kMinRawTop1Agreement = 0.90;   // all positions (measured ~96-98%)
-constexpr double kMinRawGreedyAgreement = 0.25; // free-running, position-wise (measured ~49%)
-constexpr double kMaxTop1LogprobDiff = 0.10;    // |ours - llama.cpp| for llama's top-1, any position
-constexpr double kMaxMeanTop1LogprobDiff = 0.02;
+// divergence only at llama.cpp near-ties, and small log-prob differences; the raw agreement
+// figures are printed and only floor-checked.
+constexpr float kDecisiveGap = 0.5f;            // llama.cpp top1 - top2 (nats) that must not flip
+constexpr float kNearTieGap = 1.0f;             // greedy may diverge only where llama.cpp's gap is below this
+constexpr double kMinDecisiveAgreement = 0.99;  // top-1 agreement where llama.cpp is decisive (measured 100%, 99.9%)
+constexpr double kMinRawTop1Agreement = 0.88;   // all positions (measured 94.5%)
+constexpr double kMinRawGreedyAgreement = 0.25; // free-running, position-wise (measured 49.9%)
+constexpr double kMaxTop1LogprobDiff = 0.5;     // |ours - llama.cpp| for llama's top-1 (measured max 0.225)
+constexpr double kMaxMeanTop1LogprobDiff = 0.1; // its mean over the positions (measured 0.051)
 
 std::string golden_path(const std::string& name) {
   return std::string(EMBER_TEST_DATA_DIR) + "/reference/" + name;
@@ -136,47 +137,53 @@ TEST(Reference, GoldenFilesParse) {
   EXPECT_EQ(g.top1.size(), g.ids.size());
 }
 
-// Greedy continuations of every golden prompt (one engine, one prompt at a time, as
-// tools/ref_llamacpp.py measures them), compared position by position with llama.cpp.
+// Greedy continuations of every golden prompt, compared position by position with
+// llama.cpp. All prompts run at once on one engine (the scheduler batches them;
+// the engine is batch-invariant by default, so each stream computes what it
+// would alone, as tools/ref_llamacpp.py measures it).
 TEST(Reference, GreedyContinuationsMatchLlamaCpp) {
   EMBER_REQUIRE_MODEL();
   const auto cases = load_greedy();
   ASSERT_FALSE(cases.empty());
   auto engine = Engine::create(shared_model(), EngineParams{});
-  size_t total = 0, matched = 0, confident = 0, confident_matched = 0;
+  std::vector<std::shared_ptr<Session>> sessions;
+  std::vector<std::shared_ptr<Stream>> streams;
   for (const auto& c : cases) {
-    auto session = std::make_shared<Session>(engine, 0, "");
-    session->add_tokens(c.prompt);
+    sessions.push_back(std::make_shared<Session>(engine, 0, ""));
+    sessions.back()->add_tokens(c.prompt);
     StreamParams p;
     p.sampling.temperature = 0.0f;
     p.max_tokens = static_cast<int32_t>(c.expected.size());
     p.ignore_eos = true;
-    const std::vector<int32_t> got = drain_tokens(session->start(p));
+    streams.push_back(sessions.back()->start(p));
+  }
+  size_t total = 0, matched = 0, diverged = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto& c = cases[i];
+    const std::vector<int32_t> got = drain_tokens(streams[i]);
     EXPECT_EQ(got.size(), c.expected.size()) << c.name;
     const size_t n = c.expected.size();
-    size_t same = 0, prefix = n, first_tie = n;
+    size_t same = 0, prefix = n;
     for (size_t k = 0; k < n; ++k) {
       const bool eq = k < got.size() && got[k] == c.expected[k];
       same += eq;
       if (!eq && prefix == n) prefix = k;
-      if (c.gaps[k] < kNearTieGap && first_tie == n) first_tie = k;
     }
     if (prefix < n) {
       std::printf("[ reference] %-16s diverges at %zu: llama.cpp %d (its top1-top2 gap %.3f), ember %d; %zu/%zu match\n",
                   c.name.c_str(), prefix, c.expected[prefix], c.gaps[prefix],
                   prefix < got.size() ? got[prefix] : -1, same, n);
+      // Diverging is only acceptable where llama.cpp itself nearly tied.
+      EXPECT_LT(c.gaps[prefix], kNearTieGap) << c.name << ": diverged at step " << prefix
+                                             << " where llama.cpp was decisive";
+      ++diverged;
     }
-    // Up to llama.cpp's first near-tie the continuation is determined; it must be identical.
-    EXPECT_GE(prefix, first_tie) << c.name << ": diverged at step " << prefix << " where llama.cpp's top1-top2 gap was "
-                                 << c.gaps[prefix] << " (>= " << kNearTieGap << ")";
-    confident += first_tie;
-    confident_matched += std::min(prefix, first_tie);
     total += n;
     matched += same;
   }
   const double agreement = static_cast<double>(matched) / static_cast<double>(total);
-  std::printf("[ reference] greedy: %zu/%zu tokens before llama.cpp's first near-tie match; free-running position-wise "
-              "agreement %zu/%zu = %.2f%%\n", confident_matched, confident, matched, total, 100.0 * agreement);
+  std::printf("[ reference] greedy: %zu/%zu continuations identical to llama.cpp's; position-wise agreement %zu/%zu = "
+              "%.2f%%\n", cases.size() - diverged, cases.size(), matched, total, 100.0 * agreement);
   EXPECT_GE(agreement, kMinRawGreedyAgreement);
 }
 

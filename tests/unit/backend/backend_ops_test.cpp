@@ -250,6 +250,49 @@ TEST_P(BackendOps, MatmulAllTypesPathsAndDecodeRows) {
   }
 }
 
+TEST_P(BackendOps, QuantMatmulsSharingAnInput) {
+  // Q, K, V (or gate, up) read the same input back to back; the CUDA backend
+  // quantizes it once. A new upload into the input must not reuse the old one.
+  const int64_t K = 128, N1 = 64, N2 = 32;
+  const int32_t M = 3;
+  const auto w1 = make_weight(DType::Q4_0, N1, K, 1), w2 = make_weight(DType::Q8_0, N2, K, 2);
+  const auto w3 = make_weight(DType::Q4_0, N2, K, 3);
+  auto d1 = b().upload_weight(WeightDesc{DType::Q4_0, N1, K, w1.data()});
+  auto d2 = b().upload_weight(WeightDesc{DType::Q8_0, N2, K, w2.data()});
+  auto d3 = b().upload_weight(WeightDesc{DType::Q4_0, N2, K, w3.data()});
+  auto x = randn(static_cast<size_t>(M) * K, 4);
+  Buf bx(b(), x), y1(b(), M * N1 * 4), y2(b(), M * N2 * 4), y3(b(), M * N2 * 4);
+  auto check = [&](const std::vector<uint8_t>& w, DType t, int64_t N, const Buf& y, const std::vector<float>& xv) {
+    const auto wf = dequant(t, w.data(), N, K);
+    const auto got = y.get();
+    for (int32_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        double ref = 0, mag = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          ref += static_cast<double>(wf[n * K + k]) * xv[m * K + k];
+          mag += std::fabs(static_cast<double>(wf[n * K + k]) * xv[m * K + k]);
+        }
+        ASSERT_NEAR(got[m * N + n], ref, 0.02 * mag + 1e-4) << type_name(static_cast<uint32_t>(t)) << " " << m << " " << n;
+      }
+  };
+  b().matmul(*d1, bx.f(), M, y1.f(), true);
+  b().matmul(*d2, bx.f(), M, y2.f(), true);
+  b().matmul(*d3, bx.f(), M, y3.f(), true);
+  check(w1, DType::Q4_0, N1, y1, x);
+  check(w2, DType::Q8_0, N2, y2, x);
+  check(w3, DType::Q4_0, N2, y3, x);
+  x = randn(x.size(), 5);
+  bx.set(x);
+  b().matmul(*d3, bx.f(), M, y3.f(), true);
+  check(w3, DType::Q4_0, N2, y3, x);
+  // An op writing the input in between (add) also breaks the sharing.
+  b().matmul(*d1, bx.f(), M, y1.f(), true);
+  b().add(bx.f(), bx.f(), x.size());
+  for (auto& v : x) v = v + v;
+  b().matmul(*d3, bx.f(), M, y3.f(), true);
+  check(w3, DType::Q4_0, N2, y3, x);
+}
+
 TEST_P(BackendOps, RopeAdjacentPairs) {
   const int32_t rows = 3, heads = 4, hd = 16;
   const std::vector<int32_t> pos = {0, 7, 1000};
@@ -299,6 +342,7 @@ TEST_P(BackendOps, ElementwiseAndGather) {
 struct SeqSpec {
   int32_t n_past;  // tokens already in the cache
   int32_t n_new;   // rows of this call
+  int32_t hole_begin = 0, hole_end = 0;  // skipped cache slots (window/sink policies)
 };
 
 // Fills the cache of `layer` for every sequence (past + new tokens), runs
@@ -347,7 +391,8 @@ void check_attention(Backend& be, int32_t heads, int32_t kv_heads, int32_t hd, i
     vmirror.push_back(vm);
     tables.push_back(table);
     for (int32_t r = 0; r < specs[s].n_new; ++r) kv_len.push_back(specs[s].n_past + r + 1);
-    seqs.push_back(AttentionSeq{row, specs[s].n_new, nullptr, static_cast<int32_t>(table.size())});
+    seqs.push_back(AttentionSeq{row, specs[s].n_new, nullptr, static_cast<int32_t>(table.size()), specs[s].hole_begin,
+                                specs[s].hole_end});
     row += specs[s].n_new;
   }
   for (size_t s = 0; s < specs.size(); ++s) seqs[s].block_table = tables[s].data();
@@ -369,14 +414,16 @@ void check_attention(Backend& be, int32_t heads, int32_t kv_heads, int32_t hd, i
         const float* qh = q.data() + (static_cast<size_t>(r) * heads + h) * hd;
         std::vector<double> sc(kv_len[r]);
         double mx = -1e300;
+        auto in_hole = [&](int32_t t) { return t >= specs[s].hole_begin && t < specs[s].hole_end; };
         for (int32_t t = 0; t < kv_len[r]; ++t) {
+          if (in_hole(t)) continue;
           double d = 0;
           for (int32_t i = 0; i < hd; ++i) d += static_cast<double>(qh[i]) * kmirror[s][(static_cast<size_t>(t) * kv_heads + kvh) * hd + i];
           sc[t] = d * p.scale;
           mx = std::max(mx, sc[t]);
         }
         double sum = 0;
-        for (auto& v : sc) sum += (v = std::exp(v - mx));
+        for (int32_t t = 0; t < kv_len[r]; ++t) sum += (sc[t] = in_hole(t) ? 0.0 : std::exp(sc[t] - mx));
         for (int32_t i = 0; i < hd; ++i) {
           double o = 0;
           for (int32_t t = 0; t < kv_len[r]; ++t) o += sc[t] * vmirror[s][(static_cast<size_t>(t) * kv_heads + kvh) * hd + i];
@@ -399,6 +446,14 @@ TEST_P(BackendOps, AttentionPrefillDecodeMixedGqa) {
   check_attention(b(), 16, 1, 128, 16, mixed, 4);   // G = 16, head_dim 128
   check_attention(b(), 4, 2, 256, 8, {{0, 5}, {33, 1}}, 5);  // head_dim 256, block 8
   check_attention(b(), 4, 2, 72, 5, {{0, 9}, {13, 2}}, 6);   // head_dim 72, odd block size
+}
+
+TEST_P(BackendOps, AttentionSkipsTheHole) {
+  if (!b().supports_cache_policies()) GTEST_SKIP() << "no cache policies";
+  // Sinks + window: slots [4, hole_end) evicted; holes inside a tile, across
+  // tiles, covering whole 32-slot tiles, and with long caches (split-K).
+  check_attention(b(), 8, 2, 64, 16, {{100, 1, 4, 60}, {40, 3, 4, 20}, {300, 1, 4, 200}, {20, 2}}, 21);
+  check_attention(b(), 4, 4, 32, 16, {{2000, 1, 4, 1900}, {70, 8, 10, 11}}, 22);
 }
 
 TEST_P(BackendOps, AttentionLongContextDecodes) {
@@ -434,6 +489,113 @@ TEST_P(BackendOps, KvCopyBlocksIncludingChains) {
     b().attention(l, bq.f(), &s11, 1, p, o2.f());
     const auto a = o1.get(), c = o2.get();
     ASSERT_EQ(std::memcmp(a.data(), c.data(), a.size() * 4), 0) << "layer " << l;
+  }
+}
+
+TEST_P(BackendOps, KvBlockReadWriteAndRopeShift) {
+  if (!b().supports_cache_policies()) GTEST_SKIP() << "no cache policies";
+  const int32_t layers = 3, kv_heads = 2, hd = 64, bs = 16;
+  KvGeometry g{layers, kv_heads, hd, bs, 6};
+  b().kv_init(g);
+  const size_t bytes = g.bytes_per_block();
+  // Write / read round trip, bit for bit, and the other blocks untouched.
+  std::vector<uint16_t> img(bytes / 2);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> d(0.f, 1.f);
+  for (auto& h : img) h = fp32_to_fp16(d(rng));
+  b().kv_write_block(4, img.data());
+  std::vector<uint16_t> back(img.size()), other(img.size());
+  b().kv_read_block(4, back.data());
+  ASSERT_EQ(std::memcmp(img.data(), back.data(), bytes), 0);
+  b().kv_read_block(3, other.data());
+  for (uint16_t h : other) ASSERT_EQ(h, 0);
+  // The image is [layer][K|V][kv_head][slot][head_dim]: shift K by delta and compare.
+  const int32_t delta = -37, rot = 48;
+  const float base = 10000.0f;
+  const int32_t blocks[2] = {4, 99};  // an id outside the pool is skipped
+  b().kv_rope_shift(blocks, 2, delta, rot, base);
+  b().kv_read_block(4, back.data());
+  const size_t per = static_cast<size_t>(kv_heads) * bs * hd;
+  for (int32_t l = 0; l < layers; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      const uint16_t* a = img.data() + (static_cast<size_t>(l) * 2 + kv) * per;
+      const uint16_t* c = back.data() + (static_cast<size_t>(l) * 2 + kv) * per;
+      for (size_t row = 0; row < static_cast<size_t>(kv_heads) * bs; ++row) {
+        for (int32_t i = 0; i < hd; i += 2) {
+          double y0 = fp16_to_fp32(a[row * hd + i]), y1 = fp16_to_fp32(a[row * hd + i + 1]);
+          if (kv == 0 && i < rot) {
+            const double th = delta * std::pow(static_cast<double>(base), -2.0 * (i / 2) / rot);
+            const double x0 = y0, x1 = y1;
+            y0 = x0 * std::cos(th) - x1 * std::sin(th);
+            y1 = x0 * std::sin(th) + x1 * std::cos(th);
+          }
+          ASSERT_NEAR(fp16_to_fp32(c[row * hd + i]), y0, 2e-3 * (1 + std::fabs(y0))) << l << " " << kv << " " << row;
+          ASSERT_NEAR(fp16_to_fp32(c[row * hd + i + 1]), y1, 2e-3 * (1 + std::fabs(y1)));
+        }
+      }
+    }
+  }
+}
+
+// The engine's default batch_invariant mode (the CPU backend's default; the
+// CUDA backend's through BackendExtras::set_batch_invariant): a row gives the
+// same bits whatever else is in the batch.
+TEST_P(BackendOps, BatchInvariantRows) {
+  if (extras_) extras_->set_batch_invariant(true);
+  // Matmul: a 37-row prefill equals its rows one at a time.
+  for (DType t : {DType::Q4_0, DType::F16}) {
+    const int64_t N = 40, K = 128;
+    const int32_t M = 37;
+    const auto w = make_weight(t, N, K, 9);
+    auto dw = b().upload_weight(WeightDesc{t, N, K, w.data()});
+    const auto x = randn(static_cast<size_t>(M) * K, 10);
+    Buf bx(b(), x), by(b(), static_cast<size_t>(M) * N * 4);
+    b().matmul(*dw, bx.f(), M, by.f(), false);
+    const auto all = by.get();
+    for (int32_t m : {0, 17, 36}) {
+      std::vector<float> xr(x.begin() + m * K, x.begin() + (m + 1) * K);
+      Buf bx1(b(), xr), by1(b(), N * 4);
+      b().matmul(*dw, bx1.f(), 1, by1.f(), true);
+      const auto one = by1.get();
+      ASSERT_EQ(std::memcmp(one.data(), all.data() + m * N, N * 4), 0) << type_name(static_cast<uint32_t>(t)) << " row " << m;
+    }
+  }
+  // Attention: the rows of a 20-token prefill, computed next to a decode on a
+  // 3000-slot cache, equal the same rows computed one at a time.
+  const int32_t heads = 8, kv_heads = 2, hd = 64, bs = 16;
+  KvGeometry g{1, kv_heads, hd, bs, 256};
+  b().kv_init(g);
+  std::vector<int32_t> ta(2), tb(190);
+  std::iota(ta.begin(), ta.end(), 0);
+  std::iota(tb.begin(), tb.end(), 10);
+  auto fill = [&](const std::vector<int32_t>& table, int32_t n, uint32_t seed) {
+    const auto k = randn(static_cast<size_t>(n) * kv_heads * hd, seed), v = randn(k.size(), seed + 1);
+    std::vector<int32_t> slots(n);
+    for (int32_t i = 0; i < n; ++i) slots[i] = table[i / bs] * bs + i % bs;
+    Buf bk(b(), k), bv(b(), v);
+    b().kv_store(0, bk.f(), bv.f(), slots.data(), n);
+  };
+  fill(ta, 20, 1);
+  fill(tb, 3001, 2);
+  const auto q = randn(static_cast<size_t>(21) * heads * hd, 3);
+  Buf bq(b(), q), out(b(), q.size() * 4);
+  std::vector<int32_t> lens(21);
+  for (int32_t r = 0; r < 20; ++r) lens[r] = r + 1;
+  lens[20] = 3001;
+  AttentionSeq seqs[2] = {{0, 20, ta.data(), 2}, {20, 1, tb.data(), 190}};
+  AttentionParams p{heads, kv_heads, hd, 0.125f, lens.data()};
+  b().attention(0, bq.f(), seqs, 2, p, out.f());
+  const auto batched = out.get();
+  const size_t row = static_cast<size_t>(heads) * hd;
+  for (int32_t r : {0, 7, 19, 20}) {
+    std::vector<float> qr(q.begin() + r * row, q.begin() + (r + 1) * row);
+    Buf bq1(b(), qr), o1(b(), row * 4);
+    const int32_t len = lens[r];
+    AttentionSeq one = r < 20 ? AttentionSeq{0, 1, ta.data(), 2} : AttentionSeq{0, 1, tb.data(), 190};
+    AttentionParams p1{heads, kv_heads, hd, 0.125f, &len};
+    b().attention(0, bq1.f(), &one, 1, p1, o1.f());
+    const auto alone = o1.get();
+    ASSERT_EQ(std::memcmp(alone.data(), batched.data() + r * row, row * 4), 0) << "row " << r;
   }
 }
 

@@ -6,6 +6,7 @@
 // not depend on M), the KV pool layout and the split-K plan.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -276,6 +277,12 @@ TEST(GpuLayout, AttentionSplitPlan) {
   EXPECT_GE(gpu::plan_attention_split(8, 8192, 132).n_splits, 16);
   // A big batch is not.
   EXPECT_EQ(gpu::plan_attention_split(4096, 8192, 132).n_splits, 1);
+  // Batch-invariant plan: fixed 512-slot splits whatever the batch.
+  for (int32_t len : {0, 1, 512, 513, 3000, 131072}) {
+    const gpu::AttnSplit p = gpu::plan_attention_split_invariant(len);
+    EXPECT_EQ(p.tiles_per_split, gpu::kAttnInvariantSplitTiles);
+    EXPECT_EQ(p.n_splits, std::max(1, (len + 511) / 512)) << len;
+  }
   EXPECT_EQ(gpu::attn_rows_per_tile(1), 16);
   EXPECT_EQ(gpu::attn_rows_per_tile(3), 5);
   EXPECT_EQ(gpu::attn_rows_per_tile(4), 4);

@@ -30,8 +30,8 @@ void replay(int32_t S, int32_t W, int32_t B, int64_t total, int32_t chunk) {
   int64_t n = 0;
   int64_t evictions = 0;
   while (n < total) {
-    const int32_t k = static_cast<int32_t>(std::min<int64_t>(chunk, total - n));
-    ASSERT_LE(k, l.max_chunk());
+    const int32_t k = static_cast<int32_t>(std::min<int64_t>({chunk, total - n, l.chunk_limit(n)}));
+    ASSERT_GE(k, 1);
     const auto e = l.plan(n, k);
     EXPECT_EQ(e.shift, e.hole_tokens + e.dropped_blocks * B);
     EXPECT_LT(e.hole_tokens, B);
@@ -91,7 +91,34 @@ TEST(StreamingLayout, TokenByTokenKeepsSinksAndWindow) {
   replay(1, 16, 16, 200, 1);   // the smallest window
 }
 
-TEST(StreamingLayout, ChunkedAppendsUpToMaxChunk) {
+// Chunks up to chunk_limit() evict at exactly the token indices where
+// token-at-a-time appends do, so every token gets the same position and slot.
+void same_as_token_by_token(int32_t S, int32_t W, int32_t B, int64_t total, int32_t chunk) {
+  SCOPED_TRACE("chunk=" + std::to_string(chunk));
+  auto trace = [&](int32_t c) {
+    StreamingLayout l(S, W, B);
+    std::vector<std::pair<int32_t, int32_t>> out;  // (position, slot) of each token when it was appended
+    int64_t n = 0;
+    while (n < total) {
+      const int32_t k = static_cast<int32_t>(std::min<int64_t>({c, total - n, l.chunk_limit(n)}));
+      l.apply(l.plan(n, k));
+      for (int64_t t = n; t < n + k; ++t) out.emplace_back(l.position_of(t), l.slot_of(t));
+      n += k;
+    }
+    return out;
+  };
+  EXPECT_EQ(trace(chunk), trace(1));
+}
+
+TEST(StreamingLayout, ChunkingNeverChangesWhatATokenSees) {
+  for (int32_t c : {2, 7, 16, 45, 64, 1000}) {
+    same_as_token_by_token(4, 60, 16, 700, c);
+    same_as_token_by_token(0, 64, 16, 700, c);
+    same_as_token_by_token(20, 40, 16, 700, c);
+  }
+}
+
+TEST(StreamingLayout, ChunkedAppendsUpToTheLimit) {
   replay(4, 60, 16, 500, 45);
   replay(4, 60, 16, 500, 7);
   replay(0, 64, 16, 500, 49);
@@ -140,8 +167,9 @@ TEST(StreamingLayout, RejectsBadShapesAndChunks) {
   EXPECT_THROW(StreamingLayout(4, 8, 16), Error);  // window smaller than a block
   EXPECT_THROW(StreamingLayout(-1, 64, 16), Error);
   StreamingLayout l(4, 60, 16);
-  EXPECT_EQ(l.max_chunk(), 45);
-  EXPECT_THROW(l.plan(100, 46), Error);
+  EXPECT_EQ(l.chunk_limit(0), 64);   // nothing to evict before the cache is full
+  EXPECT_EQ(l.chunk_limit(60), 4);
+  EXPECT_EQ(l.chunk_limit(64), 12);  // the first eviction frees the hole (12 tokens)
   EXPECT_EQ(l.max_slots(), 16 + 60);
 }
 
