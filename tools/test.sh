@@ -10,8 +10,12 @@ export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 bash "$root/tools/setup.sh"
 bash "$root/tools/build.sh" build -DEMBER_WERROR=ON
 (cd "$root/build" && ctest --output-on-failure -j 2 --timeout 900)
+# The 8-thread concurrency tests take many minutes under ASan on 2 cores; CI
+# keeps its 90 minutes by running them in the Release pass only.
+EMBER_ASAN_EXCLUDE="${EMBER_ASAN_EXCLUDE-CapiConcurrency}"
 if [ "${EMBER_SKIP_SANITIZERS:-0}" != "1" ]; then
   bash "$root/tools/build.sh" build-asan -DEMBER_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
   (cd "$root/build-asan" && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2 --timeout 1800 \
-     -L 'test_capi|test_core|test_gguf|test_tokenizer|test_chat|test_tensor')
+     -L 'test_capi|test_core|test_gguf|test_tokenizer|test_chat|test_tensor' \
+     ${EMBER_ASAN_EXCLUDE:+-E "$EMBER_ASAN_EXCLUDE"})
 fi
