@@ -14,7 +14,8 @@ bash "$root/tools/build.sh" build -DEMBER_WERROR=ON
 # keeps its 90 minutes by running them in the Release pass only.
 EMBER_ASAN_EXCLUDE="${EMBER_ASAN_EXCLUDE-CapiConcurrency}"
 if [ "${EMBER_SKIP_SANITIZERS:-0}" != "1" ]; then
-  bash "$root/tools/build.sh" build-asan -DEMBER_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
+  bash "$root/tools/build.sh" build-asan -DEMBER_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DEMBER_WITH_CUDA=OFF -DEMBER_BUILD_BENCH=OFF
   (cd "$root/build-asan" && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2 --timeout 1800 \
      -L 'test_capi|test_core|test_gguf|test_tokenizer|test_chat|test_tensor' \
      ${EMBER_ASAN_EXCLUDE:+-E "$EMBER_ASAN_EXCLUDE"})
