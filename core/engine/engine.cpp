@@ -200,9 +200,8 @@ size_t Engine::run_steps(double max_ms, int64_t max_tokens) {
   return total;
 }
 
-size_t Engine::step() {
-  std::lock_guard<std::mutex> step_lock(step_mutex_);
-  std::vector<std::shared_ptr<Stream>> streams, finished;
+void Engine::drop_finished_streams(std::vector<std::shared_ptr<Stream>>* live) {
+  std::vector<std::shared_ptr<Stream>> finished;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     size_t keep = 0;
@@ -215,12 +214,26 @@ size_t Engine::step() {
       }
     }
     streams_.resize(keep);
-    streams = streams_;
+    if (live) *live = streams_;
   }
   // Dropped outside mutex_: the last reference to a finished stream may
   // destroy its session and with it the engine's last owner, whose
-  // stop_worker() takes mutex_.
+  // stop_worker() takes mutex_. (The engine itself stays alive: whoever
+  // steps it holds it.)
   finished.clear();
+}
+
+size_t Engine::step() {
+  std::lock_guard<std::mutex> step_lock(step_mutex_);
+  std::vector<std::shared_ptr<Stream>> streams;
+  drop_finished_streams(&streams);
+  // Streams that end in this step leave the queue at its end too: in manual
+  // mode no later step may come, and a queued stream holds its session (and
+  // the session its engine), which would never be freed.
+  struct DropAtEnd {
+    Engine& e;
+    ~DropAtEnd() { e.drop_finished_streams(nullptr); }
+  } drop_at_end{*this};
   if (streams.empty()) return 0;
   const Tokenizer& tok = model_->tokenizer();
   const int32_t n_vocab = model_->config().n_vocab;
@@ -683,9 +696,10 @@ void Session::score(const std::vector<int32_t>& ids, float* out) {
     require_idle_locked();
     if (mode_ == Mode::kChat) fail(StatusCode::kInvalidArgument, "score: the session holds chat messages; reset it first");
     const size_t first = tokens_.size();
-    append_tokens_locked(ids);
-    // Logits are needed from the token before the first scored one.
+    // Logits are needed from the token before the first scored one (checked
+    // before anything changes: a bounded cache may refuse to go back).
     if (out && first > 0 && n_cached_ > first - 1) truncate_cache_locked(first - 1);
+    append_tokens_locked(ids);
     if (n_cached_ + 1 >= tokens_.size()) return;  // nothing to run (e.g. the very first token)
     stream = std::make_shared<Stream>(shared_from_this(), StreamParams{}, tokens_.size() - n_cached_);
     stream->score_mode_ = true;

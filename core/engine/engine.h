@@ -91,6 +91,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
  private:
   Engine(std::shared_ptr<const Model> model, const EngineParams& params);
   static void worker_loop(std::shared_ptr<Engine> self);
+  // Removes finished streams from the queue (and copies the rest to *live).
+  void drop_finished_streams(std::vector<std::shared_ptr<Stream>>* live);
   // One engine step; returns false when there was nothing to do.
   // Returns the tokens processed (0 when there was nothing to run).
   size_t step();
