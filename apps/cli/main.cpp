@@ -3,7 +3,7 @@
 //   ember chat [-m MODEL]
 //   ember perplexity [-m MODEL] -f FILE [--ctx C] [--max-tokens N]
 //   ember perplexity [-m MODEL] -f FILE --stream --cache full|window:W|sink:S:W|recompute:W
-//                    [--max-tokens N] [--series FILE.csv] [--stride K] [--logprobs FILE.csv]
+//                    [--max-tokens N] [--series FILE.csv] [--stride K] [--logprobs FILE.csv] [--chunk K]
 //   ember bench [-m MODEL] [-p 512] [-n 128] [-t THREADS] [--json]
 //   ember tokenize [-m MODEL] (-p TEXT | -f FILE) [--special]
 #include <chrono>
@@ -324,6 +324,11 @@ int perplexity_stream(const Args& a, std::vector<int32_t> ids, Handles& h, const
   const StreamCache cache = parse_stream_cache(a.str("--cache", "full"));
   const bool recompute = cache.kind == "recompute";
   const size_t stride = static_cast<size_t>(a.integer("--stride", 1, 1, 1 << 20));
+  // --chunk K: the streaming policies feed K tokens per call (one batched
+  // step instead of K decode steps); each token then sees between W - K and
+  // W tokens of window (eviction is block-granular anyway). Not for recompute.
+  const size_t chunk = static_cast<size_t>(a.integer("--chunk", 1, 1, 4096));
+  if (recompute && chunk != 1) throw CliError("--chunk does not apply to recompute:W");
   if (cache.kind == "full" && ids.size() > static_cast<size_t>(info.context_length)) {
     std::fprintf(stderr, "full cache: scoring the first %d tokens (the model's context)\n", info.context_length);
     ids.resize(static_cast<size_t>(info.context_length));
@@ -378,9 +383,9 @@ int perplexity_stream(const Args& a, std::vector<int32_t> ids, Handles& h, const
   ember_cache_stats_t cs;
   std::memset(&cs, 0, sizeof cs);
   cs.size = sizeof cs;
-  std::fprintf(stderr, "streaming perplexity: %zu tokens, cache %s, pool %llu blocks, stride %zu\n", ids.size(),
-               a.str("--cache", "full").c_str(), static_cast<unsigned long long>(ep.kv_memory_bytes / bytes_per_block),
-               stride);
+  std::fprintf(stderr, "streaming perplexity: %zu tokens, cache %s, pool %llu blocks, stride %zu, chunk %zu\n",
+               ids.size(), a.str("--cache", "full").c_str(),
+               static_cast<unsigned long long>(ep.kv_memory_bytes / bytes_per_block), stride, chunk);
   using clock = std::chrono::steady_clock;
   double nll = 0.0, recent_nll = 0.0;
   size_t count = 0, recent = 0;
@@ -390,6 +395,8 @@ int perplexity_stream(const Args& a, std::vector<int32_t> ids, Handles& h, const
   double cpu_mark = cpu0;
   size_t fed = 0;  // tokens fed since the last report
   float lp = 0.0f;
+  std::vector<float> lps(chunk);
+  size_t n_chunk = 0, j_chunk = 0;  // the current --chunk call and the index in it
   for (size_t i = 0; i < ids.size(); ++i) {
     const bool scored = i > 0 && i % stride == 0;
     if (recompute) {
@@ -400,7 +407,12 @@ int perplexity_stream(const Args& a, std::vector<int32_t> ids, Handles& h, const
         check(ember_session_score(h.session, ids.data() + i, 1, &lp), "scoring");
       }
     } else {
-      check(ember_session_score(h.session, ids.data() + i, 1, &lp), "scoring");
+      if (j_chunk == n_chunk) {
+        n_chunk = std::min(chunk, ids.size() - i);
+        j_chunk = 0;
+        check(ember_session_score(h.session, ids.data() + i, n_chunk, lps.data()), "scoring");
+      }
+      lp = lps[j_chunk++];
     }
     ++fed;
     if (scored) {
@@ -446,10 +458,12 @@ int perplexity_stream(const Args& a, std::vector<int32_t> ids, Handles& h, const
 }
 
 int cmd_perplexity(int argc, char** argv) {
-  Args a(argc, argv, 2, {"-m", "-f", "--ctx", "--max-tokens", "-t", "--cache", "--series", "--stride", "--logprobs"}, {"--stream"});
+  Args a(argc, argv, 2, {"-m", "-f", "--ctx", "--max-tokens", "-t", "--cache", "--series", "--stride", "--logprobs", "--chunk"},
+         {"--stream"});
   if (!a.has("-f")) throw CliError("perplexity needs -f FILE");
-  if (!a.has("--stream") && (a.has("--cache") || a.has("--series") || a.has("--stride") || a.has("--logprobs"))) {
-    throw CliError("--cache, --series, --stride and --logprobs need --stream");
+  if (!a.has("--stream") && (a.has("--cache") || a.has("--series") || a.has("--stride") || a.has("--logprobs") ||
+                              a.has("--chunk"))) {
+    throw CliError("--cache, --series, --stride, --chunk and --logprobs need --stream");
   }
   if (a.has("--stream")) {
     const std::string text = read_file(a.str("-f"));
@@ -672,7 +686,7 @@ void usage() {
                "  chat       [-m MODEL] [--system TEXT]\n"
                "  perplexity [-m MODEL] -f FILE [--ctx C] [--max-tokens N]\n"
                "  perplexity [-m MODEL] -f FILE --stream --cache full|window:W|sink:S:W|recompute:W\n"
-               "             [--max-tokens N] [--series FILE.csv] [--stride K] [--logprobs FILE.csv]\n"
+               "             [--max-tokens N] [--series FILE.csv] [--stride K] [--logprobs FILE.csv] [--chunk K]\n"
                "  bench      [-m MODEL] [-p 512] [-n 128] [-t THREADS] [--sessions K] [--json]\n"
                "  tokenize   [-m MODEL] (-p TEXT | -f FILE) [--special]\n"
                "MODEL defaults to $EMBER_HOME/SmolLM2-135M-Instruct.Q4_1.gguf (EMBER_HOME: ~/.cache/ember).\n");
