@@ -147,9 +147,11 @@ class CpuBackend final : public Backend {
     for (int32_t r = 0; r < rows; ++r) {
       const float* xr = x + static_cast<size_t>(r) * dim;
       float* o = out + static_cast<size_t>(r) * dim;
+      // As ggml_rms_norm: f32 squares summed in double, mean and scale in f32.
       double sum = 0.0;
-      for (int32_t i = 0; i < dim; ++i) sum += static_cast<double>(xr[i]) * xr[i];
-      const float scale = static_cast<float>(1.0 / std::sqrt(sum / dim + eps));
+      for (int32_t i = 0; i < dim; ++i) sum += static_cast<double>(xr[i] * xr[i]);
+      const float mean = static_cast<float>(sum / dim);
+      const float scale = 1.0f / std::sqrt(mean + eps);
       for (int32_t i = 0; i < dim; ++i) o[i] = xr[i] * scale * w[i];
     }
   }
@@ -182,15 +184,14 @@ class CpuBackend final : public Backend {
   void rope(float* x, const int32_t* positions, int32_t rows, int32_t num_heads, int32_t head_dim,
             int32_t rot_dim, float freq_base) override {
     const int32_t half = rot_dim / 2;
-    std::vector<float> inv_freq(half);
-    for (int32_t i = 0; i < half; ++i) {
-      inv_freq[i] = static_cast<float>(std::pow(static_cast<double>(freq_base), -2.0 * i / rot_dim));
-    }
+    // Angles as llama.cpp's rope cache makes them (float recurrence
+    // theta_{i+1} = theta_i * base^(-2/rot_dim) from theta_0 = pos): the
+    // rounding then matches the reference's, not just the formula.
+    const float theta_scale = std::pow(freq_base, -2.0f / static_cast<float>(rot_dim));
 #pragma omp parallel for num_threads(n_threads_) if (rows > 8)
     for (int32_t r = 0; r < rows; ++r) {
-      const float pos = static_cast<float>(positions[r]);
-      for (int32_t i = 0; i < half; ++i) {
-        const float theta = pos * inv_freq[i];
+      float theta = static_cast<float>(positions[r]);
+      for (int32_t i = 0; i < half; ++i, theta *= theta_scale) {
         const float c = std::cos(theta), s = std::sin(theta);
         for (int32_t h = 0; h < num_heads; ++h) {
           float* p = x + (static_cast<size_t>(r) * num_heads + h) * head_dim + 2 * i;

@@ -71,16 +71,15 @@ size_t act_row_bytes(DType type, int64_t K) {
 }
 
 // Quantizes one block of 32 floats: returns the 32 int8 values in element
-// order, the scale and sum(q).
-inline __m256i quantize_block(const float* xb, float* d_out, int* sum_out) {
+// order, amax and sum(q) (scales: act_block_scales).
+inline __m256i quantize_block(const float* xb, float* amax_out, int* sum_out) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   const __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
   const __m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
   const __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v0, abs_mask), _mm256_and_ps(v1, abs_mask)),
                                   _mm256_max_ps(_mm256_and_ps(v2, abs_mask), _mm256_and_ps(v3, abs_mask)));
   const float amax = hmax8(mx);
-  const float db = amax / 127.f;
-  const float id = db != 0.f ? 127.f / amax : 0.f;  // same formula as quantize_block_q8_scalar
+  const float id = amax != 0.f ? 127.f / amax : 0.f;  // same formula as quantize_block_q8_scalar
   const __m256 mul = _mm256_set1_ps(id);
   constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
   __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, mul), kRound));
@@ -92,7 +91,7 @@ inline __m256i quantize_block(const float* xb, float* d_out, int* sum_out) {
   s2 = _mm_add_epi32(s2, _mm_shuffle_epi32(s2, _MM_SHUFFLE(1, 0, 3, 2)));
   s2 = _mm_add_epi32(s2, _mm_shuffle_epi32(s2, _MM_SHUFFLE(2, 3, 0, 1)));
   *sum_out = _mm_cvtsi128_si32(s2);
-  *d_out = db;
+  *amax_out = amax;
   // packs work per 128-bit lane; the permutation restores element order.
   i0 = _mm256_packs_epi32(i0, i1);
   i2 = _mm256_packs_epi32(i2, i3);
@@ -111,14 +110,17 @@ void prepare_acts(DType type, const float* x, int64_t M, int64_t K, uint8_t* act
       ActPair& ap = pairs[p];
       for (int h = 0; h < 2; ++h) {
         const int64_t b = 2 * p + h;
-        float d = 0.f;
+        float amax = 0.f, d = 0.f, s = 0.f;
         int sum = 0;
         __m256i q = _mm256_setzero_si256();
-        if (b < nb) q = quantize_block(xr + b * kQK, &d, &sum);
+        if (b < nb) {
+          q = quantize_block(xr + b * kQK, &amax, &sum);
+          act_block_scales(type, amax, sum, &d, &s);
+        }
         _mm_store_si128(reinterpret_cast<__m128i*>(ap.lo + 16 * h), _mm256_castsi256_si128(q));
         _mm_store_si128(reinterpret_cast<__m128i*>(ap.hi + 16 * h), _mm256_extracti128_si256(q, 1));
         _mm_store_ps(ap.d + 4 * h, _mm_set1_ps(d));
-        _mm_store_ps(ap.s + 4 * h, _mm_set1_ps(s_mul * d * static_cast<float>(sum)));
+        _mm_store_ps(ap.s + 4 * h, _mm_set1_ps(s_mul * s));
       }
     }
   }

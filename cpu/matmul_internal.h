@@ -109,16 +109,34 @@ inline Q8Row q8_natural_row(const uint8_t* act, size_t row_bytes, int64_t K, int
   return {reinterpret_cast<const int8_t*>(base), d, d + K / kQK};
 }
 
+// An activation block's scale (and sum term) as llama.cpp keeps them: its
+// q8_0 / q8_1 blocks store d = amax / 127 in fp16, and q8_1 (the activations
+// of Q4_1 weights) also s = d * sum(q) in fp16, computed from the unrounded d.
+// Rounding the same way keeps our logits within llama.cpp's own rounding
+// (measured: tools/ref_llamacpp.py logits); the integer algebra of Q4_0/Q8_0
+// then needs s = d * sum(q) of the rounded d. A value beyond the fp16 range
+// (|x| > 8.3e6) keeps its f32 value instead of becoming inf.
+inline float round_act_scale(float v) {
+  const float r = _cvtsh_ss(_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT));
+  return __builtin_isinf(r) ? v : r;
+}
+inline void act_block_scales(DType type, float amax, int sum, float* d_out, float* s_out) {
+  const float d32 = amax / 127.f;
+  const float d = round_act_scale(d32);
+  *d_out = d;
+  *s_out = type == DType::Q4_1 ? round_act_scale(d32 * static_cast<float>(sum)) : d * static_cast<float>(sum);
+}
+
 // Scalar quantization of one block of 32 floats (Q8_0-style, symmetric,
-// round to nearest even). Shared reference for all variants' semantics.
-inline void quantize_block_q8_scalar(const float* x, int8_t* q, float* d_out, float* s_out) {
+// round to nearest even), scales as act_block_scales. Shared reference for
+// all variants' semantics.
+inline void quantize_block_q8_scalar(DType type, const float* x, int8_t* q, float* d_out, float* s_out) {
   float amax = 0.f;
   for (int i = 0; i < kQK; ++i) {
     const float a = x[i] < 0 ? -x[i] : x[i];
     amax = a > amax ? a : amax;
   }
-  const float d = amax / 127.f;
-  const float id = d != 0.f ? 127.f / amax : 0.f;
+  const float id = amax != 0.f ? 127.f / amax : 0.f;
   int sum = 0;
   for (int i = 0; i < kQK; ++i) {
     float v_f = __builtin_nearbyintf(x[i] * id);
@@ -127,8 +145,7 @@ inline void quantize_block_q8_scalar(const float* x, int8_t* q, float* d_out, fl
     q[i] = static_cast<int8_t>(v);
     sum += v;
   }
-  *d_out = d;
-  *s_out = d * static_cast<float>(sum);
+  act_block_scales(type, amax, sum, d_out, s_out);
 }
 
 }  // namespace ember::cpu::detail

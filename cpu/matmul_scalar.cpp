@@ -19,7 +19,7 @@ void prepare_acts(DType type, const float* x, int64_t M, int64_t K, uint8_t* act
     int8_t* q = reinterpret_cast<int8_t*>(base);
     float* d = reinterpret_cast<float*>(base + K);
     float* s = d + nb;
-    for (int64_t b = 0; b < nb; ++b) quantize_block_q8_scalar(x + m * K + b * kQK, q + b * kQK, d + b, s + b);
+    for (int64_t b = 0; b < nb; ++b) quantize_block_q8_scalar(type, x + m * K + b * kQK, q + b * kQK, d + b, s + b);
   }
 }
 

@@ -1074,7 +1074,7 @@ class CudaBackend final : public Backend, public BackendExtras {
   void run(const MatmulOp& op) {
     if (op.path == GemmPath::kGemv) {
       if (gpu::is_quant(op.w.type) && !op.reuse_xq) {
-        ck(gpu::quantize_activations(op.x, op.M, op.w.K, op.xq, op.xs, stream_), "quantize_activations");
+        ck(gpu::quantize_activations(op.w.type, op.x, op.M, op.w.K, op.xq, op.xs, stream_), "quantize_activations");
       }
       ck(gpu::gemv(op.w, op.x, op.xq, op.xs, op.M, op.y, stream_), "gemv");
       return;

@@ -42,7 +42,7 @@ struct MaxSum {
 cudaError_t split_quant_blocks(DType type, const uint8_t* raw, int64_t n_blocks, uint8_t* qs, uint8_t* sc,
                                cudaStream_t stream);
 // x[M][K] -> int8 xq[M][K] + xs[M][K / 32] (K a multiple of 32).
-cudaError_t quantize_activations(const float* x, int64_t M, int64_t K, int8_t* xq, ActScale* xs,
+cudaError_t quantize_activations(DType type, const float* x, int64_t M, int64_t K, int8_t* xq, ActScale* xs,
                                  cudaStream_t stream);
 // y[M][N] = x . W^T through the GEMV kernels (any M; rows in passes of up to
 // kGemvMaxNR). Quant weights read xq/xs (quantize_activations first), float

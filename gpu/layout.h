@@ -21,7 +21,7 @@
 //
 // Activations of the quantized GEMV (as the CPU decode path, see
 // cpu/matmul_internal.h quantize_block_q8_scalar): per row, int8 xq[K] and per
-// block of 32 an ActScale {d, s}: x ~= d * q, s = d * sum(q).
+// block of 32 an ActScale {d, s}: x ~= d * q, s ~= d * sum(q) (act_block_scale).
 #pragma once
 
 #include <cmath>
@@ -115,6 +115,26 @@ EMBER_HD float fadd_rn(float a, float b) {
   volatile float r = a + b;
   return r;
 #endif
+}
+
+// An activation block's scale and sum term exactly as the CPU keeps them
+// (cpu/matmul_internal.h act_block_scales: llama.cpp's fp16 q8_0/q8_1 scales;
+// Q4_1's s is the fp16 of the unrounded d times sum(q); beyond fp16 range the
+// f32 value stays).
+EMBER_HD float round_act_scale(float v) {
+#if defined(__CUDA_ARCH__)
+  const float r = __half2float(__float2half_rn(v));
+#else
+  const float r = fp16_to_fp32(fp32_to_fp16(v));
+#endif
+  return std::isinf(r) ? v : r;
+}
+EMBER_HD ActScale act_block_scale(DType t, float amax, int sum) {
+  const float d32 = amax / 127.0f;
+  const float d = round_act_scale(d32);
+  const float s = t == DType::Q4_1 ? round_act_scale(fmul_rn(d32, static_cast<float>(sum)))
+                                   : fmul_rn(d, static_cast<float>(sum));
+  return ActScale{d, s};
 }
 
 // Signed 4 x int8 dot product plus c (CUDA __dp4a).
@@ -344,14 +364,14 @@ inline float host_warp_sum(float* v) {
 // ---------------------------------------------------------------- activations
 
 // Quantizes one block of 32 activations exactly as quantize_block_q8_scalar
-// (cpu/matmul_internal.h): d = amax / 127, q = rint(x * 127 / amax) clamped to
-// [-127, 127], s = d * sum(q). On the device a warp does one block (lane i
-// element i); this is the host reference of the same arithmetic.
-inline void quantize_block_host(const float* x, int8_t* q, ActScale* out) {
+// (cpu/matmul_internal.h): q = rint(x * 127 / amax) clamped to [-127, 127],
+// scales from act_block_scale (they depend on the weight type). On the device
+// a warp does one block (lane i element i); this is the host reference of the
+// same arithmetic.
+inline void quantize_block_host(DType t, const float* x, int8_t* q, ActScale* out) {
   float amax = 0.0f;
   for (int i = 0; i < kQK; ++i) amax = std::fmax(amax, std::fabs(x[i]));
-  const float d = amax / 127.0f;
-  const float id = d != 0.0f ? 127.0f / amax : 0.0f;
+  const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
   int sum = 0;
   for (int i = 0; i < kQK; ++i) {
     float v = std::nearbyint(x[i] * id);
@@ -359,8 +379,7 @@ inline void quantize_block_host(const float* x, int8_t* q, ActScale* out) {
     q[i] = static_cast<int8_t>(v);
     sum += static_cast<int>(v);
   }
-  out->d = d;
-  out->s = d * static_cast<float>(sum);
+  *out = act_block_scale(t, amax, sum);
 }
 
 // ---------------------------------------------------------------- KV cache
@@ -472,7 +491,7 @@ inline void reference_gemv(DType type, const void* w, int64_t N, int64_t K, cons
     std::vector<U32x4> xq(static_cast<size_t>(M * K) / 16 + 1);
     std::vector<ActScale> xs(static_cast<size_t>(M * nb) + 1);
     auto* xq8 = reinterpret_cast<int8_t*>(xq.data());
-    for (int64_t i = 0; i < M * nb; ++i) quantize_block_host(x + i * kQK, xq8 + i * kQK, &xs[i]);
+    for (int64_t i = 0; i < M * nb; ++i) quantize_block_host(type, x + i * kQK, xq8 + i * kQK, &xs[i]);
     const QuantGemvArgs g{type, K, reinterpret_cast<const uint8_t*>(qs.data()),
                           reinterpret_cast<const uint8_t*>(sc.data()), xq8, xs.data()};
     auto run = [&](auto nr_tag) {

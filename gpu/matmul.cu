@@ -54,8 +54,8 @@ __global__ void dequant_f16_kernel(DevWeight w, int64_t first_block, int64_t n_b
 // ------------------------------------------------------------------ activations
 
 // One warp per block of 32 activations (lane i: element i).
-__global__ void quantize_act_kernel(const float* __restrict__ x, int64_t total_blocks, int8_t* __restrict__ xq,
-                                    ActScale* __restrict__ xs) {
+__global__ void quantize_act_kernel(DType type, const float* __restrict__ x, int64_t total_blocks,
+                                    int8_t* __restrict__ xq, ActScale* __restrict__ xs) {
   const int64_t wid = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kWarp;
   const int lane = threadIdx.x & (kWarp - 1);
   if (wid >= total_blocks) return;  // uniform per warp
@@ -64,8 +64,7 @@ __global__ void quantize_act_kernel(const float* __restrict__ x, int64_t total_b
   float amax = fabsf(v);
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, off));
-  const float d = amax / 127.0f;
-  const float id = d != 0.0f ? 127.0f / amax : 0.0f;
+  const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
   float qf = rintf(__fmul_rn(v, id));
   qf = fmaxf(-127.0f, fminf(127.0f, qf));
   const int q = static_cast<int>(qf);
@@ -73,7 +72,7 @@ __global__ void quantize_act_kernel(const float* __restrict__ x, int64_t total_b
   int sum = q;
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(kFull, sum, off);
-  if (lane == 0) xs[wid] = ActScale{d, __fmul_rn(d, static_cast<float>(sum))};
+  if (lane == 0) xs[wid] = act_block_scale(type, amax, sum);
 }
 
 __global__ void f32_to_f16_kernel(const float* __restrict__ x, int64_t n, __half* __restrict__ out) {
@@ -180,11 +179,11 @@ cudaError_t split_quant_blocks(DType type, const uint8_t* raw, int64_t n_blocks,
   return cudaGetLastError();
 }
 
-cudaError_t quantize_activations(const float* x, int64_t M, int64_t K, int8_t* xq, ActScale* xs,
+cudaError_t quantize_activations(DType type, const float* x, int64_t M, int64_t K, int8_t* xq, ActScale* xs,
                                  cudaStream_t stream) {
   const int64_t total = M * (K / kQK);
   if (total <= 0) return cudaSuccess;
-  quantize_act_kernel<<<blocks_for(total * kWarp, 256), 256, 0, stream>>>(x, total, xq, xs);
+  quantize_act_kernel<<<blocks_for(total * kWarp, 256), 256, 0, stream>>>(type, x, total, xq, xs);
   return cudaGetLastError();
 }
 

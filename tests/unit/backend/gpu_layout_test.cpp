@@ -149,14 +149,16 @@ TEST(GpuLayout, ActivationQuantizationIsTheCpus) {
     for (float& v : x) v = trial == 0 ? 0.0f : normal(rng);
     if (trial == 1) x[7] = 1e30f;
     if (trial == 2) x[3] = -std::numeric_limits<float>::denorm_min();
-    int8_t qa[32], qb[32];
-    gpu::ActScale s;
-    float d, sum;
-    gpu::quantize_block_host(x, qa, &s);
-    cpu::detail::quantize_block_q8_scalar(x, qb, &d, &sum);
-    ASSERT_EQ(std::memcmp(qa, qb, 32), 0) << trial;
-    ASSERT_EQ(s.d, d);
-    ASSERT_EQ(s.s, sum);
+    for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q8_0}) {
+      int8_t qa[32], qb[32];
+      gpu::ActScale s;
+      float d, sum;
+      gpu::quantize_block_host(t, x, qa, &s);
+      cpu::detail::quantize_block_q8_scalar(t, x, qb, &d, &sum);
+      ASSERT_EQ(std::memcmp(qa, qb, 32), 0) << trial;
+      ASSERT_EQ(s.d, d) << trial;
+      ASSERT_EQ(s.s, sum) << trial;
+    }
   }
 }
 
