@@ -7,6 +7,7 @@ Run with the reference venv (llama-cpp-python built from source, numpy, jinja2):
   $PY tools/ref_llamacpp.py logits      # per-position top-1 agreement and KL(llama || ember)
   $PY tools/ref_llamacpp.py greedy      # 64-token greedy continuations of 24 prompts
   $PY tools/ref_llamacpp.py perplexity  # llama-perplexity method, 512-token windows
+  $PY tools/ref_llamacpp.py selfcheck   # llama.cpp vs itself with flash attention: the noise floor
   $PY tools/ref_llamacpp.py golden      # writes tests/golden/reference/*.txt
 
 Inputs are always tokenized with llama.cpp's tokenizer so both engines see the
@@ -427,6 +428,51 @@ def cmd_greedy(args) -> None:
         print("\n".join(notes))
 
 
+# ----------------------------------------------------------------- selfcheck
+
+
+def cmd_selfcheck(args) -> None:
+    """llama.cpp against itself with flash attention on (a standard llama.cpp setting): the noise floor.
+
+    Every quantized engine rounds activations to 8 bits before each matmul; a difference in the last bit
+    of any value upstream flips some of those roundings and the differences then spread through the
+    layers. This measures how far llama.cpp moves from its own default output when only its attention
+    kernel changes, with the same metrics `logits` and `greedy` report for Ember."""
+    header(args)
+    base = load_llama(args, n_ctx=2048, logits_all=True)
+    from llama_cpp import Llama
+
+    fa = Llama(model_path=args.model, n_ctx=2048, n_batch=512, n_ubatch=512, logits_all=True,
+               n_threads=args.threads, n_threads_batch=args.threads, flash_attn=True, verbose=False)
+    ids = text_ids(base, args.offset, args.tokens)
+    lr, lf = log_softmax(llama_logits(base, ids)), log_softmax(llama_logits(fa, ids))
+    kl = kl_rows(lr, lf)
+    agree = lr.argmax(-1) == lf.argmax(-1)
+    print(f"text: {DATA} from the first paragraph at/after char {args.offset}; {len(ids)} tokens")
+    print(f"llama.cpp (default, flash_attn off) vs llama.cpp (flash_attn on), same GGUF, same ids:")
+    print(f"  top-1 agreement: {agree.sum()}/{len(ids)} = {100.0 * agree.mean():.2f}%")
+    print(f"  KL(off || on): mean {kl.mean():.6f}  median {np.median(kl):.6f}  max {kl.max():.6f}")
+    nxt = np.array(ids[1:])
+    n = len(ids)
+    nll_a, nll_b = -lr[np.arange(n - 1), nxt].mean(), -lf[np.arange(n - 1), nxt].mean()
+    print(f"  ppl over these {n - 1} predictions: off {np.exp(nll_a):.4f}  on {np.exp(nll_b):.4f}")
+    total = match = full = 0
+    print(f"greedy, {args.n} tokens per prompt (EOS ignored), flash_attn off vs on:")
+    for name, pids in prompt_ids(base):
+        a, ga = llama_greedy(base, pids, args.n)
+        b, _ = llama_greedy(fa, pids, args.n)
+        prefix = next((i for i in range(args.n) if a[i] != b[i]), args.n)
+        pos = sum(1 for i in range(args.n) if a[i] == b[i])
+        total += args.n
+        match += pos
+        full += prefix == args.n
+        where = "-" if prefix == args.n else f"@{prefix} (gap there {ga[prefix]:.3f})"
+        print(f"  {name:16s} prefix {prefix:3d} pos-match {pos:3d}/{args.n}  first divergence {where}")
+        sys.stdout.flush()
+    print(f"  overall position-wise greedy match: {match}/{total} = {100.0 * match / total:.2f}%; "
+          f"identical continuations: {full}/{len(PROMPTS)}")
+
+
 # ----------------------------------------------------------------- perplexity
 
 
@@ -602,6 +648,10 @@ def main() -> None:
                    help="set ember_engine_params.batch_invariant (default: the library's default)")
     p = sub.add_parser("greedy", help="greedy continuations of varied prompts")
     p.add_argument("-n", type=int, default=64)
+    p = sub.add_parser("selfcheck", help="llama.cpp vs llama.cpp with flash attention (the noise floor)")
+    p.add_argument("--offset", type=int, default=100000, help="character offset into the text")
+    p.add_argument("--tokens", type=int, default=1200)
+    p.add_argument("-n", type=int, default=64)
     p = sub.add_parser("perplexity", help="llama-perplexity method on a text file")
     p.add_argument("--file", default=DATA)
     p.add_argument("--ctx", type=int, default=512)
@@ -613,7 +663,7 @@ def main() -> None:
     p.add_argument("--decisive", type=float, default=0.5, help="llama top1-top2 gap that must not flip")
     p.add_argument("--near-tie", type=float, default=1.0, help="greedy may diverge only below this llama gap")
     args = ap.parse_args()
-    {"logits": cmd_logits, "greedy": cmd_greedy, "perplexity": cmd_perplexity, "golden": cmd_golden}[args.cmd](args)
+    {"logits": cmd_logits, "greedy": cmd_greedy, "selfcheck": cmd_selfcheck, "perplexity": cmd_perplexity, "golden": cmd_golden}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@
 //                    [--max-tokens N] [--series FILE.csv] [--stride K] [--logprobs FILE.csv] [--chunk K]
 //   ember bench [-m MODEL] [-p 512] [-n 128] [-t THREADS] [--json]
 //   ember tokenize [-m MODEL] (-p TEXT | -f FILE) [--special]
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -521,11 +522,16 @@ int cmd_perplexity(int argc, char** argv) {
 }
 
 // K concurrent sessions with different prompts on one engine: aggregate
-// decode tokens/s, time to first token and inter-token latency.
+// decode tokens/s, time to first token, inter-token latency and the KV
+// memory the paged cache used against a contiguous per-sequence allocation.
 int bench_sessions(const Args& a, int n_prompt, int n_gen, int threads, int k) {
   const std::string path = a.str("-m", default_model_path());
   ember_model* model = nullptr;
   check(ember_model_load(path.c_str(), nullptr, &model), "loading the model");
+  ember_model_info_t info;
+  std::memset(&info, 0, sizeof info);
+  info.size = sizeof info;
+  check(ember_model_info(model, &info), "model info");
   ember_engine_params ep;
   ember_engine_params_init(&ep);
   ep.n_threads = threads;
@@ -534,22 +540,18 @@ int bench_sessions(const Args& a, int n_prompt, int n_gen, int threads, int k) {
   ember_status st = ember_engine_create(model, &ep, &engine);
   ember_model_destroy(model);
   check(st, "creating the engine");
-  ember_model_info_t info;
-  std::memset(&info, 0, sizeof info);
-  info.size = sizeof info;
   std::mt19937 rng(4321);
   std::vector<ember_session*> sessions(static_cast<size_t>(k), nullptr);
   std::vector<ember_stream*> streams(static_cast<size_t>(k), nullptr);
-  const int32_t vocab = 49152;
   for (int i = 0; i < k; ++i) {
     check(ember_session_create(engine, nullptr, &sessions[static_cast<size_t>(i)]), "session");
     std::vector<int32_t> prompt(static_cast<size_t>(n_prompt));
-    for (auto& t : prompt) t = static_cast<int32_t>(rng() % vocab);
+    for (auto& t : prompt) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(info.vocab_size));
     check(ember_session_add_tokens(sessions[static_cast<size_t>(i)], prompt.data(), prompt.size()), "prompt");
   }
   using clock = std::chrono::steady_clock;
   struct Trace {
-    clock::time_point first;
+    std::vector<std::pair<clock::time_point, size_t>> events;  // (arrival, tokens)
     std::vector<double> gaps_ms;
     size_t tokens = 0;
     double ttft_ms = 0;
@@ -568,7 +570,6 @@ int bench_sessions(const Args& a, int n_prompt, int n_gen, int threads, int k) {
   for (int i = 0; i < k; ++i) {
     readers.emplace_back([&, i] {
       Trace& tr = traces[static_cast<size_t>(i)];
-      clock::time_point last;
       for (;;) {
         ember_event ev;
         std::memset(&ev, 0, sizeof ev);
@@ -576,61 +577,171 @@ int bench_sessions(const Args& a, int n_prompt, int n_gen, int threads, int k) {
         if (ember_stream_next(streams[static_cast<size_t>(i)], &ev, -1) != EMBER_OK || ev.type != EMBER_EVENT_TEXT) break;
         const auto now = clock::now();
         if (tr.tokens == 0) {
-          tr.first = now;
           tr.ttft_ms = std::chrono::duration<double, std::milli>(now - t0).count();
         } else {
-          tr.gaps_ms.push_back(std::chrono::duration<double, std::milli>(now - last).count() / static_cast<double>(ev.n_tokens));
+          tr.gaps_ms.push_back(std::chrono::duration<double, std::milli>(now - tr.events.back().first).count() /
+                               static_cast<double>(ev.n_tokens));
         }
         tr.tokens += ev.n_tokens;
-        last = now;
+        tr.events.emplace_back(now, ev.n_tokens);
       }
     });
   }
+  // The main thread samples the pool while the streams run: the peak of
+  // blocks held by the running sequences.
+  ember_cache_stats_t cs;
+  std::memset(&cs, 0, sizeof cs);
+  cs.size = sizeof cs;
+  size_t peak_blocks = 0, bytes_per_block = 0;
+  int32_t block_size = 0;
+  std::atomic<int> done{0};
+  std::thread sampler([&] {
+    while (done.load() == 0) {
+      if (ember_cache_stats(ember_engine_cache(engine), &cs) == EMBER_OK) {
+        peak_blocks = std::max(peak_blocks, cs.blocks_used);
+        bytes_per_block = cs.bytes_per_block;
+        block_size = cs.block_size;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
   for (auto& r : readers) r.join();
+  done = 1;
+  sampler.join();
   const double wall = std::chrono::duration<double>(clock::now() - t0).count();
   size_t total = 0;
   std::vector<double> ttft, gaps;
-  clock::time_point first_token = clock::time_point::max();
+  // Steady state: from the moment every session has its first token (all
+  // decoding) to the moment the first one ends.
+  clock::time_point all_started = clock::time_point::min(), first_done = clock::time_point::max();
   for (auto& tr : traces) {
     total += tr.tokens;
     ttft.push_back(tr.ttft_ms);
     gaps.insert(gaps.end(), tr.gaps_ms.begin(), tr.gaps_ms.end());
-    if (tr.tokens) first_token = std::min(first_token, tr.first);
+    if (tr.events.empty()) continue;
+    all_started = std::max(all_started, tr.events.front().first);
+    first_done = std::min(first_done, tr.events.back().first);
   }
+  size_t steady_tokens = 0;
+  for (auto& tr : traces) {
+    for (auto& [t, n] : tr.events) {
+      if (t > all_started && t <= first_done) steady_tokens += n;
+    }
+  }
+  const double steady_secs = first_done > all_started ? std::chrono::duration<double>(first_done - all_started).count() : 0;
+  const double steady = steady_secs > 0 ? static_cast<double>(steady_tokens) / steady_secs : 0;
   auto pct = [](std::vector<double> v, double q) {
     if (v.empty()) return 0.0;
     std::sort(v.begin(), v.end());
     return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5)];
   };
-  const double decode_secs = std::chrono::duration<double>(clock::now() - first_token).count();
   const double agg = static_cast<double>(total) / wall;
-  const double agg_decode = decode_secs > 0 ? static_cast<double>(total - static_cast<size_t>(k)) / decode_secs : 0;
   for (int i = 0; i < k; ++i) {
     ember_stream_destroy(streams[static_cast<size_t>(i)]);
     ember_session_destroy(sessions[static_cast<size_t>(i)]);
   }
   ember_engine_destroy(engine);
+  // KV per token held: paged (peak blocks in use over the tokens the
+  // sequences hold) against reserving the model's context per sequence.
+  const double tokens_held = static_cast<double>(k) * (n_prompt + n_gen);
+  const double paged_mb = static_cast<double>(peak_blocks * bytes_per_block) / (1 << 20);
+  const double bytes_per_token = block_size > 0 ? static_cast<double>(bytes_per_block) / block_size : 0;
+  const double contiguous_mb = static_cast<double>(k) * info.context_length * bytes_per_token / (1 << 20);
   if (a.has("--json")) {
     std::printf("{\"sessions\": %d, \"n_prompt\": %d, \"n_gen\": %d, \"threads\": %d, \"generated\": %zu, "
-                "\"wall_s\": %.3f, \"aggregate_tokens_per_second\": %.2f, \"aggregate_decode_tokens_per_second\": %.2f, "
-                "\"ttft_ms_p50\": %.1f, \"ttft_ms_p99\": %.1f, \"itl_ms_p50\": %.2f, \"itl_ms_p99\": %.2f}\n",
-                k, n_prompt, n_gen, threads, total, wall, agg, agg_decode, pct(ttft, 0.5), pct(ttft, 0.99), pct(gaps, 0.5),
-                pct(gaps, 0.99));
+                "\"wall_s\": %.3f, \"aggregate_tokens_per_second\": %.2f, \"steady_decode_tokens_per_second\": %.2f, "
+                "\"ttft_ms_p50\": %.1f, \"ttft_ms_p99\": %.1f, \"itl_ms_p50\": %.2f, \"itl_ms_p99\": %.2f, "
+                "\"kv_peak_mb\": %.2f, \"kv_bytes_per_token_held\": %.1f, \"kv_contiguous_mb\": %.2f}\n",
+                k, n_prompt, n_gen, threads, total, wall, agg, steady, pct(ttft, 0.5), pct(ttft, 0.99), pct(gaps, 0.5),
+                pct(gaps, 0.99), paged_mb, paged_mb * (1 << 20) / tokens_held, contiguous_mb);
   } else {
     std::printf("sessions=%d prompt=%d gen=%d threads=%d\n", k, n_prompt, n_gen, threads);
-    std::printf("generated %zu tokens in %.2f s: aggregate %.2f tokens/s (decode phase %.2f tokens/s)\n", total, wall, agg, agg_decode);
+    std::printf("generated %zu tokens in %.2f s: aggregate %.2f tokens/s; steady decode (all sessions decoding) %.2f tokens/s\n",
+                total, wall, agg, steady);
     std::printf("time to first token ms: p50 %.1f  p99 %.1f\n", pct(ttft, 0.5), pct(ttft, 0.99));
     std::printf("inter-token latency ms: p50 %.2f  p99 %.2f\n", pct(gaps, 0.5), pct(gaps, 0.99));
+    std::printf("KV: peak %.2f MB in use for %.0f tokens held (%.0f bytes per token held; K+V of one token is %.0f "
+                "bytes); a contiguous %d-token allocation per sequence would reserve %.2f MB (%.1fx)\n",
+                paged_mb, tokens_held, paged_mb * (1 << 20) / tokens_held, bytes_per_token, info.context_length,
+                contiguous_mb, paged_mb > 0 ? contiguous_mb / paged_mb : 0.0);
   }
   return 0;
 }
 
+// Time to first token with and without the prefix cache: a session whose
+// `sys`-token system prompt is already cached (another session ran it)
+// against one whose prompt is new. Each repetition uses a fresh random
+// prefix; the user turn is 16 tokens.
+int bench_prefix(const Args& a, int sys_tokens, int threads, int reps) {
+  Handles h;
+  load(h, a, threads);
+  ember_model_info_t info;
+  std::memset(&info, 0, sizeof info);
+  info.size = sizeof info;
+  check(ember_model_info(h.model, &info), "model info");
+  std::mt19937 rng(777);
+  auto random_ids = [&](int n) {
+    std::vector<int32_t> v(static_cast<size_t>(n));
+    for (auto& t : v) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(info.vocab_size));
+    return v;
+  };
+  auto ttft = [&](const std::vector<int32_t>& prefix) {
+    ember_session* s = nullptr;
+    check(ember_session_create(h.engine, nullptr, &s), "session");
+    std::vector<int32_t> ids = prefix;
+    const auto user = random_ids(16);
+    ids.insert(ids.end(), user.begin(), user.end());
+    check(ember_session_add_tokens(s, ids.data(), ids.size()), "prompt");
+    ember_stream_params sp;
+    ember_stream_params_init(&sp);
+    sp.temperature = 0;
+    sp.max_tokens = 1;
+    sp.ignore_eos = 1;
+    ember_stream* st = nullptr;
+    check(ember_stream_start(s, &sp, &st), "start");
+    ember_stream_wait(st);
+    ember_stream_stats_t ss;
+    std::memset(&ss, 0, sizeof ss);
+    ss.size = sizeof ss;
+    check(ember_stream_stats(st, &ss), "stats");
+    ember_stream_destroy(st);
+    ember_session_destroy(s);
+    return ss.time_to_first_token_ms;
+  };
+  std::vector<double> cold, warm;
+  for (int r = 0; r < reps + 1; ++r) {  // the first repetition warms up
+    const auto prefix = random_ids(sys_tokens);
+    const double c = ttft(prefix);  // prefix new: prefilled
+    const double w = ttft(prefix);  // prefix cached by the first session
+    if (r == 0) continue;
+    cold.push_back(c);
+    warm.push_back(w);
+  }
+  std::sort(cold.begin(), cold.end());
+  std::sort(warm.begin(), warm.end());
+  const double c50 = cold[cold.size() / 2], w50 = warm[warm.size() / 2];
+  ember_cache_stats_t cs;
+  std::memset(&cs, 0, sizeof cs);
+  cs.size = sizeof cs;
+  check(ember_cache_stats(ember_engine_cache(h.engine), &cs), "cache stats");
+  std::printf("prefix cache: %d-token system prompt + 16-token user turn, %d repetitions, threads=%d\n", sys_tokens,
+              reps, threads);
+  std::printf("time to first token ms (median): not cached %.1f  cached %.1f  speedup %.1fx\n", c50, w50,
+              w50 > 0 ? c50 / w50 : 0.0);
+  std::printf("prefix blocks reused %llu, missed %llu\n", static_cast<unsigned long long>(cs.prefix_hits),
+              static_cast<unsigned long long>(cs.prefix_misses));
+  return 0;
+}
+
 int cmd_bench(int argc, char** argv) {
-  Args a(argc, argv, 2, {"-m", "-p", "-n", "-t", "-r", "--sessions"}, {"--json"});
+  Args a(argc, argv, 2, {"-m", "-p", "-n", "-t", "-r", "--sessions", "--prefix-cache"}, {"--json"});
   const int n_prompt = static_cast<int>(a.integer("-p", 512, 1, 1 << 20));
   const int n_gen = static_cast<int>(a.integer("-n", 128, 1, 1 << 20));
   const int threads = static_cast<int>(a.integer("-t", 0, 0, 1024));
   const int reps = static_cast<int>(a.integer("-r", 3, 1, 100));
+  if (a.has("--prefix-cache")) {
+    return bench_prefix(a, static_cast<int>(a.integer("--prefix-cache", 1000, 16, 1 << 16)), threads, reps);
+  }
   if (a.has("--sessions")) {
     return bench_sessions(a, n_prompt, n_gen, threads, static_cast<int>(a.integer("--sessions", 1, 1, 1024)));
   }
@@ -687,7 +798,7 @@ void usage() {
                "  perplexity [-m MODEL] -f FILE [--ctx C] [--max-tokens N]\n"
                "  perplexity [-m MODEL] -f FILE --stream --cache full|window:W|sink:S:W|recompute:W\n"
                "             [--max-tokens N] [--series FILE.csv] [--stride K] [--logprobs FILE.csv] [--chunk K]\n"
-               "  bench      [-m MODEL] [-p 512] [-n 128] [-t THREADS] [--sessions K] [--json]\n"
+               "  bench      [-m MODEL] [-p 512] [-n 128] [-t THREADS] [-r REPS] [--sessions K] [--prefix-cache N] [--json]\n"
                "  tokenize   [-m MODEL] (-p TEXT | -f FILE) [--special]\n"
                "MODEL defaults to $EMBER_HOME/SmolLM2-135M-Instruct.Q4_1.gguf (EMBER_HOME: ~/.cache/ember).\n");
 }

@@ -56,6 +56,14 @@ expect_error "--cache without --stream" "$ember" perplexity -f "$tmp/pp.txt" --c
 expect_error "window under a block" "$ember" perplexity -f "$tmp/pp.txt" --stream --cache window:8
 # bench --json is JSON.
 "$ember" bench -p 16 -n 4 -r 1 --json | python3 -c "import json,sys; json.load(sys.stdin)" && ok || bad "bench --json"
+# bench --sessions: K sessions, every one generates, KV figures present.
+j="$("$ember" bench --sessions 3 -p 16 -n 4 -t 1 --json)"
+echo "$j" | python3 -c "import json,sys; d=json.load(sys.stdin); assert d['generated']==12 and d['kv_peak_mb']>0, d" \
+  && ok || bad "bench --sessions '$j'"
+# bench --prefix-cache: the cached prompt reuses blocks.
+out="$("$ember" bench --prefix-cache 64 -r 1 -t 1)"
+echo "$out" | grep -Eq "prefix blocks reused [1-9]" && ok || bad "bench --prefix-cache '$out'"
+expect_error "bench --sessions 0" "$ember" bench --sessions 0
 
 echo "cli: $pass passed, $fail failed"
 [ $fail -eq 0 ]
