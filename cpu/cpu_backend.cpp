@@ -271,33 +271,47 @@ class CpuBackend final : public Backend {
     for (; i < n; ++i) dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
   }
 
-  static float dot_f16(const float* q, const uint16_t* k, int32_t n) {
-    __m256 acc = _mm256_setzero_ps();
-    int32_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-      __m256 kv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k + i)));
-      acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), kv, acc);
-    }
-    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    lo = _mm_hadd_ps(lo, lo);
-    lo = _mm_hadd_ps(lo, lo);
-    float sum = _mm_cvtss_f32(lo);
-    for (; i < n; ++i) sum += q[i] * f16_to_f32(k[i]);
-    return sum;
+  // exp of 8 floats (Cephes' expf: range reduction by ln 2 and a degree-6
+  // polynomial; within 2 ulp of expf on [-88, 88], 0 below).
+  static __m256 exp8(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.3365447505531f);
+    const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(x, lo);
+    x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
+    __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
+    fx = _mm256_floor_ps(fx);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(under, y);
   }
 
-  static void axpy_f16(float a, const uint16_t* v, float* acc, int32_t n) {
-    const __m256 av = _mm256_set1_ps(a);
+  static float hsum8(__m256 v) {
+    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+    return _mm_cvtss_f32(lo);
+  }
+
+  static void f16_rows_to_f32(const uint16_t* src, float* dst, int32_t n) {
     int32_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-      __m256 vv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v + i)));
-      _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(av, vv, _mm256_loadu_ps(acc + i)));
-    }
-    for (; i < n; ++i) acc[i] += a * f16_to_f32(v[i]);
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+    for (; i < n; ++i) dst[i] = f16_to_f32(src[i]);
   }
 
   // Flash-style attention for one query row and one kv-head group: one pass
   // over the sequence's blocks with an online softmax, a block at a time.
+  // A block's K and V are widened to f32 once and shared by the group's
+  // query heads; scores, their exp and the V accumulation run 8 lanes wide.
   void attend_group(int32_t layer, const float* q, const AttentionSeq& seq, int32_t row, int32_t kvh,
                     const AttentionParams& p, float* out) const {
     constexpr int kMaxGroup = 16;
@@ -305,9 +319,20 @@ class CpuBackend final : public Backend {
     const int32_t group = p.num_heads / p.num_kv_heads;
     const int32_t hd = p.head_dim, bs = geom_.block_size;
     const int32_t kv_len = p.kv_len[row];
+    if (group > kMaxGroup || hd > kMaxHeadDim || hd % 8 != 0) {
+      fail(StatusCode::kUnsupported, "cpu attention: head_dim " + std::to_string(hd) + " / group " +
+                                         std::to_string(group) + " not supported (head_dim % 8 == 0, <= 256; group <= 16)");
+    }
+    const int32_t nv = hd / 8;
+    thread_local std::vector<float> kf, vf, sc;
+    const size_t tile = static_cast<size_t>(bs) * hd;
+    if (kf.size() < tile) {
+      kf.resize(tile);
+      vf.resize(tile);
+    }
+    if (sc.size() < static_cast<size_t>(bs) + 8) sc.resize(static_cast<size_t>(bs) + 8);
     float m[kMaxGroup], l[kMaxGroup];
     alignas(32) float acc[kMaxGroup][kMaxHeadDim];
-    float scores[kMaxGroup][64];
     for (int g = 0; g < group; ++g) {
       m[g] = -INFINITY;
       l[g] = 0.0f;
@@ -328,23 +353,55 @@ class CpuBackend final : public Backend {
       for (int range = 0; range < 2; ++range) {
         const int32_t t0 = range == 0 ? 0 : lo2, t1 = range == 0 ? hi1 : n;
         if (t0 >= t1) continue;
+        const int32_t nt = t1 - t0;
+        f16_rows_to_f32(kb + static_cast<size_t>(t0) * hd, kf.data(), nt * hd);
+        f16_rows_to_f32(vb + static_cast<size_t>(t0) * hd, vf.data(), nt * hd);
+        float* s = sc.data();
         for (int g = 0; g < group; ++g) {
           const float* qh = qrow + static_cast<size_t>(kvh * group + g) * hd;
           float block_max = -INFINITY;
-          for (int32_t t = t0; t < t1; ++t) {
-            scores[g][t] = dot_f16(qh, kb + static_cast<size_t>(t) * hd, hd) * p.scale;
-            block_max = std::max(block_max, scores[g][t]);
+          for (int32_t t = 0; t < nt; ++t) {
+            const float* kr = kf.data() + static_cast<size_t>(t) * hd;
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+            int32_t c = 0;
+            for (; c + 2 <= nv; c += 2) {
+              a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * c), _mm256_loadu_ps(kr + 8 * c), a0);
+              a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * c + 8), _mm256_loadu_ps(kr + 8 * c + 8), a1);
+            }
+            if (c < nv) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * c), _mm256_loadu_ps(kr + 8 * c), a0);
+            s[t] = hsum8(_mm256_add_ps(a0, a1)) * p.scale;
+            block_max = std::max(block_max, s[t]);
           }
           const float new_m = std::max(m[g], block_max);
           const float correction = std::exp(m[g] - new_m);
-          l[g] *= correction;
-          for (int32_t i = 0; i < hd; ++i) acc[g][i] *= correction;
-          for (int32_t t = t0; t < t1; ++t) {
-            const float w = std::exp(scores[g][t] - new_m);
-            l[g] += w;
-            axpy_f16(w, vb + static_cast<size_t>(t) * hd, acc[g], hd);
+          const __m256 vm = _mm256_set1_ps(new_m);
+          __m256 wsum = _mm256_setzero_ps();
+          for (int32_t t = 0; t < nt; t += 8) {
+            const int32_t k = std::min(8, nt - t);
+            __m256 w = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), vm));
+            if (k < 8) {
+              alignas(32) static constexpr int32_t kLanes[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+              const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_load_si256(reinterpret_cast<const __m256i*>(kLanes)));
+              w = _mm256_and_ps(w, _mm256_castsi256_ps(keep));
+            }
+            _mm256_storeu_ps(s + t, w);
+            wsum = _mm256_add_ps(wsum, w);
           }
+          l[g] = l[g] * correction + hsum8(wsum);
           m[g] = new_m;
+          float* ag = acc[g];
+          const __m256 corr = _mm256_set1_ps(correction);
+          for (int32_t c0 = 0; c0 < nv; c0 += 8) {  // 8 accumulators (64 dims) at a time
+            const int32_t cn = std::min(8, nv - c0);
+            __m256 r[8];
+            for (int j = 0; j < cn; ++j) r[j] = _mm256_mul_ps(_mm256_load_ps(ag + 8 * (c0 + j)), corr);
+            for (int32_t t = 0; t < nt; ++t) {
+              const __m256 w = _mm256_set1_ps(s[t]);
+              const float* vr = vf.data() + static_cast<size_t>(t) * hd + 8 * c0;
+              for (int j = 0; j < cn; ++j) r[j] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8 * j), r[j]);
+            }
+            for (int j = 0; j < cn; ++j) _mm256_store_ps(ag + 8 * (c0 + j), r[j]);
+          }
         }
       }
     }
