@@ -218,7 +218,7 @@ struct MatmulOp {
 struct RopeOp {
   float* x;
   const int32_t* pos;
-  const float* inv_freq;
+  float theta_scale;
   int32_t rows, heads, head_dim, rot_dim;
   bool operator==(const RopeOp&) const = default;
 };
@@ -597,14 +597,10 @@ class CudaBackend final : public Backend, public BackendExtras {
       fail(StatusCode::kInvalidArgument, "rope: rot_dim must be even and in (0, head_dim]");
     }
     if (rows <= 0) return;
-    const int32_t half = rot_dim / 2;
-    std::vector<float> inv_freq(half);
-    for (int32_t i = 0; i < half; ++i) {  // exactly as the CPU backend
-      inv_freq[i] = static_cast<float>(std::pow(static_cast<double>(freq_base), -2.0 * i / rot_dim));
-    }
-    const auto* f = static_cast<const float*>(stage(kInvFreq, inv_freq.data(), inv_freq.size() * 4));
+    // Angles by the CPU backend's (and ggml's) float recurrence.
+    const float theta_scale = std::pow(freq_base, -2.0f / static_cast<float>(rot_dim));
     const auto* p = static_cast<const int32_t*>(stage(kPositions, positions, static_cast<size_t>(rows) * 4));
-    submit(RopeOp{x, p, f, rows, num_heads, head_dim, rot_dim});
+    submit(RopeOp{x, p, theta_scale, rows, num_heads, head_dim, rot_dim});
   }
 
   void kv_store(int32_t layer, const float* k, const float* v, const int32_t* slots, int32_t rows) override {
@@ -1101,7 +1097,7 @@ class CudaBackend final : public Backend, public BackendExtras {
     }
   }
   void run(const RopeOp& op) {
-    ck(gpu::rope(op.x, op.pos, op.inv_freq, op.rows, op.heads, op.head_dim, op.rot_dim, stream_), "rope");
+    ck(gpu::rope(op.x, op.pos, op.theta_scale, op.rows, op.heads, op.head_dim, op.rot_dim, stream_), "rope");
   }
   void run(const KvStoreOp& op) {
     ck(gpu::kv_store(op.kv, op.layer, op.k, op.v, op.slots, op.rows, stream_), "kv_store");

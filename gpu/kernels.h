@@ -60,8 +60,9 @@ cudaError_t f32_to_bf16(const float* x, int64_t n, uint16_t* out, cudaStream_t s
 cudaError_t embed(const DevWeight& table, const int32_t* ids, int32_t n, float* out, cudaStream_t stream);
 cudaError_t rms_norm(const float* x, const float* w, int32_t rows, int32_t dim, float eps, float* out,
                      cudaStream_t stream);
-// inv_freq: rot_dim / 2 floats.
-cudaError_t rope(float* x, const int32_t* positions, const float* inv_freq, int32_t rows, int32_t num_heads,
+// Pair i of a row at position p turns by theta_i, theta_0 = p, theta_{i+1} =
+// theta_i * theta_scale in f32 (as the CPU backend and ggml's rope cache).
+cudaError_t rope(float* x, const int32_t* positions, float theta_scale, int32_t rows, int32_t num_heads,
                  int32_t head_dim, int32_t rot_dim, cudaStream_t stream);
 cudaError_t swiglu(const float* gate, const float* up, size_t n, float* out, cudaStream_t stream);
 cudaError_t add(float* x, const float* y, size_t n, cudaStream_t stream);

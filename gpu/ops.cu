@@ -75,7 +75,7 @@ __global__ void rms_norm_kernel(const float* x, const float* __restrict__ w, int
 
 // One thread per (row, head, pair). GGUF "normal" RoPE: adjacent pairs.
 __global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ positions,
-                            const float* __restrict__ inv_freq, int32_t rows, int32_t num_heads, int32_t head_dim,
+                            float theta_scale, int32_t rows, int32_t num_heads, int32_t head_dim,
                             int32_t half) {
   const int64_t total = static_cast<int64_t>(rows) * num_heads * half;
   for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
@@ -83,7 +83,8 @@ __global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ p
     const int32_t i = static_cast<int32_t>(t % half);
     const int64_t rh = t / half;  // row * num_heads + head
     const int64_t r = rh / num_heads;
-    const float theta = static_cast<float>(positions[r]) * inv_freq[i];
+    float theta = static_cast<float>(positions[r]);
+    for (int32_t k = 0; k < i; ++k) theta *= theta_scale;  // the CPU's recurrence, rounding included
     float s, c;
     sincosf(theta, &s, &c);
     float* p = x + rh * head_dim + 2 * i;
@@ -467,12 +468,12 @@ cudaError_t rms_norm(const float* x, const float* w, int32_t rows, int32_t dim, 
   return cudaGetLastError();
 }
 
-cudaError_t rope(float* x, const int32_t* positions, const float* inv_freq, int32_t rows, int32_t num_heads,
+cudaError_t rope(float* x, const int32_t* positions, float theta_scale, int32_t rows, int32_t num_heads,
                  int32_t head_dim, int32_t rot_dim, cudaStream_t stream) {
   const int32_t half = rot_dim / 2;
   const int64_t total = static_cast<int64_t>(rows) * num_heads * half;
   if (total <= 0) return cudaSuccess;
-  rope_kernel<<<grid_for(total, 256), 256, 0, stream>>>(x, positions, inv_freq, rows, num_heads, head_dim, half);
+  rope_kernel<<<grid_for(total, 256), 256, 0, stream>>>(x, positions, theta_scale, rows, num_heads, head_dim, half);
   return cudaGetLastError();
 }
 
