@@ -2,6 +2,7 @@
 // model's mapping, OpenMP threads (one pool, shared with oneDNN).
 #include <immintrin.h>
 #include <omp.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cmath>
@@ -26,7 +27,7 @@ class CpuBackend final : public Backend {
  public:
   CpuBackend(int n_threads, bool batch_invariant)
       : n_threads_(n_threads > 0 ? n_threads : omp_get_num_procs()), batch_invariant_(batch_invariant) {}
-  ~CpuBackend() override { std::free(kv_); }
+  ~CpuBackend() override { release_kv(); }
 
   std::string name() const override { return std::string("cpu/") + cpu::isa_name(); }
 
@@ -45,15 +46,20 @@ class CpuBackend final : public Backend {
     return w;
   }
 
+  // The pool is reserved, not committed: anonymous zero pages that become
+  // resident as blocks are first written, so an engine with a large budget
+  // costs the host only the memory its sequences use.
   void kv_init(const KvGeometry& g) override {
     geom_ = g;
-    std::free(kv_);
-    kv_ = nullptr;
-    size_t bytes = g.bytes_per_block() * static_cast<size_t>(g.num_blocks);
+    release_kv();
+    const size_t bytes = g.bytes_per_block() * static_cast<size_t>(g.num_blocks);
     if (bytes == 0) return;
-    kv_ = static_cast<uint16_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
-    if (!kv_) fail(StatusCode::kOutOfMemory, "cpu backend: cannot allocate the KV pool (" + std::to_string(bytes) + " bytes)");
-    std::memset(kv_, 0, bytes);
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+      fail(StatusCode::kOutOfMemory, "cpu backend: cannot reserve the KV pool (" + std::to_string(bytes) + " bytes)");
+    }
+    kv_ = static_cast<uint16_t*>(p);
+    kv_bytes_ = bytes;
   }
 
   void kv_copy_blocks(const int32_t* src, const int32_t* dst, int32_t n) override {
@@ -253,6 +259,11 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  void release_kv() {
+    if (kv_) munmap(kv_, kv_bytes_);
+    kv_ = nullptr;
+    kv_bytes_ = 0;
+  }
   size_t block_elems() const {
     return static_cast<size_t>(geom_.num_kv_heads) * geom_.block_size * geom_.head_dim;
   }
@@ -416,6 +427,7 @@ class CpuBackend final : public Backend {
   bool batch_invariant_;
   KvGeometry geom_;
   uint16_t* kv_ = nullptr;
+  size_t kv_bytes_ = 0;
   std::mutex scratch_mutex_;
   cpu::MatmulScratch scratch_;
 };
