@@ -133,6 +133,14 @@ void load(Handles& h, const Args& a, int n_threads = 0, bool with_engine = true)
   check(ember_session_create(h.engine, nullptr, &h.session), "creating the session");
 }
 
+ember_model_info_t model_info(const ember_model* model) {
+  ember_model_info_t info;
+  std::memset(&info, 0, sizeof info);
+  info.size = sizeof info;
+  check(ember_model_info(model, &info), "model info");
+  return info;
+}
+
 // Streams one reply to stdout; returns the stream's stats.
 ember_stream_stats_t run_stream(ember_session* session, const ember_stream_params& sp) {
   ember_stream* stream = nullptr;
@@ -470,10 +478,7 @@ int cmd_perplexity(int argc, char** argv) {
     const std::string text = read_file(a.str("-f"));
     Handles h;
     load(h, a, 0, false);
-    ember_model_info_t info;
-    std::memset(&info, 0, sizeof info);
-    info.size = sizeof info;
-    check(ember_model_info(h.model, &info), "model info");
+    const ember_model_info_t info = model_info(h.model);
     std::vector<int32_t> ids = tokenize(h.model, text, true, false);
     const long long max_tokens = a.integer("--max-tokens", 0, 0, 1LL << 40);
     if (max_tokens > 0 && static_cast<size_t>(max_tokens) < ids.size()) ids.resize(static_cast<size_t>(max_tokens));
@@ -483,10 +488,7 @@ int cmd_perplexity(int argc, char** argv) {
   Handles h;
   load(h, a, static_cast<int>(a.integer("-t", 0, 0, 1024)));
   const int ctx = static_cast<int>(a.integer("--ctx", 512, 16, 1 << 20));
-  ember_model_info_t info;
-  std::memset(&info, 0, sizeof info);
-  info.size = sizeof info;
-  check(ember_model_info(h.model, &info), "model info");
+  const ember_model_info_t info = model_info(h.model);
   if (ctx > info.context_length) throw CliError("--ctx " + std::to_string(ctx) + " exceeds the model's context " + std::to_string(info.context_length));
   std::vector<int32_t> ids = tokenize(h.model, text, true, false);
   const long long max_tokens = a.integer("--max-tokens", 0, 0, 1LL << 40);
@@ -528,10 +530,7 @@ int bench_sessions(const Args& a, int n_prompt, int n_gen, int threads, int k) {
   const std::string path = a.str("-m", default_model_path());
   ember_model* model = nullptr;
   check(ember_model_load(path.c_str(), nullptr, &model), "loading the model");
-  ember_model_info_t info;
-  std::memset(&info, 0, sizeof info);
-  info.size = sizeof info;
-  check(ember_model_info(model, &info), "model info");
+  const ember_model_info_t info = model_info(model);
   ember_engine_params ep;
   ember_engine_params_init(&ep);
   ep.n_threads = threads;
@@ -675,10 +674,7 @@ int bench_sessions(const Args& a, int n_prompt, int n_gen, int threads, int k) {
 int bench_prefix(const Args& a, int sys_tokens, int threads, int reps) {
   Handles h;
   load(h, a, threads);
-  ember_model_info_t info;
-  std::memset(&info, 0, sizeof info);
-  info.size = sizeof info;
-  check(ember_model_info(h.model, &info), "model info");
+  const ember_model_info_t info = model_info(h.model);
   std::mt19937 rng(777);
   auto random_ids = [&](int n) {
     std::vector<int32_t> v(static_cast<size_t>(n));
@@ -747,10 +743,7 @@ int cmd_bench(int argc, char** argv) {
   }
   Handles h;
   load(h, a, threads);
-  ember_model_info_t info;
-  std::memset(&info, 0, sizeof info);
-  info.size = sizeof info;
-  check(ember_model_info(h.model, &info), "model info");
+  const ember_model_info_t info = model_info(h.model);
   std::mt19937 rng(1234);
   std::vector<double> pp, tg;
   for (int r = 0; r < reps + 1; ++r) {  // first repetition warms up
