@@ -172,7 +172,9 @@ typedef struct ember_engine_params {
                                   driver or a GPU is missing); AUTO uses CUDA when
                                   available, else the CPU */
   int32_t n_threads;           /* CPU threads; 0 (default) = all cores */
-  uint64_t kv_memory_bytes;    /* KV pool budget; 0 (default) = 512 MiB */
+  uint64_t kv_memory_bytes;    /* KV pool budget; 0 (default) = 512 MiB. On the CPU
+                                  the pool is reserved, not committed: memory
+                                  becomes resident as blocks are first written */
   int32_t kv_block_size;       /* tokens per KV block; default 16 */
   int32_t kv_dtype;            /* EMBER_KV_*; default F16 */
   int32_t max_batch_tokens;    /* tokens per engine step; default 512 */
