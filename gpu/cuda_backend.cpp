@@ -558,10 +558,14 @@ class CudaBackend final : public Backend, public BackendExtras {
         auto* base = static_cast<uint8_t*>(scratch(act_, q_bytes + static_cast<size_t>(M) * (w.K / 32) * 8));
         op.xq = reinterpret_cast<int8_t*>(base);
         op.xs = reinterpret_cast<gpu::ActScale*>(base + q_bytes);
-        op.reuse_xq = last_quant_.x == x && last_quant_.M == M && last_quant_.K == w.K && last_quant_.xq == op.xq;
+        // The scales depend on the weight type (Q4_1's s differs, gpu/layout.h
+        // act_block_scale): reuse only for the same kind.
+        const bool q41 = w.type == DType::Q4_1;
+        op.reuse_xq = last_quant_.x == x && last_quant_.M == M && last_quant_.K == w.K && last_quant_.xq == op.xq &&
+                      last_quant_.q41 == q41;
       }
       submit(op);
-      if (gpu::is_quant(w.type)) last_quant_ = LastQuant{x, M, w.K, op.xq};
+      if (gpu::is_quant(w.type)) last_quant_ = LastQuant{x, M, w.K, op.xq, w.type == DType::Q4_1};
       return;
     }
     // cuBLAS. Activations in the weight's 16-bit type (F32 weights: f32).
@@ -1253,6 +1257,7 @@ class CudaBackend final : public Backend, public BackendExtras {
     const float* x = nullptr;
     int64_t M = 0, K = 0;
     const int8_t* xq = nullptr;
+    bool q41 = false;  // quantized for Q4_1 weights (fp16 s)
   };
   LastQuant last_quant_;
   int gemv_max_m_ = gpu::kGemvMaxNR;
