@@ -4,7 +4,9 @@
 //   ember perplexity [-m MODEL] -f FILE [--ctx C] [--max-tokens N]
 //   ember perplexity [-m MODEL] -f FILE --stream --cache full|window:W|sink:S:W|recompute:W
 //                    [--max-tokens N] [--series FILE.csv] [--stride K] [--logprobs FILE.csv] [--chunk K]
-//   ember bench [-m MODEL] [-p 512] [-n 128] [-t THREADS] [--json]
+//   ember bench [-m MODEL] [-p 512] [-n 128] [-t THREADS] [-r REPS] [--json]
+//   ember bench --sessions K [-p P] [-n N] [-t THREADS] [--json]
+//   ember bench --prefix-cache N [-t THREADS] [-r REPS]
 //   ember tokenize [-m MODEL] (-p TEXT | -f FILE) [--special]
 #include <atomic>
 #include <chrono>
@@ -333,9 +335,11 @@ int perplexity_stream(const Args& a, std::vector<int32_t> ids, Handles& h, const
   const StreamCache cache = parse_stream_cache(a.str("--cache", "full"));
   const bool recompute = cache.kind == "recompute";
   const size_t stride = static_cast<size_t>(a.integer("--stride", 1, 1, 1 << 20));
-  // --chunk K: the streaming policies feed K tokens per call (one batched
-  // step instead of K decode steps); each token then sees between W - K and
-  // W tokens of window (eviction is block-granular anyway). Not for recompute.
+  // --chunk K: the streaming policies feed K tokens per call (batched steps
+  // instead of K decode steps). Every token still sees what it would see fed
+  // alone: the scheduler ends each step where the next block eviction is due
+  // (StreamingLayout::chunk_limit), so the log-probs are bit-identical
+  // (checked, docs/BENCHMARKS.md). Not for recompute.
   const size_t chunk = static_cast<size_t>(a.integer("--chunk", 1, 1, 4096));
   if (recompute && chunk != 1) throw CliError("--chunk does not apply to recompute:W");
   if (cache.kind == "full" && ids.size() > static_cast<size_t>(info.context_length)) {
