@@ -21,6 +21,10 @@ namespace {
 
 class CpuWeight final : public DeviceWeight {};
 
+// Attention limits (per-thread stack state of the kernel).
+constexpr int kAttnMaxGroup = 16;      // query heads per kv head
+constexpr int kAttnMaxHeadDim = 256;
+
 inline float f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
 
 class CpuBackend final : public Backend {
@@ -232,6 +236,13 @@ class CpuBackend final : public Backend {
     for (int32_t s = 0; s < n_seqs; ++s) {
       for (int32_t r = 0; r < seqs[s].n_rows; ++r) rows.emplace_back(s, seqs[s].first_row + r);
     }
+    // Checked here, not in the workers: nothing may throw inside an OpenMP region.
+    if (p.num_kv_heads <= 0 || p.num_heads % p.num_kv_heads != 0 || p.num_heads / p.num_kv_heads > kAttnMaxGroup ||
+        p.head_dim <= 0 || p.head_dim > kAttnMaxHeadDim || p.head_dim % 8 != 0) {
+      fail(StatusCode::kUnsupported, "cpu attention: " + std::to_string(p.num_heads) + " heads over " +
+                                         std::to_string(p.num_kv_heads) + " kv heads of " + std::to_string(p.head_dim) +
+                                         " not supported (head_dim a multiple of 8 up to 256, at most 16 heads per kv head)");
+    }
     const int32_t items = static_cast<int32_t>(rows.size()) * p.num_kv_heads;
 #pragma omp parallel for num_threads(n_threads_) schedule(dynamic, 1)
     for (int32_t it = 0; it < items; ++it) {
@@ -325,15 +336,11 @@ class CpuBackend final : public Backend {
   // query heads; scores, their exp and the V accumulation run 8 lanes wide.
   void attend_group(int32_t layer, const float* q, const AttentionSeq& seq, int32_t row, int32_t kvh,
                     const AttentionParams& p, float* out) const {
-    constexpr int kMaxGroup = 16;
-    constexpr int kMaxHeadDim = 256;
+    constexpr int kMaxGroup = kAttnMaxGroup;
+    constexpr int kMaxHeadDim = kAttnMaxHeadDim;
     const int32_t group = p.num_heads / p.num_kv_heads;
     const int32_t hd = p.head_dim, bs = geom_.block_size;
     const int32_t kv_len = p.kv_len[row];
-    if (group > kMaxGroup || hd > kMaxHeadDim || hd % 8 != 0) {
-      fail(StatusCode::kUnsupported, "cpu attention: head_dim " + std::to_string(hd) + " / group " +
-                                         std::to_string(group) + " not supported (head_dim % 8 == 0, <= 256; group <= 16)");
-    }
     const int32_t nv = hd / 8;
     thread_local std::vector<float> kf, vf, sc;
     const size_t tile = static_cast<size_t>(bs) * hd;
