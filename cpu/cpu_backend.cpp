@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -244,11 +245,17 @@ class CpuBackend final : public Backend {
                                          " not supported (head_dim a multiple of 8 up to 256, at most 16 heads per kv head)");
     }
     const int32_t items = static_cast<int32_t>(rows.size()) * p.num_kv_heads;
+    std::atomic<bool> out_of_memory{false};  // (the per-thread scratch may fail to grow)
 #pragma omp parallel for num_threads(n_threads_) schedule(dynamic, 1)
     for (int32_t it = 0; it < items; ++it) {
       const auto [s, row] = rows[it / p.num_kv_heads];
-      attend_group(layer, q, seqs[s], row, it % p.num_kv_heads, p, out);
+      try {
+        attend_group(layer, q, seqs[s], row, it % p.num_kv_heads, p, out);
+      } catch (...) {
+        out_of_memory = true;
+      }
     }
+    if (out_of_memory) fail(StatusCode::kOutOfMemory, "cpu attention: cannot allocate its scratch");
   }
 
   void swiglu(const float* gate, const float* up, size_t n, float* out) override {
