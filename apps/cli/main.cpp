@@ -143,6 +143,20 @@ ember_model_info_t model_info(const ember_model* model) {
   return info;
 }
 
+// Runs a stream to its end without reading its events; returns its stats.
+ember_stream_stats_t run_to_end(ember_session* session, const ember_stream_params& sp) {
+  ember_stream* stream = nullptr;
+  check(ember_stream_start(session, &sp, &stream), "starting generation");
+  ember_stream_stats_t stats;
+  std::memset(&stats, 0, sizeof stats);
+  stats.size = sizeof stats;
+  const ember_status waited = ember_stream_wait(stream);
+  const ember_status read = waited == EMBER_OK ? ember_stream_stats(stream, &stats) : waited;
+  ember_stream_destroy(stream);
+  check(read, "generating");
+  return stats;
+}
+
 // Streams one reply to stdout; returns the stream's stats.
 ember_stream_stats_t run_stream(ember_session* session, const ember_stream_params& sp) {
   ember_stream* stream = nullptr;
@@ -697,14 +711,7 @@ int bench_prefix(const Args& a, int sys_tokens, int threads, int reps) {
     sp.temperature = 0;
     sp.max_tokens = 1;
     sp.ignore_eos = 1;
-    ember_stream* st = nullptr;
-    check(ember_stream_start(s, &sp, &st), "start");
-    ember_stream_wait(st);
-    ember_stream_stats_t ss;
-    std::memset(&ss, 0, sizeof ss);
-    ss.size = sizeof ss;
-    check(ember_stream_stats(st, &ss), "stats");
-    ember_stream_destroy(st);
+    const ember_stream_stats_t ss = run_to_end(s, sp);
     ember_session_destroy(s);
     return ss.time_to_first_token_ms;
   };
@@ -760,14 +767,7 @@ int cmd_bench(int argc, char** argv) {
     sp.temperature = 0;
     sp.max_tokens = n_gen;
     sp.ignore_eos = 1;
-    ember_stream* stream = nullptr;
-    check(ember_stream_start(h.session, &sp, &stream), "start");
-    ember_stream_wait(stream);
-    ember_stream_stats_t st;
-    std::memset(&st, 0, sizeof st);
-    st.size = sizeof st;
-    check(ember_stream_stats(stream, &st), "stats");
-    ember_stream_destroy(stream);
+    const ember_stream_stats_t st = run_to_end(h.session, sp);
     if (r == 0) continue;
     pp.push_back(st.prefill_tokens_per_second);
     tg.push_back(st.tokens_per_second);
