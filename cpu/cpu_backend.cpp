@@ -207,8 +207,10 @@ class CpuBackend final : public Backend {
         for (int32_t h = 0; h < num_heads; ++h) {
           float* p = x + (static_cast<size_t>(r) * num_heads + h) * head_dim + 2 * i;
           const float x0 = p[0], x1 = p[1];
-          p[0] = x0 * c - x1 * s;
-          p[1] = x0 * s + x1 * c;
+          // The reference's compiler contracts these into FMAs, the cos
+          // product fused and the sin product rounded: the same here.
+          p[0] = std::fma(x0, c, -(x1 * s));
+          p[1] = std::fma(x0, s, x1 * c);
         }
       }
     }
@@ -258,9 +260,18 @@ class CpuBackend final : public Backend {
     if (out_of_memory) fail(StatusCode::kOutOfMemory, "cpu attention: cannot allocate its scratch");
   }
 
+  // SiLU(gate) * up as llama.cpp computes it: gate / (1 + expf8(0 - gate)),
+  // then the product; libm's expf for a tail of fewer than 8.
   void swiglu(const float* gate, const float* up, size_t n, float* out) override {
+    const size_t n8 = n & ~size_t{7};
+    const __m256 one = _mm256_set1_ps(1.0f);
 #pragma omp parallel for num_threads(n_threads_) if (n > 65536)
-    for (size_t i = 0; i < n; ++i) {
+    for (size_t i = 0; i < n8; i += 8) {
+      const __m256 g = _mm256_loadu_ps(gate + i);
+      const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, expf8(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+      _mm256_storeu_ps(out + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
+    }
+    for (size_t i = n8; i < n; ++i) {
       const float g = gate[i];
       out[i] = g / (1.0f + std::exp(-g)) * up[i];
     }
@@ -300,47 +311,98 @@ class CpuBackend final : public Backend {
     for (; i < n; ++i) dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
   }
 
-  // exp of 8 floats (Cephes' expf: range reduction by ln 2 and a degree-6
-  // polynomial; within 2 ulp of expf on [-88, 88], 0 below).
-  static __m256 exp8(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.3365447505531f);
-    const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_max_ps(x, lo);
-    x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
-    __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
-    fx = _mm256_floor_ps(fx);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-    __m256 y = _mm256_set1_ps(1.9875691500E-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-    return _mm256_andnot_ps(under, y);
+  // exp of 8 floats by the algorithm of llama.cpp's ggml_v_expf (AVX2): n =
+  // round(x / ln 2) through the 1.5 * 2^23 shifter, b = x - n ln 2 in two
+  // parts, a degree-5 polynomial j ~ e^b - 1, result 2^n (1 + j); |n| > 126
+  // is rescaled through two powers of two, |n| > 192 saturates to 0 or inf.
+  // Same operations, same constants, so the same bits as the reference's
+  // softmax and SiLU (exp(-inf) is exactly 0).
+  static __m256 expf8(__m256 x) {
+    const __m256 shifter = _mm256_set1_ps(0x1.8p23f);
+    const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), shifter);
+    const __m256 n = _mm256_sub_ps(z, shifter);
+    const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f),
+                                      _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
+    const __m256i e = _mm256_slli_epi32(_mm256_castps_si256(z), 23);
+    const __m256 k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_castps_si256(_mm256_set1_ps(1.0f))));
+    const __m256 abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), n);
+    const __m256 big = _mm256_cmp_ps(abs_n, _mm256_set1_ps(126.0f), _CMP_GT_OQ);
+    const __m256 u = _mm256_mul_ps(b, b);
+    const __m256 hi = _mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f));
+    const __m256 lo = _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f));
+    const __m256 j = _mm256_fmadd_ps(_mm256_fmadd_ps(hi, u, lo), u, _mm256_mul_ps(_mm256_set1_ps(0x1.ffffecp-1f), b));
+    if (!_mm256_movemask_ps(big)) return _mm256_fmadd_ps(j, k, k);
+    const __m256i g = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ)),
+                                       _mm256_set1_epi32(static_cast<int>(0x82000000u)));
+    const __m256 s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f000000)));
+    const __m256 s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+    const __m256 huge = _mm256_cmp_ps(abs_n, _mm256_set1_ps(192.0f), _CMP_GT_OQ);
+    const __m256 scaled = _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1);
+    const __m256 normal = _mm256_fmadd_ps(k, j, k);
+    return _mm256_blendv_ps(_mm256_blendv_ps(normal, scaled, big), _mm256_mul_ps(s1, s1), huge);
   }
 
+  // Horizontal sums of 8 lanes in two fixed orders (those of llama.cpp's
+  // AVX2 code; hsum8_reference in cpu/matmul_internal.h spells out the first):
+  //   hsum8:     ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7))
+  //   hsum8_hadd: ((l0+l4) + (l1+l5)) + ((l2+l6) + (l3+l7))
   static float hsum8(__m256 v) {
     __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
     lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
     return _mm_cvtss_f32(lo);
   }
+  static float hsum8_hadd(__m256 v) {
+    const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 t1 = _mm_hadd_ps(t0, t0);
+    return _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
+  }
+  static __m256 round_f16(__m256 v) { return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT)); }
 
-  static void f16_rows_to_f32(const uint16_t* src, float* dst, int32_t n) {
-    int32_t i = 0;
-    for (; i + 8 <= n; i += 8)
-      _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
-    for (; i < n; ++i) dst[i] = f16_to_f32(src[i]);
+  // Dot product of an f16 cache row with an f16-rounded query, n a multiple
+  // of 8, in one of the two orders of llama.cpp's KQ product:
+  //  - "tile" (its batched path, llamafile's tinyBLAS): one 8-lane FMA
+  //    accumulator over the row, hsum8;
+  //  - "vec" (its one-token path, ggml_vec_dot_f16): four accumulators over
+  //    32-element steps, reduced (a0+a2) + (a1+a3), then hsum8_hadd, the
+  //    elements past the last full step added in double.
+  // Products of two f16 values are exact in f32, so only the order of the
+  // additions matters, and it is the reference's.
+  static float dot_f16(const uint16_t* k, const float* q, int32_t n, bool vec_order) {
+    if (!vec_order) {
+      __m256 acc = _mm256_setzero_ps();
+      for (int32_t i = 0; i < n; i += 8)
+        acc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k + i))),
+                              _mm256_loadu_ps(q + i), acc);
+      return hsum8(acc);
+    }
+    const int32_t np = n & ~31;
+    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int32_t i = 0; i < np; i += 32)
+      for (int j = 0; j < 4; ++j)
+        a[j] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k + i + 8 * j))),
+                               _mm256_loadu_ps(q + i + 8 * j), a[j]);
+    double sum = hsum8_hadd(_mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[1], a[3])));
+    for (int32_t i = np; i < n; ++i) sum += static_cast<double>(f16_to_f32(k[i]) * q[i]);
+    return static_cast<float>(sum);
   }
 
-  // Flash-style attention for one query row and one kv-head group: one pass
-  // over the sequence's blocks with an online softmax, a block at a time.
-  // A block's K and V are widened to f32 once and shared by the group's
-  // query heads; scores, their exp and the V accumulation run 8 lanes wide.
+  // Attention for one query row and one kv-head group, computed as llama.cpp
+  // computes it without flash attention, so that the logits are the
+  // reference's to the bit (docs/BENCHMARKS.md, agreement with llama.cpp):
+  //   1. the query rounded to f16; scores s_i = dot(K_i, q) * scale in the
+  //      tile order for rows of a multi-token step, the vec order for a
+  //      single-token step (llama.cpp's batched and one-token paths);
+  //   2. softmax over the row: max, e_i = expf8(s_i - max), the sum of each
+  //      8-slot chunk (hsum8) accumulated in double, e_i * (float)(1 / sum),
+  //      and the probabilities rounded to f16;
+  //   3. out[d] = sum_i P_i V_i[d], slot i on accumulator lane i % 8 (tile)
+  //      or i % 32 (vec: four 8-lane accumulators per 32-slot step), reduced
+  //      in the same trees as the dot products.
+  // Slots are numbered by cache slot (block b, offset t: i = b * block_size +
+  // t); slots past kv_len or inside the sequence's hole get probability 0,
+  // which adds exactly nothing. A block's K and V rows are read once per
+  // group from the f16 cache.
   void attend_group(int32_t layer, const float* q, const AttentionSeq& seq, int32_t row, int32_t kvh,
                     const AttentionParams& p, float* out) const {
     constexpr int kMaxGroup = kAttnMaxGroup;
@@ -348,92 +410,81 @@ class CpuBackend final : public Backend {
     const int32_t group = p.num_heads / p.num_kv_heads;
     const int32_t hd = p.head_dim, bs = geom_.block_size;
     const int32_t kv_len = p.kv_len[row];
-    const int32_t nv = hd / 8;
-    thread_local std::vector<float> kf, vf, sc;
-    const size_t tile = static_cast<size_t>(bs) * hd;
-    if (kf.size() < tile) {
-      kf.resize(tile);
-      vf.resize(tile);
-    }
-    if (sc.size() < static_cast<size_t>(bs) + 8) sc.resize(static_cast<size_t>(bs) + 8);
-    float m[kMaxGroup], l[kMaxGroup];
-    alignas(32) float acc[kMaxGroup][kMaxHeadDim];
-    for (int g = 0; g < group; ++g) {
-      m[g] = -INFINITY;
-      l[g] = 0.0f;
-      std::fill(acc[g], acc[g] + hd, 0.0f);
-    }
+    const bool vec_order = seq.n_rows == 1;
+    const int32_t n_lanes = vec_order ? 32 : 8;
+    const int32_t n_pad = (kv_len + 31) & ~31;
+    const bool has_hole = seq.hole_end > seq.hole_begin;
+    auto masked = [&](int32_t i) { return has_hole && i >= seq.hole_begin && i < seq.hole_end; };
+    thread_local std::vector<float> sc, acc;
+    if (sc.size() < static_cast<size_t>(group) * n_pad) sc.resize(static_cast<size_t>(group) * n_pad);
+    if (acc.size() < static_cast<size_t>(32) * hd) acc.resize(static_cast<size_t>(32) * hd);
     const float* qrow = q + static_cast<size_t>(row) * p.num_heads * hd;
-    const int32_t n_blocks = (kv_len + bs - 1) / bs;
-    for (int32_t b = 0; b < n_blocks; ++b) {
-      const int32_t block = seq.block_table[b];
-      const uint16_t* kb = block_ptr(layer, 0, block) + static_cast<size_t>(kvh) * bs * hd;
-      const uint16_t* vb = block_ptr(layer, 1, block) + static_cast<size_t>(kvh) * bs * hd;
-      const int32_t n = std::min(bs, kv_len - b * bs);
-      // The block's slots minus the sequence's hole: [0, hi1) and [lo2, n).
-      const int32_t base = b * bs;
-      const bool has_hole = seq.hole_end > seq.hole_begin;
-      const int32_t hi1 = has_hole ? std::clamp(seq.hole_begin - base, 0, n) : n;
-      const int32_t lo2 = has_hole ? std::max(hi1, std::clamp(seq.hole_end - base, 0, n)) : n;
-      for (int range = 0; range < 2; ++range) {
-        const int32_t t0 = range == 0 ? 0 : lo2, t1 = range == 0 ? hi1 : n;
-        if (t0 >= t1) continue;
-        const int32_t nt = t1 - t0;
-        f16_rows_to_f32(kb + static_cast<size_t>(t0) * hd, kf.data(), nt * hd);
-        f16_rows_to_f32(vb + static_cast<size_t>(t0) * hd, vf.data(), nt * hd);
-        float* s = sc.data();
-        for (int g = 0; g < group; ++g) {
-          const float* qh = qrow + static_cast<size_t>(kvh * group + g) * hd;
-          float block_max = -INFINITY;
-          for (int32_t t = 0; t < nt; ++t) {
-            const float* kr = kf.data() + static_cast<size_t>(t) * hd;
-            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-            int32_t c = 0;
-            for (; c + 2 <= nv; c += 2) {
-              a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * c), _mm256_loadu_ps(kr + 8 * c), a0);
-              a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * c + 8), _mm256_loadu_ps(kr + 8 * c + 8), a1);
-            }
-            if (c < nv) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * c), _mm256_loadu_ps(kr + 8 * c), a0);
-            s[t] = hsum8(_mm256_add_ps(a0, a1)) * p.scale;
-            block_max = std::max(block_max, s[t]);
-          }
-          const float new_m = std::max(m[g], block_max);
-          const float correction = std::exp(m[g] - new_m);
-          const __m256 vm = _mm256_set1_ps(new_m);
-          __m256 wsum = _mm256_setzero_ps();
-          for (int32_t t = 0; t < nt; t += 8) {
-            const int32_t k = std::min(8, nt - t);
-            __m256 w = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), vm));
-            if (k < 8) {
-              alignas(32) static constexpr int32_t kLanes[8] = {0, 1, 2, 3, 4, 5, 6, 7};
-              const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_load_si256(reinterpret_cast<const __m256i*>(kLanes)));
-              w = _mm256_and_ps(w, _mm256_castsi256_ps(keep));
-            }
-            _mm256_storeu_ps(s + t, w);
-            wsum = _mm256_add_ps(wsum, w);
-          }
-          l[g] = l[g] * correction + hsum8(wsum);
-          m[g] = new_m;
-          float* ag = acc[g];
-          const __m256 corr = _mm256_set1_ps(correction);
-          for (int32_t c0 = 0; c0 < nv; c0 += 8) {  // 8 accumulators (64 dims) at a time
-            const int32_t cn = std::min(8, nv - c0);
-            __m256 r[8];
-            for (int j = 0; j < cn; ++j) r[j] = _mm256_mul_ps(_mm256_load_ps(ag + 8 * (c0 + j)), corr);
-            for (int32_t t = 0; t < nt; ++t) {
-              const __m256 w = _mm256_set1_ps(s[t]);
-              const float* vr = vf.data() + static_cast<size_t>(t) * hd + 8 * c0;
-              for (int j = 0; j < cn; ++j) r[j] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8 * j), r[j]);
-            }
-            for (int j = 0; j < cn; ++j) _mm256_store_ps(ag + 8 * (c0 + j), r[j]);
-          }
-        }
+    alignas(32) float qh[kMaxGroup][kMaxHeadDim];
+    for (int g = 0; g < group; ++g) {
+      const float* src = qrow + static_cast<size_t>(kvh * group + g) * hd;
+      for (int32_t i = 0; i < hd; i += 8) _mm256_store_ps(qh[g] + i, round_f16(_mm256_loadu_ps(src + i)));
+    }
+    auto k_row = [&](int32_t i) {
+      return block_ptr(layer, 0, seq.block_table[i / bs]) + (static_cast<size_t>(kvh) * bs + i % bs) * hd;
+    };
+    auto v_row = [&](int32_t i) {
+      return block_ptr(layer, 1, seq.block_table[i / bs]) + (static_cast<size_t>(kvh) * bs + i % bs) * hd;
+    };
+    // 1. scores
+    for (int32_t i = 0; i < n_pad; ++i) {
+      if (i >= kv_len || masked(i)) {
+        for (int g = 0; g < group; ++g) sc[static_cast<size_t>(g) * n_pad + i] = -INFINITY;
+        continue;
       }
+      const uint16_t* kr = k_row(i);
+      for (int g = 0; g < group; ++g) sc[static_cast<size_t>(g) * n_pad + i] = dot_f16(kr, qh[g], hd, vec_order) * p.scale;
     }
     for (int g = 0; g < group; ++g) {
       float* o = out + (static_cast<size_t>(row) * p.num_heads + kvh * group + g) * hd;
-      const float inv = l[g] > 0.0f ? 1.0f / l[g] : 0.0f;
-      for (int32_t i = 0; i < hd; ++i) o[i] = acc[g][i] * inv;
+      float* s = sc.data() + static_cast<size_t>(g) * n_pad;
+      // 2. softmax, probabilities rounded to f16
+      float mx = -INFINITY;
+      for (int32_t i = 0; i < kv_len; ++i) mx = std::max(mx, s[i]);
+      if (mx == -INFINITY) {  // nothing to attend to
+        std::fill(o, o + hd, 0.0f);
+        continue;
+      }
+      const __m256 vmax = _mm256_set1_ps(mx);
+      double sum = 0.0;
+      for (int32_t i = 0; i < n_pad; i += 8) {
+        const __m256 e = expf8(_mm256_sub_ps(_mm256_loadu_ps(s + i), vmax));
+        _mm256_storeu_ps(s + i, e);
+        sum += static_cast<double>(hsum8(e));
+      }
+      const __m256 inv = _mm256_set1_ps(static_cast<float>(1.0 / sum));
+      for (int32_t i = 0; i < n_pad; i += 8) _mm256_storeu_ps(s + i, round_f16(_mm256_mul_ps(_mm256_loadu_ps(s + i), inv)));
+      // 3. V, slot i on lane i % n_lanes
+      std::fill(acc.begin(), acc.begin() + static_cast<size_t>(n_lanes) * hd, 0.0f);
+      for (int32_t i = 0; i < kv_len; ++i) {
+        if (s[i] == 0.0f) continue;  // (masked or underflowed: adds exactly nothing)
+        const uint16_t* vr = v_row(i);
+        float* a = acc.data() + static_cast<size_t>(i % n_lanes) * hd;
+        const __m256 w = _mm256_set1_ps(s[i]);
+        for (int32_t d = 0; d < hd; d += 8) {
+          const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vr + d)));
+          _mm256_storeu_ps(a + d, _mm256_fmadd_ps(w, v, _mm256_loadu_ps(a + d)));
+        }
+      }
+      auto lane = [&](int l, int32_t d) { return _mm256_loadu_ps(acc.data() + static_cast<size_t>(l) * hd + d); };
+      for (int32_t d = 0; d < hd; d += 8) {
+        __m256 l[8];
+        if (!vec_order) {
+          for (int k = 0; k < 8; ++k) l[k] = lane(k, d);
+        } else {
+          for (int k = 0; k < 8; ++k)
+            l[k] = _mm256_add_ps(_mm256_add_ps(lane(k, d), lane(16 + k, d)), _mm256_add_ps(lane(8 + k, d), lane(24 + k, d)));
+        }
+        const __m256 t0 = _mm256_add_ps(l[0], l[4]), t1 = _mm256_add_ps(l[1], l[5]);
+        const __m256 t2 = _mm256_add_ps(l[2], l[6]), t3 = _mm256_add_ps(l[3], l[7]);
+        const __m256 r = vec_order ? _mm256_add_ps(_mm256_add_ps(t0, t1), _mm256_add_ps(t2, t3))
+                                   : _mm256_add_ps(_mm256_add_ps(t0, t2), _mm256_add_ps(t1, t3));
+        _mm256_storeu_ps(o + d, r);
+      }
     }
   }
 

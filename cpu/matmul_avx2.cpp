@@ -1,22 +1,16 @@
 // AVX2 + FMA + F16C variant (the library baseline).
 //
 // Quantized weights: the activation rows are quantized once per call to
-// 8-bit blocks of 32 (Q8_0-style) and stored in a "paired" layout (ActPair
-// below) that matches how two consecutive Q4 weight blocks unpack into two
-// registers: one 16-byte load per block, one shift and two ANDs give
-// lo = [blk0 elems 0..15 | blk1 elems 0..15] and hi = [blk0 16..31 | blk1 16..31].
-// _mm256_maddubs_epi16 (u8 x s8 -> s16 pairs) on lo and hi, one add, one
-// _mm256_madd_epi16 (-> s32) and one conversion give 8 f32 lanes, lanes 0-3
-// belonging to blk0 and 4-7 to blk1, which are scaled by per-lane scale
-// vectors [d0 x4 | d1 x4]. So every conversion, scale and FMA serves two
-// blocks. Saturation cannot happen: Q4 nibbles are <= 15 against activations
-// in [-127, 127] (4 products per s16 lane after the add: <= 7620); Q8_0 uses
-// |w| <= 128 with sign(a, w) (2 products per lane: <= 32512) and adds in s32.
-//   Q4_0: w = dw*(q-8):  sum = dw*(dx*sum(q*a) - 8*s),   s = dx*sum(a)
-//   Q4_1: w = dw*q + mw: sum = dw*dx*sum(q*a) + mw*s
-//   Q8_0: w = dw*q:      sum = dw*dx*sum(|q| * sign(a, q))
-// The per-block s terms are spread over the block's 4 lanes (ActPair::s holds
-// 2s for Q4_0 and s/4 for Q4_1, see there).
+// 8-bit blocks of 32 (natural layout, matmul_internal.h). A weight block is
+// unpacked to 32 bytes in element order, _mm256_maddubs_epi16 (u8 x s8 ->
+// s16 pairs) and _mm256_madd_epi16 (-> s32) give 8 lanes of 4 consecutive
+// products, which are converted, scaled by dw*dx and accumulated with one FMA
+// per block and output: the summation order of quant_dot_reference (and of
+// llama.cpp's AVX2 dot products), so results are bit-identical to the scalar
+// variant. Saturation cannot happen: Q4_1 nibbles are <= 15 against
+// activations in [-127, 127]; Q4_0/Q8_0 use |w| <= 128 with sign(a, w), two
+// products per s16 lane (<= 32512).
+//   Q4_0: w = dw*(q-8)   Q4_1: w = dw*q + mw (+ mw * s, s = dx*sum(a))   Q8_0: w = dw*q
 #include <cstring>
 #include <type_traits>
 
@@ -44,31 +38,13 @@ inline uint16_t load_u16(const uint8_t* p) {
   std::memcpy(&v, p, 2);
   return v;
 }
-inline uint32_t load_u32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
 
 // ---------------------------------------------------------------- activations
 
-// One record per pair of activation blocks (2p, 2p+1) of a row; an odd last
-// block is paired with an all-zero block (d = s = 0).
-struct alignas(32) ActPair {
-  int8_t lo[32];  // [blk 2p elems 0..15 | blk 2p+1 elems 0..15]
-  int8_t hi[32];  // [blk 2p elems 16..31 | blk 2p+1 elems 16..31]
-  float d[8];     // [d_2p x4 | d_2p+1 x4]
-  // s = d*sum(q) of the block, times 2 for Q4_0 (4 lanes x 2s = 8s) and
-  // times 1/4 for Q4_1 (4 lanes x s/4 = s); unused (0) for Q8_0.
-  float s[8];
-};
-static_assert(sizeof(ActPair) == 128);
-
-inline int64_t n_pairs(int64_t K) { return (K / kQK + 1) / 2; }
-
-size_t act_row_bytes(DType type, int64_t K) {
-  return is_quant(type) ? static_cast<size_t>(n_pairs(K)) * sizeof(ActPair) : 0;
-}
+// Activations use the natural layout of matmul_internal.h (q8_natural_row):
+// per row K int8 values in element order, then the block scales d and the
+// Q4_1 sum terms s as f32.
+size_t act_row_bytes(DType type, int64_t K) { return is_quant(type) ? q8_natural_row_bytes(K) : 0; }
 
 // Quantizes one block of 32 floats: returns the 32 int8 values in element
 // order, amax and sum(q) (scales: act_block_scales).
@@ -101,32 +77,31 @@ inline __m256i quantize_block(const float* xb, float* amax_out, int* sum_out) {
 
 void prepare_acts(DType type, const float* x, int64_t M, int64_t K, uint8_t* act) {
   if (!is_quant(type)) return;
-  const int64_t nb = K / kQK, np = n_pairs(K);
-  const float s_mul = type == DType::Q4_0 ? 2.f : type == DType::Q4_1 ? 0.25f : 0.f;
+  const size_t rb = q8_natural_row_bytes(K);
+  const int64_t nb = K / kQK;
   for (int64_t m = 0; m < M; ++m) {
-    auto* pairs = reinterpret_cast<ActPair*>(act + static_cast<size_t>(m) * static_cast<size_t>(np) * sizeof(ActPair));
+    uint8_t* base = act + static_cast<size_t>(m) * rb;
+    float* d = reinterpret_cast<float*>(base + K);
+    float* s = d + nb;
     const float* xr = x + m * K;
-    for (int64_t p = 0; p < np; ++p) {
-      ActPair& ap = pairs[p];
-      for (int h = 0; h < 2; ++h) {
-        const int64_t b = 2 * p + h;
-        float amax = 0.f, d = 0.f, s = 0.f;
-        int sum = 0;
-        __m256i q = _mm256_setzero_si256();
-        if (b < nb) {
-          q = quantize_block(xr + b * kQK, &amax, &sum);
-          act_block_scales(type, amax, sum, &d, &s);
-        }
-        _mm_store_si128(reinterpret_cast<__m128i*>(ap.lo + 16 * h), _mm256_castsi256_si128(q));
-        _mm_store_si128(reinterpret_cast<__m128i*>(ap.hi + 16 * h), _mm256_extracti128_si256(q, 1));
-        _mm_store_ps(ap.d + 4 * h, _mm_set1_ps(d));
-        _mm_store_ps(ap.s + 4 * h, _mm_set1_ps(s_mul * s));
-      }
+    for (int64_t b = 0; b < nb; ++b) {
+      float amax;
+      int sum;
+      const __m256i q = quantize_block(xr + b * kQK, &amax, &sum);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(base + b * kQK), q);
+      act_block_scales(type, amax, sum, d + b, s + b);
     }
   }
 }
 
 // ---------------------------------------------------------------- quantized kernels
+//
+// The order of the float arithmetic is the one of matmul_internal.h's
+// quant_dot_reference (llama.cpp's on AVX2): per block, 8 integer lanes of 4
+// consecutive products, scaled by dw*dx (exact: two fp16 values) and
+// fused-multiply-added into 8 f32 lanes; the lanes are summed at the end by
+// hsum8 and, for Q4_1, the sequential sum of mw*s is added. So the result of
+// an output never depends on the tile shape, M or the thread count.
 
 template <DType T>
 struct QInfo;
@@ -147,85 +122,33 @@ struct QInfo<DType::Q8_0> {
 };
 
 // 16 bytes of packed nibbles -> 32 bytes 0..15 in element order
-// (low nibbles are elements 0..15, high nibbles 16..31). Used by dequantization.
+// (low nibbles are elements 0..15, high nibbles 16..31).
 inline __m256i unpack_q4(const uint8_t* qs) {
   const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
   const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
   return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
 }
 
-inline __m128i loadu128(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
-
-// One weight row's pair of blocks, unpacked to match ActPair.
-struct WPair {
-  __m256i lo, hi;  // Q4: unsigned nibbles; Q8_0: signed values
-  __m256 d;        // [d0 x4 | d1 x4]
-  __m256 m;        // Q4_1: [m0 x4 | m1 x4]
-};
-
-// kHalf: blk1 does not exist (odd block count); its lanes become 0.
-template <DType T, bool kHalf>
-inline WPair load_wpair(const uint8_t* blk0) {
-  using I = QInfo<T>;
-  const uint8_t* blk1 = blk0 + I::kBytes;
-  WPair w;
+// A weight block's 32 values in element order: Q4_1 unsigned nibbles,
+// Q4_0 nibbles - 8, Q8_0 the signed values.
+template <DType T>
+inline __m256i load_wblock(const uint8_t* blk) {
   if constexpr (T == DType::Q8_0) {
-    const __m128i a0 = loadu128(blk0 + 2), a1 = loadu128(blk0 + 18);
-    if constexpr (kHalf) {
-      w.lo = _mm256_zextsi128_si256(a0);
-      w.hi = _mm256_zextsi128_si256(a1);
-    } else {
-      w.lo = _mm256_inserti128_si256(_mm256_castsi128_si256(a0), loadu128(blk1 + 2), 1);
-      w.hi = _mm256_inserti128_si256(_mm256_castsi128_si256(a1), loadu128(blk1 + 18), 1);
-    }
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+  } else if constexpr (T == DType::Q4_0) {
+    return _mm256_sub_epi8(unpack_q4(blk + QInfo<T>::kQs), _mm256_set1_epi8(8));
   } else {
-    const __m128i q0 = loadu128(blk0 + I::kQs);
-    const __m256i v = kHalf ? _mm256_zextsi128_si256(q0)
-                            : _mm256_inserti128_si256(_mm256_castsi128_si256(q0), loadu128(blk1 + I::kQs), 1);
-    const __m256i mask = _mm256_set1_epi8(0x0F);
-    w.lo = _mm256_and_si256(v, mask);
-    w.hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+    return unpack_q4(blk + QInfo<T>::kQs);
   }
-  if constexpr (T == DType::Q4_1) {
-    // [d0, m0, d1, m1] in one conversion
-    __m128i h = _mm_cvtsi32_si128(static_cast<int>(load_u32(blk0)));
-    if constexpr (!kHalf) h = _mm_insert_epi32(h, static_cast<int>(load_u32(blk1)), 1);
-    const __m256 f = _mm256_castps128_ps256(_mm_cvtph_ps(h));
-    w.d = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2));
-    w.m = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3));
-  } else {
-    __m128i h = _mm_cvtsi32_si128(load_u16(blk0));
-    if constexpr (!kHalf) h = _mm_insert_epi16(h, load_u16(blk1), 1);
-    const __m256 f = _mm256_castps128_ps256(_mm_cvtph_ps(h));
-    w.d = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
-  }
-  return w;
 }
 
+// 8 lanes, lane k = sum of w*a over the elements 4k..4k+3. Signed weights
+// use |w| * sign(a, w) (u8 x s8 pairs: at most 2 * 128 * 127, no saturation);
+// Q4_1's nibbles are unsigned already (2 * 15 * 127).
 template <DType T>
-inline __m256 pair_dot(const WPair& w, const __m256i& wabs_lo, const __m256i& wabs_hi, const ActPair& a,
-                       __m256 acc) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  const __m256i alo = _mm256_load_si256(reinterpret_cast<const __m256i*>(a.lo));
-  const __m256i ahi = _mm256_load_si256(reinterpret_cast<const __m256i*>(a.hi));
-  const __m256 ad = _mm256_load_ps(a.d);
-  if constexpr (T == DType::Q8_0) {
-    const __m256i plo = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs_lo, _mm256_sign_epi8(alo, w.lo)), ones);
-    const __m256i phi = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs_hi, _mm256_sign_epi8(ahi, w.hi)), ones);
-    const __m256 p = _mm256_cvtepi32_ps(_mm256_add_epi32(plo, phi));
-    return _mm256_fmadd_ps(_mm256_mul_ps(p, ad), w.d, acc);
-  } else {
-    const __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(w.lo, alo), _mm256_maddubs_epi16(w.hi, ahi));
-    const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
-    const __m256 as = _mm256_load_ps(a.s);
-    if constexpr (T == DType::Q4_0) {
-      // lanes: dx*sum(q*a) - 2s per lane -> dx*sum(q*a) - 8s per block
-      return _mm256_fmadd_ps(_mm256_fmsub_ps(p, ad, as), w.d, acc);
-    } else {
-      acc = _mm256_fmadd_ps(_mm256_mul_ps(p, ad), w.d, acc);
-      return _mm256_fmadd_ps(w.m, as, acc);
-    }
-  }
+inline __m256 lane_dot(__m256i w, __m256i wabs, __m256i a) {
+  const __m256i p16 = T == DType::Q4_1 ? _mm256_maddubs_epi16(w, a) : _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(a, w));
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
 }
 
 // Software prefetch (into L2) of the weight rows one row group ahead: the
@@ -241,35 +164,48 @@ inline void prefetch(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const cha
 template <DType T, int R, int MT>
 inline void qtile(const DecodeCtx& c, int64_t n, int64_t m0) {
   using I = QInfo<T>;
-  const int64_t nb = c.K / kQK, np = nb / 2;
+  const int64_t nb = c.K / kQK;
   const uint8_t* wr[R];
   for (int r = 0; r < R; ++r) wr[r] = c.w + static_cast<size_t>(n + r) * c.w_row_bytes;
   const size_t pf_dist = R * c.w_row_bytes;
-  const ActPair* ap[MT];
-  for (int m = 0; m < MT; ++m)
-    ap[m] = reinterpret_cast<const ActPair*>(c.act + static_cast<size_t>(m0 + m) * c.act_row_bytes);
+  Q8Row a[MT];
+  for (int m = 0; m < MT; ++m) a[m] = q8_natural_row(c.act, c.act_row_bytes, c.K, m0 + m);
   __m256 acc[R][MT];
+  float summs[R][MT];
   for (int r = 0; r < R; ++r)
-    for (int m = 0; m < MT; ++m) acc[r][m] = _mm256_setzero_ps();
-
-  auto step = [&](int64_t p, auto half) {
-    constexpr bool kHalf = decltype(half)::value;
-    for (int r = 0; r < R; ++r) {
-      prefetch(wr[r] + static_cast<size_t>(2 * p) * I::kBytes + pf_dist);
-      const WPair w = load_wpair<T, kHalf>(wr[r] + static_cast<size_t>(2 * p) * I::kBytes);
-      __m256i wabs_lo = w.lo, wabs_hi = w.hi;
-      if constexpr (T == DType::Q8_0) {
-        wabs_lo = _mm256_sign_epi8(w.lo, w.lo);
-        wabs_hi = _mm256_sign_epi8(w.hi, w.hi);
-      }
-      for (int m = 0; m < MT; ++m) acc[r][m] = pair_dot<T>(w, wabs_lo, wabs_hi, ap[m][p], acc[r][m]);
+    for (int m = 0; m < MT; ++m) {
+      acc[r][m] = _mm256_setzero_ps();
+      summs[r][m] = 0.f;
     }
-  };
-  for (int64_t p = 0; p < np; ++p) step(p, std::false_type{});
-  if (nb & 1) step(np, std::true_type{});
-
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i w[R], wabs[R];
+    __m256 dw[R];
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* blk = wr[r] + static_cast<size_t>(b) * I::kBytes;
+      prefetch(blk + pf_dist);
+      w[r] = load_wblock<T>(blk);
+      wabs[r] = T == DType::Q4_1 ? w[r] : _mm256_sign_epi8(w[r], w[r]);
+      dw[r] = _mm256_set1_ps(h2f(load_u16(blk)));
+    }
+    for (int m = 0; m < MT; ++m) {
+      const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[m].qs + b * kQK));
+      const __m256 dx = _mm256_broadcast_ss(a[m].d + b);
+      for (int r = 0; r < R; ++r)
+        acc[r][m] = _mm256_fmadd_ps(_mm256_mul_ps(dw[r], dx), lane_dot<T>(w[r], wabs[r], av), acc[r][m]);
+    }
+    if constexpr (T == DType::Q4_1) {
+      for (int r = 0; r < R; ++r) {
+        const float mw = h2f(load_u16(wr[r] + static_cast<size_t>(b) * I::kBytes + 2));
+        for (int m = 0; m < MT; ++m) summs[r][m] += mw * a[m].s[b];  // (exact product of two fp16 values)
+      }
+    }
+  }
   for (int r = 0; r < R; ++r)
-    for (int m = 0; m < MT; ++m) c.y[(m0 + m) * c.ldy + n + r] = hsum8(acc[r][m]);
+    for (int m = 0; m < MT; ++m) {
+      float v = hsum8(acc[r][m]);
+      if constexpr (T == DType::Q4_1) v += summs[r][m];
+      c.y[(m0 + m) * c.ldy + n + r] = v;
+    }
 }
 
 // All M rows for weight rows n..n+G (G = 4) or one row (G = 1).

@@ -109,12 +109,61 @@ inline Q8Row q8_natural_row(const uint8_t* act, size_t row_bytes, int64_t K, int
   return {reinterpret_cast<const int8_t*>(base), d, d + K / kQK};
 }
 
+// The float arithmetic of one quantized dot product (a weight row of nb
+// blocks against a prepared activation row), in the order every variant
+// except AVX-512 follows, which is also llama.cpp's AVX2 order
+// (ggml_vec_dot_q4_1_q8_1 and friends):
+//   per block: 8 integer lanes, lane k = sum of w*a over elements 4k..4k+3,
+//              lane_acc[k] = fma(dw*dx, lane_k, lane_acc[k])  (dw*dx exact);
+//              Q4_1 also summs += mw * s                        (exact product);
+//   result   = ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7))  [+ summs for Q4_1].
+// Keeping the order identical to the reference makes Ember's logits equal to
+// llama.cpp's bit for bit where the rest of the computation matches too.
+inline float hsum8_reference(const float l[8]) {
+  const float t0 = l[0] + l[4], t1 = l[1] + l[5], t2 = l[2] + l[6], t3 = l[3] + l[7];
+  return (t0 + t2) + (t1 + t3);
+}
+template <DType T>
+inline float quant_dot_reference(const uint8_t* wrow, const Q8Row& a, int64_t nb) {
+  static_assert(T == DType::Q4_0 || T == DType::Q4_1 || T == DType::Q8_0);
+  constexpr size_t kBytes = T == DType::Q4_0 ? sizeof(BlockQ4_0) : T == DType::Q4_1 ? sizeof(BlockQ4_1) : sizeof(BlockQ8_0);
+  constexpr size_t kQs = T == DType::Q4_1 ? 4 : 2;  // offset of the values in a block
+  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  float summs = 0.f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = wrow + static_cast<size_t>(b) * kBytes;
+    const int8_t* ab = a.qs + b * kQK;
+    int w[kQK];
+    for (int i = 0; i < 16; ++i) {
+      if constexpr (T == DType::Q8_0) {
+        w[i] = static_cast<int8_t>(blk[kQs + i]);
+        w[i + 16] = static_cast<int8_t>(blk[kQs + 16 + i]);
+      } else {
+        const int off = T == DType::Q4_0 ? 8 : 0;
+        w[i] = (blk[kQs + i] & 0x0F) - off;
+        w[i + 16] = (blk[kQs + i] >> 4) - off;
+      }
+    }
+    uint16_t h[2];
+    __builtin_memcpy(h, blk, T == DType::Q4_1 ? 4 : 2);
+    const float dd = h2f(h[0]) * a.d[b];
+    for (int k = 0; k < 8; ++k) {
+      int sum = 0;
+      for (int i = 4 * k; i < 4 * k + 4; ++i) sum += w[i] * ab[i];
+      lanes[k] = __builtin_fmaf(dd, static_cast<float>(sum), lanes[k]);
+    }
+    if constexpr (T == DType::Q4_1) summs += h2f(h[1]) * a.s[b];
+  }
+  const float r = hsum8_reference(lanes);
+  return T == DType::Q4_1 ? r + summs : r;
+}
+
 // An activation block's scale (and sum term) as llama.cpp keeps them: its
 // q8_0 / q8_1 blocks store d = amax / 127 in fp16, and q8_1 (the activations
 // of Q4_1 weights) also s = d * sum(q) in fp16, computed from the unrounded d.
-// Rounding the same way keeps our logits within llama.cpp's own rounding
-// (measured: tools/ref_llamacpp.py logits); the integer algebra of Q4_0/Q8_0
-// then needs s = d * sum(q) of the rounded d. A value beyond the fp16 range
+// Rounding the same way is part of matching llama.cpp's logits bit for bit
+// (tools/ref_llamacpp.py logits); the AVX-512 variant's Q4_0 algebra uses
+// s = d * sum(q) of the rounded d. A value beyond the fp16 range
 // (|x| > 8.3e6) keeps its f32 value instead of becoming inf.
 inline float round_act_scale(float v) {
   const float r = _cvtsh_ss(_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT));

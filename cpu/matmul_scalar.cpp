@@ -1,6 +1,7 @@
 // Portable reference variant ("scalar"): plain C++ loops with the same
 // algorithm as the SIMD variants (8-bit activation blocks + integer dots for
-// quantized weights, f32 accumulation for float weights).
+// quantized weights in quant_dot_reference's order, bit-identical to AVX2;
+// f32 accumulation for float weights).
 #include <cstring>
 
 #include "cpu/matmul_internal.h"
@@ -23,46 +24,14 @@ void prepare_acts(DType type, const float* x, int64_t M, int64_t K, uint8_t* act
   }
 }
 
-// Integer dot of one weight block with one activation block.
-template <DType T>
-inline float block_dot(const uint8_t* wblk, const int8_t* a, float dx, float sx) {
-  if constexpr (T == DType::Q4_0) {
-    const auto* b = reinterpret_cast<const BlockQ4_0*>(wblk);
-    int sum = 0;
-    for (int i = 0; i < 16; ++i) {
-      sum += (b->qs[i] & 0x0F) * a[i];
-      sum += (b->qs[i] >> 4) * a[i + 16];
-    }
-    const float dw = h2f(b->d);
-    // sum((q - 8) * a) = sum(q * a) - 8 * sum(a);  sx = dx * sum(a)
-    return dw * dx * static_cast<float>(sum) - 8.f * dw * sx;
-  } else if constexpr (T == DType::Q4_1) {
-    const auto* b = reinterpret_cast<const BlockQ4_1*>(wblk);
-    int sum = 0;
-    for (int i = 0; i < 16; ++i) {
-      sum += (b->qs[i] & 0x0F) * a[i];
-      sum += (b->qs[i] >> 4) * a[i + 16];
-    }
-    return h2f(b->d) * dx * static_cast<float>(sum) + h2f(b->m) * sx;
-  } else {
-    const auto* b = reinterpret_cast<const BlockQ8_0*>(wblk);
-    int sum = 0;
-    for (int i = 0; i < 32; ++i) sum += b->qs[i] * a[i];
-    return h2f(b->d) * dx * static_cast<float>(sum);
-  }
-}
-
 template <DType T>
 void quant_kernel(const DecodeCtx& c, int64_t n0, int64_t n1) {
   const int64_t nb = c.K / kQK;
-  constexpr size_t bsz = T == DType::Q4_0 ? sizeof(BlockQ4_0) : T == DType::Q4_1 ? sizeof(BlockQ4_1) : sizeof(BlockQ8_0);
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* wr = c.w + static_cast<size_t>(n) * c.w_row_bytes;
     for (int64_t m = 0; m < c.M; ++m) {
       const Q8Row a = q8_natural_row(c.act, c.act_row_bytes, c.K, m);
-      float acc = 0.f;
-      for (int64_t b = 0; b < nb; ++b) acc += block_dot<T>(wr + b * bsz, a.qs + b * kQK, a.d[b], a.s[b]);
-      c.y[m * c.ldy + n] = acc;
+      c.y[m * c.ldy + n] = quant_dot_reference<T>(wr, a, nb);
     }
   }
 }

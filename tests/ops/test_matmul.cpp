@@ -431,6 +431,51 @@ TEST(Matmul, DefaultThresholdSplitsPaths) {
   EXPECT_EQ(s.bytes_reserved(), 0u);
 }
 
+// The quantized kernels follow one summation order (quant_dot_reference,
+// llama.cpp's AVX2 order), so the scalar and AVX2 variants agree to the bit
+// for every M, tile shape and thread count, and with the reference computed
+// directly from the prepared activations.
+TEST(Matmul, QuantizedKernelsAreBitIdenticalToTheReferenceOrder) {
+  KnobGuard guard;
+  if (!isa_supported(Isa::kAvx2)) GTEST_SKIP() << "no AVX2";
+  set_decode_max_m(std::numeric_limits<int64_t>::max());
+  const int64_t N = 37, K = 576;
+  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q8_0}) {
+    const auto w = make_weight(t, N, K, 99);
+    const WeightView view{t, N, K, w.data()};
+    for (int64_t M : {1, 2, 3, 4, 5, 7, 9}) {
+      const auto x = make_x(M, K, static_cast<uint32_t>(M + 5));
+      std::vector<float> ys(static_cast<size_t>(M * N)), ya(ys.size());
+      MatmulScratch scratch;
+      force_isa(Isa::kScalar);
+      matmul(view, x.data(), M, ys.data(), scratch);
+      force_isa(Isa::kAvx2);
+      for (int th : {1, 2}) {
+        omp_set_num_threads(th);
+        matmul(view, x.data(), M, ya.data(), scratch);
+        for (size_t i = 0; i < ys.size(); ++i)
+          ASSERT_EQ(std::memcmp(&ys[i], &ya[i], 4), 0)
+              << name_of(t) << " M=" << M << " threads=" << th << " output " << i << ": scalar " << ys[i] << " avx2 "
+              << ya[i];
+      }
+      // Against the reference order on the scalar variant's own activations.
+      const auto& sc = detail::scalar_impl();
+      std::vector<uint8_t> act(sc.act_row_bytes(t, K) * static_cast<size_t>(M));
+      sc.prepare_acts(t, x.data(), M, K, act.data());
+      for (int64_t m = 0; m < M; ++m) {
+        const detail::Q8Row a = detail::q8_natural_row(act.data(), sc.act_row_bytes(t, K), K, m);
+        for (int64_t n = 0; n < N; ++n) {
+          const uint8_t* wr = w.data() + static_cast<size_t>(n) * row_bytes(t, K);
+          const float r = t == DType::Q4_0   ? detail::quant_dot_reference<DType::Q4_0>(wr, a, K / 32)
+                          : t == DType::Q4_1 ? detail::quant_dot_reference<DType::Q4_1>(wr, a, K / 32)
+                                             : detail::quant_dot_reference<DType::Q8_0>(wr, a, K / 32);
+          ASSERT_EQ(std::memcmp(&r, &ya[static_cast<size_t>(m * N + n)], 4), 0) << name_of(t) << " m=" << m << " n=" << n;
+        }
+      }
+    }
+  }
+}
+
 TEST(Matmul, ConcurrentCallersWithOwnScratch) {
   // Two threads of control, each with its own scratch, mixing decode and
   // prefill calls on shared weights (the primitive cache is shared).

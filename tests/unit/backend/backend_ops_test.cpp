@@ -345,6 +345,106 @@ struct SeqSpec {
   int32_t hole_begin = 0, hole_end = 0;  // skipped cache slots (window/sink policies)
 };
 
+// The CPU backend computes attention as llama.cpp does without flash
+// attention (cpu/cpu_backend.cpp, attend_group): this is that computation
+// written out in scalar code, operation by operation, to check the CPU's
+// result bit for bit. expf_ref is the algorithm of llama.cpp's ggml_v_expf.
+float bits_to_f(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+uint32_t f_to_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+float expf_ref(float x) {
+  const float shifter = 0x1.8p23f;
+  const float z = std::fma(x, 0x1.715476p+0f, shifter);
+  const float n = z - shifter;
+  const float b = std::fma(-n, 0x1.7f7d1cp-20f, std::fma(-n, 0x1.62e4p-1f, x));
+  const uint32_t e = f_to_bits(z) << 23;
+  const float k = bits_to_f(e + f_to_bits(1.0f));
+  const float u = b * b;
+  const float j = std::fma(std::fma(std::fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+                           u, 0x1.ffffecp-1f * b);
+  if (!(std::fabs(n) > 126.0f)) return std::fma(j, k, k);
+  const uint32_t g = n <= 0.0f ? 0x82000000u : 0u;
+  const float s1 = bits_to_f(g + 0x7f000000u), s2 = bits_to_f(e - g);
+  if (std::fabs(n) > 192.0f) return s1 * s1;
+  return std::fma(s2, j, s2) * s1;
+}
+float hsum8_tree(const float l[8]) {  // ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7))
+  const float t0 = l[0] + l[4], t1 = l[1] + l[5], t2 = l[2] + l[6], t3 = l[3] + l[7];
+  return (t0 + t2) + (t1 + t3);
+}
+float hadd_tree(const float l[8]) {  // ((l0+l4) + (l1+l5)) + ((l2+l6) + (l3+l7))
+  const float t0 = l[0] + l[4], t1 = l[1] + l[5], t2 = l[2] + l[6], t3 = l[3] + l[7];
+  return (t0 + t1) + (t2 + t3);
+}
+// Four 8-lane accumulators reduced as ggml_vec_dot_f16 does: (a0+a2) + (a1+a3), then hadd_tree.
+float reduce_vec(const float a[4][8]) {
+  float l[8];
+  for (int k = 0; k < 8; ++k) l[k] = (a[0][k] + a[2][k]) + (a[1][k] + a[3][k]);
+  return hadd_tree(l);
+}
+// k, v: [slot][hd] f16-rounded rows of one kv head; q: one query head.
+std::vector<float> attention_llamacpp_order(const float* q_in, const std::vector<const float*>& k,
+                                            const std::vector<const float*>& v, const std::vector<bool>& skip,
+                                            int32_t hd, float scale, bool vec_order) {
+  const int32_t n = static_cast<int32_t>(k.size()), n_pad = (n + 31) / 32 * 32;
+  std::vector<float> q(hd), s(n_pad, -INFINITY);
+  for (int32_t i = 0; i < hd; ++i) q[i] = f16_round(q_in[i]);
+  for (int32_t t = 0; t < n; ++t) {
+    if (skip[t]) continue;
+    float dot;
+    if (!vec_order) {
+      float l[8] = {};
+      for (int32_t i = 0; i < hd; i += 8)
+        for (int c = 0; c < 8; ++c) l[c] = std::fma(k[t][i + c], q[i + c], l[c]);
+      dot = hsum8_tree(l);
+    } else {
+      float a[4][8] = {};
+      const int32_t np = hd / 32 * 32;
+      for (int32_t i = 0; i < np; i += 32)
+        for (int j = 0; j < 4; ++j)
+          for (int c = 0; c < 8; ++c) a[j][c] = std::fma(k[t][i + 8 * j + c], q[i + 8 * j + c], a[j][c]);
+      double d = reduce_vec(a);
+      for (int32_t i = np; i < hd; ++i) d += static_cast<double>(k[t][i] * q[i]);
+      dot = static_cast<float>(d);
+    }
+    s[t] = dot * scale;
+  }
+  float mx = -INFINITY;
+  for (float x : s) mx = std::max(mx, x);
+  double sum = 0;
+  for (int32_t c = 0; c < n_pad; c += 8) {
+    float e[8];
+    for (int i = 0; i < 8; ++i) s[c + i] = e[i] = expf_ref(s[c + i] - mx);
+    sum += hsum8_tree(e);
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (auto& x : s) x = f16_round(x * inv);
+  const int lanes = vec_order ? 32 : 8;
+  std::vector<float> acc(static_cast<size_t>(lanes) * hd, 0.0f), out(hd);
+  for (int32_t t = 0; t < n; ++t)
+    for (int32_t d = 0; d < hd; ++d) acc[(t % lanes) * hd + d] = std::fma(s[t], v[t][d], acc[(t % lanes) * hd + d]);
+  for (int32_t d = 0; d < hd; ++d) {
+    if (!vec_order) {
+      float l[8];
+      for (int c = 0; c < 8; ++c) l[c] = acc[c * hd + d];
+      out[d] = hsum8_tree(l);
+    } else {
+      float a[4][8];
+      for (int j = 0; j < 4; ++j)
+        for (int c = 0; c < 8; ++c) a[j][c] = acc[(8 * j + c) * hd + d];
+      out[d] = reduce_vec(a);
+    }
+  }
+  return out;
+}
+
 // Fills the cache of `layer` for every sequence (past + new tokens), runs
 // attention for the new rows and compares with a double-precision reference.
 void check_attention(Backend& be, int32_t heads, int32_t kv_heads, int32_t hd, int32_t bs,
@@ -407,14 +507,32 @@ void check_attention(Backend& be, int32_t heads, int32_t kv_heads, int32_t hd, i
   p.kv_len = kv_len.data();
   be.attention(layer, bq.f(), seqs.data(), static_cast<int32_t>(seqs.size()), p, out.f());
   const auto got = out.get();
+  // The CPU backend must equal the llama.cpp-order computation bit for bit;
+  // every backend must be within f16 precision of the exact (double) result.
+  const bool exact = be.name().rfind("cpu", 0) == 0;
   for (size_t s = 0; s < specs.size(); ++s) {
     for (int32_t r = seqs[s].first_row; r < seqs[s].first_row + seqs[s].n_rows; ++r) {
       for (int32_t h = 0; h < heads; ++h) {
         const int32_t kvh = h / G;
         const float* qh = q.data() + (static_cast<size_t>(r) * heads + h) * hd;
+        const float* o_got = got.data() + (static_cast<size_t>(r) * heads + h) * hd;
+        auto in_hole = [&](int32_t t) { return t >= specs[s].hole_begin && t < specs[s].hole_end; };
+        if (exact) {
+          std::vector<const float*> kr, vr;
+          std::vector<bool> skip;
+          for (int32_t t = 0; t < kv_len[r]; ++t) {
+            kr.push_back(kmirror[s].data() + (static_cast<size_t>(t) * kv_heads + kvh) * hd);
+            vr.push_back(vmirror[s].data() + (static_cast<size_t>(t) * kv_heads + kvh) * hd);
+            skip.push_back(in_hole(t));
+          }
+          const auto want = attention_llamacpp_order(qh, kr, vr, skip, hd, p.scale, seqs[s].n_rows == 1);
+          for (int32_t i = 0; i < hd; ++i)
+            ASSERT_EQ(f_to_bits(o_got[i]), f_to_bits(want[i]))
+                << "seq " << s << " row " << r << " head " << h << " dim " << i << ": " << o_got[i] << " vs "
+                << want[i] << " (heads " << heads << "/" << kv_heads << ", hd " << hd << ", bs " << bs << ")";
+        }
         std::vector<double> sc(kv_len[r]);
         double mx = -1e300;
-        auto in_hole = [&](int32_t t) { return t >= specs[s].hole_begin && t < specs[s].hole_end; };
         for (int32_t t = 0; t < kv_len[r]; ++t) {
           if (in_hole(t)) continue;
           double d = 0;
@@ -424,11 +542,14 @@ void check_attention(Backend& be, int32_t heads, int32_t kv_heads, int32_t hd, i
         }
         double sum = 0;
         for (int32_t t = 0; t < kv_len[r]; ++t) sum += (sc[t] = in_hole(t) ? 0.0 : std::exp(sc[t] - mx));
+        // f16 query and probabilities (the CPU's, like llama.cpp's): 2^-11
+        // relative on each, |V| < 6 here.
+        const double tol = exact ? 4e-3 : 2e-4;
         for (int32_t i = 0; i < hd; ++i) {
           double o = 0;
           for (int32_t t = 0; t < kv_len[r]; ++t) o += sc[t] * vmirror[s][(static_cast<size_t>(t) * kv_heads + kvh) * hd + i];
           o /= sum;
-          ASSERT_NEAR(got[(static_cast<size_t>(r) * heads + h) * hd + i], o, 2e-4)
+          ASSERT_NEAR(o_got[i], o, tol)
               << "seq " << s << " row " << r << " head " << h << " dim " << i << " (heads " << heads << "/" << kv_heads
               << ", hd " << hd << ", bs " << bs << ")";
         }
@@ -560,8 +681,10 @@ TEST_P(BackendOps, BatchInvariantRows) {
       ASSERT_EQ(std::memcmp(one.data(), all.data() + m * N, N * 4), 0) << type_name(static_cast<uint32_t>(t)) << " row " << m;
     }
   }
-  // Attention: the rows of a 20-token prefill, computed next to a decode on a
-  // 3000-slot cache, equal the same rows computed one at a time.
+  // Attention: a 20-token prefill computed next to a decode on a 3000-slot
+  // cache equals each sequence computed alone. (A sequence's rows depend on
+  // whether its step has one row or several, as llama.cpp's do: see
+  // attend_group. They never depend on the other sequences.)
   const int32_t heads = 8, kv_heads = 2, hd = 64, bs = 16;
   KvGeometry g{1, kv_heads, hd, bs, 256};
   b().kv_init(g);
@@ -587,15 +710,21 @@ TEST_P(BackendOps, BatchInvariantRows) {
   b().attention(0, bq.f(), seqs, 2, p, out.f());
   const auto batched = out.get();
   const size_t row = static_cast<size_t>(heads) * hd;
-  for (int32_t r : {0, 7, 19, 20}) {
-    std::vector<float> qr(q.begin() + r * row, q.begin() + (r + 1) * row);
-    Buf bq1(b(), qr), o1(b(), row * 4);
-    const int32_t len = lens[r];
-    AttentionSeq one = r < 20 ? AttentionSeq{0, 1, ta.data(), 2} : AttentionSeq{0, 1, tb.data(), 190};
-    AttentionParams p1{heads, kv_heads, hd, 0.125f, &len};
+  // Each sequence alone: the 20-row prefill, and the decode row.
+  {
+    Buf bq1(b(), std::vector<float>(q.begin(), q.begin() + 20 * row)), o1(b(), 20 * row * 4);
+    AttentionParams p1{heads, kv_heads, hd, 0.125f, lens.data()};
+    b().attention(0, bq1.f(), &seqs[0], 1, p1, o1.f());
+    const auto alone = o1.get();
+    ASSERT_EQ(std::memcmp(alone.data(), batched.data(), 20 * row * 4), 0) << "the prefill rows";
+  }
+  {
+    Buf bq1(b(), std::vector<float>(q.begin() + 20 * row, q.end())), o1(b(), row * 4);
+    AttentionSeq one{0, 1, tb.data(), 190};
+    AttentionParams p1{heads, kv_heads, hd, 0.125f, &lens[20]};
     b().attention(0, bq1.f(), &one, 1, p1, o1.f());
     const auto alone = o1.get();
-    ASSERT_EQ(std::memcmp(alone.data(), batched.data() + r * row, row * 4), 0) << "row " << r;
+    ASSERT_EQ(std::memcmp(alone.data(), batched.data() + 20 * row, row * 4), 0) << "the decode row";
   }
 }
 
