@@ -270,10 +270,10 @@ def text_ids(llm, offset: int, n_tokens: int) -> list[int]:
 
 def cmd_logits(args) -> None:
     header(args)
-    llm = load_llama(args, n_ctx=2048, logits_all=True)
+    llm = load_llama(args, n_ctx=2048, logits_all=True, n_batch=args.llama_batch)
     ids = text_ids(llm, args.offset, args.tokens)
     print(f"text: {DATA} from the first paragraph at/after char {args.offset}; {len(ids)} tokens "
-          f"(llama.cpp tokenizer)")
+          f"(llama.cpp tokenizer); llama.cpp n_batch {args.llama_batch}")
     t0 = time.time()
     ref = llama_logits(llm, ids)
     t1 = time.time()
@@ -644,6 +644,9 @@ def main() -> None:
     p = sub.add_parser("logits", help="per-position top-1 agreement and KL on real text")
     p.add_argument("--offset", type=int, default=100000, help="character offset into the text")
     p.add_argument("--tokens", type=int, default=1200)
+    p.add_argument("--llama-batch", type=int, default=512,
+                   help="llama.cpp's n_batch/n_ubatch: 512 = its batched evaluation (llamafile tinyBLAS attention), "
+                        "1 = one llama_decode per token (its decode path, the one greedy generation uses)")
     p.add_argument("--batch-invariant", type=int, choices=(0, 1), default=None,
                    help="set ember_engine_params.batch_invariant (default: the library's default)")
     p = sub.add_parser("greedy", help="greedy continuations of varied prompts")
