@@ -359,13 +359,23 @@ class CpuBackend final : public Backend {
   }
   static __m256 round_f16(__m256 v) { return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT)); }
 
-  // Dot product of an f16 cache row with an f16-rounded query (n a multiple
-  // of 8) in the order of llama.cpp's ggml_vec_dot_f16 (AVX2): four 8-lane
-  // accumulators over 32-element steps, reduced (a0+a2) + (a1+a3), then
-  // hsum8_hadd; the elements past the last full step added in double.
+  // Dot product of an f16 cache row with an f16-rounded query, n a multiple
+  // of 8, in one of the two orders of llama.cpp's KQ product:
+  //  - "tile" (its batched path, llamafile's tinyBLAS): one 8-lane FMA
+  //    accumulator over the row, hsum8;
+  //  - "vec" (its one-token path, ggml_vec_dot_f16): four accumulators over
+  //    32-element steps, reduced (a0+a2) + (a1+a3), then hsum8_hadd, the
+  //    elements past the last full step added in double.
   // Products of two f16 values are exact in f32, so only the order of the
   // additions matters, and it is the reference's.
-  static float dot_f16(const uint16_t* k, const float* q, int32_t n) {
+  static float dot_f16(const uint16_t* k, const float* q, int32_t n, bool vec_order) {
+    if (!vec_order) {
+      __m256 acc = _mm256_setzero_ps();
+      for (int32_t i = 0; i < n; i += 8)
+        acc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k + i))),
+                              _mm256_loadu_ps(q + i), acc);
+      return hsum8(acc);
+    }
     const int32_t np = n & ~31;
     __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int32_t i = 0; i < np; i += 32)
@@ -378,19 +388,20 @@ class CpuBackend final : public Backend {
   }
 
   // Attention for one query row and one kv-head group, computed as llama.cpp
-  // computes a decode step without flash attention, so that the logits are
-  // the reference's to the bit (docs/BENCHMARKS.md, agreement with
-  // llama.cpp). Every row, prompt or generated, batched or alone, is computed
-  // this way: a row's result never depends on how it was batched or chunked.
-  //   1. the query rounded to f16; scores s_i = dot_f16(K_i, q) * scale;
+  // computes it without flash attention, so that the logits are the
+  // reference's to the bit (docs/BENCHMARKS.md, agreement with llama.cpp):
+  //   1. the query rounded to f16; scores s_i = dot(K_i, q) * scale in the
+  //      vec order for a generated token fed back (AttentionParams::
+  //      decode_rows: llama.cpp's one-token decode), the tile order for
+  //      prompt and scored rows (its batched evaluation). The order depends
+  //      on the row's token alone, never on how the row is batched or chunked;
+  //      a sequence recomputed after a preemption gets the same results;
   //   2. softmax over the row: max, e_i = expf8(s_i - max), the sum of each
   //      8-slot chunk (hsum8) accumulated in double, e_i * (float)(1 / sum),
   //      and the probabilities rounded to f16;
-  //   3. out[d] = sum_i P_i V_i[d] in dot_f16's order over the slots: slot i
-  //      on accumulator i % 32 (four 8-lane accumulators per 32-slot step).
-  // (llama.cpp's batched evaluation sums the same products in another order,
-  // llamafile's tinyBLAS: its batched logits differ from its own decode's in
-  // the last bits, and Ember's equal the decode's.)
+  //   3. out[d] = sum_i P_i V_i[d], slot i on accumulator lane i % 8 (tile)
+  //      or i % 32 (vec: four 8-lane accumulators per 32-slot step), reduced
+  //      in the same trees as the dot products.
   // Slots are numbered by cache slot (block b, offset t: i = b * block_size +
   // t); slots past kv_len or inside the sequence's hole get probability 0,
   // which adds exactly nothing. A block's K and V rows are read once per
@@ -402,7 +413,8 @@ class CpuBackend final : public Backend {
     const int32_t group = p.num_heads / p.num_kv_heads;
     const int32_t hd = p.head_dim, bs = geom_.block_size;
     const int32_t kv_len = p.kv_len[row];
-    constexpr int32_t n_lanes = 32;
+    const bool vec_order = p.decode_rows && p.decode_rows[row];
+    const int32_t n_lanes = vec_order ? 32 : 8;
     const int32_t n_pad = (kv_len + 31) & ~31;
     const bool has_hole = seq.hole_end > seq.hole_begin;
     auto masked = [&](int32_t i) { return has_hole && i >= seq.hole_begin && i < seq.hole_end; };
@@ -428,7 +440,7 @@ class CpuBackend final : public Backend {
         continue;
       }
       const uint16_t* kr = k_row(i);
-      for (int g = 0; g < group; ++g) sc[static_cast<size_t>(g) * n_pad + i] = dot_f16(kr, qh[g], hd) * p.scale;
+      for (int g = 0; g < group; ++g) sc[static_cast<size_t>(g) * n_pad + i] = dot_f16(kr, qh[g], hd, vec_order) * p.scale;
     }
     for (int g = 0; g < group; ++g) {
       float* o = out + (static_cast<size_t>(row) * p.num_heads + kvh * group + g) * hd;
@@ -449,7 +461,7 @@ class CpuBackend final : public Backend {
       }
       const __m256 inv = _mm256_set1_ps(static_cast<float>(1.0 / sum));
       for (int32_t i = 0; i < n_pad; i += 8) _mm256_storeu_ps(s + i, round_f16(_mm256_mul_ps(_mm256_loadu_ps(s + i), inv)));
-      // 3. V, slot i on accumulator i % 32
+      // 3. V, slot i on lane i % n_lanes
       std::fill(acc.begin(), acc.begin() + static_cast<size_t>(n_lanes) * hd, 0.0f);
       for (int32_t i = 0; i < kv_len; ++i) {
         if (s[i] == 0.0f) continue;  // (masked or underflowed: adds exactly nothing)
@@ -463,13 +475,18 @@ class CpuBackend final : public Backend {
       }
       auto lane = [&](int l, int32_t d) { return _mm256_loadu_ps(acc.data() + static_cast<size_t>(l) * hd + d); };
       for (int32_t d = 0; d < hd; d += 8) {
-        // Per dim: the 32 accumulators reduced as dot_f16 reduces its lanes.
         __m256 l[8];
-        for (int k = 0; k < 8; ++k)
-          l[k] = _mm256_add_ps(_mm256_add_ps(lane(k, d), lane(16 + k, d)), _mm256_add_ps(lane(8 + k, d), lane(24 + k, d)));
+        if (!vec_order) {
+          for (int k = 0; k < 8; ++k) l[k] = lane(k, d);
+        } else {
+          for (int k = 0; k < 8; ++k)
+            l[k] = _mm256_add_ps(_mm256_add_ps(lane(k, d), lane(16 + k, d)), _mm256_add_ps(lane(8 + k, d), lane(24 + k, d)));
+        }
         const __m256 t0 = _mm256_add_ps(l[0], l[4]), t1 = _mm256_add_ps(l[1], l[5]);
         const __m256 t2 = _mm256_add_ps(l[2], l[6]), t3 = _mm256_add_ps(l[3], l[7]);
-        _mm256_storeu_ps(o + d, _mm256_add_ps(_mm256_add_ps(t0, t1), _mm256_add_ps(t2, t3)));
+        const __m256 r = vec_order ? _mm256_add_ps(_mm256_add_ps(t0, t1), _mm256_add_ps(t2, t3))
+                                   : _mm256_add_ps(_mm256_add_ps(t0, t2), _mm256_add_ps(t1, t3));
+        _mm256_storeu_ps(o + d, r);
       }
     }
   }

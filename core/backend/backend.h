@@ -68,6 +68,13 @@ struct AttentionParams {
   // Row r attends to cache slots [0, kv_len[r]) of its sequence: the causal
   // mask expressed by cache slot (cache slot == position inside the cache).
   const int32_t* kv_len = nullptr;  // host, one per batch row
+  // Per batch row (host, may be null = all 0): 1 for a row whose token the
+  // engine generated (fed back one at a time), 0 for a prompt or scored row.
+  // A backend may sum the two kinds in different orders: the CPU follows
+  // llama.cpp, whose one-token decode and batched evaluation differ in their
+  // last bits, so that each kind of row equals the reference's to the bit.
+  // A row's result never depends on the other rows or sequences of the step.
+  const uint8_t* decode_rows = nullptr;
 };
 
 class Backend {

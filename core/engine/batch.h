@@ -27,14 +27,16 @@ struct Batch {
   std::vector<int32_t> seq_of_row; // index into seqs
   std::vector<BatchSeq> seqs;
   std::vector<int32_t> logit_rows; // rows whose logits are wanted, in output order
+  std::vector<uint8_t> decode_rows; // per row: 1 = a generated token fed back (AttentionParams::decode_rows)
 
   int32_t n_rows() const { return static_cast<int32_t>(tokens.size()); }
   void clear() { *this = Batch(); }
 
   // Appends a causal run of `n` tokens for a sequence whose cache already
   // holds `n_past` slots (positions == slots).
+  // `decoded` (may be null): per token, 1 if the engine generated it.
   void add_sequence(const int32_t* toks, int32_t n, int32_t n_past, std::vector<int32_t> block_table,
-                    bool logits_for_last, bool logits_for_all = false) {
+                    bool logits_for_last, bool logits_for_all = false, const uint8_t* decoded = nullptr) {
     BatchSeq s;
     s.first_row = n_rows();
     s.n_rows = n;
@@ -47,6 +49,7 @@ struct Batch {
       slots.push_back(n_past + i);
       kv_len.push_back(n_past + i + 1);
       seq_of_row.push_back(seq_index);
+      decode_rows.push_back(decoded ? decoded[i] : 0);
       if (logits_for_all || (logits_for_last && i == n - 1)) logit_rows.push_back(row);
     }
     seqs.push_back(std::move(s));
@@ -56,7 +59,8 @@ struct Batch {
   // slots (a window/sink sequence): row i attends to slots [0, slots[i] + 1)
   // minus [hole_begin, hole_end). Rows i >= first_logit get logits.
   void add_rows(const int32_t* toks, const int32_t* pos, const int32_t* slot, int32_t n,
-                std::vector<int32_t> block_table, int32_t hole_begin, int32_t hole_end, int32_t first_logit) {
+                std::vector<int32_t> block_table, int32_t hole_begin, int32_t hole_end, int32_t first_logit,
+                const uint8_t* decoded = nullptr) {
     BatchSeq s;
     s.first_row = n_rows();
     s.n_rows = n;
@@ -71,6 +75,7 @@ struct Batch {
       slots.push_back(slot[i]);
       kv_len.push_back(slot[i] + 1);
       seq_of_row.push_back(seq_index);
+      decode_rows.push_back(decoded ? decoded[i] : 0);
       if (i >= first_logit) logit_rows.push_back(row);
     }
     seqs.push_back(std::move(s));

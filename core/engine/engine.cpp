@@ -169,7 +169,7 @@ class Engine::Budget final : public KvBudget {
     size_t max_blocks = (se.tokens_.size() - 1) / bs;
     if (st.score_mode_) max_blocks = std::min(max_blocks, st.score_first_ == 0 ? 0 : (st.score_first_ - 1) / bs);
     if (se.bounded()) max_blocks = std::min(max_blocks, static_cast<size_t>(se.policy_.capacity()) / bs);
-    se.block_table_ = cache_.match_prefix(se.tokens_.data(), se.tokens_.size(), max_blocks);
+    se.block_table_ = cache_.match_prefix(se.tokens_.data(), se.tokens_.size(), max_blocks, true, se.decoded_.data());
     se.n_cached_ = se.block_table_.size() * static_cast<size_t>(cache_.block_size());
     seq.n_computed = se.n_cached_;
     if (se.bounded()) seq.max_chunk = static_cast<size_t>(se.layout_.chunk_limit(static_cast<int64_t>(se.n_cached_)));
@@ -301,7 +301,7 @@ size_t Engine::step() {
       se.add_rows_locked(batch, chunk, last ? end - 1 : SIZE_MAX);
     } else {
       batch.add_sequence(se.tokens_.data() + se.n_cached_, chunk, static_cast<int32_t>(se.n_cached_),
-                         se.block_table_, last);
+                         se.block_table_, last, false, se.decoded_.data() + se.n_cached_);
     }
     entries.push_back({&s, chunk, last ? n_logits++ : -1, end - 1, last ? 1 : 0});
   }
@@ -340,7 +340,7 @@ size_t Engine::step() {
       se.n_cached_ += static_cast<size_t>(en.chunk);
       // Blocks of a session that evicted tokens hold K/V at moved positions
       // and computed without the evicted context: never indexed.
-      if (!se.layout_.shifted()) cache_->commit(se.block_table_, se.tokens_.data(), se.n_cached_);
+      if (!se.layout_.shifted()) cache_->commit(se.block_table_, se.tokens_.data(), se.n_cached_, se.decoded_.data());
       if (!s.started_decoding_) s.stats_prompt_add(en.chunk);
       if (s.score_mode_) {
         for (int32_t r = 0; r < en.n_logit_rows; ++r) {
@@ -509,6 +509,7 @@ void Session::append_tokens_locked(const std::vector<int32_t>& ids) {
   }
   mode_ = Mode::kText;
   tokens_.insert(tokens_.end(), ids.begin(), ids.end());
+  decoded_.resize(tokens_.size(), 0);
 }
 
 void Session::reset() {
@@ -516,6 +517,7 @@ void Session::reset() {
   require_idle_locked();
   (*engine_)->cache().release(block_table_);
   tokens_.clear();
+  decoded_.clear();
   n_cached_ = 0;
   messages_.clear();
   mode_ = Mode::kEmpty;
@@ -548,7 +550,7 @@ size_t Session::token_count() const {
 void Session::park_locked() {
   if (bounded()) return;
   KvCache& cache = (*engine_)->cache();
-  cache.commit(block_table_, tokens_.data(), n_cached_);
+  cache.commit(block_table_, tokens_.data(), n_cached_, decoded_.data());
   cache.release(block_table_);
   n_cached_ = 0;
 }
@@ -584,6 +586,8 @@ void Session::sync_chat_tokens_locked() {
   while (common < ids.size() && common < tokens_.size() && ids[common] == tokens_[common]) ++common;
   truncate_cache_locked(common);
   tokens_ = std::move(ids);
+  decoded_.resize(common);  // the kept prefix keeps its flags; the re-rendered rest is prompt
+  decoded_.resize(tokens_.size(), 0);
 }
 
 std::shared_ptr<Stream> Session::start(const StreamParams& params) {
@@ -665,7 +669,7 @@ void Session::add_rows_locked(Batch& batch, int32_t n, size_t first_logit) {
                         : static_cast<int32_t>(std::min<size_t>(first_logit - n_cached_, static_cast<size_t>(n)));
   const bool hole = bounded() && layout_.hole_end() > layout_.hole_begin();
   batch.add_rows(tokens_.data() + n_cached_, pos.data(), slot.data(), n, block_table_, hole ? layout_.hole_begin() : 0,
-                 hole ? layout_.hole_end() : 0, first);
+                 hole ? layout_.hole_end() : 0, first, decoded_.data() + n_cached_);
 }
 
 SessionCacheInfo Session::cache_info() const {
@@ -810,6 +814,7 @@ void Stream::on_token(int32_t token, bool is_eog) {
   {
     std::lock_guard<std::mutex> lock(se.mutex_);
     se.tokens_.push_back(token);
+    se.decoded_.push_back(1);
     n_ctx = se.bounded() ? SIZE_MAX : static_cast<size_t>(se.n_ctx_);  // a bounded cache never fills
     n_tokens = se.tokens_.size();
   }

@@ -231,6 +231,10 @@ class Session : public std::enable_shared_from_this<Session> {
   std::vector<ChatMessage> messages_;
   // All tokens of the conversation; tokens_[0, n_cached_) have their K/V in block_table_.
   std::vector<int32_t> tokens_;
+  // Parallel to tokens_: 1 for a token a stream generated (its row is
+  // computed as a decode, AttentionParams::decode_rows, also when recomputed
+  // after a preemption), 0 for prompt and scored tokens.
+  std::vector<uint8_t> decoded_;
   size_t n_cached_ = 0;
   std::vector<int32_t> block_table_;
   std::weak_ptr<Stream> active_;

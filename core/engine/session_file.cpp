@@ -1,10 +1,11 @@
 // Session save and restore (ember_session_save / ember_session_load).
 //
-// File layout (little-endian), version 1:
+// File layout (little-endian), version 2 (version 1 lacks the generated-token
+// flags; such files load with every token counted as prompt):
 //
 //   header (48 bytes)
 //     char[8]  magic "EMBERSES"
-//     u32      version (1)
+//     u32      version (2)
 //     u32      reserved (0)
 //     u64      model fingerprint (architecture, hyperparameters, tokenizer size
 //              and samples of every weight tensor's bytes)
@@ -14,7 +15,8 @@
 //     u64      reserved (0)
 //   payload
 //     policy (kind, sinks, window), n_ctx, priority, mode
-//     messages (role, content), token history
+//     messages (role, content), token history, then one byte per token:
+//     1 if a stream generated it (its K/V were computed as a decode)
 //     n_processed, evicted tokens, dropped blocks, highest position
 //     KV geometry (block size, layers, kv heads, head dim, dtype, bytes/block)
 //     the session's KV blocks in table order, raw (every layer, K then V)
@@ -40,7 +42,7 @@ namespace ember {
 namespace {
 
 constexpr char kMagic[8] = {'E', 'M', 'B', 'E', 'R', 'S', 'E', 'S'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // reads 1 and 2
 constexpr size_t kHeaderBytes = 48;
 
 // A 64-bit hash (murmur3-style mixing over 8-byte words), streamed.
@@ -175,9 +177,9 @@ class Reader {
   std::string path_;
 };
 
-uint64_t checksum(uint64_t fingerprint, uint64_t payload_bytes, const uint8_t* payload) {
+uint64_t checksum(uint32_t version, uint64_t fingerprint, uint64_t payload_bytes, const uint8_t* payload) {
   Hasher h(0x73657373696f6e31ull);
-  h.value(kVersion);
+  h.value(version);
   h.value(fingerprint);
   h.value(payload_bytes);
   h.bytes(payload, static_cast<size_t>(payload_bytes));
@@ -200,7 +202,7 @@ void Session::save(const std::string& path) {
   bool borrowed = false;
   if (!bounded() && blocks.empty() && !tokens_.empty()) {
     const size_t max_blocks = (tokens_.size() - 1) / static_cast<size_t>(g.block_size);
-    blocks = cache.match_prefix(tokens_.data(), tokens_.size(), max_blocks, /*count_stats=*/false);
+    blocks = cache.match_prefix(tokens_.data(), tokens_.size(), max_blocks, /*count_stats=*/false, decoded_.data());
     n_processed = blocks.size() * static_cast<size_t>(g.block_size);
     borrowed = true;
   }
@@ -225,6 +227,7 @@ void Session::save(const std::string& path) {
   }
   w.value<uint64_t>(tokens_.size());
   w.raw(tokens_.data(), tokens_.size() * sizeof(int32_t));
+  w.raw(decoded_.data(), decoded_.size());
   w.value<uint64_t>(n_processed);
   w.value<int64_t>(layout_.n_evicted());
   w.value<int64_t>(layout_.dropped_blocks());
@@ -250,7 +253,7 @@ void Session::save(const std::string& path) {
   std::memcpy(header + 8, &version, 4);
   std::memcpy(header + 16, &fp, 8);
   std::memcpy(header + 24, &payload, 8);
-  const uint64_t sum = checksum(fp, payload, buf.data());
+  const uint64_t sum = checksum(kVersion, fp, payload, buf.data());
   std::memcpy(header + 32, &sum, 8);
 
   // Written next to the target and renamed: a crash never leaves half a file
@@ -301,9 +304,9 @@ std::shared_ptr<Session> Session::load(std::shared_ptr<EngineOwner> owner, const
   std::memcpy(&fp, file.data() + 16, 8);
   std::memcpy(&payload, file.data() + 24, 8);
   std::memcpy(&sum, file.data() + 32, 8);
-  if (version != kVersion) {
+  if (version < 1 || version > kVersion) {
     fail(StatusCode::kUnsupported, "load: session file '" + path + "' has version " + std::to_string(version) +
-                                       "; this library reads version " + std::to_string(kVersion));
+                                       "; this library reads versions 1 to " + std::to_string(kVersion));
   }
   const uint64_t have = file.size() - kHeaderBytes;
   if (have < payload) {
@@ -315,7 +318,7 @@ std::shared_ptr<Session> Session::load(std::shared_ptr<EngineOwner> owner, const
                                      " unexpected bytes after its payload)");
   }
   const uint8_t* body = file.data() + kHeaderBytes;
-  if (checksum(fp, payload, body) != sum) {
+  if (checksum(version, fp, payload, body) != sum) {
     fail(StatusCode::kBadFormat, "load: session file '" + path + "' is corrupt (checksum mismatch)");
   }
   const uint64_t ours = model_fingerprint(engine.model());
@@ -355,6 +358,15 @@ std::shared_ptr<Session> Session::load(std::shared_ptr<EngineOwner> owner, const
   for (int32_t t : tokens) {
     if (t < 0 || t >= n_vocab) r.corrupt("token id out of range");
   }
+  // Version 2: which tokens were generated (their rows are decodes).
+  std::vector<uint8_t> decoded(tokens.size(), 0);
+  if (version >= 2) {
+    if (decoded.size() > r.left()) r.corrupt("generated-token flags out of range");
+    std::memcpy(decoded.data(), r.take(decoded.size()), decoded.size());
+    for (uint8_t d : decoded) {
+      if (d > 1) r.corrupt("a generated-token flag is neither 0 nor 1");
+    }
+  }
   const uint64_t n_processed = r.value<uint64_t>();
   const int64_t n_evicted = r.value<int64_t>();
   const int64_t dropped = r.value<int64_t>();
@@ -383,6 +395,7 @@ std::shared_ptr<Session> Session::load(std::shared_ptr<EngineOwner> owner, const
   se->mode_ = static_cast<Mode>(mode);
   se->messages_ = std::move(messages);
   se->tokens_ = std::move(tokens);
+  se->decoded_ = std::move(decoded);
   se->max_position_ = max_position;
   const int32_t bs = g.block_size;
   int64_t kv_len = static_cast<int64_t>(n_processed);
@@ -411,7 +424,7 @@ std::shared_ptr<Session> Session::load(std::shared_ptr<EngineOwner> owner, const
   se->n_cached_ = static_cast<size_t>(n_processed);
   cache.truncate(se->block_table_, static_cast<int32_t>(kv_len));
   if (se->bounded() && !se->layout_.shifted()) {
-    cache.commit(se->block_table_, se->tokens_.data(), se->n_cached_);
+    cache.commit(se->block_table_, se->tokens_.data(), se->n_cached_, se->decoded_.data());
   } else if (!se->bounded()) {
     se->park_locked();  // into the prefix cache, as an idle full session
   }

@@ -76,16 +76,33 @@ int32_t KvCache::take_free_block_locked() {
   return b;
 }
 
+namespace {
+// A block's key tokens: the ids, with bit 30 set on generated tokens (ids
+// are below 2^30), so a block computed from generated tokens and one holding
+// the same ids as prompt are different entries.
+const int32_t* key_tokens(const int32_t* t, const uint8_t* decoded, size_t first, int32_t n, std::vector<int32_t>& buf) {
+  if (!decoded) return t;
+  bool any = false;
+  for (int32_t i = 0; i < n; ++i) any |= decoded[first + static_cast<size_t>(i)] != 0;
+  if (!any) return t;
+  buf.assign(t, t + n);
+  for (int32_t i = 0; i < n; ++i)
+    if (decoded[first + static_cast<size_t>(i)]) buf[static_cast<size_t>(i)] |= int32_t{1} << 30;
+  return buf.data();
+}
+}  // namespace
+
 std::vector<int32_t> KvCache::match_prefix(const int32_t* tokens, size_t n_tokens, size_t max_blocks,
-                                           bool count_stats) {
+                                           bool count_stats, const uint8_t* decoded) {
   std::vector<int32_t> out;
   if (!prefix_caching_) return out;
   const int32_t bs = geometry_.block_size;
   const size_t full = std::min(n_tokens / static_cast<size_t>(bs), max_blocks);
   std::lock_guard<std::mutex> lock(mutex_);
   uint64_t parent = 0;
+  std::vector<int32_t> key;
   for (size_t i = 0; i < full; ++i) {
-    const int32_t* t = tokens + i * bs;
+    const int32_t* t = key_tokens(tokens + i * bs, decoded, i * bs, bs, key);
     const uint64_t h = chain_hash(parent, t, bs);
     auto it = index_.find(h);
     if (it == index_.end()) break;
@@ -138,12 +155,14 @@ bool KvCache::prepare_write(std::vector<int32_t>& block_table, int32_t first_slo
   return true;
 }
 
-void KvCache::commit(const std::vector<int32_t>& block_table, const int32_t* tokens, size_t n_filled) {
+void KvCache::commit(const std::vector<int32_t>& block_table, const int32_t* tokens, size_t n_filled,
+                     const uint8_t* decoded) {
   if (!prefix_caching_) return;
   const int32_t bs = geometry_.block_size;
   const size_t full = std::min(n_filled / static_cast<size_t>(bs), block_table.size());
   std::lock_guard<std::mutex> lock(mutex_);
   uint64_t parent = 0;
+  std::vector<int32_t> key;
   for (size_t i = 0; i < full; ++i) {
     BlockMeta& m = blocks_[block_table[i]];
     const int32_t* t = tokens + i * bs;
@@ -151,6 +170,7 @@ void KvCache::commit(const std::vector<int32_t>& block_table, const int32_t* tok
       parent = m.hash;
       continue;
     }
+    t = key_tokens(t, decoded, i * bs, bs, key);
     const uint64_t h = chain_hash(parent, t, bs);
     auto [it, inserted] = index_.emplace(h, block_table[i]);
     if (inserted) {

@@ -43,8 +43,12 @@ class KvCache {
   // Longest run of cached full blocks that starts `tokens`, at most
   // `max_blocks`; the returned blocks are referenced by the caller (release
   // them like any other). Counts prefix hits and misses.
+  // `decoded` (may be null): per token, 1 for a generated token, whose K/V
+  // are computed in the decode order (AttentionParams::decode_rows). It is
+  // part of a block's key, here and in commit, so a reused block always
+  // holds what the reusing sequence would have computed itself.
   std::vector<int32_t> match_prefix(const int32_t* tokens, size_t n_tokens, size_t max_blocks,
-                                    bool count_stats = true);
+                                    bool count_stats = true, const uint8_t* decoded = nullptr);
 
   // Grows `block_table` so it covers `n_slots` slots, evicting cached blocks
   // if needed. All or nothing: false (table unchanged) when the pool lacks
@@ -56,7 +60,8 @@ class KvCache {
   bool prepare_write(std::vector<int32_t>& block_table, int32_t first_slot);
   // Indexes the full blocks of a sequence whose first `n_filled` slots hold
   // the K/V of `tokens[0, n_filled)`. Blocks already indexed are skipped.
-  void commit(const std::vector<int32_t>& block_table, const int32_t* tokens, size_t n_filled);
+  void commit(const std::vector<int32_t>& block_table, const int32_t* tokens, size_t n_filled,
+              const uint8_t* decoded = nullptr);
   // Shrinks `block_table` to cover `n_slots` slots, releasing the rest
   // (last block first, so the tail of a sequence is evicted before its head).
   void truncate(std::vector<int32_t>& block_table, int32_t n_slots);

@@ -90,6 +90,7 @@ void LlamaForward::forward(const Batch& batch, float* logits) {
   ap.head_dim = c.head_dim;
   ap.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   ap.kv_len = batch.kv_len.data();
+  ap.decode_rows = batch.decode_rows.size() == static_cast<size_t>(n) ? batch.decode_rows.data() : nullptr;
 
   // Matmuls run per segment: single-token rows (decodes) together, each
   // multi-token run (a prefill chunk) alone. A row's result then depends only

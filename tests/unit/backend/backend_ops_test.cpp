@@ -345,8 +345,8 @@ struct SeqSpec {
   int32_t hole_begin = 0, hole_end = 0;  // skipped cache slots (window/sink policies)
 };
 
-// The CPU backend computes attention as llama.cpp's decode step does without
-// flash attention (cpu/cpu_backend.cpp, attend_group): this is that computation
+// The CPU backend computes attention as llama.cpp does without flash
+// attention (cpu/cpu_backend.cpp, attend_group): this is that computation
 // written out in scalar code, operation by operation, to check the CPU's
 // result bit for bit. expf_ref is the algorithm of llama.cpp's ggml_v_expf.
 float bits_to_f(uint32_t u) {
@@ -392,20 +392,29 @@ float reduce_vec(const float a[4][8]) {
 // k, v: [slot][hd] f16-rounded rows of one kv head; q: one query head.
 std::vector<float> attention_llamacpp_order(const float* q_in, const std::vector<const float*>& k,
                                             const std::vector<const float*>& v, const std::vector<bool>& skip,
-                                            int32_t hd, float scale) {
+                                            int32_t hd, float scale, bool vec_order) {
   const int32_t n = static_cast<int32_t>(k.size()), n_pad = (n + 31) / 32 * 32;
   std::vector<float> q(hd), s(n_pad, -INFINITY);
   for (int32_t i = 0; i < hd; ++i) q[i] = f16_round(q_in[i]);
   for (int32_t t = 0; t < n; ++t) {
     if (skip[t]) continue;
-    float a[4][8] = {};
-    const int32_t np = hd / 32 * 32;
-    for (int32_t i = 0; i < np; i += 32)
-      for (int j = 0; j < 4; ++j)
-        for (int c = 0; c < 8; ++c) a[j][c] = std::fma(k[t][i + 8 * j + c], q[i + 8 * j + c], a[j][c]);
-    double d = reduce_vec(a);
-    for (int32_t i = np; i < hd; ++i) d += static_cast<double>(k[t][i] * q[i]);
-    s[t] = static_cast<float>(d) * scale;
+    float dot;
+    if (!vec_order) {
+      float l[8] = {};
+      for (int32_t i = 0; i < hd; i += 8)
+        for (int c = 0; c < 8; ++c) l[c] = std::fma(k[t][i + c], q[i + c], l[c]);
+      dot = hsum8_tree(l);
+    } else {
+      float a[4][8] = {};
+      const int32_t np = hd / 32 * 32;
+      for (int32_t i = 0; i < np; i += 32)
+        for (int j = 0; j < 4; ++j)
+          for (int c = 0; c < 8; ++c) a[j][c] = std::fma(k[t][i + 8 * j + c], q[i + 8 * j + c], a[j][c]);
+      double d = reduce_vec(a);
+      for (int32_t i = np; i < hd; ++i) d += static_cast<double>(k[t][i] * q[i]);
+      dot = static_cast<float>(d);
+    }
+    s[t] = dot * scale;
   }
   float mx = -INFINITY;
   for (float x : s) mx = std::max(mx, x);
@@ -417,15 +426,21 @@ std::vector<float> attention_llamacpp_order(const float* q_in, const std::vector
   }
   const float inv = static_cast<float>(1.0 / sum);
   for (auto& x : s) x = f16_round(x * inv);
-  const int lanes = 32;
+  const int lanes = vec_order ? 32 : 8;
   std::vector<float> acc(static_cast<size_t>(lanes) * hd, 0.0f), out(hd);
   for (int32_t t = 0; t < n; ++t)
     for (int32_t d = 0; d < hd; ++d) acc[(t % lanes) * hd + d] = std::fma(s[t], v[t][d], acc[(t % lanes) * hd + d]);
   for (int32_t d = 0; d < hd; ++d) {
-    float a[4][8];
-    for (int j = 0; j < 4; ++j)
-      for (int c = 0; c < 8; ++c) a[j][c] = acc[(8 * j + c) * hd + d];
-    out[d] = reduce_vec(a);
+    if (!vec_order) {
+      float l[8];
+      for (int c = 0; c < 8; ++c) l[c] = acc[c * hd + d];
+      out[d] = hsum8_tree(l);
+    } else {
+      float a[4][8];
+      for (int j = 0; j < 4; ++j)
+        for (int c = 0; c < 8; ++c) a[j][c] = acc[(8 * j + c) * hd + d];
+      out[d] = reduce_vec(a);
+    }
   }
   return out;
 }
@@ -490,6 +505,11 @@ void check_attention(Backend& be, int32_t heads, int32_t kv_heads, int32_t hd, i
   p.head_dim = hd;
   p.scale = 1.0f / std::sqrt(static_cast<float>(hd));
   p.kv_len = kv_len.data();
+  // Single-row sequences are decodes (a generated token fed back), the rest
+  // prompt rows: both summation orders of the CPU backend are checked.
+  std::vector<uint8_t> decode_rows;
+  for (const auto& sp : specs) decode_rows.insert(decode_rows.end(), static_cast<size_t>(sp.n_new), sp.n_new == 1 ? 1 : 0);
+  p.decode_rows = decode_rows.data();
   be.attention(layer, bq.f(), seqs.data(), static_cast<int32_t>(seqs.size()), p, out.f());
   const auto got = out.get();
   // The CPU backend must equal the llama.cpp-order computation bit for bit;
@@ -510,7 +530,7 @@ void check_attention(Backend& be, int32_t heads, int32_t kv_heads, int32_t hd, i
             vr.push_back(vmirror[s].data() + (static_cast<size_t>(t) * kv_heads + kvh) * hd);
             skip.push_back(in_hole(t));
           }
-          const auto want = attention_llamacpp_order(qh, kr, vr, skip, hd, p.scale);
+          const auto want = attention_llamacpp_order(qh, kr, vr, skip, hd, p.scale, decode_rows[r] != 0);
           for (int32_t i = 0; i < hd; ++i)
             ASSERT_EQ(f_to_bits(o_got[i]), f_to_bits(want[i]))
                 << "seq " << s << " row " << r << " head " << h << " dim " << i << ": " << o_got[i] << " vs "
@@ -666,8 +686,8 @@ TEST_P(BackendOps, BatchInvariantRows) {
       ASSERT_EQ(std::memcmp(one.data(), all.data() + m * N, N * 4), 0) << type_name(static_cast<uint32_t>(t)) << " row " << m;
     }
   }
-  // Attention: the rows of a 20-token prefill, computed next to a decode on a
-  // 3000-slot cache, equal the same rows computed one at a time.
+  // Attention: a 20-token prefill computed next to a decode on a 3000-slot
+  // cache equals each sequence computed alone (prompt rows and a decode row).
   const int32_t heads = 8, kv_heads = 2, hd = 64, bs = 16;
   KvGeometry g{1, kv_heads, hd, bs, 256};
   b().kv_init(g);
@@ -689,19 +709,27 @@ TEST_P(BackendOps, BatchInvariantRows) {
   for (int32_t r = 0; r < 20; ++r) lens[r] = r + 1;
   lens[20] = 3001;
   AttentionSeq seqs[2] = {{0, 20, ta.data(), 2}, {20, 1, tb.data(), 190}};
-  AttentionParams p{heads, kv_heads, hd, 0.125f, lens.data()};
+  std::vector<uint8_t> decode_rows(21, 0);
+  decode_rows[20] = 1;
+  AttentionParams p{heads, kv_heads, hd, 0.125f, lens.data(), decode_rows.data()};
   b().attention(0, bq.f(), seqs, 2, p, out.f());
   const auto batched = out.get();
   const size_t row = static_cast<size_t>(heads) * hd;
-  for (int32_t r : {0, 7, 19, 20}) {
-    std::vector<float> qr(q.begin() + r * row, q.begin() + (r + 1) * row);
-    Buf bq1(b(), qr), o1(b(), row * 4);
-    const int32_t len = lens[r];
-    AttentionSeq one = r < 20 ? AttentionSeq{0, 1, ta.data(), 2} : AttentionSeq{0, 1, tb.data(), 190};
-    AttentionParams p1{heads, kv_heads, hd, 0.125f, &len};
+  // Each sequence alone: the 20-row prefill, and the decode row.
+  {
+    Buf bq1(b(), std::vector<float>(q.begin(), q.begin() + 20 * row)), o1(b(), 20 * row * 4);
+    AttentionParams p1{heads, kv_heads, hd, 0.125f, lens.data()};
+    b().attention(0, bq1.f(), &seqs[0], 1, p1, o1.f());
+    const auto alone = o1.get();
+    ASSERT_EQ(std::memcmp(alone.data(), batched.data(), 20 * row * 4), 0) << "the prefill rows";
+  }
+  {
+    Buf bq1(b(), std::vector<float>(q.begin() + 20 * row, q.end())), o1(b(), row * 4);
+    AttentionSeq one{0, 1, tb.data(), 190};
+    AttentionParams p1{heads, kv_heads, hd, 0.125f, &lens[20], &decode_rows[20]};
     b().attention(0, bq1.f(), &one, 1, p1, o1.f());
     const auto alone = o1.get();
-    ASSERT_EQ(std::memcmp(alone.data(), batched.data() + r * row, row * 4), 0) << "row " << r;
+    ASSERT_EQ(std::memcmp(alone.data(), batched.data() + 20 * row, row * 4), 0) << "the decode row";
   }
 }
 
