@@ -172,11 +172,14 @@ inline void qtile(const DecodeCtx& c, int64_t n, int64_t m0) {
   for (int m = 0; m < MT; ++m) a[m] = q8_natural_row(c.act, c.act_row_bytes, c.K, m0 + m);
   __m256 acc[R][MT];
   float summs[R][MT];
-  for (int r = 0; r < R; ++r)
+  __m128 summ4[R];
+  for (int r = 0; r < R; ++r) {
+    summ4[r] = _mm_setzero_ps();
     for (int m = 0; m < MT; ++m) {
       acc[r][m] = _mm256_setzero_ps();
       summs[r][m] = 0.f;
     }
+  }
   for (int64_t b = 0; b < nb; ++b) {
     __m256i w[R], wabs[R];
     __m256 dw[R];
@@ -193,13 +196,23 @@ inline void qtile(const DecodeCtx& c, int64_t n, int64_t m0) {
       for (int r = 0; r < R; ++r)
         acc[r][m] = _mm256_fmadd_ps(_mm256_mul_ps(dw[r], dx), lane_dot<T>(w[r], wabs[r], av), acc[r][m]);
     }
-    if constexpr (T == DType::Q4_1) {
-      for (int r = 0; r < R; ++r) {
-        const float mw = h2f(load_u16(wr[r] + static_cast<size_t>(b) * I::kBytes + 2));
-        for (int m = 0; m < MT; ++m) summs[r][m] += mw * a[m].s[b];  // (exact product of two fp16 values)
+    if constexpr (T == DType::Q4_1) {  // (mw * s: exact products of two fp16 values)
+      if constexpr (MT == 4) {  // the 4 rows' sums in one register per weight row
+        const __m128 sv = _mm_setr_ps(a[0].s[b], a[1].s[b], a[2].s[b], a[3].s[b]);
+        for (int r = 0; r < R; ++r) {
+          const __m128 mw = _mm_set1_ps(h2f(load_u16(wr[r] + static_cast<size_t>(b) * I::kBytes + 2)));
+          summ4[r] = _mm_add_ps(summ4[r], _mm_mul_ps(mw, sv));
+        }
+      } else {
+        for (int r = 0; r < R; ++r) {
+          const float mw = h2f(load_u16(wr[r] + static_cast<size_t>(b) * I::kBytes + 2));
+          for (int m = 0; m < MT; ++m) summs[r][m] += mw * a[m].s[b];
+        }
       }
     }
   }
+  if constexpr (T == DType::Q4_1 && MT == 4)
+    for (int r = 0; r < R; ++r) _mm_storeu_ps(summs[r], summ4[r]);
   for (int r = 0; r < R; ++r)
     for (int m = 0; m < MT; ++m) {
       float v = hsum8(acc[r][m]);

@@ -13,27 +13,39 @@
 #include <vector>
 
 #include "core/engine/engine.h"
+#include "cpu/matmul.h"
 #include "model_path.h"
 
 namespace ember {
 namespace {
 
-// Thresholds, from what was measured (docs/BENCHMARKS.md, "Correctness against llama.cpp").
-// Neither engine is bit-exact against the other: both quantize activations to 8-bit blocks
-// of 32 inside their matmuls (llama.cpp: Q8_1 with f16 scales; Ember's row-invariant kernels:
-// f32 scales), with different rounding and accumulation order. Near-ties in llama.cpp's own
-// distribution therefore flip either way (llama.cpp's batched eval disagrees with its own
-// incremental decode on ~2% of greedy steps), and one flip changes the rest of a
-// free-running continuation. So the hard checks are: no flip where llama.cpp was decisive,
-// divergence only at llama.cpp near-ties, and small log-prob differences; the raw agreement
-// figures are printed and only floor-checked.
-constexpr float kDecisiveGap = 0.5f;            // llama.cpp top1 - top2 (nats) that must not flip
-constexpr float kNearTieGap = 1.0f;             // greedy may diverge only where llama.cpp's gap is below this
-constexpr double kMinDecisiveAgreement = 0.99;  // top-1 agreement where llama.cpp is decisive (measured 100%, 99.9%)
-constexpr double kMinRawTop1Agreement = 0.88;   // all positions (measured 94.5%)
-constexpr double kMinRawGreedyAgreement = 0.25; // free-running, position-wise (measured 49.9%)
-constexpr double kMaxTop1LogprobDiff = 0.5;     // |ours - llama.cpp| for llama's top-1 (measured max 0.225)
-constexpr double kMaxMeanTop1LogprobDiff = 0.1; // its mean over the positions (measured 0.051)
+// Ember's CPU backend computes what llama.cpp's CPU backend computes on an
+// AVX2 machine, operation by operation and in the same summation order
+// (cpu/matmul_internal.h quant_dot_reference, cpu/cpu_backend.cpp
+// attend_group): prompt and scored rows as llama.cpp's batched evaluation,
+// generated tokens as its one-token decode. So on the AVX2 kernels the
+// logits equal llama.cpp's bit for bit and greedy continuations are
+// identical; the tests force the AVX2 variant (an AVX-512 machine would
+// otherwise pick kernels that sum in another order, as llama.cpp's own
+// AVX-512 build does). The golden files hold llama.cpp's results with 5
+// decimals. Measured figures: docs/BENCHMARKS.md.
+constexpr float kDecisiveGap = 0.5f;            // (teacher-forced test) llama.cpp top1 - top2 that must not flip
+constexpr double kMinDecisiveAgreement = 1.0;   // where llama.cpp is decisive
+// Teacher-forced scoring of llama.cpp's decode continuations is a batched
+// evaluation, which llama.cpp itself sums in another order than its decode:
+// near-ties may flip (measured 97.8% overall, llama.cpp's own batch vs decode
+// 97.8%), decisive steps not (measured 100%).
+constexpr double kMinTeacherForcedDecisive = 0.99;
+constexpr double kMinRawTop1Agreement = 1.0;    // every position of the golden text
+constexpr double kMinRawGreedyAgreement = 1.0;  // free-running greedy, position-wise
+constexpr double kMaxTop1LogprobDiff = 1e-4;    // |ours - llama.cpp|: the golden file's rounding (5 decimals)
+constexpr double kMaxMeanTop1LogprobDiff = 1e-5;
+
+// The kernels whose order is llama.cpp's AVX2 order, for the test's duration.
+struct Avx2Kernels {
+  Avx2Kernels() { cpu::force_isa(cpu::Isa::kAvx2); }
+  ~Avx2Kernels() { cpu::reset_isa(); }
+};
 
 std::string golden_path(const std::string& name) {
   return std::string(EMBER_TEST_DATA_DIR) + "/reference/" + name;
@@ -139,10 +151,11 @@ TEST(Reference, GoldenFilesParse) {
 
 // Greedy continuations of every golden prompt, compared position by position with
 // llama.cpp. All prompts run at once on one engine (the scheduler batches them;
-// the engine is batch-invariant by default, so each stream computes what it
-// would alone, as tools/ref_llamacpp.py measures it).
+// a row's result never depends on what it is batched with, so each stream
+// computes what it would alone, as tools/ref_llamacpp.py measures it).
 TEST(Reference, GreedyContinuationsMatchLlamaCpp) {
   EMBER_REQUIRE_MODEL();
+  Avx2Kernels avx2;
   const auto cases = load_greedy();
   ASSERT_FALSE(cases.empty());
   auto engine = Engine::create(shared_model(), EngineParams{});
@@ -173,9 +186,6 @@ TEST(Reference, GreedyContinuationsMatchLlamaCpp) {
       std::printf("[ reference] %-16s diverges at %zu: llama.cpp %d (its top1-top2 gap %.3f), ember %d; %zu/%zu match\n",
                   c.name.c_str(), prefix, c.expected[prefix], c.gaps[prefix],
                   prefix < got.size() ? got[prefix] : -1, same, n);
-      // Diverging is only acceptable where llama.cpp itself nearly tied.
-      EXPECT_LT(c.gaps[prefix], kNearTieGap) << c.name << ": diverged at step " << prefix
-                                             << " where llama.cpp was decisive";
       ++diverged;
     }
     total += n;
@@ -188,9 +198,11 @@ TEST(Reference, GreedyContinuationsMatchLlamaCpp) {
 }
 
 // Teacher-forced: at every step of llama.cpp's greedy continuation, our argmax
-// must be llama.cpp's choice unless llama.cpp itself had a near-tie.
+// (one batched score call) must be llama.cpp's choice unless llama.cpp itself
+// had a near-tie.
 TEST(Reference, TeacherForcedArgmaxMatchesLlamaCpp) {
   EMBER_REQUIRE_MODEL();
+  Avx2Kernels avx2;
   const auto cases = load_greedy();
   ASSERT_FALSE(cases.empty());
   auto model = shared_model();
@@ -218,12 +230,13 @@ TEST(Reference, TeacherForcedArgmaxMatchesLlamaCpp) {
   const double agreement = static_cast<double>(agreed) / static_cast<double>(checked);
   std::printf("[ reference] teacher-forced argmax agreement where llama.cpp is decisive: %zu/%zu = %.2f%%\n", agreed,
               checked, 100.0 * agreement);
-  EXPECT_GE(agreement, kMinDecisiveAgreement);
+  EXPECT_GE(agreement, kMinTeacherForcedDecisive);
 }
 
 // Next-token distributions at every position of real text.
 TEST(Reference, PerPositionTop1AndLogprobsMatchLlamaCpp) {
   EMBER_REQUIRE_MODEL();
+  Avx2Kernels avx2;
   const auto g = load_positions();
   ASSERT_FALSE(g.ids.empty());
   ASSERT_EQ(g.top1.size(), g.ids.size());
