@@ -350,12 +350,12 @@ int perplexity_stream(const Args& a, std::vector<int32_t> ids, Handles& h, const
   const bool recompute = cache.kind == "recompute";
   const size_t stride = static_cast<size_t>(a.integer("--stride", 1, 1, 1 << 20));
   // --chunk K: the streaming policies feed K tokens per call (batched steps
-  // instead of K decode steps). Every token still sees the cache it would see
-  // fed alone: the scheduler ends each step where the next block eviction is
-  // due (StreamingLayout::chunk_limit). Only the attention's summation order
-  // differs (a multi-token step sums as llama.cpp's batched path, a single
-  // token as its one-token path), so the log-probs agree to rounding
-  // (docs/BENCHMARKS.md). Not for recompute.
+  // instead of K decode steps). Every token still sees what it would see fed
+  // alone: the scheduler ends each step where the next block eviction is due
+  // (StreamingLayout::chunk_limit), and a scored row's arithmetic does not
+  // depend on its step, so the log-probs are bit-identical (checked,
+  // docs/BENCHMARKS.md; test Streaming.ScoresDoNotDependOnChunking). Not for
+  // recompute.
   const size_t chunk = static_cast<size_t>(a.integer("--chunk", 1, 1, 4096));
   if (recompute && chunk != 1) throw CliError("--chunk does not apply to recompute:W");
   if (cache.kind == "full" && ids.size() > static_cast<size_t>(info.context_length)) {
