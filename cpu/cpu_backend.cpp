@@ -207,8 +207,8 @@ class CpuBackend final : public Backend {
         for (int32_t h = 0; h < num_heads; ++h) {
           float* p = x + (static_cast<size_t>(r) * num_heads + h) * head_dim + 2 * i;
           const float x0 = p[0], x1 = p[1];
-          // The reference's compiler contracts these into FMAs, the cos
-          // product fused and the sin product rounded: the same here.
+          // The reference's compiler contracts these into FMAs, x0's
+          // product fused and x1's rounded: the same here.
           p[0] = std::fma(x0, c, -(x1 * s));
           p[1] = std::fma(x0, s, x1 * c);
         }
@@ -404,8 +404,8 @@ class CpuBackend final : public Backend {
   //      in the same trees as the dot products.
   // Slots are numbered by cache slot (block b, offset t: i = b * block_size +
   // t); slots past kv_len or inside the sequence's hole get probability 0,
-  // which adds exactly nothing. A block's K and V rows are read once per
-  // group from the f16 cache.
+  // which adds exactly nothing. K rows are read from the f16 cache once per
+  // group, V rows once per query head.
   void attend_group(int32_t layer, const float* q, const AttentionSeq& seq, int32_t row, int32_t kvh,
                     const AttentionParams& p, float* out) const {
     constexpr int kMaxGroup = kAttnMaxGroup;

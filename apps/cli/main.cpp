@@ -143,13 +143,19 @@ ember_model_info_t model_info(const ember_model* model) {
   return info;
 }
 
+// A stats struct ready for ember_stream_stats.
+ember_stream_stats_t empty_stats() {
+  ember_stream_stats_t stats;
+  std::memset(&stats, 0, sizeof stats);
+  stats.size = sizeof stats;
+  return stats;
+}
+
 // Runs a stream to its end without reading its events; returns its stats.
 ember_stream_stats_t run_to_end(ember_session* session, const ember_stream_params& sp) {
   ember_stream* stream = nullptr;
   check(ember_stream_start(session, &sp, &stream), "starting generation");
-  ember_stream_stats_t stats;
-  std::memset(&stats, 0, sizeof stats);
-  stats.size = sizeof stats;
+  ember_stream_stats_t stats = empty_stats();
   const ember_status waited = ember_stream_wait(stream);
   const ember_status read = waited == EMBER_OK ? ember_stream_stats(stream, &stats) : waited;
   ember_stream_destroy(stream);
@@ -161,9 +167,7 @@ ember_stream_stats_t run_to_end(ember_session* session, const ember_stream_param
 ember_stream_stats_t run_stream(ember_session* session, const ember_stream_params& sp) {
   ember_stream* stream = nullptr;
   check(ember_stream_start(session, &sp, &stream), "starting generation");
-  ember_stream_stats_t stats;
-  std::memset(&stats, 0, sizeof stats);
-  stats.size = sizeof stats;
+  ember_stream_stats_t stats = empty_stats();
   try {
     for (;;) {
       ember_event ev;

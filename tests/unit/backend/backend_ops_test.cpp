@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -349,16 +350,8 @@ struct SeqSpec {
 // attention (cpu/cpu_backend.cpp, attend_group): this is that computation
 // written out in scalar code, operation by operation, to check the CPU's
 // result bit for bit. expf_ref is the algorithm of llama.cpp's ggml_v_expf.
-float bits_to_f(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-uint32_t f_to_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
+float bits_to_f(uint32_t u) { return std::bit_cast<float>(u); }
+uint32_t f_to_bits(float f) { return std::bit_cast<uint32_t>(f); }
 float expf_ref(float x) {
   const float shifter = 0x1.8p23f;
   const float z = std::fma(x, 0x1.715476p+0f, shifter);
