@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/cpu_backend.h"
 #include "core/backend/backend.h"
 
 using namespace ember;

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/engine/engine.h"
+#include "cpu/cpu_backend.h"
 #include "core/model/model.h"
 #include "core/tokenizer/tokenizer.h"
 #include "core/util/log.h"
@@ -37,19 +38,9 @@ struct ember_engine {
 struct ember_session {
   std::shared_ptr<ember::Session> session;
 };
-// Push mode: the core marks a stream finished before it hands the END event to
-// the callback, so waiting for the stream alone could return (and let the host
-// free user_data) while that last callback still runs. This tracks it.
-struct CallbackState {
-  std::mutex mutex;
-  std::condition_variable cv;
-  bool armed = false;  // a callback is set
-  bool done = false;   // the END/ERROR callback has returned
-};
 struct ember_stream {
   std::shared_ptr<ember::Stream> stream;
   ember::StreamEvent current;  // storage behind the last ember_event returned
-  std::shared_ptr<CallbackState> callback = std::make_shared<CallbackState>();
 };
 
 namespace {
@@ -119,17 +110,9 @@ void write_sized(T* user, const T& value) {
   user->size = caller_size;
 }
 
+// Conversion only: the core validates (StreamParams::validate).
 ember::StreamParams to_stream_params(const ember_stream_params& p) {
   ember::StreamParams s;
-  require(p.max_tokens > 0 && p.max_tokens <= (1 << 24), "stream params: max_tokens must be in [1, 16777216]");
-  require(p.temperature >= 0.0f && p.temperature <= 100.0f, "stream params: temperature must be in [0, 100]");
-  require(p.top_k >= 0, "stream params: top_k must be >= 0");
-  require(p.top_p > 0.0f && p.top_p <= 1.0f, "stream params: top_p must be in (0, 1]");
-  require(p.min_p >= 0.0f && p.min_p <= 1.0f, "stream params: min_p must be in [0, 1]");
-  require(p.repeat_penalty > 0.0f && p.repeat_penalty <= 100.0f, "stream params: repeat_penalty must be in (0, 100]");
-  require(p.presence_penalty >= -100.0f && p.presence_penalty <= 100.0f, "stream params: presence_penalty out of range");
-  require(p.frequency_penalty >= -100.0f && p.frequency_penalty <= 100.0f, "stream params: frequency_penalty out of range");
-  require(p.penalty_last_n >= -1, "stream params: penalty_last_n must be >= -1");
   s.max_tokens = p.max_tokens;
   s.sampling.temperature = p.temperature;
   s.sampling.top_k = p.top_k;
@@ -142,18 +125,15 @@ ember::StreamParams to_stream_params(const ember_stream_params& p) {
   s.sampling.seed = p.seed;
   s.ignore_eos = p.ignore_eos != 0;
   if (p.stop) {
-    for (size_t i = 0; p.stop[i]; ++i) {
-      require(i < 64, "stream params: at most 64 stop strings");
-      std::string stop = checked_text(p.stop[i], "stop string");
-      require(!stop.empty(), "stream params: empty stop string");
-      s.stop.push_back(std::move(stop));
+    // Bounded: one past the core's limit is enough for it to refuse.
+    for (size_t i = 0; p.stop[i] && i <= ember::StreamParams::kMaxStopStrings; ++i) {
+      s.stop.push_back(checked_text(p.stop[i], "stop string"));
     }
   }
   return s;
 }
 
-void fill_event(ember_stream* h, ember_event* event) {
-  const auto& e = h->current;
+ember_event to_event(const ember::StreamEvent& e) {
   ember_event out;
   std::memset(&out, 0, sizeof out);
   out.size = sizeof out;
@@ -164,15 +144,7 @@ void fill_event(ember_stream* h, ember_event* event) {
   out.n_tokens = e.tokens.size();
   out.end_reason = static_cast<int32_t>(e.end_reason);
   out.status = static_cast<ember_status>(e.status);
-  write_sized(event, out);
-}
-
-// Waits for the stream to end and, in push mode, for its last callback.
-void wait_for_end(ember_stream* stream) {
-  stream->stream->wait();
-  CallbackState& state = *stream->callback;
-  std::unique_lock<std::mutex> lock(state.mutex);
-  state.cv.wait(lock, [&] { return !state.armed || state.done; });
+  return out;
 }
 
 }  // namespace
@@ -283,14 +255,7 @@ ember_status ember_detokenize(const ember_model* model, const int32_t* tokens, s
     require(tokens != nullptr || n_tokens == 0, "tokens is NULL");
     require(text != nullptr || capacity == 0, "text is NULL but capacity > 0");
     *out_length = 0;
-    const auto& tok = model->model->tokenizer();
-    ember::StreamingDetokenizer detok(tok);
-    std::string out;
-    for (size_t i = 0; i < n_tokens; ++i) {
-      require(tokens[i] >= 0 && tokens[i] < tok.n_vocab(), "token id out of range");
-      out += detok.feed(tokens[i]);
-    }
-    out += detok.flush();
+    const std::string out = model->model->tokenizer().detokenize(tokens, n_tokens);
     *out_length = out.size();
     if (out.size() + 1 > capacity) {
       throw Error(StatusCode::kInvalidArgument,
@@ -304,18 +269,19 @@ ember_status ember_detokenize(const ember_model* model, const int32_t* tokens, s
 
 void ember_engine_params_init(ember_engine_params* params) {
   if (!params) return;
+  const ember::EngineParams d;  // the defaults live in the core
   std::memset(params, 0, sizeof *params);
   params->size = sizeof *params;
   params->device = EMBER_DEVICE_CPU;
-  params->n_threads = 0;
-  params->kv_memory_bytes = 0;
-  params->kv_block_size = 16;
+  params->n_threads = d.n_threads;
+  params->kv_memory_bytes = 0;  // 0: the core's default (EngineParams::kv_memory_bytes)
+  params->kv_block_size = d.kv_block_size;
   params->kv_dtype = EMBER_KV_F16;
-  params->max_batch_tokens = 512;
-  params->max_running = 64;
-  params->prefix_caching = 1;
-  params->manual_step = 0;
-  params->batch_invariant = 1;
+  params->max_batch_tokens = d.max_batch_tokens;
+  params->max_running = d.max_running;
+  params->prefix_caching = d.prefix_caching ? 1 : 0;
+  params->manual_step = d.manual ? 1 : 0;
+  params->batch_invariant = d.batch_invariant ? 1 : 0;
 }
 
 ember_status ember_engine_create(ember_model* model, const ember_engine_params* params, ember_engine** out_engine) {
@@ -330,13 +296,14 @@ ember_status ember_engine_create(ember_model* model, const ember_engine_params* 
     ember::EngineParams ep;
     ep.device = p.device == EMBER_DEVICE_CUDA ? "cuda" : p.device == EMBER_DEVICE_AUTO ? "auto" : "cpu";
     ep.n_threads = p.n_threads;
-    ep.kv_memory_bytes = p.kv_memory_bytes == 0 ? (512ull << 20) : p.kv_memory_bytes;
+    if (p.kv_memory_bytes != 0) ep.kv_memory_bytes = p.kv_memory_bytes;
     ep.kv_block_size = p.kv_block_size;
     ep.max_batch_tokens = p.max_batch_tokens;
     ep.max_running = p.max_running;
     ep.prefix_caching = p.prefix_caching != 0;
     ep.manual = p.manual_step != 0;
     ep.batch_invariant = p.batch_invariant != 0;
+    ember::register_cpu_backend();
     auto h = std::make_unique<ember_engine>();
     h->owner = ember::Engine::create(model->model, ep);
     h->cache_view.engine = &**h->owner;
@@ -370,7 +337,7 @@ ember_status ember_cache_stats(const ember_cache* cache, ember_cache_stats_t* st
   return guarded([&] {
     require(cache != nullptr && cache->engine != nullptr, "cache is NULL");
     require(stats != nullptr, "stats is NULL");
-    const auto s = cache->engine->cache().stats();
+    const auto s = cache->engine->cache_stats();
     ember_cache_stats_t out;
     std::memset(&out, 0, sizeof out);
     out.size = sizeof out;
@@ -420,7 +387,7 @@ void ember_session_params_init(ember_session_params* params) {
   std::memset(params, 0, sizeof *params);
   params->size = sizeof *params;
   params->cache_policy = EMBER_CACHE_FULL;
-  params->sink_tokens = 4;
+  params->sink_tokens = ember::CachePolicy::kDefaultSinkTokens;
   params->window_tokens = 0;
 }
 
@@ -559,20 +526,21 @@ ember_status ember_session_load(ember_engine* engine, const char* path, const em
 
 void ember_stream_params_init(ember_stream_params* params) {
   if (!params) return;
+  const ember::StreamParams d;  // the defaults live in the core
   std::memset(params, 0, sizeof *params);
   params->size = sizeof *params;
-  params->max_tokens = 256;
-  params->temperature = 0.8f;
-  params->top_k = 40;
-  params->top_p = 0.95f;
-  params->min_p = 0.05f;
-  params->repeat_penalty = 1.0f;
-  params->presence_penalty = 0.0f;
-  params->frequency_penalty = 0.0f;
-  params->penalty_last_n = 64;
-  params->seed = 0xEEEE;
+  params->max_tokens = d.max_tokens;
+  params->temperature = d.sampling.temperature;
+  params->top_k = d.sampling.top_k;
+  params->top_p = d.sampling.top_p;
+  params->min_p = d.sampling.min_p;
+  params->repeat_penalty = d.sampling.repeat_penalty;
+  params->presence_penalty = d.sampling.presence_penalty;
+  params->frequency_penalty = d.sampling.frequency_penalty;
+  params->penalty_last_n = d.sampling.penalty_last_n;
+  params->seed = d.sampling.seed;
   params->stop = nullptr;
-  params->ignore_eos = 0;
+  params->ignore_eos = d.ignore_eos ? 1 : 0;
 }
 
 ember_status ember_stream_start(ember_session* session, const ember_stream_params* params, ember_stream** out_stream) {
@@ -600,7 +568,7 @@ ember_status ember_stream_next(ember_stream* stream, ember_event* event, int32_t
     if (code == StatusCode::kBusy) throw Error(code, "the stream delivers its events to a callback");
     stream->current = std::move(ev);
     if (stream->current.type == ember::StreamEvent::kError) t_last_error = stream->current.error;
-    fill_event(stream, event);
+    write_sized(event, to_event(stream->current));
   });
 }
 
@@ -608,42 +576,12 @@ ember_status ember_stream_set_callback(ember_stream* stream, ember_stream_callba
   return guarded([&] {
     require(stream != nullptr, "stream is NULL");
     require(callback != nullptr, "callback is NULL");
-    std::shared_ptr<CallbackState> state = stream->callback;
-    bool armed_here = false;
-    {
-      std::lock_guard<std::mutex> lock(state->mutex);
-      if (!state->armed) state->armed = armed_here = true;
-    }
-    auto deliver = [callback, user_data, state](const ember::StreamEvent& e) {
-      ember_event out;
-      std::memset(&out, 0, sizeof out);
-      out.size = sizeof out;
-      out.type = static_cast<int32_t>(e.type);
-      out.text = e.text.c_str();
-      out.text_length = e.text.size();
-      out.tokens = e.tokens.empty() ? nullptr : e.tokens.data();
-      out.n_tokens = e.tokens.size();
-      out.end_reason = static_cast<int32_t>(e.end_reason);
-      out.status = static_cast<ember_status>(e.status);
+    auto deliver = [callback, user_data](const ember::StreamEvent& e) {
+      ember_event out = to_event(e);
       if (e.type == ember::StreamEvent::kError) t_last_error = e.error;
-      const bool cancel = callback(&out, user_data) != 0;
-      if (e.type != ember::StreamEvent::kText) {
-        std::lock_guard<std::mutex> lock(state->mutex);
-        state->done = true;
-        state->cv.notify_all();
-      }
-      return cancel;
+      return callback(&out, user_data) != 0;
     };
-    try {
-      stream->stream->set_callback(deliver);
-    } catch (...) {
-      if (armed_here) {
-        std::lock_guard<std::mutex> lock(state->mutex);
-        state->armed = false;
-        state->cv.notify_all();  // a concurrent ember_stream_wait may be waiting on it
-      }
-      throw;
-    }
+    stream->stream->set_callback(deliver);
   });
 }
 
@@ -658,7 +596,7 @@ ember_status ember_stream_cancel(ember_stream* stream) {
 ember_status ember_stream_wait(ember_stream* stream) {
   return guarded([&] {
     require(stream != nullptr, "stream is NULL");
-    wait_for_end(stream);
+    stream->stream->wait();
   });
 }
 
@@ -685,7 +623,7 @@ void ember_stream_destroy(ember_stream* stream) {
   if (!stream) return;
   try {
     stream->stream->cancel();
-    wait_for_end(stream);
+    stream->stream->wait();
     delete stream;
   } catch (...) {
   }

@@ -13,7 +13,8 @@
 #include <new>
 #include <vector>
 
-#include "core/backend/backend.h"
+#include "cpu/cpu_backend.h"
+#include "core/backend/registry.h"
 #include "core/util/status.h"
 #include "cpu/matmul.h"
 
@@ -79,6 +80,13 @@ class CpuBackend final : public Backend {
   }
 
   bool supports_cache_policies() const override { return true; }
+  BackendLimits limits() const override {
+    BackendLimits l;
+    l.max_head_dim = kAttnMaxHeadDim;
+    l.max_gqa_group = kAttnMaxGroup;
+    l.head_dim_multiple = 8;
+    return l;
+  }
 
   void kv_rope_shift(const int32_t* blocks, int32_t n, int32_t delta, int32_t rot_dim, float freq_base) override {
     // One rotation by `delta` for every slot (RoPE(p+d) = R(d) RoPE(p)); the
@@ -504,6 +512,13 @@ class CpuBackend final : public Backend {
 
 std::unique_ptr<Backend> make_cpu_backend(int n_threads, bool batch_invariant) {
   return std::make_unique<CpuBackend>(n_threads, batch_invariant);
+}
+
+void register_cpu_backend() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    register_backend("cpu", [](const BackendOptions& o) { return make_cpu_backend(o.n_threads, o.batch_invariant); });
+  });
 }
 
 }  // namespace ember

@@ -27,10 +27,11 @@
 #include <string>
 #include <vector>
 
+#include "cpu/cpu_backend.h"
 #include "core/backend/backend.h"
 #include "core/backend/plugin.h"
-#include "core/engine/batch.h"
-#include "core/model/llama.h"
+#include "core/model/batch.h"
+#include "core/model/arch/llama.h"
 #include "core/model/model.h"
 #include "core/tensor/types.h"
 #include "core/tokenizer/tokenizer.h"

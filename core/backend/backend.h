@@ -77,10 +77,19 @@ struct AttentionParams {
   const uint8_t* decode_rows = nullptr;
 };
 
+// What a backend's kernels support; the engine checks a model against it
+// before loading the model's weights onto the backend.
+struct BackendLimits {
+  int32_t max_head_dim = 256;
+  int32_t max_gqa_group = 16;      // query heads per KV head
+  int32_t head_dim_multiple = 8;   // head_dim must be a multiple of this
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+  virtual BackendLimits limits() const { return {}; }
 
   // Memory for activations (f32 unless noted). Freed by free_buffer.
   virtual void* alloc(size_t bytes) = 0;
@@ -146,9 +155,5 @@ class Backend {
   }
 };
 
-// Creates the CPU backend (threads: 0 = all cores). batch_invariant: every
-// matmul row is computed as for a single row, so a sequence's output never
-// depends on batching, chunking or prefix-cache hits.
-std::unique_ptr<Backend> make_cpu_backend(int n_threads, bool batch_invariant = true);
 
 }  // namespace ember

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "core/engine/engine.h"
+#include "core/engine/session.h"
 #include "core/model/model.h"
 #include "core/tensor/types.h"
 #include "core/tokenizer/tokenizer.h"
@@ -190,33 +191,19 @@ uint64_t checksum(uint32_t version, uint64_t fingerprint, uint64_t payload_bytes
 
 void Session::save(const std::string& path) {
   Engine& engine = **engine_;
-  KvCache& cache = engine.cache();
-  const KvGeometry& g = cache.geometry();
-  std::lock_guard<std::mutex> lock(mutex_);
+  KvManager& kvm = engine.kv();
+  const KvGeometry& g = kvm.geometry();
+  std::lock_guard<std::mutex> lock(kv_->mutex());
   require_idle_locked();
-
-  // The blocks to write. A full session pins nothing between turns: save the
-  // prefix blocks the pool still holds for it (what its next turn would reuse).
-  std::vector<int32_t> blocks = block_table_;
-  size_t n_processed = n_cached_;
-  bool borrowed = false;
-  if (!bounded() && blocks.empty() && !tokens_.empty()) {
-    const size_t max_blocks = (tokens_.size() - 1) / static_cast<size_t>(g.block_size);
-    blocks = cache.match_prefix(tokens_.data(), tokens_.size(), max_blocks, /*count_stats=*/false, decoded_.data());
-    n_processed = blocks.size() * static_cast<size_t>(g.block_size);
-    borrowed = true;
-  }
-  struct Unborrow {
-    KvCache& cache;
-    std::vector<int32_t>& blocks;
-    bool active;
-    ~Unborrow() { if (active) cache.release(blocks); }
-  } unborrow{cache, blocks, borrowed};
+  const KvSequence& kv = *kv_;
+  const std::unique_ptr<KvManager::Export> exported = kvm.export_blocks(*kv_);
+  const std::vector<int32_t>& blocks = exported->blocks();
+  const CachePolicy& policy = kv.policy();
 
   Writer w;
-  w.value<uint32_t>(static_cast<uint32_t>(policy_.kind));
-  w.value<int32_t>(policy_.sink_tokens);
-  w.value<int32_t>(policy_.window_tokens);
+  w.value<uint32_t>(static_cast<uint32_t>(policy.kind));
+  w.value<int32_t>(policy.sink_tokens);
+  w.value<int32_t>(policy.window_tokens);
   w.value<int32_t>(n_ctx_);
   w.value<int32_t>(priority_);
   w.value<int32_t>(static_cast<int32_t>(mode_));
@@ -225,13 +212,13 @@ void Session::save(const std::string& path) {
     w.str(m.role);
     w.str(m.content);
   }
-  w.value<uint64_t>(tokens_.size());
-  w.raw(tokens_.data(), tokens_.size() * sizeof(int32_t));
-  w.raw(decoded_.data(), decoded_.size());
-  w.value<uint64_t>(n_processed);
-  w.value<int64_t>(layout_.n_evicted());
-  w.value<int64_t>(layout_.dropped_blocks());
-  w.value<int32_t>(max_position_);
+  w.value<uint64_t>(kv.tokens().size());
+  w.raw(kv.tokens().data(), kv.tokens().size() * sizeof(int32_t));
+  w.raw(kv.generated().data(), kv.generated().size());
+  w.value<uint64_t>(exported->n_computed());
+  w.value<int64_t>(kv.layout().n_evicted());
+  w.value<int64_t>(kv.layout().dropped_blocks());
+  w.value<int32_t>(kv.max_position());
   w.value<int32_t>(g.block_size);
   w.value<int32_t>(g.num_layers);
   w.value<int32_t>(g.num_kv_heads);
@@ -243,7 +230,7 @@ void Session::save(const std::string& path) {
   std::vector<uint8_t>& buf = w.buffer();
   const size_t kv_at = buf.size();
   buf.resize(kv_at + blocks.size() * bpb);
-  for (size_t i = 0; i < blocks.size(); ++i) cache.read_block(blocks[i], buf.data() + kv_at + i * bpb);
+  for (size_t i = 0; i < blocks.size(); ++i) kvm.read_block(blocks[i], buf.data() + kv_at + i * bpb);
 
   const uint64_t fp = model_fingerprint(engine.model());
   const uint64_t payload = buf.size();
@@ -279,8 +266,8 @@ void Session::save(const std::string& path) {
 std::shared_ptr<Session> Session::load(std::shared_ptr<EngineOwner> owner, const std::string& path,
                                        int32_t priority) {
   Engine& engine = **owner;
-  KvCache& cache = engine.cache();
-  const KvGeometry& g = cache.geometry();
+  KvManager& kvm = engine.kv();
+  const KvGeometry& g = kvm.geometry();
 
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) fail(StatusCode::kNotFound, "load: cannot open session file '" + path + "'");
@@ -391,43 +378,23 @@ std::shared_ptr<Session> Session::load(std::shared_ptr<EngineOwner> owner, const
   if (n_processed > n_tokens) r.corrupt("more tokens processed than in the history");
 
   auto se = std::make_shared<Session>(owner, n_ctx, "", priority >= 0 ? priority : saved_priority, policy);
-  std::lock_guard<std::mutex> lock(se->mutex_);
+  std::lock_guard<std::mutex> lock(se->kv_->mutex());
+  if (se->kv_->bounded() && (se->kv_->policy().sink_tokens != policy.sink_tokens ||
+                             se->kv_->policy().window_tokens != policy.window_tokens)) {
+    r.corrupt("inconsistent cache policy");
+  }
   se->mode_ = static_cast<Mode>(mode);
   se->messages_ = std::move(messages);
-  se->tokens_ = std::move(tokens);
-  se->decoded_ = std::move(decoded);
-  se->max_position_ = max_position;
-  const int32_t bs = g.block_size;
-  int64_t kv_len = static_cast<int64_t>(n_processed);
-  if (se->bounded()) {
-    if (se->policy_.sink_tokens != policy.sink_tokens || se->policy_.window_tokens != policy.window_tokens) {
-      r.corrupt("inconsistent cache policy");
-    }
-    se->layout_.restore(n_evicted, dropped);
-    if (!se->layout_.consistent() || (n_evicted > 0 && static_cast<int64_t>(n_processed) < policy.sink_tokens + n_evicted)) {
-      r.corrupt("inconsistent eviction state");
-    }
-    if (se->layout_.resident(static_cast<int64_t>(n_processed)) > policy.capacity()) {
-      r.corrupt("more resident tokens than the cache policy allows");
-    }
-    kv_len = se->layout_.kv_len(static_cast<int64_t>(n_processed));
-  } else if (n_evicted != 0 || dropped != 0) {
-    r.corrupt("a full session with evicted tokens");
-  }
-  if (static_cast<uint64_t>((kv_len + bs - 1) / bs) > n_blocks) r.corrupt("fewer KV blocks than tokens processed");
-  if (!cache.reserve(se->block_table_, static_cast<int32_t>(n_blocks * static_cast<uint64_t>(bs)))) {
-    fail(StatusCode::kOutOfMemory, "load: the KV pool has no room for the session's " + std::to_string(n_blocks) +
-                                       " blocks now");
-  }
-  const uint8_t* kv = r.take(static_cast<size_t>(n_blocks * bpb));
-  for (size_t i = 0; i < se->block_table_.size(); ++i) cache.write_block(se->block_table_[i], kv + i * bpb);
-  se->n_cached_ = static_cast<size_t>(n_processed);
-  cache.truncate(se->block_table_, static_cast<int32_t>(kv_len));
-  if (se->bounded() && !se->layout_.shifted()) {
-    cache.commit(se->block_table_, se->tokens_.data(), se->n_cached_, se->decoded_.data());
-  } else if (!se->bounded()) {
-    se->park_locked();  // into the prefix cache, as an idle full session
-  }
+  KvManager::Saved saved;
+  saved.tokens = std::move(tokens);
+  saved.generated = std::move(decoded);
+  saved.n_computed = static_cast<size_t>(n_processed);
+  saved.n_evicted = n_evicted;
+  saved.dropped_blocks = dropped;
+  saved.max_position = max_position;
+  saved.n_blocks = static_cast<size_t>(n_blocks);
+  saved.blocks = r.take(static_cast<size_t>(n_blocks * bpb));
+  kvm.restore(*se->kv_, std::move(saved), [&](const std::string& why) { r.corrupt(why); });
   return se;
 }
 

@@ -33,6 +33,7 @@ namespace ember {
 enum class CachePolicyKind : int32_t { kFull = 0, kWindow = 1, kSink = 2 };
 
 struct CachePolicy {
+  static constexpr int32_t kDefaultSinkTokens = 4;  // StreamingLLM's choice
   CachePolicyKind kind = CachePolicyKind::kFull;
   int32_t sink_tokens = 0;    // S (always 0 for kWindow)
   int32_t window_tokens = 0;  // W (0 for kFull)

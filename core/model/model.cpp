@@ -3,7 +3,8 @@
 #include <fstream>
 
 #include "core/chat/chat_template.h"
-#include "core/model/gguf/gguf.h"
+#include "core/gguf/gguf.h"
+#include "core/model/arch/registry.h"
 #include "core/tokenizer/tokenizer.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
@@ -46,8 +47,9 @@ void Model::load_config() {
   const auto& f = *file_;
   architecture_ = f.get_string("general.architecture").value_or("");
   if (architecture_.empty()) fail(StatusCode::kBadFormat, "model: general.architecture is missing");
-  if (architecture_ != "llama") {
-    fail(StatusCode::kUnsupported, "model: architecture '" + architecture_ + "' is not supported (supported: llama)");
+  if (!find_architecture(architecture_)) {
+    fail(StatusCode::kUnsupported, "model: architecture '" + architecture_ + "' is not supported (supported: " +
+                                       supported_architectures() + ")");
   }
   name_ = f.get_string("general.name").value_or("");
   const std::string a = architecture_ + ".";
@@ -82,11 +84,8 @@ void Model::load_config() {
   if (auto scaling = f.get_string(a + "rope.scaling.type"); scaling && *scaling != "none") {
     fail(StatusCode::kUnsupported, "model: rope scaling '" + *scaling + "' is not supported yet");
   }
-  // Limits of the CPU attention kernel (see cpu/cpu_backend.cpp).
-  if (c.head_dim > 256 || c.n_heads / c.n_kv_heads > 16 || c.head_dim % 8 != 0) {
-    fail(StatusCode::kUnsupported, "model: head_dim " + std::to_string(c.head_dim) + " / GQA group " +
-                                       std::to_string(c.n_heads / c.n_kv_heads) + " not supported");
-  }
+  // What each backend supports is checked when an engine loads the model
+  // (Backend::limits).
 }
 
 namespace {

@@ -9,7 +9,7 @@
 #include <set>
 #include <unordered_map>
 
-#include "core/model/gguf/gguf.h"
+#include "core/gguf/gguf.h"
 #include "core/tokenizer/pretokenize.h"
 #include "core/tokenizer/unicode.h"
 #include "core/util/status.h"
@@ -760,6 +760,14 @@ std::string StreamingDetokenizer::flush() {
   std::string out;
   drain_utf8(pending_, out, true);
   pending_.clear();
+  return out;
+}
+
+std::string Tokenizer::detokenize(const int32_t* ids, size_t n) const {
+  StreamingDetokenizer detok(*this);
+  std::string out;
+  for (size_t i = 0; i < n; ++i) out += detok.feed(ids[i]);
+  out += detok.flush();
   return out;
 }
 

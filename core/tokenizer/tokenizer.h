@@ -102,6 +102,11 @@ class Tokenizer {
   std::string token_to_piece(int32_t id) const;
   // Concatenated pieces (bytes; not necessarily valid UTF-8 if the ids are).
   std::string decode(const std::vector<int32_t>& ids) const;
+  // Text of `ids` as whole UTF-8 (an incomplete trailing character becomes
+  // U+FFFD): exactly what a stream emits for the same tokens
+  // (StreamingDetokenizer). Throws Error(kInvalidArgument) for an id out of
+  // range.
+  std::string detokenize(const int32_t* ids, size_t n) const;
 
   int32_t n_vocab() const { return static_cast<int32_t>(tokens_.size()); }
   VocabType vocab_type() const { return vocab_type_; }

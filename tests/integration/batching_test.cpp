@@ -57,11 +57,11 @@ TEST(Batching, PrefixCacheHitGivesSameTokensAsMiss) {
   auto a = std::make_shared<Session>(engine, 0, kSystem);
   a->add_message("user", "Who guards the bridge?");
   auto out_a = run(a->start(params(24)));
-  const auto before = (*engine)->cache().stats();
+  const auto before = (*engine)->cache_stats();
   auto b = std::make_shared<Session>(engine, 0, kSystem);
   b->add_message("user", "Who guards the bridge?");
   auto out_b = run(b->start(params(24)));
-  const auto after = (*engine)->cache().stats();
+  const auto after = (*engine)->cache_stats();
   EXPECT_GT(after.prefix_hits, before.prefix_hits);
   EXPECT_EQ(out_a, out_b);
   // Same system prompt, different question: shares the prefix, then diverges.

@@ -15,7 +15,7 @@
 #include <thread>
 
 #include "core/engine/engine.h"
-#include "core/model/gguf/gguf.h"
+#include "core/gguf/gguf.h"
 #include "core/tokenizer/tokenizer.h"
 #include "core/util/status.h"
 #include "model_path.h"
@@ -137,7 +137,7 @@ void stream_far(size_t total, size_t chunk) {
     EXPECT_LT(info.max_position, S + W);
     EXPECT_LE(info.blocks, info.max_blocks);
     EXPECT_EQ(info.max_blocks, 5u);  // (16 + 60) slots
-    EXPECT_EQ((*engine)->cache().stats().blocks_used, info.blocks);
+    EXPECT_EQ((*engine)->cache_stats().blocks_used, info.blocks);
     max_blocks_seen = std::max(max_blocks_seen, info.blocks);
   }
   const SessionCacheInfo info = session->cache_info();
@@ -244,11 +244,11 @@ TEST(Streaming, PrefixCacheSurvivesASinkSessionsShift) {
   auto a = std::make_shared<Session>(engine, 0, "");
   a->add_tokens(prompt);
   const auto first = drain_tokens(a->start(greedy(12)));
-  const uint64_t hits_before = (*engine)->cache().stats().prefix_hits;
+  const uint64_t hits_before = (*engine)->cache_stats().prefix_hits;
   auto s = std::make_shared<Session>(engine, 0, "", 0, sink(4, 60));
   std::vector<float> lp(prompt.size());
   s->score(prompt, nullptr);  // takes the cached prefix (64 tokens), then evicts and shifts
-  EXPECT_GT((*engine)->cache().stats().prefix_hits, hits_before);
+  EXPECT_GT((*engine)->cache_stats().prefix_hits, hits_before);
   EXPECT_GT(s->cache_info().evicted, 0u);
   s->score(slice(2096, 40), nullptr);
   auto c = std::make_shared<Session>(engine, 0, "");
@@ -296,10 +296,10 @@ TEST(SessionFile, RestoredSinkSessionContinuesExactly) {
     b->save(path);
   }
   // b's blocks go back once the engine has dropped its finished stream.
-  for (int i = 0; i < 200 && (*engine)->cache().stats().blocks_used != a->cache_info().blocks; ++i) {
+  for (int i = 0; i < 200 && (*engine)->cache_stats().blocks_used != a->cache_info().blocks; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  EXPECT_EQ((*engine)->cache().stats().blocks_used, a->cache_info().blocks);
+  EXPECT_EQ((*engine)->cache_stats().blocks_used, a->cache_info().blocks);
   auto c = Session::load(engine, path);
   const SessionCacheInfo info = c->cache_info();
   EXPECT_EQ(info.policy.kind, CachePolicyKind::kSink);
@@ -343,7 +343,7 @@ TEST(SessionFile, RestoredChatAndFullSessionsContinueExactly) {
   // Restored on another engine: its pool holds nothing but the file's KV.
   auto engine2 = small_engine();
   auto g = Session::load(engine2, path);
-  EXPECT_EQ((*engine2)->cache().stats().blocks_cached, 4u);  // the 64 saved prefix tokens, parked
+  EXPECT_EQ((*engine2)->cache_stats().blocks_cached, 4u);  // the 64 saved prefix tokens, parked
   g->add_tokens(slice(3100, 5));
   EXPECT_EQ(drain_tokens(g->start(greedy(16))), want_f);
   std::remove(path.c_str());

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/cpu_backend.h"
 #include "core/backend/backend.h"
 #include "core/backend/plugin.h"
 #include "core/tensor/types.h"

@@ -1,3 +1,4 @@
+#include "cpu/cpu_backend.h"
 #include "core/kv_cache/kv_cache.h"
 
 #include <gtest/gtest.h>

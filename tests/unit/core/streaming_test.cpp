@@ -1,6 +1,7 @@
 // Window/sink cache policies without a model: the layout bookkeeping
 // (StreamingLayout), block eviction in the pool, the CPU backend's K-shift
 // and attention holes, and the scheduler's view of bounded sequences.
+#include "cpu/cpu_backend.h"
 #include "core/kv_cache/streaming.h"
 
 #include <gtest/gtest.h>

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "core/model/gguf/gguf.h"
-#include "core/model/gguf/gguf_writer.h"
+#include "core/gguf/gguf.h"
+#include "core/gguf/gguf_writer.h"
 #include "core/util/status.h"
 #include "gguf_test_util.h"
 

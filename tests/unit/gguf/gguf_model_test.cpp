@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "core/model/gguf/gguf.h"
+#include "core/gguf/gguf.h"
 
 namespace ember::gguf {
 namespace {

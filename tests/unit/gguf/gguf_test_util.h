@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "core/model/gguf/gguf.h"
-#include "core/model/gguf/gguf_writer.h"
+#include "core/gguf/gguf.h"
+#include "core/gguf/gguf_writer.h"
 
 namespace ember::gguf::testing {
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "core/model/gguf/gguf.h"
+#include "core/gguf/gguf.h"
 #include "core/tokenizer/tokenizer.h"
 #include "core/tokenizer/unicode.h"
 

@@ -1,7 +1,7 @@
 // GGUF v2/v3 reader. Everything read from the file is untrusted: every read is
 // bounds-checked, every count is capped by what the remaining bytes could
 // possibly hold, and all offset/size arithmetic is overflow-checked before use.
-#include "core/model/gguf/gguf.h"
+#include "core/gguf/gguf.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

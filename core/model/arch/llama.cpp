@@ -1,4 +1,4 @@
-#include "core/model/llama.h"
+#include "core/model/arch/llama.h"
 
 #include <cmath>
 

@@ -1,4 +1,4 @@
-#include "core/model/gguf/gguf_writer.h"
+#include "core/gguf/gguf_writer.h"
 
 #include <cerrno>
 #include <cstdio>

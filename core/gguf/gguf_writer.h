@@ -24,7 +24,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "core/model/gguf/gguf.h"
+#include "core/gguf/gguf.h"
 
 namespace ember::gguf {
 

@@ -5,21 +5,22 @@
 #include <vector>
 
 #include "core/backend/backend.h"
-#include "core/engine/batch.h"
+#include "core/model/batch.h"
+#include "core/model/forward.h"
 #include "core/model/model.h"
 
 namespace ember {
 
-class LlamaForward {
+class LlamaForward final : public Forward {
  public:
   // Uploads the model's weights to `backend`; the KV pool must already be
   // initialised with `block_size`.
   LlamaForward(std::shared_ptr<const Model> model, Backend& backend, int32_t block_size);
-  ~LlamaForward();
+  ~LlamaForward() override;
 
   // Runs the batch; writes logits of batch.logit_rows (in that order) to
   // `logits` (host, logit_rows.size() * n_vocab floats).
-  void forward(const Batch& batch, float* logits);
+  void forward(const Batch& batch, float* logits) override;
 
  private:
   void ensure_capacity(int32_t rows, int32_t logit_rows);

@@ -1,0 +1,80 @@
+#include "core/backend/registry.h"
+
+#include <map>
+#include <mutex>
+
+#include "core/backend/plugin.h"
+#include "core/util/log.h"
+
+namespace ember {
+
+namespace {
+std::mutex& registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<std::string, BackendFactory>& registry() {
+  static std::map<std::string, BackendFactory> r;
+  return r;
+}
+bool is_plugin_device(const std::string& device) { return device == "cuda" || device.rfind("cuda:", 0) == 0; }
+
+std::unique_ptr<Backend> create_registered(const std::string& name, const BackendOptions& options) {
+  BackendFactory factory = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    auto it = registry().find(name);
+    if (it != registry().end()) factory = it->second;
+  }
+  if (!factory) {
+    fail(StatusCode::kUnsupported, "backend '" + name + "' is not registered in this build");
+  }
+  return factory(options);
+}
+}  // namespace
+
+void register_backend(const std::string& name, BackendFactory factory) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  registry()[name] = factory;
+}
+
+CreatedBackend create_backend(const std::string& device, const BackendOptions& options) {
+  CreatedBackend out;
+  if (device == "auto" || is_plugin_device(device)) {
+    try {
+      LoadedBackend lb = open_backend_plugin(device == "auto" ? "cuda" : device, options.n_threads);
+      out.backend = std::move(lb.backend);
+      out.extras = lb.extras;
+      out.device = device == "auto" ? "cuda" : device;
+      if (out.extras) out.extras->set_batch_invariant(options.batch_invariant);
+      return out;
+    } catch (const Error& e) {
+      if (device != "auto") throw;
+      log(LogLevel::kInfo, "engine: %s; running on the CPU", e.what());
+    }
+    out.backend = create_registered("cpu", options);
+    out.device = "cpu";
+    return out;
+  }
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    if (!registry().count(device)) fail(StatusCode::kInvalidArgument, "unknown device '" + device + "'");
+  }
+  out.backend = create_registered(device, options);
+  out.device = device;
+  return out;
+}
+
+void check_backend_limits(const Backend& backend, int32_t head_dim, int32_t n_heads, int32_t n_kv_heads) {
+  const BackendLimits lim = backend.limits();
+  const int32_t group = n_kv_heads > 0 ? n_heads / n_kv_heads : 0;
+  if (head_dim > lim.max_head_dim || group > lim.max_gqa_group || head_dim % lim.head_dim_multiple != 0) {
+    fail(StatusCode::kUnsupported,
+         "model: head_dim " + std::to_string(head_dim) + " / GQA group " + std::to_string(group) +
+             " is outside what the " + backend.name() + " backend supports (head_dim <= " +
+             std::to_string(lim.max_head_dim) + " and a multiple of " + std::to_string(lim.head_dim_multiple) +
+             ", group <= " + std::to_string(lim.max_gqa_group) + ")");
+  }
+}
+
+}  // namespace ember

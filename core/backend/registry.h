@@ -1,0 +1,42 @@
+// Backend registry: how the core gets a Backend without linking any device
+// library. In-process backends register a factory by name (libember
+// registers the CPU backend, cpu/cpu_backend.h); "cuda" and "cuda:N" are
+// loaded from the plugin (core/backend/plugin.h); "auto" takes CUDA when its
+// plugin loads and a device answers, else "cpu".
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/backend/backend.h"
+
+namespace ember {
+
+class BackendExtras;
+
+struct BackendOptions {
+  int32_t n_threads = 0;        // 0: every core
+  bool batch_invariant = true;  // see EngineParams::batch_invariant
+};
+
+using BackendFactory = std::unique_ptr<Backend> (*)(const BackendOptions& options);
+
+// Registers (or replaces) an in-process backend. Thread-safe.
+void register_backend(const std::string& name, BackendFactory factory);
+
+struct CreatedBackend {
+  std::unique_ptr<Backend> backend;
+  BackendExtras* extras = nullptr;  // plugin capabilities (same object), or nullptr
+  std::string device;               // what was chosen: "cpu", "cuda", "cuda:1", ...
+};
+
+// Throws ember::Error: kUnsupported when the device is not available (the
+// message says what is missing), kInvalidArgument for an unknown name.
+CreatedBackend create_backend(const std::string& device, const BackendOptions& options);
+
+// Throws ember::Error(kUnsupported) when a model of this shape exceeds what
+// the backend's kernels support (BackendLimits).
+void check_backend_limits(const Backend& backend, int32_t head_dim, int32_t n_heads, int32_t n_kv_heads);
+
+}  // namespace ember

@@ -1,0 +1,248 @@
+#include "core/engine/stream.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/engine/engine.h"
+#include "core/engine/session.h"
+#include "core/tokenizer/tokenizer.h"
+
+namespace ember {
+
+namespace {
+double ms_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+void require(bool ok, const char* message) {
+  if (!ok) fail(StatusCode::kInvalidArgument, message);
+}
+}  // namespace
+
+void StreamParams::validate() const {
+  const SamplingParams& s = sampling;
+  require(max_tokens > 0 && max_tokens <= kMaxTokensLimit, "stream params: max_tokens must be in [1, 16777216]");
+  require(s.temperature >= 0.0f && s.temperature <= 100.0f, "stream params: temperature must be in [0, 100]");
+  require(s.top_k >= 0, "stream params: top_k must be >= 0");
+  require(s.top_p > 0.0f && s.top_p <= 1.0f, "stream params: top_p must be in (0, 1]");
+  require(s.min_p >= 0.0f && s.min_p <= 1.0f, "stream params: min_p must be in [0, 1]");
+  require(s.repeat_penalty > 0.0f && s.repeat_penalty <= 100.0f, "stream params: repeat_penalty must be in (0, 100]");
+  require(s.presence_penalty >= -100.0f && s.presence_penalty <= 100.0f,
+          "stream params: presence_penalty out of range");
+  require(s.frequency_penalty >= -100.0f && s.frequency_penalty <= 100.0f,
+          "stream params: frequency_penalty out of range");
+  require(s.penalty_last_n >= -1, "stream params: penalty_last_n must be >= -1");
+  require(stop.size() <= kMaxStopStrings, "stream params: at most 64 stop strings");
+  for (const auto& s : stop) require(!s.empty(), "stream params: empty stop string");
+}
+
+Stream::Stream(std::shared_ptr<Session> session, const StreamParams& params)
+    : session_(std::move(session)),
+      params_(params),
+      sampler_(params.sampling, session_->engine().model().config().n_vocab),
+      detok_(std::make_unique<StreamingDetokenizer>(session_->engine().model().tokenizer())) {
+  params_.validate();
+  t_start_ = std::chrono::steady_clock::now();
+}
+
+Stream::~Stream() = default;
+
+void Stream::enable_scoring(size_t first, size_t n_scores) {
+  score_mode_ = true;
+  score_first_ = first;
+  scores_.assign(n_scores, std::nanf(""));
+}
+
+bool Stream::finished() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return finished_;
+}
+
+void Stream::add_prompt_tokens(size_t n) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.prompt_tokens += n;
+}
+
+void Stream::push(StreamEvent ev) {
+  Callback cb;
+  std::vector<StreamEvent> deliver;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (ev.type != StreamEvent::kText) finished_ = true;
+    queue_.push_back(std::move(ev));
+    if (callback_) {
+      cb = callback_;
+      deliver.assign(std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.end()));
+      queue_.clear();
+      if (finished_) consumer_done_ = true;
+    }
+  }
+  cv_.notify_all();
+  for (const auto& e : deliver) {
+    if (cb(e)) cancel_requested_ = true;
+    if (e.type != StreamEvent::kText) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        callback_done_ = true;
+      }
+      cv_.notify_all();
+    }
+  }
+}
+
+void Stream::emit_text(bool final_flush) {
+  // Hold back the longest tail that could still grow into a stop string.
+  size_t keep = 0;
+  if (!final_flush) {
+    for (const auto& stop : params_.stop) {
+      const size_t max_len = std::min(stop.size() - 1, held_text_.size());
+      for (size_t len = max_len; len > keep; --len) {
+        if (held_text_.compare(held_text_.size() - len, len, stop, 0, len) == 0) {
+          keep = len;
+          break;
+        }
+      }
+    }
+  }
+  const size_t emit = held_text_.size() - keep;
+  if (emit == 0 && !(final_flush && !held_tokens_.empty())) return;
+  StreamEvent ev;
+  ev.type = StreamEvent::kText;
+  ev.text = held_text_.substr(0, emit);
+  ev.tokens = std::move(held_tokens_);
+  held_tokens_.clear();
+  held_text_.erase(0, emit);
+  reply_text_ += ev.text;
+  if (ev.text.empty() && ev.tokens.empty()) return;
+  push(std::move(ev));
+}
+
+void Stream::on_token(int32_t token, bool is_eog) {
+  const auto now = std::chrono::steady_clock::now();
+  if (!started_decoding_) {
+    started_decoding_ = true;
+    t_first_token_ = now;
+  }
+  ++generated_;
+  const bool context_full = session_->append_generated(token);
+  if (is_eog && !params_.ignore_eos) {
+    finish(EndReason::kEos);
+    return;
+  }
+  held_text_ += detok_->feed(token);
+  held_tokens_.push_back(token);
+  for (const auto& stop : params_.stop) {
+    const size_t at = held_text_.find(stop);
+    if (at != std::string::npos) {
+      held_text_.resize(at);
+      emit_text(true);
+      finish(EndReason::kStopString);
+      return;
+    }
+  }
+  emit_text(false);
+  if (generated_ >= static_cast<size_t>(params_.max_tokens)) {
+    finish(EndReason::kMaxTokens);
+  } else if (context_full) {
+    finish(EndReason::kContextFull);
+  }
+}
+
+void Stream::finish(EndReason reason) {
+  if (finished()) return;
+  if (reason != EndReason::kStopString) {
+    held_text_ += detok_->flush();
+    emit_text(true);
+  }
+  session_->end_turn(score_mode_ ? nullptr : &reply_text_);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    t_end_ = std::chrono::steady_clock::now();
+    stats_.generated_tokens = generated_;
+    stats_.end_reason = reason;
+  }
+  StreamEvent ev;
+  ev.type = StreamEvent::kEnd;
+  ev.end_reason = reason;
+  push(std::move(ev));
+}
+
+void Stream::fail_with(StatusCode code, const std::string& message) {
+  if (finished()) return;
+  session_->end_turn(nullptr);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    t_end_ = std::chrono::steady_clock::now();
+    stats_.generated_tokens = generated_;
+  }
+  StreamEvent ev;
+  ev.type = StreamEvent::kError;
+  ev.status = code;
+  ev.error = message;
+  push(std::move(ev));
+}
+
+StatusCode Stream::next(StreamEvent& out, int32_t timeout_ms) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (callback_) return StatusCode::kBusy;
+  if (consumer_done_) return StatusCode::kEndOfStream;
+  auto ready = [&] { return !queue_.empty(); };
+  if (timeout_ms < 0) {
+    cv_.wait(lock, ready);
+  } else if (!cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), ready)) {
+    return StatusCode::kTimeout;
+  }
+  out = std::move(queue_.front());
+  queue_.pop_front();
+  if (out.type != StreamEvent::kText) consumer_done_ = true;
+  return StatusCode::kOk;
+}
+
+void Stream::set_callback(Callback cb) {
+  std::vector<StreamEvent> deliver;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (callback_) fail(StatusCode::kBusy, "stream: a callback is already set");
+    if (consumer_done_) fail(StatusCode::kEndOfStream, "stream: already ended");
+    callback_ = cb;
+    if (finished_) {  // nothing more will be pushed: deliver what is queued now
+      deliver.assign(std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.end()));
+      queue_.clear();
+      consumer_done_ = true;
+    }
+  }
+  for (const auto& e : deliver) cb(e);
+  if (!deliver.empty()) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      callback_done_ = true;
+    }
+    cv_.notify_all();
+  }
+}
+
+void Stream::wait() {
+  Engine& engine = session_->engine();
+  if (engine.manual()) {
+    // No worker: drive the engine from here until this stream has ended.
+    while (!finished()) engine.run_steps(0, 1);
+  }
+  std::unique_lock<std::mutex> lock(mutex_);
+  cv_.wait(lock, [&] { return finished_ && (!callback_ || callback_done_); });
+}
+
+StreamStats Stream::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  StreamStats s = stats_;
+  s.finished = finished_;
+  s.generated_tokens = generated_;
+  if (started_decoding_) {
+    s.ttft_ms = ms_between(t_start_, t_first_token_);
+    if (s.ttft_ms > 0) s.prefill_tokens_per_second = static_cast<double>(s.prompt_tokens) / (s.ttft_ms / 1000.0);
+    const auto end = finished_ ? t_end_ : std::chrono::steady_clock::now();
+    const double decode_ms = ms_between(t_first_token_, end);
+    if (generated_ > 1 && decode_ms > 0) s.tokens_per_second = static_cast<double>(generated_ - 1) / (decode_ms / 1000.0);
+  }
+  return s;
+}
+
+}  // namespace ember

@@ -1,0 +1,135 @@
+// core::Stream: one generation (or one scoring pass) on a session.
+//
+// The host pulls events with next() or has them pushed to a callback; the
+// engine's step feeds it (sample, on_token, finish, fail_with). Text pieces
+// never split a UTF-8 character and never show the start of a stop string
+// that may still complete.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/sampling/sampler.h"
+#include "core/scheduler/scheduler.h"
+#include "core/util/status.h"
+
+namespace ember {
+
+class Session;
+class StreamingDetokenizer;
+
+struct StreamParams {
+  static constexpr int32_t kMaxTokensLimit = 1 << 24;
+  static constexpr size_t kMaxStopStrings = 64;
+
+  SamplingParams sampling;
+  int32_t max_tokens = 256;
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+
+  // Throws ember::Error(kInvalidArgument) naming the first bad field.
+  void validate() const;
+};
+
+enum class EndReason : int32_t { kNone = 0, kEos = 1, kStopString = 2, kMaxTokens = 3, kCancelled = 4, kContextFull = 5 };
+
+struct StreamEvent {
+  enum Type : int32_t { kText = 0, kEnd = 1, kError = 2 } type = kText;
+  std::string text;
+  std::vector<int32_t> tokens;
+  EndReason end_reason = EndReason::kNone;
+  StatusCode status = StatusCode::kOk;
+  std::string error;
+};
+
+struct StreamStats {
+  size_t prompt_tokens = 0, generated_tokens = 0;
+  double ttft_ms = 0, tokens_per_second = 0, prefill_tokens_per_second = 0;
+  bool finished = false;
+  EndReason end_reason = EndReason::kNone;
+};
+
+class Stream : public std::enable_shared_from_this<Stream> {
+ public:
+  using Callback = std::function<bool(const StreamEvent&)>;  // true = cancel
+  // Validates `params` (throws ember::Error).
+  Stream(std::shared_ptr<Session> session, const StreamParams& params);
+  ~Stream();
+
+  // ---- host side
+  // Pops the next event. Returns kTimeout / kEndOfStream / kBusy / kOk.
+  StatusCode next(StreamEvent& out, int32_t timeout_ms);
+  // Pushes every event to `cb` (on the engine's thread) from now on. The
+  // last (END/ERROR) call has returned before wait() returns, so the host
+  // may free what the callback uses once wait() is back.
+  void set_callback(Callback cb);
+  void cancel() { cancel_requested_ = true; }
+  // Until the stream has ended and its last callback (if any) returned. In
+  // manual mode, runs engine steps on the caller's thread meanwhile.
+  void wait();
+  StreamStats stats() const;
+
+  // ---- scoring (Session::score): rows from history index first - 1 on get
+  // logits; scores()[i] is log p(history token first + i).
+  void enable_scoring(size_t first, size_t n_scores);
+  bool score_mode() const { return score_mode_; }
+  size_t score_first() const { return score_first_; }
+  const std::vector<float>& scores() const { return scores_; }
+
+  // ---- engine side (core/engine/engine.cpp)
+  Session& session() const { return *session_; }
+  SchedSequence& sched() { return sched_; }
+  bool cancel_requested() const { return cancel_requested_; }
+  bool finished() const;
+  bool started_decoding() const { return started_decoding_; }
+  int32_t penalty_last_n() const { return params_.sampling.penalty_last_n; }
+  void add_prompt_tokens(size_t n);
+  int32_t sample(float* logits, const std::vector<int32_t>& history) { return sampler_.sample(logits, history); }
+  void set_score(size_t target, float logprob) { scores_[target - score_first_] = logprob; }
+  // A sampled token: appended to the session, detokenized, checked against
+  // the stop conditions (may finish the stream).
+  void on_token(int32_t token, bool is_eog);
+  void finish(EndReason reason);
+  void fail_with(StatusCode code, const std::string& message);
+
+ private:
+  void push(StreamEvent ev);
+  void emit_text(bool final_flush);
+
+  std::shared_ptr<Session> session_;
+  StreamParams params_;
+  SchedSequence sched_;  // the scheduler's view, refreshed every step
+  Sampler sampler_;
+  std::unique_ptr<StreamingDetokenizer> detok_;
+  std::atomic<bool> cancel_requested_{false};
+
+  // Engine-thread state.
+  std::string held_text_;  // decoded but not yet emitted (stop-string look-behind)
+  std::vector<int32_t> held_tokens_;
+  std::string reply_text_;  // everything emitted, for the session's messages
+  std::atomic<size_t> generated_{0};
+  std::atomic<bool> started_decoding_{false};
+  bool score_mode_ = false;
+  size_t score_first_ = 0;
+  std::vector<float> scores_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<StreamEvent> queue_;
+  Callback callback_;
+  bool finished_ = false;       // END/ERROR pushed
+  bool consumer_done_ = false;  // END/ERROR popped or handed to the callback
+  bool callback_done_ = false;  // the callback's END/ERROR call has returned
+  StreamStats stats_;
+  std::chrono::steady_clock::time_point t_start_, t_first_token_, t_end_;
+};
+
+}  // namespace ember

@@ -1,0 +1,240 @@
+// core::KvManager: the one owner of every sequence's KV bookkeeping.
+//
+// A sequence (KvSequence) is a token history and the KV that backs it: the
+// block table into the engine's pool (KvCache), how many history tokens have
+// been run through the model (computed), the cache policy (full, window,
+// sinks + window) with its eviction state and in-cache positions, and the
+// provisional tokens of a speculative step. KvManager is the only code that
+// changes a KvSequence or the pool; sessions, streams, the engine step and
+// session files ask it (vLLM v1's KVCacheManager over its BlockPool).
+//
+// What it offers:
+//   history    append / replace / truncate tokens; what is computed follows
+//   scheduling the scheduler's KvBudget (allocate, free = preempt, admit =
+//              prefix-cache hit) through step_budget()
+//   forward    rows of the next chunk into a Batch, then commit_computed()
+//   speculate  append_provisional(), then commit_provisional() of a prefix or
+//              of one root-to-leaf path of a token tree; the rest rolls back
+//   park       between turns a full sequence pins no block (prefix cache)
+//   files      export_blocks() / restore() for session save and load
+//
+// Threads: each KvSequence has a mutex that guards it (and, by convention,
+// its owner's own state: a Session locks it for its messages too). Every
+// method taking a KvSequence& expects the caller to hold that mutex, except
+// the StepBudget methods, which lock it themselves. The pool has its own
+// lock; the order is sequence, then pool.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/kv_cache/kv_cache.h"
+#include "core/kv_cache/streaming.h"
+#include "core/scheduler/scheduler.h"
+#include "core/util/status.h"
+
+namespace ember {
+
+struct Batch;
+
+class KvSequence {
+ public:
+  // Guards this sequence (and its owner's state, see above).
+  std::mutex& mutex() const { return mutex_; }
+
+  const CachePolicy& policy() const { return policy_; }
+  bool bounded() const { return policy_.bounded(); }
+  // The history: every token of the sequence, and per token 1 if a stream
+  // generated it (its row is computed as a decode, AttentionParams::decode_rows,
+  // also when recomputed after a preemption), 0 for prompt and scored tokens.
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  const std::vector<uint8_t>& generated() const { return generated_; }
+  // History tokens [0, n_computed) have been run (resident or evicted).
+  size_t n_computed() const { return n_computed_; }
+  // Provisional tokens (speculation) sit in the slots after the computed
+  // ones until they are committed or rolled back; not part of the history.
+  const std::vector<int32_t>& provisional() const { return provisional_; }
+  size_t n_blocks() const { return block_table_.size(); }
+  const StreamingLayout& layout() const { return layout_; }
+  // Highest RoPE position any of its rows was given (-1: none).
+  int32_t max_position() const { return max_position_; }
+  // Tokens whose K/V are in the cache now.
+  size_t resident() const;
+  // Whether its cache holds tokens at moved positions (an evicting policy
+  // has shifted it): such a cache can neither be shared nor recomputed.
+  bool shifted() const { return layout_.shifted(); }
+
+ private:
+  friend class KvManager;
+  explicit KvSequence(const CachePolicy& policy, const StreamingLayout& layout)
+      : policy_(policy), layout_(layout) {}
+
+  mutable std::mutex mutex_;
+  CachePolicy policy_;
+  StreamingLayout layout_;  // bounded policies: where the tokens sit in block_table_
+  std::vector<int32_t> tokens_;
+  std::vector<uint8_t> generated_;
+  std::vector<int32_t> block_table_;
+  size_t n_computed_ = 0;
+  std::vector<int32_t> provisional_;
+  int32_t max_position_ = -1;
+};
+
+class KvManager {
+ public:
+  // The pool's K-shift needs the model's RoPE (window/sink policies).
+  struct Rope {
+    int32_t rot_dim = 0;
+    float freq_base = 10000.0f;
+  };
+  KvManager(Backend& backend, const KvGeometry& geometry, bool prefix_caching, Rope rope);
+
+  const KvGeometry& geometry() const { return pool_.geometry(); }
+  int32_t block_size() const { return pool_.block_size(); }
+  size_t total_blocks() const { return pool_.total_blocks(); }
+  KvCacheStats stats() const { return pool_.stats(); }
+  std::string backend_name() const { return pool_.backend_name(); }
+
+  // ---- sequences
+  // A new empty sequence. A bounded policy is completed (window size from
+  // n_ctx), validated against the model's trained context, and must fit the
+  // pool on its own: it holds its blocks for life and once it has evicted it
+  // can never be preempted. Throws ember::Error.
+  std::unique_ptr<KvSequence> create(CachePolicy policy, int32_t n_ctx, int32_t n_ctx_train) const;
+  // Drops every block and the history (the policy stays).
+  void reset(KvSequence& seq);
+  // Releases the sequence's blocks; call before destroying it.
+  void release(KvSequence& seq);
+
+  // ---- history
+  void append(KvSequence& seq, const int32_t* ids, size_t n, bool generated);
+  // Replaces the history with `ids` (re-rendered chat), keeping the longest
+  // common prefix computed; the rest counts as prompt.
+  void replace_history(KvSequence& seq, std::vector<int32_t> ids);
+  // Rolls the computed tokens back to at most `n` (their KV is dropped); the
+  // history stays. Throws kUnsupported when a bounded policy has already
+  // evicted token n.
+  void uncompute(KvSequence& seq, size_t n);
+
+  // ---- scheduling
+  // The scheduler's view of a sequence (SchedSequence fields it owns).
+  void describe(const KvSequence& seq, SchedSequence& out) const;
+  // One step's KvBudget over the sequences of the step, indexed by
+  // SchedSequence::id. reuse_limit: a prefix-cache hit may cover at most
+  // history tokens [0, reuse_limit) (rows with wanted logits are computed).
+  struct BudgetEntry {
+    KvSequence* seq = nullptr;
+    size_t reuse_limit = SIZE_MAX;
+  };
+  class StepBudget final : public KvBudget {
+   public:
+    bool allocate(SchedSequence& s, size_t n_slots) override;
+    void free(SchedSequence& s) override;
+    void admit(SchedSequence& s) override;
+    size_t capacity_slots() const override;
+    // Allocations that failed with an error (the sequence must fail).
+    const std::vector<std::pair<uint64_t, Error>>& errors() const { return errors_; }
+
+   private:
+    friend class KvManager;
+    StepBudget(KvManager& kv, std::vector<BudgetEntry> entries) : kv_(kv), entries_(std::move(entries)) {}
+    KvManager& kv_;
+    std::vector<BudgetEntry> entries_;
+    std::vector<std::pair<uint64_t, Error>> errors_;
+  };
+  StepBudget step_budget(std::vector<BudgetEntry> entries) { return StepBudget(*this, std::move(entries)); }
+  // Grows the cache so `n_new` more history tokens can be computed (a
+  // bounded policy evicts and K-shifts first). False when the pool lacks
+  // blocks now (nothing changed that matters: retry later). Throws on a
+  // backend failure.
+  bool grow(KvSequence& seq, size_t n_new);
+
+  // ---- forward
+  // Appends rows for history tokens [n_computed, n_computed + n) to `batch`;
+  // rows at history index >= first_logit get logits.
+  void add_rows(KvSequence& seq, Batch& batch, int32_t n, size_t first_logit);
+  // Marks `n` more history tokens computed and indexes full blocks in the
+  // prefix cache (unless the cache is shifted or `index` is false).
+  void commit_computed(KvSequence& seq, size_t n, bool index = true);
+  // Between turns: indexes and releases a full sequence's blocks so an idle
+  // session pins nothing (its next turn finds them again through the prefix
+  // cache). Bounded sequences keep theirs.
+  void park(KvSequence& seq);
+
+  // ---- speculation
+  // Reserves slots for `ids` after the computed tokens (all history tokens
+  // must be computed). A bounded policy takes at most its chunk limit.
+  // False when the pool lacks blocks now.
+  bool append_provisional(KvSequence& seq, const std::vector<int32_t>& ids);
+  // Rows for the provisional tokens as a chain: row i at position
+  // n_computed + i attends to the computed tokens and provisional rows
+  // 0..i. Every row gets logits. (A token tree's rows need a tree mask in the
+  // Batch and its attention: speculative decoding adds it; the commit below
+  // already keeps any root-to-leaf path.)
+  void add_provisional_rows(KvSequence& seq, Batch& batch);
+  // Keeps the provisional tokens `path` (indices into provisional(), root to
+  // leaf; a chain's prefix is {0..k-1}) as history and computed tokens, with
+  // their KV moved to consecutive slots; rolls back everything else.
+  // `generated`: the kept tokens count as generated.
+  void commit_provisional(KvSequence& seq, const std::vector<int32_t>& path, bool generated);
+  void rollback_provisional(KvSequence& seq);
+
+  // ---- session files
+  // The blocks that back the computed prefix, in table order, with how many
+  // tokens they hold. An idle full sequence pins nothing: its prefix blocks
+  // are found in the prefix cache and referenced until the Export goes.
+  class Export {
+   public:
+    ~Export();
+    Export(Export&&) = delete;
+    const std::vector<int32_t>& blocks() const { return blocks_; }
+    size_t n_computed() const { return n_computed_; }
+
+   private:
+    friend class KvManager;
+    Export(KvManager& kv, std::vector<int32_t> blocks, size_t n, bool borrowed)
+        : kv_(kv), blocks_(std::move(blocks)), n_computed_(n), borrowed_(borrowed) {}
+    KvManager& kv_;
+    std::vector<int32_t> blocks_;
+    size_t n_computed_;
+    bool borrowed_;
+  };
+  std::unique_ptr<Export> export_blocks(KvSequence& seq);
+  void read_block(int32_t block, void* dst) const { pool_.read_block(block, dst); }
+  // Restores a saved sequence into the empty `seq`: history, computed count,
+  // eviction state and the raw blocks (bytes_per_block() each, table order).
+  // Throws kBadFormat (inconsistent state, via `corrupt`) or kOutOfMemory.
+  struct Saved {
+    std::vector<int32_t> tokens;
+    std::vector<uint8_t> generated;
+    size_t n_computed = 0;
+    int64_t n_evicted = 0, dropped_blocks = 0;
+    int32_t max_position = -1;
+    const uint8_t* blocks = nullptr;
+    size_t n_blocks = 0;
+  };
+  void restore(KvSequence& seq, Saved saved, const std::function<void(const std::string&)>& corrupt);
+
+  // ---- whole-context scoring outside any session (Engine::score)
+  // A private full-policy table for `n_slots` slots; false when the pool
+  // lacks blocks now. release() it after use.
+  bool reserve_scratch(KvSequence& seq, size_t n_slots);
+
+ private:
+  bool allocate_locked(KvSequence& seq, size_t n_slots);
+  void admit_locked(KvSequence& seq, size_t reuse_limit, SchedSequence& s);
+  void free_locked(KvSequence& seq, SchedSequence& s);
+  // Copies the K/V of single slots inside one table (tree compaction).
+  void copy_slots(const std::vector<int32_t>& table, const std::vector<std::pair<int32_t, int32_t>>& moves);
+
+  KvCache pool_;
+  Rope rope_;
+};
+
+}  // namespace ember

@@ -1,0 +1,19 @@
+// The CPU backend: oneDNN plus Ember's own SIMD kernels.
+#pragma once
+
+#include <memory>
+
+#include "core/backend/backend.h"
+
+namespace ember {
+
+// Creates the CPU backend (threads: 0 = all cores). batch_invariant: every
+// matmul row is computed as for a single row, so a sequence's output never
+// depends on batching, chunking or prefix-cache hits.
+std::unique_ptr<Backend> make_cpu_backend(int n_threads, bool batch_invariant = true);
+
+// Registers the CPU backend as "cpu" in the core's backend registry
+// (core/backend/registry.h). Idempotent, thread-safe.
+void register_cpu_backend();
+
+}  // namespace ember
