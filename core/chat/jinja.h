@@ -14,6 +14,8 @@
 // errors) -> kInvalidArgument; abuse limits -> kInvalidArgument.
 #pragma once
 
+#include "core/util/utf8.h"
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -104,12 +106,7 @@ struct JsonOptions {
 std::string to_json(const Value& v, const JsonOptions& opt);
 const char* type_name(const Value& v);  // Python type name for messages
 
-// UTF-8 helpers (jinja_value.cpp).
-bool utf8_valid(std::string_view s);
-std::u32string utf8_decode(std::string_view s);  // precondition: valid
-std::string utf8_encode(std::u32string_view s);
-void utf8_append(std::string& out, char32_t cp);
-size_t utf8_length(std::string_view s);
+// Python str.isspace for one code point (jinja_value.cpp).
 bool py_isspace(char32_t c);
 
 [[noreturn]] void runtime_error(const std::string& msg);      // kInvalidArgument

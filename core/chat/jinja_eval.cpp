@@ -110,12 +110,12 @@ bool is_cased(char32_t c) { return lower_cp(c) != c || upper_cp(c) != c || c == 
 
 void append_upper(std::string& out, char32_t c) {
   if (c == 0xDF) out += "SS";
-  else utf8_append(out, upper_cp(c));
+  else append_utf8(out, upper_cp(c));
 }
 
 std::string str_lower(const std::string& s) {
   std::string out;
-  for (char32_t c : utf8_decode(s)) utf8_append(out, lower_cp(c));
+  for (char32_t c : utf8_decode(s)) append_utf8(out, lower_cp(c));
   return out;
 }
 std::string str_upper(const std::string& s) {
@@ -128,7 +128,7 @@ std::string str_capitalize(const std::string& s) {
   std::string out;
   for (size_t k = 0; k < u.size(); ++k) {
     if (k == 0) append_upper(out, u[k]);
-    else utf8_append(out, lower_cp(u[k]));
+    else append_utf8(out, lower_cp(u[k]));
   }
   return out;
 }
@@ -136,7 +136,7 @@ std::string str_title_py(const std::string& s) {  // str.title()
   std::string out;
   bool prev_cased = false;
   for (char32_t c : utf8_decode(s)) {
-    if (prev_cased) utf8_append(out, lower_cp(c));
+    if (prev_cased) append_utf8(out, lower_cp(c));
     else append_upper(out, c);
     prev_cased = is_cased(c);
   }
@@ -231,7 +231,7 @@ std::string str_replace(const std::string& s, const std::string& old, const std:
         out += rep;
         ++done;
       }
-      if (k < u.size()) utf8_append(out, u[k]);
+      if (k < u.size()) append_utf8(out, u[k]);
       if (out.size() > limit) runtime_error("string result too large");
     }
     return out;
@@ -353,7 +353,7 @@ struct Evaluator {
         std::vector<Value> items;
         for (char32_t c : utf8_decode(v.str())) {
           std::string s;
-          utf8_append(s, c);
+          append_utf8(s, c);
           items.push_back(Value::string(std::move(s)));
         }
         return items;
@@ -457,7 +457,7 @@ struct Evaluator {
           int64_t i = key.i < 0 ? key.i + n : key.i;
           if (i >= 0 && i < n) {
             std::string s;
-            utf8_append(s, u[static_cast<size_t>(i)]);
+            append_utf8(s, u[static_cast<size_t>(i)]);
             return Value::string(std::move(s));
           }
         }
@@ -1115,7 +1115,7 @@ Value f_title(Evaluator&, const Value& v, CallArgs& a) {
     while (k < u.size() && is_sep(u[k]) == sep) ++k;
     for (size_t j = b; j < k; ++j) {
       if (j == b) append_upper(out, u[j]);
-      else utf8_append(out, lower_cp(u[j]));
+      else append_utf8(out, lower_cp(u[j]));
     }
   }
   return Value::string(std::move(out));
@@ -1828,7 +1828,7 @@ Value Evaluator::call_method(const Value& self, const std::string& name, CallArg
       if (name == "capitalize") return Value::string(str_capitalize(s));
       std::string out;
       for (char32_t c : utf8_decode(s)) {
-        if (lower_cp(c) != c) utf8_append(out, lower_cp(c));
+        if (lower_cp(c) != c) append_utf8(out, lower_cp(c));
         else append_upper(out, c);
       }
       return Value::string(std::move(out));

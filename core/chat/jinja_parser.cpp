@@ -310,7 +310,7 @@ class Lexer {
     for (size_t k = 0; k < n; ++k) {
       char32_t c = in[k];
       if (c != '\\') {
-        utf8_append(out, c);
+        append_utf8(out, c);
         continue;
       }
       if (k + 1 >= n) syntax_error(src_, begin, "\\ at end of string");
@@ -348,7 +348,7 @@ class Lexer {
           }
           if (v > 0x10FFFF) syntax_error(src_, begin, "illegal Unicode character");
           if (v >= 0xD800 && v <= 0xDFFF) unsupported("surrogate escape in a string literal");
-          utf8_append(out, v);
+          append_utf8(out, v);
           break;
         }
         case 'N': unsupported("\\N{...} escape in a string literal");
@@ -357,10 +357,10 @@ class Lexer {
             uint32_t v = static_cast<uint32_t>(e - '0');
             for (int d = 0; d < 2 && k + 1 < n && in[k + 1] >= '0' && in[k + 1] <= '7'; ++d)
               v = v * 8 + static_cast<uint32_t>(in[++k] - '0');
-            utf8_append(out, v);
+            append_utf8(out, v);
           } else {
             out.push_back('\\');
-            utf8_append(out, e);
+            append_utf8(out, e);
           }
       }
     }
@@ -1199,7 +1199,7 @@ class Parser {
 std::shared_ptr<const Program> parse_template(const std::string& source, const Limits& limits) {
   if (source.size() > limits.max_source_bytes)
     throw Error(StatusCode::kBadFormat, "chat template larger than " + std::to_string(limits.max_source_bytes) + " bytes");
-  if (!utf8_valid(source)) throw Error(StatusCode::kBadFormat, "chat template is not valid UTF-8");
+  if (!is_valid_utf8(source)) throw Error(StatusCode::kBadFormat, "chat template is not valid UTF-8");
   Lexer lexer(source);
   std::vector<Token> toks = lexer.run();
   Parser parser(lexer.source(), std::move(toks), limits);

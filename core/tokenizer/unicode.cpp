@@ -1,5 +1,7 @@
 #include "core/tokenizer/unicode.h"
 
+#include "core/util/utf8.h"
+
 #include <algorithm>
 #include <array>
 #include <memory>
@@ -70,88 +72,6 @@ uint16_t flags(uint32_t cp) {
 }
 
 const char* tables_version() { return detail::kUnicodeVersion; }
-
-bool decode_utf8(std::string_view s, size_t pos, uint32_t* cp, size_t* len, bool* incomplete) {
-  if (incomplete) *incomplete = false;
-  const size_t n = s.size();
-  const uint8_t b0 = static_cast<uint8_t>(s[pos]);
-  if (b0 < 0x80) {
-    *cp = b0;
-    *len = 1;
-    return true;
-  }
-  size_t need;
-  uint32_t c;
-  uint8_t lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-  if (b0 >= 0xC2 && b0 <= 0xDF) {
-    need = 1;
-    c = b0 & 0x1F;
-  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-    need = 2;
-    c = b0 & 0x0F;
-    if (b0 == 0xE0) lo = 0xA0;  // overlong
-    if (b0 == 0xED) hi = 0x9F;  // surrogates
-  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-    need = 3;
-    c = b0 & 0x07;
-    if (b0 == 0xF0) lo = 0x90;  // overlong
-    if (b0 == 0xF4) hi = 0x8F;  // > U+10FFFF
-  } else {
-    *len = 1;  // continuation byte, C0, C1 or F5..FF
-    return false;
-  }
-  for (size_t i = 1; i <= need; ++i) {
-    if (pos + i >= n) {
-      *len = i;
-      if (incomplete) *incomplete = true;
-      return false;
-    }
-    const uint8_t b = static_cast<uint8_t>(s[pos + i]);
-    const uint8_t l = (i == 1) ? lo : 0x80;
-    const uint8_t h = (i == 1) ? hi : 0xBF;
-    if (b < l || b > h) {
-      *len = i;
-      return false;
-    }
-    c = (c << 6) | (b & 0x3F);
-  }
-  *cp = c;
-  *len = need + 1;
-  return true;
-}
-
-size_t find_invalid_utf8(std::string_view s) {
-  size_t pos = 0;
-  const size_t n = s.size();
-  while (pos < n) {
-    // Fast path over ASCII.
-    while (pos < n && static_cast<uint8_t>(s[pos]) < 0x80) ++pos;
-    if (pos >= n) break;
-    uint32_t cp;
-    size_t len;
-    if (!decode_utf8(s, pos, &cp, &len)) return pos;
-    pos += len;
-  }
-  return std::string_view::npos;
-}
-
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
 
 uint32_t byte_to_cp(uint8_t b) { return byte_map().to_cp[b]; }
 

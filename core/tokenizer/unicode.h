@@ -3,6 +3,8 @@
 // UTF-8 decoding/validation, and the GPT-2 byte <-> unicode alphabet.
 #pragma once
 
+#include "core/util/utf8.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -36,20 +38,10 @@ inline bool is_punctuation(uint32_t cp) { return flags(cp) & cp_flags::kPunctuat
 // Unicode version of the generated tables, e.g. "15.1.0".
 const char* tables_version();
 
-// Decodes one UTF-8 sequence at s[pos]. Strict (RFC 3629): no overlong forms,
-// no surrogates, nothing above U+10FFFF. On success stores the code point and
-// its byte length and returns true. On failure returns false and stores in
-// *len the length of the maximal ill-formed subpart (>= 1): the number of bytes
-// a decoder replaces with one U+FFFD ("substitution of maximal subparts").
-// *incomplete is set when the failure is only that the input ends inside an
-// otherwise valid sequence.
-bool decode_utf8(std::string_view s, size_t pos, uint32_t* cp, size_t* len, bool* incomplete = nullptr);
-
-// Byte offset of the first invalid UTF-8 sequence, or npos when s is valid.
-size_t find_invalid_utf8(std::string_view s);
-
-// Appends the UTF-8 encoding of cp (cp must be <= U+10FFFF).
-void append_utf8(std::string& out, uint32_t cp);
+// UTF-8 coding lives in core/util/utf8.h (one library for the whole core).
+using ember::append_utf8;
+using ember::decode_utf8;
+using ember::find_invalid_utf8;
 
 // GPT-2 byte-level alphabet: every byte maps to one printable code point
 // (printable Latin-1 bytes map to themselves, the rest to U+0100..U+0143).
