@@ -119,7 +119,7 @@ class BackendExtras {
 // The plugin ABI.
 
 // Bump on any change to Backend, BackendExtras or the structs they take.
-inline constexpr uint32_t kBackendPluginAbi = 2;  // 2: kv_rope_shift, kv_read/write_block, AttentionSeq holes
+inline constexpr uint32_t kBackendPluginAbi = 3;  // 2: kv_rope_shift, kv_read/write_block, AttentionSeq holes; 3: Backend::limits
 
 // A hash of what both sides must agree on: the sizes of the interface
 // structs and the C++ library ABI. Computed from the headers each side was

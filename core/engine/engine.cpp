@@ -131,11 +131,62 @@ void Engine::worker_loop(std::shared_ptr<Engine> self) {
   self.reset();  // may destroy the engine, on this thread
 }
 
+// A step's cost is modelled as fixed + per_token * rows, fitted by least
+// squares over recent steps (exponentially weighted, so it follows the
+// machine). Until two different step sizes have been seen, steps run one or
+// two tokens, which is never much more than a decode step.
+int32_t Engine::frame_token_budget(double left_ms) {
+  std::lock_guard<std::mutex> lock(cost_mutex_);
+  const StepCostFit& f = cost_;
+  const double var = f.w > 0 ? f.sxx / f.w - (f.sx / f.w) * (f.sx / f.w) : 0;
+  if (var < 0.05) return f.w > 0 && f.sx / f.w < 1.5 ? 2 : 1;
+  const double slope = (f.sxy / f.w - (f.sx / f.w) * (f.sy / f.w)) / var;
+  const double fixed = f.sy / f.w - slope * (f.sx / f.w);
+  if (slope <= 0) return 2;
+  return static_cast<int32_t>(std::clamp((left_ms - std::max(fixed, 0.0)) / slope, 1.0, 65536.0));
+}
+
+double Engine::step_fixed_ms() {
+  std::lock_guard<std::mutex> lock(cost_mutex_);
+  const StepCostFit& f = cost_;
+  if (f.w <= 0) return 0;
+  const double var = f.sxx / f.w - (f.sx / f.w) * (f.sx / f.w);
+  if (var < 0.05) return f.sy / f.w;  // mostly one-token steps: their mean
+  const double slope = (f.sxy / f.w - (f.sx / f.w) * (f.sy / f.w)) / var;
+  return std::max(f.sy / f.w - slope * (f.sx / f.w), 0.0);
+}
+
+void Engine::measure_step(size_t rows, double ms) {
+  constexpr double kDecay = 0.95;  // about the last 20 steps
+  if (rows == 0) return;
+  std::lock_guard<std::mutex> lock(cost_mutex_);
+  StepCostFit& f = cost_;
+  const double x = static_cast<double>(rows);
+  f.w = kDecay * f.w + 1;
+  f.sx = kDecay * f.sx + x;
+  f.sy = kDecay * f.sy + ms;
+  f.sxx = kDecay * f.sxx + x * x;
+  f.sxy = kDecay * f.sxy + x * ms;
+}
+
 size_t Engine::run_steps(double max_ms, int64_t max_tokens) {
+  // A frame budget: each step runs only the prompt tokens that fit the time
+  // left at the measured costs, so a long prompt waiting is prefilled across
+  // frames instead of taking one frame for itself.
   const auto t0 = std::chrono::steady_clock::now();
   size_t total = 0;
-  for (;;) {
-    const size_t n = step();
+  for (bool first = true;; first = false) {
+    // After the first step, another one starts only if at least a step's
+    // fixed cost still fits the frame.
+    if (!first && max_ms > 0 && max_ms - ms_since(t0) < step_fixed_ms()) break;
+    int32_t budget = max_ms > 0 ? frame_token_budget(max_ms - ms_since(t0)) : 0;
+    if (max_tokens > 0) {
+      const int64_t left = std::min<int64_t>(max_tokens - static_cast<int64_t>(total), 65536);
+      budget = static_cast<int32_t>(budget > 0 ? std::min<int64_t>(budget, left) : left);
+    }
+    const auto ts = std::chrono::steady_clock::now();
+    const size_t n = step(budget);
+    measure_step(n, ms_since(ts));
     total += n;
     if (n == 0) break;
     if (max_tokens > 0 && static_cast<int64_t>(total) >= max_tokens) break;
@@ -214,9 +265,15 @@ void Engine::gather(const std::vector<std::shared_ptr<Stream>>& streams, StepWor
   }
 }
 
-void Engine::schedule(StepWork& w) {
+void Engine::schedule(StepWork& w, int32_t token_budget) {
+  if (token_budget > 0) {
+    // Every running decode keeps its token, whatever the budget.
+    int32_t decodes = 0;
+    for (const SchedSequence* s : w.seqs) decodes += s->running && s->n_tokens == s->n_computed + 1;
+    token_budget = std::max(token_budget, decodes);
+  }
   KvManager::StepBudget budget = kv_->step_budget(w.budget);
-  w.plan = scheduler_->schedule(w.seqs, budget);
+  w.plan = scheduler_->schedule(w.seqs, budget, token_budget);
   for (const auto& [id, error] : budget.errors()) {
     auto& run = w.plan.run;
     run.erase(std::remove_if(run.begin(), run.end(), [&](const auto& r) { return r.first->id == id; }), run.end());
@@ -270,6 +327,7 @@ bool Engine::run_forward(StepWork& w) {
 }
 
 void Engine::commit_and_sample(StepWork& w) {
+  if (testing::g_step_fault_hook) testing::g_step_fault_hook();
   const Tokenizer& tok = model_->tokenizer();
   const int32_t n_vocab = model_->config().n_vocab;
   for (auto& en : w.entries) {
@@ -316,7 +374,7 @@ void Engine::commit_and_sample(StepWork& w) {
   }
 }
 
-size_t Engine::step() {
+size_t Engine::step(int32_t token_budget) {
   std::lock_guard<std::mutex> step_lock(step_mutex_);
   std::vector<std::shared_ptr<Stream>> streams;
   drop_finished_streams(&streams);
@@ -329,18 +387,46 @@ size_t Engine::step() {
   } drop_at_end{*this};
   if (streams.empty()) return 0;
 
-  StepWork w;
-  gather(streams, w);
-  schedule(w);
-  build_batch(w);
-  if (w.entries.empty()) {
-    // Nothing could run (every sequence waits for blocks): let others finish.
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    return 0;
+  // A failure anywhere in the step ends every stream of the step with an
+  // ERROR event: no consumer is left waiting, and the engine goes on.
+  try {
+    StepWork w;
+    gather(streams, w);
+    schedule(w, token_budget);
+    build_batch(w);
+    if (w.entries.empty()) {
+      // Nothing could run (every sequence waits for blocks): let others finish.
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      return 0;
+    }
+    if (run_forward(w)) commit_and_sample(w);
+    return static_cast<size_t>(w.batch.n_rows());
+  } catch (const Error& e) {
+    fail_streams(streams, e.code(), "engine step failed: " + e.message());
+  } catch (const std::bad_alloc&) {
+    fail_streams(streams, StatusCode::kOutOfMemory, "engine step failed: out of memory");
+  } catch (const std::exception& e) {
+    fail_streams(streams, StatusCode::kInternal, std::string("engine step failed: ") + e.what());
+  } catch (...) {
+    fail_streams(streams, StatusCode::kInternal, "engine step failed: unknown exception");
   }
-  if (run_forward(w)) commit_and_sample(w);
-  return static_cast<size_t>(w.batch.n_rows());
+  log(LogLevel::kError, "engine: a step failed; its streams ended with an error");
+  return 0;
 }
+
+void Engine::fail_streams(const std::vector<std::shared_ptr<Stream>>& streams, StatusCode code,
+                          const std::string& message) {
+  for (const auto& s : streams) {
+    try {
+      s->fail_with(code, message);
+    } catch (...) {  // never leave the others waiting
+    }
+  }
+}
+
+namespace testing {
+void (*g_step_fault_hook)() = nullptr;
+}  // namespace testing
 
 // ------------------------------------------------------------------ scoring
 

@@ -16,6 +16,7 @@
 // (core/engine/stream.h) is one generation on a session.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -98,13 +99,17 @@ class Engine : public std::enable_shared_from_this<Engine> {
   static void worker_loop(std::shared_ptr<Engine> self);
   // Removes finished streams from the queue (and copies the rest to *live).
   void drop_finished_streams(std::vector<std::shared_ptr<Stream>>* live);
-  // One engine step. Returns the tokens processed (0 when nothing ran).
-  size_t step();
+  // One engine step. token_budget > 0 caps the tokens it runs (prompts are
+  // chunked to fit; every running decode still gets its token). Returns the
+  // tokens processed (0 when nothing ran). Never throws: a failure ends the
+  // step's streams with an ERROR event.
+  size_t step(int32_t token_budget = 0);
+  void fail_streams(const std::vector<std::shared_ptr<Stream>>& streams, StatusCode code, const std::string& message);
 
   // The phases of a step (see the top of this file).
   struct StepWork;
   void gather(const std::vector<std::shared_ptr<Stream>>& streams, StepWork& w);
-  void schedule(StepWork& w);
+  void schedule(StepWork& w, int32_t token_budget);
   void build_batch(StepWork& w);
   bool run_forward(StepWork& w);
   void commit_and_sample(StepWork& w);
@@ -120,6 +125,16 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::mutex step_mutex_;     // one step at a time (worker or manual callers)
   std::unique_ptr<Scheduler> scheduler_;
   uint64_t arrivals_ = 0;
+  // Manual mode's frame budget (run_steps): the measured cost of a step as
+  // fixed + per_token * rows (weighted least-squares sums over recent steps).
+  struct StepCostFit {
+    double w = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  };
+  std::mutex cost_mutex_;
+  StepCostFit cost_;
+  int32_t frame_token_budget(double left_ms);
+  double step_fixed_ms();
+  void measure_step(size_t rows, double ms);
 
   mutable std::mutex mutex_;  // guards streams_, stats_, stop_
   std::condition_variable cv_;
@@ -129,6 +144,12 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::thread worker_;
   std::vector<float> logits_;
 };
+
+namespace testing {
+// Test hook: when set, called at the start of every step's commit phase; an
+// exception it throws is a failure inside the engine's step.
+extern void (*g_step_fault_hook)();
+}  // namespace testing
 
 // What users of an engine hold (the C handle and every session). The worker
 // thread holds the Engine itself; when the last owner goes, the worker stops,

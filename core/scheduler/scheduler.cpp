@@ -4,7 +4,7 @@
 
 namespace ember {
 
-StepPlan Scheduler::schedule(std::vector<SchedSequence*>& seqs, KvBudget& kv) {
+StepPlan Scheduler::schedule(std::vector<SchedSequence*>& seqs, KvBudget& kv, int32_t token_budget) {
   StepPlan plan;
   // Rank: running decodes keep their place; then priority, then arrival.
   std::stable_sort(seqs.begin(), seqs.end(), [](const SchedSequence* a, const SchedSequence* b) {
@@ -12,6 +12,7 @@ StepPlan Scheduler::schedule(std::vector<SchedSequence*>& seqs, KvBudget& kv) {
     return a->arrival < b->arrival;
   });
   int32_t budget = config_.max_batch_tokens;
+  if (token_budget > 0) budget = std::min(budget, token_budget);
   int32_t running = 0;
   for (const auto* s : seqs) running += s->running ? 1 : 0;
   std::vector<bool> planned(seqs.size(), false);

@@ -70,7 +70,9 @@ class Scheduler {
 
   // Plans one step over `seqs` (every unfinished sequence). Updates
   // running / n_computed of preempted sequences through `kv`.
-  StepPlan schedule(std::vector<SchedSequence*>& seqs, KvBudget& kv);
+  // token_budget > 0 lowers the step's token budget below max_batch_tokens
+  // (a host's frame budget in manual mode): prompts are chunked to fit.
+  StepPlan schedule(std::vector<SchedSequence*>& seqs, KvBudget& kv, int32_t token_budget = 0);
 
   uint64_t preemptions() const { return preemptions_; }
 

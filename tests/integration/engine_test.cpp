@@ -1,6 +1,8 @@
 // Engine, sessions and streams on the real model.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <stdexcept>
 #include <thread>
 
 #include "core/engine/engine.h"
@@ -199,6 +201,44 @@ TEST(Engine, StopStringIsNotEmitted) {
   EXPECT_EQ(r.reason, EndReason::kStopString) << r.text;
   EXPECT_EQ(r.text.find(" 9"), std::string::npos) << r.text;
   EXPECT_NE(r.text.find("8"), std::string::npos) << r.text;
+}
+
+// A failure inside the worker's step reaches every stream of the step as an
+// ERROR event (a consumer blocked in next(-1) wakes up), and the engine goes
+// on serving new streams.
+TEST(Engine, AFailedStepEndsItsStreamsWithAnErrorAndTheEngineGoesOn) {
+  EMBER_REQUIRE_MODEL();
+  EngineParams ep;
+  ep.n_threads = 1;
+  ep.kv_memory_bytes = 48ull << 20;
+  auto engine = Engine::create(shared_model(), ep);
+  static std::atomic<int> steps{0};
+  steps = 0;
+  testing::g_step_fault_hook = [] {
+    if (++steps == 3) throw std::runtime_error("injected fault");
+  };
+  struct Unhook {
+    ~Unhook() { testing::g_step_fault_hook = nullptr; }
+  } unhook;
+  auto a = std::make_shared<Session>(engine, 0, "");
+  auto b = std::make_shared<Session>(engine, 0, "");
+  a->add_text("Once upon a time", false);
+  b->add_text("The weather today", false);
+  auto sa = a->start(greedy(64));
+  auto sb = b->start(greedy(64));
+  for (auto* s : {&sa, &sb}) {
+    StreamEvent ev;
+    do {
+      ASSERT_EQ((*s)->next(ev, -1), StatusCode::kOk);
+    } while (ev.type == StreamEvent::kText);
+    EXPECT_EQ(ev.type, StreamEvent::kError);
+    EXPECT_EQ(ev.status, StatusCode::kInternal);
+    EXPECT_NE(ev.error.find("injected fault"), std::string::npos) << ev.error;
+  }
+  testing::g_step_fault_hook = nullptr;
+  // Both sessions are idle again and the engine still works.
+  Result r = drain(a->start(greedy(4)));
+  EXPECT_EQ(r.tokens.size(), 4u);
 }
 
 }  // namespace

@@ -1,0 +1,106 @@
+// Manual mode keeps a game's frame budget: ember_engine_step(engine, max_ms)
+// returns within about max_ms plus one decode step, also while a long prompt
+// waits to be prefilled (it is cut into what fits each frame).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "capi/capi_test_util.h"
+
+using namespace capi_test;
+
+namespace {
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1))];
+}
+
+}  // namespace
+
+TEST(CapiFrameBudget, ManualStepsKeepTheFrameBudgetWithALongPromptWaiting) {
+  CAPI_REQUIRE_MODEL(model);
+  ember_engine_params ep;
+  ember_engine_params_init(&ep);
+  ep.kv_memory_bytes = kTestKvBytes;
+  ep.n_threads = 1;
+  ep.manual_step = 1;
+  ember_engine* e = nullptr;
+  ASSERT_OK(ember_engine_create(model, &ep, &e));
+  EnginePtr engine(e);
+  constexpr int32_t kFrameMs = 16;
+
+  // One decode step's cost on this machine now: a one-token stream.
+  SessionPtr probe = make_session(e);
+  ASSERT_OK(ember_session_add_text(probe.get(), "Hello", 0));
+  std::vector<double> decode_ms;
+  for (int i = 0; i < 5; ++i) {
+    ember_stream_params p = greedy_params(1);
+    ember_stream* st = nullptr;
+    ASSERT_OK(ember_session_add_text(probe.get(), " and", 0));
+    ASSERT_OK(ember_stream_start(probe.get(), &p, &st));
+    StreamPtr stream(st);
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSERT_OK(ember_engine_step(e, 0, 1, nullptr));
+    decode_ms.push_back(ms_since(t0));
+    ASSERT_OK(ember_stream_wait(st));
+  }
+  const double decode_step = percentile(decode_ms, 0.5);
+
+  // A ~1,500-token prompt, then 30 short turns, driven by 16 ms frames.
+  std::string prompt;
+  while (prompt.size() < 8400) prompt += "The old lighthouse keeper counted the ships that passed each night. ";
+  SessionPtr npc = make_session(e);
+  ASSERT_OK(ember_session_add_text(npc.get(), prompt.c_str(), 0));
+  size_t prompt_tokens = token_count(npc.get());
+  ASSERT_GT(prompt_tokens, 1400u);
+  std::vector<double> frames;
+  size_t most_tokens_in_a_frame = 0;
+  for (int turn = 0; turn < 30; ++turn) {
+    if (turn > 0) ASSERT_OK(ember_session_add_text(npc.get(), " Then", 0));
+    ember_stream_params p = greedy_params(4);
+    ember_stream* st = nullptr;
+    ASSERT_OK(ember_stream_start(npc.get(), &p, &st));
+    StreamPtr stream(st);
+    bool ended = false;
+    for (int frame = 0; frame < 20000 && !ended; ++frame) {
+      const auto t0 = std::chrono::steady_clock::now();
+      size_t processed = 0;
+      ASSERT_OK(ember_engine_step(e, kFrameMs, 0, &processed));
+      frames.push_back(ms_since(t0));
+      most_tokens_in_a_frame = std::max(most_tokens_in_a_frame, processed);
+      for (;;) {
+        ember_event ev = new_event();
+        const ember_status s = ember_stream_next(st, &ev, 0);
+        if (s == EMBER_ERR_TIMEOUT) break;
+        ASSERT_OK(s);
+        if (ev.type != EMBER_EVENT_TEXT) {
+          ASSERT_EQ(ev.type, EMBER_EVENT_END);
+          ended = true;
+          break;
+        }
+      }
+    }
+    ASSERT_TRUE(ended) << "turn " << turn;
+  }
+  const double worst = *std::max_element(frames.begin(), frames.end());
+  std::printf("frame budget %d ms: %zu frames over 30 turns (first prompt %zu tokens); frame p50 %.1f ms, p99 %.1f ms, "
+              "worst %.1f ms; one decode step %.1f ms; at most %zu tokens in a frame\n",
+              kFrameMs, frames.size(), prompt_tokens, percentile(frames, 0.5), percentile(frames, 0.99), worst,
+              decode_step, most_tokens_in_a_frame);
+  // The prompt is cut into what fits a frame (before frame budgets, the
+  // whole prompt ran in one frame of seconds).
+  EXPECT_LT(most_tokens_in_a_frame, 64u);
+  // About the budget plus one decode step. The slack absorbs this machine's
+  // noise (a VM on 2 cores whose step times vary 2x while ctest runs two
+  // tests at once).
+  EXPECT_LT(percentile(frames, 0.99), kFrameMs + 3 * decode_step + 15);
+  EXPECT_LT(worst, kFrameMs + 6 * decode_step + 60);
+}
