@@ -117,7 +117,7 @@ static void eb_raise(int32_t status, const char* message) {
     }
     static EmberExceptionHelper() { Register(raiseDelegate); }
   }
-  static EmberExceptionHelper emberExceptionHelper = new EmberExceptionHelper();
+  internal static EmberExceptionHelper emberExceptionHelper = new EmberExceptionHelper();
 %}
 %define EB_RAISE_AND_RETURN
   eb_raise(eb_status_, eb_message_);
