@@ -308,6 +308,34 @@ class EmberTest(unittest.TestCase):
         with self.engine.session() as s:
             self.assertIsInstance(s.chat(PROMPT, max_tokens=2, temperature=0), str)
 
+    def test_blocking_calls_release_the_gil(self):
+        # A stream on a manual-step engine nobody steps: next_piece(timeout) blocks in the library
+        # for 600 ms. Python code on another thread must run meanwhile.
+        with ember.Engine(self.model, manual_step=True, kv_memory_bytes=16 << 20) as e, e.session() as s:
+            s.add_message("user", PROMPT)
+            with s.generate(max_tokens=4) as st:
+                blocked = threading.Event()
+                done = threading.Event()
+
+                def wait():
+                    blocked.set()
+                    with self.assertRaises(ember.TimeoutError):
+                        st.next_piece(timeout_ms=600)
+                    done.set()
+
+                t = threading.Thread(target=wait)
+                t.start()
+                blocked.wait()
+                time.sleep(0.1)  # the other thread is inside the library now (or holds the GIL)
+                ticks = 0
+                t0 = time.monotonic()
+                while not done.is_set() and time.monotonic() - t0 < 5:
+                    ticks += 1
+                t.join()
+                self.assertTrue(done.is_set())
+                # Had the wait held the GIL, this thread would wake only after it: no ticks at all.
+                self.assertGreater(ticks, 1000)
+
     def test_manual_step_engine(self):
         with ember.Engine(self.model, manual_step=True, kv_memory_bytes=16 << 20) as e, e.session() as s:
             s.add_message("user", PROMPT)
