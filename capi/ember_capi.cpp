@@ -2,14 +2,22 @@
 // error, parameter structs read by their size. No engine logic lives here.
 #include "ember/ember.h"
 
+#include <dlfcn.h>
+
+#include <algorithm>
 #include <condition_variable>
+#include <cstddef>
+#include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <string>
+#include <vector>
 
+#include "core/backend/plugin.h"
 #include "core/engine/engine.h"
 #include "cpu/cpu_backend.h"
 #include "core/model/model.h"
@@ -17,6 +25,7 @@
 #include "core/util/log.h"
 #include "core/util/status.h"
 #include "core/util/utf8.h"
+#include "cpu/matmul.h"
 
 using ember::Error;
 using ember::StatusCode;
@@ -32,6 +41,7 @@ struct ember_scheduler {
 };
 struct ember_engine {
   std::shared_ptr<ember::EngineOwner> owner;
+  std::string backend_name;  // storage behind ember_engine_info_t.backend_name
   ember_cache cache_view;
   ember_scheduler scheduler_view;
 };
@@ -83,6 +93,90 @@ std::string checked_text(const char* text, const char* what) {
                 std::string(what) + " is not valid UTF-8 (byte " + std::to_string(bad) + ")");
   }
   return std::string(v);
+}
+
+void full_model_defaults(ember_model_params* params) {
+  std::memset(params, 0, sizeof *params);
+  params->size = sizeof *params;
+  params->use_mmap = 1;
+}
+
+// The defaults live in the core (EngineParams, CachePolicy, StreamParams).
+void full_engine_defaults(ember_engine_params* params) {
+  const ember::EngineParams d;
+  std::memset(params, 0, sizeof *params);
+  params->size = sizeof *params;
+  params->device = EMBER_DEVICE_CPU;
+  params->n_threads = d.n_threads;
+  params->kv_memory_bytes = 0;  // 0: the core's default (EngineParams::kv_memory_bytes)
+  params->kv_block_size = d.kv_block_size;
+  params->kv_dtype = EMBER_KV_F16;
+  params->max_batch_tokens = d.max_batch_tokens;
+  params->max_running = d.max_running;
+  params->prefix_caching = d.prefix_caching ? 1 : 0;
+  params->manual_step = d.manual ? 1 : 0;
+  params->batch_invariant = d.batch_invariant ? 1 : 0;
+}
+
+void full_session_defaults(ember_session_params* params) {
+  std::memset(params, 0, sizeof *params);
+  params->size = sizeof *params;
+  params->cache_policy = EMBER_CACHE_FULL;
+  params->sink_tokens = ember::CachePolicy::kDefaultSinkTokens;
+  params->window_tokens = 0;
+}
+
+void full_stream_defaults(ember_stream_params* params) {
+  const ember::StreamParams d;
+  std::memset(params, 0, sizeof *params);
+  params->size = sizeof *params;
+  params->max_tokens = d.max_tokens;
+  params->temperature = d.sampling.temperature;
+  params->top_k = d.sampling.top_k;
+  params->top_p = d.sampling.top_p;
+  params->min_p = d.sampling.min_p;
+  params->repeat_penalty = d.sampling.repeat_penalty;
+  params->presence_penalty = d.sampling.presence_penalty;
+  params->frequency_penalty = d.sampling.frequency_penalty;
+  params->penalty_last_n = d.sampling.penalty_last_n;
+  params->seed = d.sampling.seed;
+  params->stop = nullptr;
+  params->ignore_eos = d.ignore_eos ? 1 : 0;
+}
+
+// 1.0 sizes of the parameter structs: what the 1.0 entry points
+// (ember_*_params_init without _sized) may write. The struct as of 1.0 ends at
+// its last 1.0 field, rounded up to the struct's alignment. Frozen: when a
+// field is appended, the last 1.0 field named here stays.
+template <typename T>
+constexpr size_t v1_size(size_t end_of_last_field) {
+  return (end_of_last_field + alignof(T) - 1) / alignof(T) * alignof(T);
+}
+constexpr size_t kV1_0_model_params =
+    v1_size<ember_model_params>(offsetof(ember_model_params, use_mmap) + sizeof(int32_t));
+constexpr size_t kV1_0_engine_params =
+    v1_size<ember_engine_params>(offsetof(ember_engine_params, batch_invariant) + sizeof(int32_t));
+constexpr size_t kV1_0_session_params =
+    v1_size<ember_session_params>(offsetof(ember_session_params, window_tokens) + sizeof(int32_t));
+constexpr size_t kV1_0_stream_params =
+    v1_size<ember_stream_params>(offsetof(ember_stream_params, ignore_eos) + sizeof(int32_t));
+// Today's structs are the 1.0 ones (this fails, as intended, once a field is
+// appended: then check that the constants above still name the 1.0 fields).
+static_assert(kV1_0_model_params == sizeof(ember_model_params) && kV1_0_engine_params == sizeof(ember_engine_params) &&
+              kV1_0_session_params == sizeof(ember_session_params) && kV1_0_stream_params == sizeof(ember_stream_params));
+
+// Writes the defaults into the first `size` bytes of *params (the caller's
+// struct) and sets params->size = size. Bytes past the library's struct are
+// zeroed. Never writes past `size`.
+template <typename T>
+void init_sized(T* params, size_t size, void (*defaults)(T*)) {
+  if (!params || size < sizeof(size_t)) return;
+  T full;
+  defaults(&full);
+  const size_t n = size < sizeof(T) ? size : sizeof(T);
+  std::memcpy(static_cast<void*>(params), &full, n);
+  if (size > n) std::memset(reinterpret_cast<unsigned char*>(params) + n, 0, size - n);
+  std::memcpy(static_cast<void*>(params), &size, sizeof size);  // params->size, for any size >= sizeof(size_t)
 }
 
 // Copies the caller's struct over the defaults, reading only what its size covers.
@@ -147,6 +241,87 @@ ember_event to_event(const ember::StreamEvent& e) {
   return out;
 }
 
+// The CUDA plugin as ember_capabilities reports it: searched in the order of
+// core/backend/plugin.h (next to libember.so, $EMBER_PLUGIN_DIR, the loader's
+// path), loaded like the engine loads it (and, like there, never unloaded),
+// its entry point and ABI checked; no backend is created (no GPU opened).
+struct PluginProbe {
+  int32_t state = EMBER_PLUGIN_ABSENT;
+  std::string path;
+  std::string message;
+};
+
+PluginProbe probe_plugin() {
+  PluginProbe r;
+  std::vector<std::string> candidates;
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void*>(&ember_capabilities), &info) && info.dli_fname) {
+    std::string self = info.dli_fname;
+    const size_t slash = self.rfind('/');
+    candidates.push_back((slash == std::string::npos ? std::string(".") : self.substr(0, slash)) + "/" +
+                         ember::kCudaPluginFile);
+  }
+  if (const char* dirs = std::getenv("EMBER_PLUGIN_DIR"); dirs && *dirs) {
+    std::string list = dirs;
+    size_t start = 0;
+    while (start <= list.size()) {
+      const size_t end = std::min(list.find(':', start), list.size());
+      if (end > start) candidates.push_back(list.substr(start, end - start) + "/" + ember::kCudaPluginFile);
+      start = end + 1;
+    }
+  }
+  std::string found;
+  for (const std::string& c : candidates) {
+    if (FILE* f = std::fopen(c.c_str(), "rb")) {
+      std::fclose(f);
+      found = c;
+      break;
+    }
+  }
+  void* handle = nullptr;
+  if (found.empty()) {
+    // The loader's default path: only a library that loads counts as found.
+    handle = dlopen(ember::kCudaPluginFile, RTLD_NOW | RTLD_LOCAL);
+    if (!handle) {
+      r.message = std::string(ember::kCudaPluginFile) +
+                  " not found next to libember.so, in $EMBER_PLUGIN_DIR or on the loader's path";
+      return r;
+    }
+    found = ember::kCudaPluginFile;
+  } else {
+    handle = dlopen(found.c_str(), RTLD_NOW | RTLD_LOCAL);
+  }
+  r.path = found;
+  r.state = EMBER_PLUGIN_BROKEN;
+  if (!handle) {
+    const char* e = dlerror();
+    r.message = std::string("cannot load ") + found + ": " + (e ? e : "unknown dlopen error");
+    return r;
+  }
+  auto entry = reinterpret_cast<ember_backend_plugin_entry_fn>(dlsym(handle, ember::kCudaPluginEntry));
+  if (!entry) {
+    r.message = found + " has no entry point " + ember::kCudaPluginEntry;
+    return r;
+  }
+  const ember_backend_plugin_v1* plugin = entry();
+  if (!plugin || plugin->abi_version != ember::kBackendPluginAbi) {
+    r.message = found + ": plugin ABI " + std::to_string(plugin ? plugin->abi_version : 0) + ", libember expects " +
+                std::to_string(ember::kBackendPluginAbi);
+    return r;
+  }
+  if (plugin->fingerprint != ember::backend_interface_fingerprint()) {
+    r.message = found + ": built from other headers or another C++ ABI (fingerprint mismatch)";
+    return r;
+  }
+  r.state = EMBER_PLUGIN_LOADABLE;
+  return r;
+}
+
+const PluginProbe& plugin_probe() {
+  static const PluginProbe probe = probe_plugin();  // thread-safe static init, once per process
+  return probe;
+}
+
 }  // namespace
 
 extern "C" {
@@ -157,6 +332,8 @@ const char* ember_version(void) {
   return EMBER_STRINGIFY(EMBER_VERSION_MAJOR) "." EMBER_STRINGIFY(EMBER_VERSION_MINOR) "." EMBER_STRINGIFY(
       EMBER_VERSION_PATCH);
 }
+
+int32_t ember_version_number(void) { return EMBER_VERSION_NUMBER; }
 
 const char* ember_last_error(void) { return t_last_error.c_str(); }
 
@@ -182,13 +359,32 @@ void ember_set_log_callback(ember_log_callback callback, void* user_data) {
   ember::set_log_callback(reinterpret_cast<ember::LogCallback>(callback), user_data);
 }
 
+ember_status ember_capabilities(ember_capabilities_t* caps) {
+  return guarded([&] {
+    require(caps != nullptr, "caps is NULL");
+    require_sized(caps->size);
+    const PluginProbe& probe = plugin_probe();
+    const ember::cpu::Isa isa = ember::cpu::active_isa();
+    ember_capabilities_t out;
+    std::memset(&out, 0, sizeof out);
+    out.size = sizeof out;
+    out.cpu_isa = static_cast<int32_t>(isa);
+    out.cpu_isa_name = ember::cpu::isa_to_string(isa);
+    out.cuda_plugin = probe.state;
+    out.cuda_plugin_path = probe.path.c_str();
+    out.cuda_plugin_message = probe.message.c_str();
+    write_sized(caps, out);
+  });
+}
+
 // ---------------------------------------------------------------- model
 
-void ember_model_params_init(ember_model_params* params) {
-  if (!params) return;
-  std::memset(params, 0, sizeof *params);
-  params->size = sizeof *params;
-  params->use_mmap = 1;
+void ember_model_params_init_sized(ember_model_params* params, size_t size) {
+  init_sized(params, size, full_model_defaults);
+}
+
+void(ember_model_params_init)(ember_model_params* params) {
+  init_sized(params, kV1_0_model_params, full_model_defaults);
 }
 
 ember_status ember_model_load(const char* path, const ember_model_params* params, ember_model** out_model) {
@@ -196,7 +392,7 @@ ember_status ember_model_load(const char* path, const ember_model_params* params
     require(out_model != nullptr, "out_model is NULL");
     *out_model = nullptr;
     const std::string p = checked_text(path, "path");
-    const ember_model_params mp = read_params(params, ember_model_params_init);
+    const ember_model_params mp = read_params(params, full_model_defaults);
     auto h = std::make_unique<ember_model>();
     h->model = ember::Model::load(p, mp.use_mmap != 0);
     *out_model = h.release();
@@ -267,21 +463,12 @@ ember_status ember_detokenize(const ember_model* model, const int32_t* tokens, s
 
 // ---------------------------------------------------------------- engine
 
-void ember_engine_params_init(ember_engine_params* params) {
-  if (!params) return;
-  const ember::EngineParams d;  // the defaults live in the core
-  std::memset(params, 0, sizeof *params);
-  params->size = sizeof *params;
-  params->device = EMBER_DEVICE_CPU;
-  params->n_threads = d.n_threads;
-  params->kv_memory_bytes = 0;  // 0: the core's default (EngineParams::kv_memory_bytes)
-  params->kv_block_size = d.kv_block_size;
-  params->kv_dtype = EMBER_KV_F16;
-  params->max_batch_tokens = d.max_batch_tokens;
-  params->max_running = d.max_running;
-  params->prefix_caching = d.prefix_caching ? 1 : 0;
-  params->manual_step = d.manual ? 1 : 0;
-  params->batch_invariant = d.batch_invariant ? 1 : 0;
+void ember_engine_params_init_sized(ember_engine_params* params, size_t size) {
+  init_sized(params, size, full_engine_defaults);
+}
+
+void(ember_engine_params_init)(ember_engine_params* params) {
+  init_sized(params, kV1_0_engine_params, full_engine_defaults);
 }
 
 ember_status ember_engine_create(ember_model* model, const ember_engine_params* params, ember_engine** out_engine) {
@@ -289,7 +476,7 @@ ember_status ember_engine_create(ember_model* model, const ember_engine_params* 
     require(out_engine != nullptr, "out_engine is NULL");
     *out_engine = nullptr;
     require(model != nullptr, "model is NULL");
-    const ember_engine_params p = read_params(params, ember_engine_params_init);
+    const ember_engine_params p = read_params(params, full_engine_defaults);
     require(p.device == EMBER_DEVICE_CPU || p.device == EMBER_DEVICE_CUDA || p.device == EMBER_DEVICE_AUTO,
             "engine params: unknown device");
     require(p.kv_dtype == EMBER_KV_F16, "engine params: unknown kv_dtype");
@@ -306,6 +493,7 @@ ember_status ember_engine_create(ember_model* model, const ember_engine_params* 
     ember::register_cpu_backend();
     auto h = std::make_unique<ember_engine>();
     h->owner = ember::Engine::create(model->model, ep);
+    h->backend_name = (*h->owner)->kv().backend_name();
     h->cache_view.engine = &**h->owner;
     h->scheduler_view.engine = &**h->owner;
     *out_engine = h.release();
@@ -317,6 +505,24 @@ void ember_engine_destroy(ember_engine* engine) {
     delete engine;
   } catch (...) {
   }
+}
+
+ember_status ember_engine_info(const ember_engine* engine, ember_engine_info_t* info) {
+  return guarded([&] {
+    require(engine != nullptr, "engine is NULL");
+    require(info != nullptr, "info is NULL");
+    // What the engine chose: "cpu", "cuda" (GPU 0) or "cuda:N".
+    const std::string& device = (*engine->owner)->device();
+    const bool cuda = device.rfind("cuda", 0) == 0;
+    ember_engine_info_t out;
+    std::memset(&out, 0, sizeof out);
+    out.size = sizeof out;
+    out.device = cuda ? EMBER_DEVICE_CUDA : EMBER_DEVICE_CPU;
+    out.gpu_index = !cuda ? -1 : device.size() > 5 ? std::atoi(device.c_str() + 5) : 0;
+    out.backend_name = engine->backend_name.c_str();
+    out.manual_step = (*engine->owner)->manual() ? 1 : 0;
+    write_sized(info, out);
+  });
 }
 
 ember_status ember_engine_step(ember_engine* engine, int32_t max_ms, int32_t max_tokens, size_t* out_tokens) {
@@ -382,13 +588,12 @@ ember_status ember_engine_score(ember_engine* engine, const int32_t* tokens, siz
 
 // ---------------------------------------------------------------- session
 
-void ember_session_params_init(ember_session_params* params) {
-  if (!params) return;
-  std::memset(params, 0, sizeof *params);
-  params->size = sizeof *params;
-  params->cache_policy = EMBER_CACHE_FULL;
-  params->sink_tokens = ember::CachePolicy::kDefaultSinkTokens;
-  params->window_tokens = 0;
+void ember_session_params_init_sized(ember_session_params* params, size_t size) {
+  init_sized(params, size, full_session_defaults);
+}
+
+void(ember_session_params_init)(ember_session_params* params) {
+  init_sized(params, kV1_0_session_params, full_session_defaults);
 }
 
 ember_status ember_session_create(ember_engine* engine, const ember_session_params* params,
@@ -397,7 +602,7 @@ ember_status ember_session_create(ember_engine* engine, const ember_session_para
     require(out_session != nullptr, "out_session is NULL");
     *out_session = nullptr;
     require(engine != nullptr, "engine is NULL");
-    const ember_session_params p = read_params(params, ember_session_params_init);
+    const ember_session_params p = read_params(params, full_session_defaults);
     std::string system;
     if (p.system_prompt) system = checked_text(p.system_prompt, "system_prompt");
     auto h = std::make_unique<ember_session>();
@@ -511,7 +716,7 @@ ember_status ember_session_load(ember_engine* engine, const char* path, const em
     const std::string p = checked_text(path, "path");
     int32_t priority = -1;  // the saved one
     if (params) {
-      const ember_session_params sp = read_params(params, ember_session_params_init);
+      const ember_session_params sp = read_params(params, full_session_defaults);
       require(sp.priority == EMBER_PRIORITY_INTERACTIVE || sp.priority == EMBER_PRIORITY_BACKGROUND,
               "session params: unknown priority");
       priority = sp.priority;
@@ -524,23 +729,12 @@ ember_status ember_session_load(ember_engine* engine, const char* path, const em
 
 // ---------------------------------------------------------------- stream
 
-void ember_stream_params_init(ember_stream_params* params) {
-  if (!params) return;
-  const ember::StreamParams d;  // the defaults live in the core
-  std::memset(params, 0, sizeof *params);
-  params->size = sizeof *params;
-  params->max_tokens = d.max_tokens;
-  params->temperature = d.sampling.temperature;
-  params->top_k = d.sampling.top_k;
-  params->top_p = d.sampling.top_p;
-  params->min_p = d.sampling.min_p;
-  params->repeat_penalty = d.sampling.repeat_penalty;
-  params->presence_penalty = d.sampling.presence_penalty;
-  params->frequency_penalty = d.sampling.frequency_penalty;
-  params->penalty_last_n = d.sampling.penalty_last_n;
-  params->seed = d.sampling.seed;
-  params->stop = nullptr;
-  params->ignore_eos = d.ignore_eos ? 1 : 0;
+void ember_stream_params_init_sized(ember_stream_params* params, size_t size) {
+  init_sized(params, size, full_stream_defaults);
+}
+
+void(ember_stream_params_init)(ember_stream_params* params) {
+  init_sized(params, kV1_0_stream_params, full_stream_defaults);
 }
 
 ember_status ember_stream_start(ember_session* session, const ember_stream_params* params, ember_stream** out_stream) {
@@ -548,7 +742,7 @@ ember_status ember_stream_start(ember_session* session, const ember_stream_param
     require(out_stream != nullptr, "out_stream is NULL");
     *out_stream = nullptr;
     require(session != nullptr, "session is NULL");
-    const ember_stream_params p = read_params(params, ember_stream_params_init);
+    const ember_stream_params p = read_params(params, full_stream_defaults);
     const ember::StreamParams sp = to_stream_params(p);
     auto h = std::make_unique<ember_stream>();
     h->stream = session->session->start(sp);
@@ -617,6 +811,15 @@ ember_status ember_stream_stats(const ember_stream* stream, ember_stream_stats_t
     out.end_reason = static_cast<int32_t>(s.end_reason);
     write_sized(stats, out);
   });
+}
+
+void ember_stream_release(ember_stream* stream) {
+  if (!stream) return;
+  try {
+    stream->stream->cancel();  // an atomic flag: never blocks
+    delete stream;             // the engine holds its own reference until the stream ends
+  } catch (...) {
+  }
 }
 
 void ember_stream_destroy(ember_stream* stream) {

@@ -15,7 +15,11 @@
  *    ember_*_params_init(), then change fields. The library reads only the
  *    bytes the caller's `size` covers; fields are only ever appended, so a
  *    program built against an older header keeps working (missing fields take
- *    their defaults).
+ *    their defaults). Since 1.1, ember_*_params_init(p) is a macro calling
+ *    ember_*_params_init_sized(p, sizeof(struct)) with the struct size of the
+ *    header the caller was built with, so a newer library never writes past
+ *    an older program's struct; the 1.0 entry points write only the 1.0
+ *    struct's bytes.
  *  - Lifetimes: handles are reference counted internally. Destroying a handle
  *    that others depend on is always safe: a model stays alive while an engine
  *    uses it, an engine while one of its sessions lives, a session while one
@@ -44,8 +48,10 @@ extern "C" {
 #endif
 
 #define EMBER_VERSION_MAJOR 1
-#define EMBER_VERSION_MINOR 0
+#define EMBER_VERSION_MINOR 1
 #define EMBER_VERSION_PATCH 0
+/* MAJOR * 10000 + MINOR * 100 + PATCH, as ember_version_number() (1.1: 10100). */
+#define EMBER_VERSION_NUMBER (EMBER_VERSION_MAJOR * 10000 + EMBER_VERSION_MINOR * 100 + EMBER_VERSION_PATCH)
 
 /* ---------------------------------------------------------------- status */
 
@@ -70,9 +76,24 @@ enum {
  * Thread-safe. */
 EMBER_API const char* ember_version(void);
 
+/* The library's version as MAJOR * 10000 + MINOR * 100 + PATCH (e.g. 10100
+ * for 1.1.0); compare with EMBER_VERSION_NUMBER from the header the program
+ * was built with. Thread-safe. Since 1.1. */
+EMBER_API int32_t ember_version_number(void);
+
 /* Message of the last failed ember_* call on this thread ("" if none).
  * Owned by the library; valid until this thread's next ember_* call.
- * Thread-safe (thread-local). */
+ * Thread-safe (thread-local).
+ *
+ * Languages whose calls may change OS thread between two foreign calls (Go:
+ * a goroutine can move to another thread between two cgo calls; also
+ * green-thread runtimes) must read the message on the thread that made the
+ * failing call: pin the caller for the duration of the call and of the
+ * ember_last_error() read (Go: runtime.LockOSThread() before the call,
+ * runtime.UnlockOSThread() after copying the message), or copy the message
+ * inside the same foreign call (a C shim that calls the function and then
+ * ember_last_error(), as the SWIG bindings in bindings/ember.i do). The
+ * status itself is the return value and never depends on the thread. */
 EMBER_API const char* ember_last_error(void);
 
 /* Short constant name of a status, e.g. "EMBER_ERR_BUSY"; "unknown status"
@@ -87,6 +108,34 @@ typedef void (*ember_log_callback)(int32_t level, const char* message, void* use
  * warnings and errors on stderr). The callback may be called from any thread,
  * one call at a time. Thread-safe. Never fails. */
 EMBER_API void ember_set_log_callback(ember_log_callback callback, void* user_data);
+
+/* CPU kernel variants (ember_capabilities_t.cpu_isa). */
+enum { EMBER_ISA_SCALAR = 0, EMBER_ISA_AVX2 = 1, EMBER_ISA_AVX512_VNNI = 2 };
+/* State of the CUDA plugin (ember_capabilities_t.cuda_plugin). */
+enum {
+  EMBER_PLUGIN_ABSENT = 0,   /* libember_cuda.so not found on the plugin search path */
+  EMBER_PLUGIN_LOADABLE = 1, /* found, loaded, entry point and plugin ABI match */
+  EMBER_PLUGIN_BROKEN = 2    /* found but cannot be used; see cuda_plugin_message */
+};
+
+typedef struct ember_capabilities_t {
+  size_t size;                     /* sizeof(ember_capabilities_t), set by the caller */
+  int32_t cpu_isa;                 /* EMBER_ISA_*: the CPU kernels in use */
+  const char* cpu_isa_name;        /* "scalar", "avx2", "avx512_vnni"; static */
+  int32_t cuda_plugin;             /* EMBER_PLUGIN_* */
+  const char* cuda_plugin_path;    /* where the plugin was found, "" if absent; static */
+  const char* cuda_plugin_message; /* why it is ABSENT/BROKEN, "" when LOADABLE; static */
+} ember_capabilities_t;
+
+/* What this library can use on this machine. The plugin is searched as the
+ * engine does (next to libember.so, $EMBER_PLUGIN_DIR, the loader's path),
+ * once per process (later calls return the first answer), and loaded (as an
+ * engine creation would; it is never unloaded), but no GPU is opened:
+ * LOADABLE does not promise that a driver or a GPU is present
+ * (ember_engine_create with EMBER_DEVICE_CUDA tells). Strings have static
+ * storage. Errors: INVALID_ARGUMENT (NULL, size not set). Thread-safe.
+ * Since 1.1. */
+EMBER_API ember_status ember_capabilities(ember_capabilities_t* caps);
 
 /* ---------------------------------------------------------------- handles */
 
@@ -105,7 +154,17 @@ typedef struct ember_model_params {
 } ember_model_params;
 
 /* Fills *params with defaults. NULL is ignored. Thread-safe. */
-EMBER_API void ember_model_params_init(ember_model_params* params);
+/* Fills the first `size` bytes of *params with defaults and sets
+ * params->size = size; never writes past `size` bytes. Bytes beyond what this
+ * library knows (a caller built against a newer header) are zeroed. NULL or a
+ * size below sizeof(size_t) is ignored. Thread-safe. Since 1.1. */
+EMBER_API void ember_model_params_init_sized(ember_model_params* params, size_t size);
+/* The 1.0 entry point, kept for programs built against the 1.0 header: it
+ * writes exactly the 1.0 struct's bytes whatever this library's struct has
+ * grown to (a program built against 1.0 has no bigger struct). The macro below routes new callers
+ * to the sized variant with their own sizeof. */
+EMBER_API void(ember_model_params_init)(ember_model_params* params);
+#define ember_model_params_init(params) ember_model_params_init_sized((params), sizeof(ember_model_params))
 
 /* Loads a GGUF model. `params` may be NULL (defaults). On success *out_model
  * receives a new handle owned by the caller (release with
@@ -187,7 +246,17 @@ typedef struct ember_engine_params {
                                   the CPU use oneDNN for large prefill chunks */
 } ember_engine_params;
 
-EMBER_API void ember_engine_params_init(ember_engine_params* params);
+/* Fills the first `size` bytes of *params with defaults and sets
+ * params->size = size; never writes past `size` bytes. Bytes beyond what this
+ * library knows (a caller built against a newer header) are zeroed. NULL or a
+ * size below sizeof(size_t) is ignored. Thread-safe. Since 1.1. */
+EMBER_API void ember_engine_params_init_sized(ember_engine_params* params, size_t size);
+/* The 1.0 entry point, kept for programs built against the 1.0 header: it
+ * writes exactly the 1.0 struct's bytes whatever this library's struct has
+ * grown to (a program built against 1.0 has no bigger struct). The macro below routes new callers
+ * to the sized variant with their own sizeof. */
+EMBER_API void(ember_engine_params_init)(ember_engine_params* params);
+#define ember_engine_params_init(params) ember_engine_params_init_sized((params), sizeof(ember_engine_params))
 
 /* Creates an engine that runs `model` on a device and starts its worker
  * thread. The engine holds its own reference to the model. `params` may be
@@ -199,6 +268,21 @@ EMBER_API ember_status ember_engine_create(ember_model* model, const ember_engin
 /* Releases the caller's reference; the engine stops once no session uses it
  * (running streams of live sessions keep going). NULL is a no-op. */
 EMBER_API void ember_engine_destroy(ember_engine* engine);
+
+typedef struct ember_engine_info_t {
+  size_t size;              /* sizeof(ember_engine_info_t), set by the caller */
+  int32_t device;           /* EMBER_DEVICE_CPU or EMBER_DEVICE_CUDA: where it runs
+                               (an AUTO engine reports what it chose) */
+  int32_t gpu_index;        /* CUDA: the GPU's index (0: ember_engine_params selects
+                               the first GPU); -1 on the CPU */
+  const char* backend_name; /* e.g. "cpu/avx2", "cuda/NVIDIA H100/sm_90"; owned by
+                               the engine handle, valid until it is destroyed */
+  int32_t manual_step;      /* 1 when created with manual_step = 1 */
+} ember_engine_info_t;
+
+/* Where the engine runs. Errors: INVALID_ARGUMENT (NULL, size not set).
+ * Thread-safe. Since 1.1. */
+EMBER_API ember_status ember_engine_info(const ember_engine* engine, ember_engine_info_t* info);
 
 /* Manual mode only (manual_step = 1): runs engine steps on the calling
  * thread until `max_ms` milliseconds have passed or `max_tokens` tokens were
@@ -281,7 +365,17 @@ enum { EMBER_PRIORITY_INTERACTIVE = 0, EMBER_PRIORITY_BACKGROUND = 1 };
  * UNSUPPORTED. */
 enum { EMBER_CACHE_FULL = 0, EMBER_CACHE_WINDOW = 1, EMBER_CACHE_SINK = 2 };
 
-EMBER_API void ember_session_params_init(ember_session_params* params);
+/* Fills the first `size` bytes of *params with defaults and sets
+ * params->size = size; never writes past `size` bytes. Bytes beyond what this
+ * library knows (a caller built against a newer header) are zeroed. NULL or a
+ * size below sizeof(size_t) is ignored. Thread-safe. Since 1.1. */
+EMBER_API void ember_session_params_init_sized(ember_session_params* params, size_t size);
+/* The 1.0 entry point, kept for programs built against the 1.0 header: it
+ * writes exactly the 1.0 struct's bytes whatever this library's struct has
+ * grown to (a program built against 1.0 has no bigger struct). The macro below routes new callers
+ * to the sized variant with their own sizeof. */
+EMBER_API void(ember_session_params_init)(ember_session_params* params);
+#define ember_session_params_init(params) ember_session_params_init_sized((params), sizeof(ember_session_params))
 
 /* Creates an empty conversation on `engine` (which it keeps alive).
  * Errors: INVALID_ARGUMENT (bad params, e.g. an unknown cache policy or a
@@ -393,7 +487,17 @@ typedef struct ember_stream_params {
   int32_t ignore_eos;        /* default 0; 1 = do not stop at end-of-generation tokens */
 } ember_stream_params;
 
-EMBER_API void ember_stream_params_init(ember_stream_params* params);
+/* Fills the first `size` bytes of *params with defaults and sets
+ * params->size = size; never writes past `size` bytes. Bytes beyond what this
+ * library knows (a caller built against a newer header) are zeroed. NULL or a
+ * size below sizeof(size_t) is ignored. Thread-safe. Since 1.1. */
+EMBER_API void ember_stream_params_init_sized(ember_stream_params* params, size_t size);
+/* The 1.0 entry point, kept for programs built against the 1.0 header: it
+ * writes exactly the 1.0 struct's bytes whatever this library's struct has
+ * grown to (a program built against 1.0 has no bigger struct). The macro below routes new callers
+ * to the sized variant with their own sizeof. */
+EMBER_API void(ember_stream_params_init)(ember_stream_params* params);
+#define ember_stream_params_init(params) ember_stream_params_init_sized((params), sizeof(ember_stream_params))
 
 /* Starts generating on the session from everything added so far. The reply
  * is appended to the session when the stream ends, so the next add_message +
@@ -476,6 +580,19 @@ EMBER_API ember_status ember_stream_stats(const ember_stream* stream, ember_stre
 /* Cancels the stream if still running, waits for it to stop, and releases it.
  * NULL is a no-op. */
 EMBER_API void ember_stream_destroy(ember_stream* stream);
+
+/* Releases the stream without ever blocking: requests cancellation and drops
+ * the caller's handle at once, without waiting for the engine (which may be
+ * in the middle of a step, or, in manual mode, not stepping at all). The
+ * engine finishes the cancelled stream at its next step and then frees it;
+ * until then its session reports BUSY. For garbage-collector finalizers and
+ * other threads that must never wait for, or run, engine steps. If a callback
+ * was set (ember_stream_set_callback), it may still run after this returns:
+ * keep its user_data alive until its END/ERROR call. A manual-step engine
+ * frees the stream (and the session and engine it keeps alive) at its next
+ * ember_engine_step; if none ever runs again, they stay allocated until the
+ * process ends. NULL is a no-op. Any thread. Since 1.1. */
+EMBER_API void ember_stream_release(ember_stream* stream);
 
 /* ---------------------------------------------------------------- scoring */
 

@@ -1,0 +1,497 @@
+// Ember for C#: the idiomatic classes over the SWIG-generated Ember.LowLevel
+// (from bindings/ember.i). Every native call goes through Ember.LowLevel.
+using System;
+using System.Collections;
+using System.Collections.Generic;
+using System.Runtime.InteropServices;
+using System.Text;
+using Ember.LowLevel;
+
+namespace Ember
+{
+    /// <summary>A failed Ember call: Status is the ember_status, Message the library's message.</summary>
+    public class EmberException : Exception
+    {
+        public const int InvalidArgument = 1, NotFound = 2, BadFormat = 3, Unsupported = 4, OutOfMemory = 5,
+                         ContextFull = 6, Busy = 7, Cancelled = 8, Timeout = 9, Internal = 10, EndOfStream = 11;
+
+        public EmberException(int status, string message) : base(message) { Status = status; }
+
+        public int Status { get; private set; }
+
+        /// <summary>The status's constant name, e.g. "EMBER_ERR_NOT_FOUND".</summary>
+        public string StatusName { get { return emberc.ember_status_string(Status); } }
+    }
+
+    /// <summary>UTF-8 text from native memory (used by the SWIG exception hook).</summary>
+    public static class Utf8
+    {
+        public static string FromNative(IntPtr p)
+        {
+            if (p == IntPtr.Zero) return null;
+            int n = 0;
+            while (Marshal.ReadByte(p, n) != 0) n++;
+            byte[] bytes = new byte[n];
+            Marshal.Copy(p, bytes, 0, n);
+            return Encoding.UTF8.GetString(bytes);
+        }
+    }
+
+    /// <summary>Library-wide queries.</summary>
+    public static class Library
+    {
+        public static string Version { get { return emberc.ember_version(); } }
+        public static int VersionNumber { get { return emberc.ember_version_number(); } }
+        /// <summary>"scalar", "avx2" or "avx512_vnni".</summary>
+        public static string CpuIsa { get { return emberc.eb_cpu_isa_name(); } }
+        /// <summary>"absent", "loadable" or "broken".</summary>
+        public static string CudaPlugin
+        {
+            get
+            {
+                switch (emberc.eb_cuda_plugin())
+                {
+                    case 0: return "absent";
+                    case 1: return "loadable";
+                    case 2: return "broken";
+                    default: return "unknown";
+                }
+            }
+        }
+    }
+
+    /// <summary>
+    /// One native handle. Calls use it between Acquire and Release; Close releases it exactly once,
+    /// after the calls in flight, so closing from another thread never frees a handle in use.
+    /// </summary>
+    internal sealed class Handle<T> where T : class
+    {
+        private T ptr;
+        private Action<T> releaser;
+        private readonly string what;
+        private int busy;
+        private bool closed;
+
+        internal Handle(T ptr, Action<T> destroy, string what)
+        {
+            this.ptr = ptr;
+            this.releaser = destroy;
+            this.what = what;
+        }
+
+        internal T Acquire()
+        {
+            lock (this)
+            {
+                if (closed) throw new EmberException(EmberException.InvalidArgument, "the " + what + " is closed");
+                busy++;
+                return ptr;
+            }
+        }
+
+        internal void Release()
+        {
+            T p = null;
+            Action<T> how;
+            lock (this)
+            {
+                busy--;
+                if (closed && busy == 0 && ptr != null) { p = ptr; ptr = null; }
+                how = releaser;
+            }
+            if (p != null) how(p);
+        }
+
+        internal R Call<R>(Func<T, R> f)
+        {
+            T h = Acquire();
+            try { return f(h); } finally { Release(); }
+        }
+
+        internal void Run(Action<T> f)
+        {
+            T h = Acquire();
+            try { f(h); } finally { Release(); }
+        }
+
+        internal bool IsClosed { get { lock (this) return closed; } }
+
+        internal void Close(Action<T> how = null)
+        {
+            T p;
+            Action<T> r;
+            lock (this)
+            {
+                if (closed) return;
+                closed = true;
+                if (how != null) releaser = how;
+                if (busy > 0) return; // the last call in flight releases it
+                p = ptr;
+                ptr = null;
+                r = releaser;
+            }
+            if (p != null) r(p);
+        }
+    }
+
+    internal static class Tokens
+    {
+        internal static eb_tokens Of(IList<int> ids)
+        {
+            var t = new eb_tokens(ids.Count);
+            for (int i = 0; i < ids.Count; i++) t.set(i, ids[i]);
+            return t;
+        }
+
+        internal static int[] ToArray(eb_tokens t)
+        {
+            using (t)
+            {
+                var a = new int[t.size()];
+                for (int i = 0; i < a.Length; i++) a[i] = t.get(i);
+                return a;
+            }
+        }
+    }
+
+    public sealed class ModelInfo
+    {
+        public string Architecture, Name;
+        public long NParams;
+        public int ContextLength, VocabSize, NLayers, NEmbd, NHeads, NKvHeads, BosToken, EosToken;
+    }
+
+    /// <summary>A GGUF model (weights, tokenizer, chat template). Immutable and thread-safe.</summary>
+    public sealed class Model : IDisposable
+    {
+        internal readonly Handle<SWIGTYPE_p_ember_model> handle;
+        private ModelInfo info;
+
+        /// <summary>Loads a model; throws EmberException (NotFound, BadFormat, Unsupported, ...).</summary>
+        public Model(string path)
+        {
+            handle = new Handle<SWIGTYPE_p_ember_model>(emberc.eb_model_load(path), emberc.ember_model_destroy, "Model");
+        }
+
+        ~Model() { if (handle != null) handle.Close(); } // null when the constructor threw
+
+        public ModelInfo Info
+        {
+            get
+            {
+                if (info == null)
+                {
+                    using (var raw = new eb_model_info())
+                    {
+                        handle.Run(h => emberc.eb_model_info_get(h, raw));
+                        info = new ModelInfo
+                        {
+                            Architecture = raw.architecture, Name = raw.name, NParams = raw.n_params,
+                            ContextLength = raw.context_length, VocabSize = raw.vocab_size, NLayers = raw.n_layers,
+                            NEmbd = raw.n_embd, NHeads = raw.n_heads, NKvHeads = raw.n_kv_heads,
+                            BosToken = raw.bos_token, EosToken = raw.eos_token,
+                        };
+                    }
+                }
+                return info;
+            }
+        }
+
+        public int[] Tokenize(string text, bool addSpecial = false, bool parseSpecial = false)
+        {
+            return handle.Call(h => Tokens.ToArray(emberc.eb_tokenize(h, text, addSpecial ? 1 : 0, parseSpecial ? 1 : 0)));
+        }
+
+        public string Detokenize(IList<int> ids)
+        {
+            using (var t = Tokens.Of(ids)) return handle.Call(h => emberc.eb_detokenize(h, t));
+        }
+
+        public bool IsClosed { get { return handle.IsClosed; } }
+
+        /// <summary>Releases the model; engines using it keep it alive. Idempotent.</summary>
+        public void Dispose()
+        {
+            handle.Close();
+            GC.SuppressFinalize(this);
+        }
+    }
+
+    /// <summary>A model bound to a device, with its KV pool and scheduler. Thread-safe.</summary>
+    public sealed class Engine : IDisposable
+    {
+        internal readonly Handle<SWIGTYPE_p_ember_engine> handle;
+
+        /// <param name="device">"cpu" (default), "cuda" or "auto"</param>
+        /// <param name="nThreads">CPU threads, 0 = all cores</param>
+        /// <param name="manualStep">true: the host runs steps with Step()</param>
+        /// <param name="kvMemoryBytes">KV pool budget, 0 = 512 MiB</param>
+        public Engine(Model model, string device = "cpu", int nThreads = 0, bool manualStep = false, long kvMemoryBytes = 0)
+        {
+            int dev;
+            switch (device)
+            {
+                case "cpu": dev = emberc.DEVICE_CPU; break;
+                case "cuda": dev = emberc.DEVICE_CUDA; break;
+                case "auto": dev = emberc.DEVICE_AUTO; break;
+                default: throw new EmberException(EmberException.InvalidArgument, "unknown device '" + device + "' (cpu, cuda or auto)");
+            }
+            var h = model.handle.Call(m => emberc.eb_engine_create(m, dev, nThreads, manualStep ? 1 : 0, kvMemoryBytes));
+            handle = new Handle<SWIGTYPE_p_ember_engine>(h, emberc.ember_engine_destroy, "Engine");
+            Model = model;
+        }
+
+        ~Engine() { if (handle != null) handle.Close(); }
+
+        public Model Model { get; private set; }
+
+        /// <summary>Where it runs: "cpu" or "cuda" (an "auto" engine says what it chose).</summary>
+        public string Device { get { return handle.Call(h => emberc.eb_engine_device(h) == emberc.DEVICE_CUDA ? "cuda" : "cpu"); } }
+        public int GpuIndex { get { return handle.Call(h => emberc.eb_engine_gpu_index(h)); } }
+        public string BackendName { get { return handle.Call(h => emberc.eb_engine_backend_name(h)); } }
+
+        /// <param name="cache">"full", "window" or "sink" (StreamingLLM: never runs out of context)</param>
+        public Session Session(string systemPrompt = null, string cache = "full", int sinkTokens = 4, int windowTokens = 0, int nCtx = 0)
+        {
+            int policy;
+            switch (cache)
+            {
+                case "full": policy = emberc.CACHE_FULL; break;
+                case "window": policy = emberc.CACHE_WINDOW; break;
+                case "sink": policy = emberc.CACHE_SINK; break;
+                default: throw new EmberException(EmberException.InvalidArgument, "unknown cache policy '" + cache + "' (full, window or sink)");
+            }
+            var s = handle.Call(h => emberc.eb_session_create(h, systemPrompt ?? "", policy, sinkTokens, windowTokens, nCtx));
+            return new Session(this, s);
+        }
+
+        /// <summary>Restores a session saved with Session.Save.</summary>
+        public Session LoadSession(string path)
+        {
+            return new Session(this, handle.Call(h => emberc.eb_session_load(h, path)));
+        }
+
+        /// <summary>Manual mode only: runs steps for about maxMs milliseconds; returns the tokens processed.</summary>
+        public long Step(int maxMs = 16, int maxTokens = 0)
+        {
+            return handle.Call(h => emberc.eb_engine_step(h, maxMs, maxTokens));
+        }
+
+        public bool IsClosed { get { return handle.IsClosed; } }
+
+        public void Dispose()
+        {
+            handle.Close();
+            GC.SuppressFinalize(this);
+        }
+    }
+
+    public enum EndReason { None = 0, Eos = 1, StopString = 2, MaxTokens = 3, Cancelled = 4, ContextFull = 5 }
+
+    /// <summary>Sampling and stopping for Session.Generate; defaults are the library's.</summary>
+    public sealed class Sampling
+    {
+        public int MaxTokens = 256;
+        public float Temperature = 0.8f;
+        public int TopK = 40;
+        public float TopP = 0.95f;
+        public float MinP = 0.05f;
+        public float RepeatPenalty = 1.0f;
+        public long? Seed;
+        public bool IgnoreEos;
+        public IList<string> Stop = new List<string>();
+
+        internal eb_sampling ToNative()
+        {
+            var s = new eb_sampling();
+            s.max_tokens = MaxTokens;
+            s.temperature = Temperature;
+            s.top_k = TopK;
+            s.top_p = TopP;
+            s.min_p = MinP;
+            s.repeat_penalty = RepeatPenalty;
+            if (Seed.HasValue) s.seed = Seed.Value;
+            s.ignore_eos = IgnoreEos ? 1 : 0;
+            foreach (var x in Stop) s.add_stop(x);
+            return s;
+        }
+    }
+
+    public sealed class StreamStats
+    {
+        public long PromptTokens, GeneratedTokens;
+        public double TimeToFirstTokenMs, TokensPerSecond, PrefillTokensPerSecond;
+        public bool Finished;
+        public EndReason EndReason;
+    }
+
+    /// <summary>One conversation. One stream at a time; use it from one thread at a time.</summary>
+    public sealed class Session : IDisposable
+    {
+        internal readonly Handle<SWIGTYPE_p_ember_session> handle;
+
+        internal Session(Engine engine, SWIGTYPE_p_ember_session h)
+        {
+            Engine = engine;
+            handle = new Handle<SWIGTYPE_p_ember_session>(h, emberc.ember_session_destroy, "Session");
+        }
+
+        ~Session() { if (handle != null) handle.Close(); }
+
+        public Engine Engine { get; private set; }
+
+        public void AddMessage(string role, string content) { handle.Run(h => emberc.eb_session_add_message(h, role, content)); }
+        public void AddText(string text, bool parseSpecial = false) { handle.Run(h => emberc.eb_session_add_text(h, text, parseSpecial ? 1 : 0)); }
+        public void AddTokens(IList<int> ids) { using (var t = Tokens.Of(ids)) handle.Run(h => emberc.eb_session_add_tokens(h, t)); }
+        public void Reset() { handle.Run(h => emberc.eb_session_reset(h)); }
+        public long TokenCount { get { return handle.Call(h => emberc.eb_session_token_count(h)); } }
+        public void Save(string path) { handle.Run(h => emberc.eb_session_save(h, path)); }
+
+        /// <summary>Appends tokens; returns log p(token | everything before it) for each (NaN for the very first).</summary>
+        public float[] Score(IList<int> tokens)
+        {
+            using (var t = Tokens.Of(tokens))
+            {
+                return handle.Call(h =>
+                {
+                    using (var f = emberc.eb_session_score(h, t))
+                    {
+                        var a = new float[f.size()];
+                        for (int i = 0; i < a.Length; i++) a[i] = f.get(i);
+                        return a;
+                    }
+                });
+            }
+        }
+
+        /// <summary>Starts generating from everything added so far; enumerate the Stream for text pieces.</summary>
+        public Stream Generate(Sampling sampling = null)
+        {
+            using (var raw = (sampling ?? new Sampling()).ToNative())
+            {
+                return new Stream(this, handle.Call(h => emberc.eb_stream_start(h, raw)));
+            }
+        }
+
+        /// <summary>Adds a user message and returns the whole reply.</summary>
+        public string Chat(string content, Sampling sampling = null)
+        {
+            AddMessage("user", content);
+            using (var s = Generate(sampling)) return s.ReadAll();
+        }
+
+        public bool IsClosed { get { return handle.IsClosed; } }
+
+        public void Dispose()
+        {
+            handle.Close();
+            GC.SuppressFinalize(this);
+        }
+    }
+
+    /// <summary>
+    /// One generation: enumerate it for text pieces. Text is everything so far, EndReason and Stats
+    /// say how it ended. Cancel() may be called from any thread. The finalizer cancels it without
+    /// blocking (ember_stream_release).
+    /// </summary>
+    public sealed class Stream : IDisposable, IEnumerable<string>
+    {
+        internal readonly Handle<SWIGTYPE_p_ember_stream> handle;
+        private readonly eb_event ev = new eb_event();
+        private readonly StringBuilder text = new StringBuilder();
+        private readonly List<int> tokens = new List<int>();
+        private readonly object readLock = new object();
+        private EndReason? end;
+
+        internal Stream(Session session, SWIGTYPE_p_ember_stream h)
+        {
+            Session = session;
+            handle = new Handle<SWIGTYPE_p_ember_stream>(h, emberc.ember_stream_destroy, "Stream");
+        }
+
+        // The garbage collector never waits for, or runs, engine steps.
+        ~Stream() { if (handle != null) handle.Close(emberc.ember_stream_release); }
+
+        public Session Session { get; private set; }
+
+        /// <summary>The next text piece, or null at the end. With timeoutMs &gt;= 0 throws
+        /// EmberException(Timeout) when nothing came in time (manual-step engines poll with 0).</summary>
+        public string NextPiece(int timeoutMs = -1)
+        {
+            lock (readLock)
+            {
+                while (end == null)
+                {
+                    int got = handle.Call(h => emberc.eb_stream_next(h, ev, timeoutMs));
+                    if (got == 0) throw new EmberException(EmberException.Timeout, "no event within the timeout");
+                    if (got < 0) { end = Ember.EndReason.None; break; }
+                    if (ev.kind == emberc.EVENT_END) { end = (EndReason)ev.end_reason; break; }
+                    long n = ev.n_tokens();
+                    for (long i = 0; i < n; i++) tokens.Add(ev.token(i));
+                    string piece = ev.text();
+                    if (piece.Length > 0)
+                    {
+                        text.Append(piece);
+                        return piece;
+                    }
+                }
+                return null;
+            }
+        }
+
+        public IEnumerator<string> GetEnumerator()
+        {
+            for (string p; (p = NextPiece()) != null; ) yield return p;
+        }
+
+        IEnumerator IEnumerable.GetEnumerator() { return GetEnumerator(); }
+
+        /// <summary>Waits for the end and returns the whole text.</summary>
+        public string ReadAll()
+        {
+            while (NextPiece() != null) { }
+            return Text;
+        }
+
+        public string Text { get { lock (readLock) return text.ToString(); } }
+        public int[] Tokens { get { lock (readLock) return tokens.ToArray(); } }
+        /// <summary>null until the end was read.</summary>
+        public EndReason? EndReason { get { return end; } }
+        public bool IsFinished { get { return end != null; } }
+
+        /// <summary>Requests the end (Cancelled soon after). Any thread; a no-op once closed.</summary>
+        public void Cancel()
+        {
+            try { handle.Run(h => emberc.eb_stream_cancel(h)); }
+            catch (EmberException) { if (!handle.IsClosed) throw; }
+        }
+
+        public StreamStats Stats
+        {
+            get
+            {
+                using (var raw = new eb_stats())
+                {
+                    handle.Run(h => emberc.eb_stream_stats_get(h, raw));
+                    return new StreamStats
+                    {
+                        PromptTokens = raw.prompt_tokens, GeneratedTokens = raw.generated_tokens,
+                        TimeToFirstTokenMs = raw.time_to_first_token_ms, TokensPerSecond = raw.tokens_per_second,
+                        PrefillTokensPerSecond = raw.prefill_tokens_per_second, Finished = raw.finished != 0,
+                        EndReason = (EndReason)raw.end_reason,
+                    };
+                }
+            }
+        }
+
+        public bool IsClosed { get { return handle.IsClosed; } }
+
+        /// <summary>Cancels if still running, waits for it to stop and releases it. Idempotent.</summary>
+        public void Dispose()
+        {
+            Cancel();
+            handle.Close();
+            GC.SuppressFinalize(this);
+        }
+    }
+}

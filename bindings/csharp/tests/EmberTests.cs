@@ -1,0 +1,414 @@
+// The binding scenarios of issue 11 (section 4), in C#, with a tiny assert
+// runner (no NUnit): run with mono, exit status 0 when all pass.
+using System;
+using System.Collections.Generic;
+using System.Diagnostics;
+using System.IO;
+using System.Linq;
+using System.Threading;
+using Ember;
+using Stream = Ember.Stream;
+
+static class EmberTests
+{
+    const string Prompt = "Name three colors.";
+    const long Kv = 64L << 20; // as bindings/tools/greedy_ref.c
+    static Model model;
+    static Engine engine;
+
+    class Failure : Exception { public Failure(string m) : base(m) { } }
+
+    static void Check(bool ok, string what) { if (!ok) throw new Failure(what); }
+
+    static void Eq<T>(T expected, T actual, string what)
+    {
+        if (!EqualityComparer<T>.Default.Equals(expected, actual))
+            throw new Failure(what + ": expected <" + expected + "> got <" + actual + ">");
+    }
+
+    static EmberException Throws(int status, Action body)
+    {
+        try { body(); }
+        catch (EmberException e)
+        {
+            Eq(status, e.Status, "status of '" + e.Message + "'");
+            Check(e.Message.Length > 0, "the exception carries a message");
+            return e;
+        }
+        throw new Failure("expected EmberException with status " + status);
+    }
+
+    static string ModelPath()
+    {
+        string m = Environment.GetEnvironmentVariable("EMBER_MODEL");
+        if (!string.IsNullOrEmpty(m)) return m;
+        string home = Environment.GetEnvironmentVariable("EMBER_HOME");
+        if (string.IsNullOrEmpty(home)) home = Environment.GetEnvironmentVariable("HOME") + "/.cache/ember";
+        return home + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+    }
+
+    static string Ids(IEnumerable<int> ids) { return string.Join(" ", ids); }
+
+    static string CApiGreedy(int maxTokens, string message)
+    {
+        string reference = Environment.GetEnvironmentVariable("EMBER_GREEDY_REF");
+        Check(!string.IsNullOrEmpty(reference), "EMBER_GREEDY_REF is set (run through CTest)");
+        var psi = new ProcessStartInfo(reference) { UseShellExecute = false, RedirectStandardOutput = true };
+        psi.Arguments = "\"" + ModelPath() + "\" " + maxTokens + " \"" + message + "\"";
+        using (var p = Process.Start(psi))
+        {
+            string output = p.StandardOutput.ReadToEnd().Trim();
+            p.WaitForExit();
+            Eq(0, p.ExitCode, "greedy_ref exit status");
+            return string.Join(" ", output.Split((char[])null, StringSplitOptions.RemoveEmptyEntries));
+        }
+    }
+
+    static Sampling Greedy(int n) { return new Sampling { MaxTokens = n, Temperature = 0 }; }
+
+    static Stream RunGreedy(Session s, Sampling sampling)
+    {
+        using (var st = s.Generate(sampling)) { st.ReadAll(); return st; }
+    }
+
+    static void LoadAndInfo()
+    {
+        Eq("llama", model.Info.Architecture, "architecture");
+        Eq(30, model.Info.NLayers, "layers");
+        Eq(49152, model.Info.VocabSize, "vocab");
+        Check(model.Info.NParams > 100000000L, "n_params");
+        Eq("cpu", engine.Device, "device");
+        Eq(-1, engine.GpuIndex, "gpu index");
+        Check(engine.BackendName.StartsWith("cpu/"), "backend name");
+        var v = Library.Version.Split('.').Select(int.Parse).ToArray();
+        Eq(v[0] * 10000 + v[1] * 100 + v[2], Library.VersionNumber, "version number");
+        Check(new[] { "scalar", "avx2", "avx512_vnni" }.Contains(Library.CpuIsa), "cpu isa");
+        Check(new[] { "absent", "loadable", "broken" }.Contains(Library.CudaPlugin), "cuda plugin");
+    }
+
+    static void TokenizeRoundTrip()
+    {
+        string text = "Hello, world! Ünïcödé 🙂 and <|im_start|> text.";
+        int[] ids = model.Tokenize(text);
+        Check(ids.Length > 0, "tokens");
+        Eq(text, model.Detokenize(ids), "round trip");
+        Eq(1, model.Tokenize("<|im_start|>", parseSpecial: true).Length, "special token");
+        Eq("", model.Detokenize(new int[0]), "empty");
+        Throws(EmberException.InvalidArgument, () => model.Detokenize(new[] { 1000000000 }));
+    }
+
+    static void GreedyMatchesTheCApi()
+    {
+        string expected = CApiGreedy(24, Prompt);
+        Check(expected.Length > 0, "reference tokens");
+        using (var s = engine.Session())
+        {
+            s.AddMessage("user", Prompt);
+            var st = RunGreedy(s, Greedy(24));
+            Eq(expected, Ids(st.Tokens), "greedy tokens vs the C API");
+            Eq(model.Detokenize(expected.Split(' ').Select(int.Parse).ToArray()), st.Text, "greedy text");
+        }
+    }
+
+    static void PiecesConcatenate()
+    {
+        using (var s = engine.Session("You are brief."))
+        {
+            s.AddMessage("user", Prompt);
+            using (var st = s.Generate(new Sampling { MaxTokens = 20, Temperature = 0.8f, Seed = 42 }))
+            {
+                var pieces = st.ToList();
+                Check(pieces.Count > 1, "several pieces");
+                Check(pieces.All(p => p.Length > 0), "non-empty pieces");
+                Eq(st.Text, string.Concat(pieces), "pieces concatenate to the text");
+                Eq(model.Detokenize(st.Tokens), st.Text, "text = detokenized tokens");
+                Check(st.EndReason == EndReason.MaxTokens || st.EndReason == EndReason.Eos, "end reason " + st.EndReason);
+                var stats = st.Stats;
+                Check(stats.Finished, "finished");
+                Eq((long)st.Tokens.Length, stats.GeneratedTokens, "generated tokens");
+                Check(stats.PromptTokens > 0, "prompt tokens");
+            }
+            Check(s.Chat("And three animals?", Greedy(12)).Length > 0, "chat reply");
+        }
+    }
+
+    static void StopStrings()
+    {
+        string full;
+        using (var s = engine.Session())
+        {
+            s.AddMessage("user", Prompt);
+            full = RunGreedy(s, Greedy(24)).Text;
+        }
+        var words = full.Split((char[])null, StringSplitOptions.RemoveEmptyEntries);
+        Check(words.Length >= 3, "enough words in '" + full + "'");
+        string stop = words[2];
+        string expected = full.Substring(0, full.IndexOf(stop, StringComparison.Ordinal));
+        using (var s = engine.Session())
+        {
+            s.AddMessage("user", Prompt);
+            var g = Greedy(24);
+            g.Stop.Add(stop);
+            g.Stop.Add("\u2603never");
+            var st = RunGreedy(s, g);
+            Eq<EndReason?>(EndReason.StopString, st.EndReason, "end reason");
+            Eq(expected, st.Text, "text before the stop string");
+        }
+    }
+
+    static void CancelFromAnotherThread()
+    {
+        using (var s = engine.Session())
+        {
+            s.AddMessage("user", "Write a very long story about the sea.");
+            var g = Greedy(400);
+            g.IgnoreEos = true;
+            using (var st = s.Generate(g))
+            {
+                string first = st.NextPiece();
+                Check(first != null, "a first piece");
+                var t = new Thread(st.Cancel);
+                t.Start();
+                t.Join();
+                string rest = string.Concat(st);
+                Eq<EndReason?>(EndReason.Cancelled, st.EndReason, "end reason");
+                Check(st.Tokens.Length < 400, "stopped early");
+                Eq(st.Text, first + rest, "pieces");
+            }
+            Check(s.Chat("Thanks.", Greedy(4)) != null, "session usable after cancel");
+        }
+    }
+
+    static void TwoSessionsOnTwoThreads()
+    {
+        string[] prompts = { "Name three colors.", "Count from one to five." };
+        var alone = new List<string>();
+        foreach (var p in prompts)
+            using (var s = engine.Session()) { s.AddMessage("user", p); alone.Add(Ids(RunGreedy(s, Greedy(20)).Tokens)); }
+        var results = new string[2];
+        var errors = new Exception[2];
+        var barrier = new Barrier(2);
+        var threads = Enumerable.Range(0, 2).Select(k => new Thread(() =>
+        {
+            try
+            {
+                using (var s = engine.Session())
+                {
+                    s.AddMessage("user", prompts[k]);
+                    barrier.SignalAndWait();
+                    results[k] = Ids(RunGreedy(s, Greedy(20)).Tokens);
+                }
+            }
+            catch (Exception e) { errors[k] = e; }
+        })).ToArray();
+        foreach (var t in threads) t.Start();
+        foreach (var t in threads) t.Join();
+        Check(errors[0] == null && errors[1] == null, "threads: " + errors[0] + " " + errors[1]);
+        Eq(string.Join("|", alone), string.Join("|", results), "concurrent = alone");
+    }
+
+    static void SaveLoadContinue()
+    {
+        string dir = Path.Combine(Path.GetTempPath(), "ember-cs-" + Guid.NewGuid().ToString("N"));
+        Directory.CreateDirectory(dir);
+        try
+        {
+            string path = Path.Combine(dir, "chat.ember");
+            string contA;
+            long n;
+            using (var a = engine.Session("You are brief."))
+            {
+                a.AddMessage("user", Prompt);
+                RunGreedy(a, Greedy(12));
+                a.Save(path);
+                n = a.TokenCount;
+                a.AddMessage("user", "Now three fruits.");
+                contA = Ids(RunGreedy(a, Greedy(16)).Tokens);
+            }
+            using (var b = engine.LoadSession(path))
+            {
+                Eq(n, b.TokenCount, "token count after load");
+                b.AddMessage("user", "Now three fruits.");
+                Eq(contA, Ids(RunGreedy(b, Greedy(16)).Tokens), "continuation after load");
+            }
+            Throws(EmberException.NotFound, () => engine.LoadSession(Path.Combine(dir, "missing.ember")));
+        }
+        finally { Directory.Delete(dir, true); }
+    }
+
+    static void MissingAndCorruptFiles()
+    {
+        string missing = Path.Combine(Path.GetTempPath(), "ember-no-such-model.gguf");
+        var e = Throws(EmberException.NotFound, () => new Model(missing));
+        Check(e.Message.Contains("ember-no-such-model.gguf"), "message names the file: " + e.Message);
+        Eq("EMBER_ERR_NOT_FOUND", e.StatusName, "status name");
+        string corrupt = Path.Combine(Path.GetTempPath(), "ember-corrupt-" + Guid.NewGuid().ToString("N") + ".gguf");
+        var head = new byte[100000];
+        using (var f = File.OpenRead(ModelPath())) f.Read(head, 0, head.Length);
+        File.WriteAllBytes(corrupt, head); // a truncated model
+        try
+        {
+            var c = Throws(EmberException.BadFormat, () => new Model(corrupt));
+            Check(c.Message.Contains(Path.GetFileName(corrupt)) && c.Message.Contains("gguf"), "library message: " + c.Message);
+        }
+        finally { File.Delete(corrupt); }
+        Throws(EmberException.InvalidArgument, () => engine.Session(cache: "nope"));
+        using (var s = engine.Session())
+        {
+            s.AddMessage("user", "hi");
+            var m = Throws(EmberException.InvalidArgument, () => s.Generate(new Sampling { MaxTokens = 0 }));
+            Check(m.Message.Contains("max_tokens"), "message: " + m.Message);
+        }
+    }
+
+    static void Busy()
+    {
+        using (var s = engine.Session())
+        {
+            s.AddMessage("user", Prompt);
+            var g = Greedy(50);
+            g.IgnoreEos = true;
+            using (s.Generate(g)) Throws(EmberException.Busy, () => s.Generate(Greedy(5)));
+        }
+    }
+
+    static void CloseInAnyOrder()
+    {
+        string[][] orders = {
+            new[] { "model", "engine", "session", "stream" }, new[] { "stream", "session", "engine", "model" },
+            new[] { "engine", "model", "stream", "session" }, new[] { "session", "stream", "model", "engine" } };
+        foreach (var order in orders)
+        {
+            var m = new Model(ModelPath());
+            var e = new Engine(m, kvMemoryBytes: 16L << 20);
+            var s = e.Session();
+            s.AddMessage("user", Prompt);
+            var st = s.Generate(Greedy(8));
+            var objs = new Dictionary<string, IDisposable> { { "model", m }, { "engine", e }, { "session", s }, { "stream", st } };
+            foreach (var name in order)
+            {
+                objs[name].Dispose();
+                objs[name].Dispose(); // twice is fine
+                if (!st.IsClosed) st.ReadAll();
+                if (!s.IsClosed && st.IsClosed) Check(s.Chat("ok", Greedy(2)) != null, "session still works");
+            }
+        }
+    }
+
+    static void ClosedHandlesThrow()
+    {
+        var m = new Model(ModelPath());
+        var e = new Engine(m, kvMemoryBytes: 16L << 20);
+        var s = e.Session();
+        s.AddMessage("user", Prompt);
+        var st = s.Generate(Greedy(4));
+        st.Dispose();
+        s.Dispose();
+        e.Dispose();
+        m.Dispose();
+        Throws(EmberException.InvalidArgument, () => m.Tokenize("x"));
+        Throws(EmberException.InvalidArgument, () => new Engine(m));
+        Throws(EmberException.InvalidArgument, () => e.Session());
+        Throws(EmberException.InvalidArgument, () => s.AddMessage("user", "x"));
+        Throws(EmberException.InvalidArgument, () => st.NextPiece());
+        st.Cancel(); // a no-op on a closed stream
+    }
+
+    static void DropEverything(bool manual)
+    {
+        var m = new Model(ModelPath());
+        var e = new Engine(m, kvMemoryBytes: 16L << 20, manualStep: manual);
+        for (int i = 0; i < 3; i++)
+        {
+            var s = e.Session();
+            s.AddMessage("user", "Write a long poem.");
+            var st = s.Generate(new Sampling { MaxTokens = 500, IgnoreEos = true });
+            if (!manual && i == 0) st.NextPiece();
+        }
+    }
+
+    static void DropToGcNeverBlocks()
+    {
+        foreach (bool manual in new[] { false, true })
+        {
+            var sw = Stopwatch.StartNew();
+            DropEverything(manual);
+            GC.Collect();
+            GC.WaitForPendingFinalizers(); // the finalizers must not block on the engine
+            GC.Collect();
+            GC.WaitForPendingFinalizers();
+            Check(sw.Elapsed.TotalSeconds < 5.0, "dropping to the GC took " + sw.Elapsed.TotalSeconds + " s");
+        }
+        using (var s = engine.Session()) Check(s.Chat(Prompt, Greedy(2)) != null, "engine still works");
+    }
+
+    static void ManualStepEngine()
+    {
+        using (var e = new Engine(model, manualStep: true, kvMemoryBytes: 16L << 20))
+        using (var s = e.Session())
+        {
+            s.AddMessage("user", Prompt);
+            using (var st = s.Generate(Greedy(8)))
+            {
+                var sb = new System.Text.StringBuilder();
+                for (int i = 0; i < 200 && !st.IsFinished; i++)
+                {
+                    e.Step(16);
+                    try { for (string p; (p = st.NextPiece(0)) != null; ) sb.Append(p); }
+                    catch (EmberException x) { Eq(EmberException.Timeout, x.Status, "poll status"); }
+                }
+                Check(st.IsFinished, "finished");
+                Eq(st.Text, sb.ToString(), "pieces");
+                Eq(CApiGreedy(8, Prompt), Ids(st.Tokens), "manual greedy vs the C API");
+            }
+        }
+    }
+
+    static int Main()
+    {
+        if (!File.Exists(ModelPath()))
+        {
+            if (Environment.GetEnvironmentVariable("CI") != null) { Console.WriteLine("FAIL: model missing: " + ModelPath()); return 1; }
+            Console.WriteLine("SKIP: model not found at " + ModelPath());
+            return 0;
+        }
+        var tests = new List<KeyValuePair<string, Action>>
+        {
+            new KeyValuePair<string, Action>("load_and_info", LoadAndInfo),
+            new KeyValuePair<string, Action>("tokenize_round_trip", TokenizeRoundTrip),
+            new KeyValuePair<string, Action>("greedy_matches_the_c_api", GreedyMatchesTheCApi),
+            new KeyValuePair<string, Action>("pieces_concatenate_to_the_reply", PiecesConcatenate),
+            new KeyValuePair<string, Action>("stop_strings", StopStrings),
+            new KeyValuePair<string, Action>("cancel_from_another_thread", CancelFromAnotherThread),
+            new KeyValuePair<string, Action>("two_sessions_on_two_threads", TwoSessionsOnTwoThreads),
+            new KeyValuePair<string, Action>("save_load_continue_exactly", SaveLoadContinue),
+            new KeyValuePair<string, Action>("missing_and_corrupt_files", MissingAndCorruptFiles),
+            new KeyValuePair<string, Action>("busy", Busy),
+            new KeyValuePair<string, Action>("close_in_any_order", CloseInAnyOrder),
+            new KeyValuePair<string, Action>("closed_handles_throw", ClosedHandlesThrow),
+            new KeyValuePair<string, Action>("drop_to_gc_never_blocks", DropToGcNeverBlocks),
+            new KeyValuePair<string, Action>("manual_step_engine", ManualStepEngine),
+        };
+        model = new Model(ModelPath());
+        engine = new Engine(model, kvMemoryBytes: Kv);
+        int failed = 0;
+        foreach (var t in tests)
+        {
+            var sw = Stopwatch.StartNew();
+            try
+            {
+                t.Value();
+                Console.WriteLine("PASS {0} ({1:F2} s)", t.Key, sw.Elapsed.TotalSeconds);
+            }
+            catch (Exception e)
+            {
+                failed++;
+                Console.WriteLine("FAIL {0}: {1}", t.Key, e);
+            }
+        }
+        engine.Dispose();
+        model.Dispose();
+        Console.WriteLine("{0} passed, {1} failed", tests.Count - failed, failed);
+        return failed == 0 ? 0 : 1;
+    }
+}

@@ -1,0 +1,638 @@
+// Package ember is the Go binding of Ember, an embeddable LLM inference
+// engine. It is a thin layer over the SWIG-generated package
+// ember/internal/emberc (from bindings/ember.i; generate it with
+// `go generate` or let CMake build the module under build/bindings/go).
+//
+//	model, err := ember.LoadModel(path)
+//	engine, err := ember.NewEngine(model, nil)
+//	session, err := engine.NewSession(&ember.SessionOptions{SystemPrompt: "You are brief."})
+//	session.AddMessage("user", "Hello!")
+//	stream, err := session.Generate(nil)
+//	for {
+//		piece, err := stream.Next()
+//		if err == io.EOF { break }
+//		fmt.Print(piece)
+//	}
+//
+// Every handle has Close (idempotent, any order: an engine keeps its model
+// alive, a session its engine, a stream its session); a closed handle returns
+// an *Error with StatusInvalidArgument. Handles dropped without Close are
+// released by finalizers that never block on the engine.
+//
+// Errors are *Error values with the library's status and message. The
+// library's message is per OS thread; every call pins its goroutine
+// (runtime.LockOSThread) across the native call and the read of the message,
+// so the message is that call's even though goroutines move between threads.
+package ember
+
+//go:generate swig -go -cgo -intgosize 64 -I../../include -outdir internal/emberc -o internal/emberc/ember_wrap.c ../ember.i
+
+import (
+	"fmt"
+	"io"
+	"runtime"
+	"strings"
+	"sync"
+
+	"ember/internal/emberc"
+)
+
+// Status codes (ember_status).
+const (
+	StatusOK              = 0
+	StatusInvalidArgument = 1
+	StatusNotFound        = 2
+	StatusBadFormat       = 3
+	StatusUnsupported     = 4
+	StatusOutOfMemory     = 5
+	StatusContextFull     = 6
+	StatusBusy            = 7
+	StatusCancelled       = 8
+	StatusTimeout         = 9
+	StatusInternal        = 10
+	StatusEndOfStream     = 11
+)
+
+// Error is a failed Ember call.
+type Error struct {
+	Status  int    // ember_status
+	Message string // the library's message
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// StatusName is the status's constant name, e.g. "EMBER_ERR_NOT_FOUND".
+func (e *Error) StatusName() string { return emberc.Ember_status_string(e.Status) }
+
+// call runs f on a pinned OS thread and returns the failure it recorded.
+func call[T any](f func() T) (T, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	r := f()
+	if st := emberc.Eb_last_status(); st != 0 {
+		return r, &Error{Status: st, Message: emberc.Eb_last_message()}
+	}
+	return r, nil
+}
+
+func call0(f func()) error {
+	_, err := call(func() struct{} { f(); return struct{}{} })
+	return err
+}
+
+// handle guards one native handle: calls use it between acquire and release;
+// close releases it once, after the calls in flight.
+type handle[T any] struct {
+	mu      sync.Mutex
+	ptr     T
+	valid   bool
+	busy    int
+	closed  bool
+	release func(T)
+	what    string
+}
+
+func newHandle[T any](p T, release func(T), what string) *handle[T] {
+	return &handle[T]{ptr: p, valid: true, release: release, what: what}
+}
+
+func (h *handle[T]) acquire() (T, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		var zero T
+		return zero, &Error{Status: StatusInvalidArgument, Message: "the " + h.what + " is closed"}
+	}
+	h.busy++
+	return h.ptr, nil
+}
+
+func (h *handle[T]) done() {
+	h.mu.Lock()
+	h.busy--
+	var p T
+	free := h.closed && h.busy == 0 && h.valid
+	if free {
+		p, h.valid = h.ptr, false
+	}
+	how := h.release
+	h.mu.Unlock()
+	if free {
+		how(p)
+	}
+}
+
+func (h *handle[T]) isClosed() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.closed
+}
+
+func (h *handle[T]) close(how func(T)) {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return
+	}
+	h.closed = true
+	if how != nil {
+		h.release = how
+	}
+	if h.busy > 0 || !h.valid { // the last call in flight releases it
+		h.mu.Unlock()
+		return
+	}
+	p, r := h.ptr, h.release
+	h.valid = false
+	h.mu.Unlock()
+	r(p)
+}
+
+// use runs f with the native handle and returns f's result and recorded failure.
+func use[T any, R any](h *handle[T], f func(T) R) (R, error) {
+	p, err := h.acquire()
+	if err != nil {
+		var zero R
+		return zero, err
+	}
+	defer h.done()
+	return call(func() R { return f(p) })
+}
+
+func use0[T any](h *handle[T], f func(T)) error {
+	_, err := use(h, func(p T) struct{} { f(p); return struct{}{} })
+	return err
+}
+
+// Version is the library's version, "MAJOR.MINOR.PATCH".
+func Version() string { return emberc.Ember_version() }
+
+// VersionNumber is MAJOR*10000 + MINOR*100 + PATCH.
+func VersionNumber() int { return emberc.Ember_version_number() }
+
+// CPUISA is the CPU kernels in use: "scalar", "avx2" or "avx512_vnni".
+func CPUISA() string { return emberc.Eb_cpu_isa_name() }
+
+// CUDAPlugin says whether the CUDA plugin is "absent", "loadable" or "broken".
+func CUDAPlugin() string {
+	switch emberc.Eb_cuda_plugin() {
+	case 0:
+		return "absent"
+	case 1:
+		return "loadable"
+	case 2:
+		return "broken"
+	}
+	return "unknown"
+}
+
+func tokensIn(ids []int) emberc.Eb_tokens {
+	t := emberc.NewEb_tokens(int64(len(ids)))
+	for i, v := range ids {
+		t.Set(int64(i), v)
+	}
+	return t
+}
+
+func tokensOut(t emberc.Eb_tokens) []int {
+	out := make([]int, t.Size())
+	for i := range out {
+		out[i] = t.Get(int64(i))
+	}
+	emberc.DeleteEb_tokens(t)
+	return out
+}
+
+// ModelInfo is a model's metadata.
+type ModelInfo struct {
+	Architecture, Name                                         string
+	NParams                                                    int64
+	ContextLength, VocabSize, NLayers, NEmbd, NHeads, NKVHeads int
+	BOSToken, EOSToken                                         int
+}
+
+// Model is a GGUF model (weights, tokenizer, chat template); safe for concurrent use.
+type Model struct {
+	h    *handle[emberc.Struct_SS_ember_model]
+	Path string
+}
+
+// LoadModel loads a GGUF model.
+func LoadModel(path string) (*Model, error) {
+	p, err := call(func() emberc.Struct_SS_ember_model { return emberc.Eb_model_load(path) })
+	if err != nil {
+		return nil, err
+	}
+	m := &Model{h: newHandle(p, emberc.Ember_model_destroy, "Model"), Path: path}
+	runtime.SetFinalizer(m, func(m *Model) { m.h.close(nil) })
+	return m, nil
+}
+
+// Close releases the model; engines using it keep it alive.
+func (m *Model) Close() error { m.h.close(nil); return nil }
+
+// Info returns the model's metadata.
+func (m *Model) Info() (ModelInfo, error) {
+	raw := emberc.NewEb_model_info()
+	defer emberc.DeleteEb_model_info(raw)
+	err := use0(m.h, func(p emberc.Struct_SS_ember_model) { emberc.Eb_model_info_get(p, raw) })
+	if err != nil {
+		return ModelInfo{}, err
+	}
+	return ModelInfo{raw.GetArchitecture(), raw.GetName(), raw.GetN_params(), raw.GetContext_length(),
+		raw.GetVocab_size(), raw.GetN_layers(), raw.GetN_embd(), raw.GetN_heads(), raw.GetN_kv_heads(),
+		raw.GetBos_token(), raw.GetEos_token()}, nil
+}
+
+// Tokenize converts text to token ids (special tokens recognised when parseSpecial).
+func (m *Model) Tokenize(text string, addSpecial, parseSpecial bool) ([]int, error) {
+	t, err := use(m.h, func(p emberc.Struct_SS_ember_model) emberc.Eb_tokens {
+		return emberc.Eb_tokenize(p, text, b2i(addSpecial), b2i(parseSpecial))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return tokensOut(t), nil
+}
+
+// Detokenize converts token ids to text.
+func (m *Model) Detokenize(ids []int) (string, error) {
+	t := tokensIn(ids)
+	defer emberc.DeleteEb_tokens(t)
+	return use(m.h, func(p emberc.Struct_SS_ember_model) string { return emberc.Eb_detokenize(p, t) })
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// EngineOptions are an engine's settings; the zero value is the library's defaults on the CPU.
+type EngineOptions struct {
+	Device        string // "cpu" (default), "cuda" or "auto"
+	NThreads      int    // CPU threads, 0 = all cores
+	ManualStep    bool   // the host runs steps with Step
+	KVMemoryBytes int64  // KV pool budget, 0 = 512 MiB
+}
+
+// Engine is a model bound to a device; safe for concurrent use.
+type Engine struct {
+	h     *handle[emberc.Struct_SS_ember_engine]
+	Model *Model
+}
+
+// NewEngine creates an engine (opts may be nil).
+func NewEngine(model *Model, opts *EngineOptions) (*Engine, error) {
+	if opts == nil {
+		opts = &EngineOptions{}
+	}
+	device := emberc.DEVICE_CPU
+	switch opts.Device {
+	case "", "cpu":
+	case "cuda":
+		device = emberc.DEVICE_CUDA
+	case "auto":
+		device = emberc.DEVICE_AUTO
+	default:
+		return nil, &Error{StatusInvalidArgument, fmt.Sprintf("unknown device %q (cpu, cuda or auto)", opts.Device)}
+	}
+	p, err := use(model.h, func(m emberc.Struct_SS_ember_model) emberc.Struct_SS_ember_engine {
+		return emberc.Eb_engine_create(m, device, opts.NThreads, b2i(opts.ManualStep), opts.KVMemoryBytes)
+	})
+	if err != nil {
+		return nil, err
+	}
+	e := &Engine{h: newHandle(p, emberc.Ember_engine_destroy, "Engine"), Model: model}
+	runtime.SetFinalizer(e, func(e *Engine) { e.h.close(nil) })
+	return e, nil
+}
+
+// Close releases the engine; its sessions keep it alive.
+func (e *Engine) Close() error { e.h.close(nil); return nil }
+
+// Device says where the engine runs: "cpu" or "cuda" (an "auto" engine says what it chose).
+func (e *Engine) Device() (string, error) {
+	d, err := use(e.h, emberc.Eb_engine_device)
+	if d == emberc.DEVICE_CUDA {
+		return "cuda", err
+	}
+	return "cpu", err
+}
+
+// GPUIndex is the GPU of a CUDA engine, -1 on the CPU.
+func (e *Engine) GPUIndex() (int, error) { return use(e.h, emberc.Eb_engine_gpu_index) }
+
+// BackendName is e.g. "cpu/avx2".
+func (e *Engine) BackendName() (string, error) { return use(e.h, emberc.Eb_engine_backend_name) }
+
+// Step runs engine steps for about maxMs milliseconds (manual mode only); returns the tokens processed.
+func (e *Engine) Step(maxMs, maxTokens int) (int64, error) {
+	return use(e.h, func(p emberc.Struct_SS_ember_engine) int64 { return emberc.Eb_engine_step(p, maxMs, maxTokens) })
+}
+
+// SessionOptions are a session's settings; the zero value is a full-cache session.
+type SessionOptions struct {
+	SystemPrompt string
+	Cache        string // "full" (default), "window" or "sink" (StreamingLLM)
+	SinkTokens   int    // SINK: first tokens kept; used when Cache is "sink" (0 means 4)
+	WindowTokens int    // WINDOW/SINK: recent tokens kept; 0 = the context minus the sinks
+	NCtx         int    // 0 = the model's context
+}
+
+// NewSession starts a conversation (opts may be nil).
+func (e *Engine) NewSession(opts *SessionOptions) (*Session, error) {
+	if opts == nil {
+		opts = &SessionOptions{}
+	}
+	policy := emberc.CACHE_FULL
+	switch opts.Cache {
+	case "", "full":
+	case "window":
+		policy = emberc.CACHE_WINDOW
+	case "sink":
+		policy = emberc.CACHE_SINK
+	default:
+		return nil, &Error{StatusInvalidArgument, fmt.Sprintf("unknown cache policy %q (full, window or sink)", opts.Cache)}
+	}
+	sink := opts.SinkTokens
+	if sink == 0 {
+		sink = 4
+	}
+	p, err := use(e.h, func(h emberc.Struct_SS_ember_engine) emberc.Struct_SS_ember_session {
+		return emberc.Eb_session_create(h, opts.SystemPrompt, policy, sink, opts.WindowTokens, opts.NCtx)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return newSession(e, p), nil
+}
+
+// LoadSession restores a session saved with Session.Save.
+func (e *Engine) LoadSession(path string) (*Session, error) {
+	p, err := use(e.h, func(h emberc.Struct_SS_ember_engine) emberc.Struct_SS_ember_session {
+		return emberc.Eb_session_load(h, path)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return newSession(e, p), nil
+}
+
+// Session is one conversation: one stream at a time, one goroutine at a time.
+type Session struct {
+	h      *handle[emberc.Struct_SS_ember_session]
+	Engine *Engine
+}
+
+func newSession(e *Engine, p emberc.Struct_SS_ember_session) *Session {
+	s := &Session{h: newHandle(p, emberc.Ember_session_destroy, "Session"), Engine: e}
+	runtime.SetFinalizer(s, func(s *Session) { s.h.close(nil) })
+	return s
+}
+
+// Close releases the session (a running stream is cancelled and keeps it alive).
+func (s *Session) Close() error { s.h.close(nil); return nil }
+
+// AddMessage appends a chat message ("system", "user", "assistant").
+func (s *Session) AddMessage(role, content string) error {
+	return use0(s.h, func(p emberc.Struct_SS_ember_session) { emberc.Eb_session_add_message(p, role, content) })
+}
+
+// AddText appends raw text (completion mode).
+func (s *Session) AddText(text string, parseSpecial bool) error {
+	return use0(s.h, func(p emberc.Struct_SS_ember_session) { emberc.Eb_session_add_text(p, text, b2i(parseSpecial)) })
+}
+
+// AddTokens appends token ids (completion mode).
+func (s *Session) AddTokens(ids []int) error {
+	t := tokensIn(ids)
+	defer emberc.DeleteEb_tokens(t)
+	return use0(s.h, func(p emberc.Struct_SS_ember_session) { emberc.Eb_session_add_tokens(p, t) })
+}
+
+// Reset forgets the conversation.
+func (s *Session) Reset() error { return use0(s.h, emberc.Eb_session_reset) }
+
+// TokenCount is the number of tokens the session holds.
+func (s *Session) TokenCount() (int64, error) { return use(s.h, emberc.Eb_session_token_count) }
+
+// Save writes the session to a file (Engine.LoadSession restores it).
+func (s *Session) Save(path string) error {
+	return use0(s.h, func(p emberc.Struct_SS_ember_session) { emberc.Eb_session_save(p, path) })
+}
+
+// Score appends tokens and returns log p(token | everything before it) for each (NaN for the very first).
+func (s *Session) Score(tokens []int) ([]float32, error) {
+	t := tokensIn(tokens)
+	defer emberc.DeleteEb_tokens(t)
+	f, err := use(s.h, func(p emberc.Struct_SS_ember_session) emberc.Eb_floats { return emberc.Eb_session_score(p, t) })
+	if err != nil {
+		return nil, err
+	}
+	defer emberc.DeleteEb_floats(f)
+	out := make([]float32, f.Size())
+	for i := range out {
+		out[i] = f.Get(int64(i))
+	}
+	return out, nil
+}
+
+// Sampling controls generation. Start from DefaultSampling() (the library's defaults).
+type Sampling struct {
+	MaxTokens     int
+	Temperature   float32 // 0 = greedy
+	TopK          int
+	TopP, MinP    float32
+	RepeatPenalty float32
+	Seed          uint64
+	IgnoreEOS     bool
+	Stop          []string // generation ends before the first match (not emitted)
+}
+
+// DefaultSampling returns the library's defaults.
+func DefaultSampling() Sampling {
+	d := emberc.NewEb_sampling()
+	defer emberc.DeleteEb_sampling(d)
+	return Sampling{MaxTokens: d.GetMax_tokens(), Temperature: d.GetTemperature(), TopK: d.GetTop_k(),
+		TopP: d.GetTop_p(), MinP: d.GetMin_p(), RepeatPenalty: d.GetRepeat_penalty(), Seed: uint64(d.GetSeed())}
+}
+
+// Generate starts generating from everything added so far (nil: DefaultSampling()).
+func (s *Session) Generate(opts *Sampling) (*Stream, error) {
+	o := DefaultSampling()
+	if opts != nil {
+		o = *opts
+	}
+	raw := emberc.NewEb_sampling()
+	defer emberc.DeleteEb_sampling(raw)
+	raw.SetMax_tokens(o.MaxTokens)
+	raw.SetTemperature(o.Temperature)
+	raw.SetTop_k(o.TopK)
+	raw.SetTop_p(o.TopP)
+	raw.SetMin_p(o.MinP)
+	raw.SetRepeat_penalty(o.RepeatPenalty)
+	raw.SetSeed(int64(o.Seed))
+	raw.SetIgnore_eos(b2i(o.IgnoreEOS))
+	for _, x := range o.Stop {
+		raw.Add_stop(x)
+	}
+	p, err := use(s.h, func(h emberc.Struct_SS_ember_session) emberc.Struct_SS_ember_stream {
+		return emberc.Eb_stream_start(h, raw)
+	})
+	if err != nil {
+		return nil, err
+	}
+	st := &Stream{h: newHandle(p, emberc.Ember_stream_destroy, "Stream"), Session: s, ev: emberc.NewEb_event()}
+	// The finalizer never waits for, or runs, engine steps: ember_stream_release.
+	runtime.SetFinalizer(st, func(st *Stream) {
+		st.h.close(emberc.Ember_stream_release)
+		emberc.DeleteEb_event(st.ev)
+	})
+	return st, nil
+}
+
+// Chat adds a user message and returns the whole reply.
+func (s *Session) Chat(content string, opts *Sampling) (string, error) {
+	if err := s.AddMessage("user", content); err != nil {
+		return "", err
+	}
+	st, err := s.Generate(opts)
+	if err != nil {
+		return "", err
+	}
+	defer st.Close()
+	return st.ReadAll()
+}
+
+// EndReason says why a stream ended.
+type EndReason int
+
+const (
+	EndNone EndReason = iota
+	EndEOS
+	EndStopString
+	EndMaxTokens
+	EndCancelled
+	EndContextFull
+)
+
+func (r EndReason) String() string {
+	return [...]string{"none", "eos", "stop_string", "max_tokens", "cancelled", "context_full"}[r]
+}
+
+// Stream is one generation. Next returns its text pieces, then io.EOF.
+// Cancel may be called from any goroutine.
+type Stream struct {
+	h       *handle[emberc.Struct_SS_ember_stream]
+	Session *Session
+	mu      sync.Mutex
+	ev      emberc.Eb_event
+	text    strings.Builder
+	tokens  []int
+	ended   bool
+	reason  EndReason
+}
+
+// Next returns the next text piece, waiting for it; io.EOF at the end.
+func (st *Stream) Next() (string, error) { return st.NextTimeout(-1) }
+
+// NextTimeout is Next waiting at most timeoutMs (0 = poll; manual-step engines):
+// an *Error with StatusTimeout when nothing came in time.
+func (st *Stream) NextTimeout(timeoutMs int) (string, error) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for !st.ended {
+		got, err := use(st.h, func(p emberc.Struct_SS_ember_stream) int { return emberc.Eb_stream_next(p, st.ev, timeoutMs) })
+		if err != nil {
+			return "", err
+		}
+		if got == 0 {
+			return "", &Error{StatusTimeout, "no event within the timeout"}
+		}
+		if got < 0 {
+			st.ended = true
+			break
+		}
+		if st.ev.GetKind() == emberc.EVENT_END {
+			st.ended, st.reason = true, EndReason(st.ev.GetEnd_reason())
+			break
+		}
+		n := st.ev.N_tokens()
+		for i := int64(0); i < n; i++ {
+			st.tokens = append(st.tokens, st.ev.Token(i))
+		}
+		if piece := st.ev.Text(); piece != "" {
+			st.text.WriteString(piece)
+			return piece, nil
+		}
+	}
+	return "", io.EOF
+}
+
+// ReadAll waits for the end and returns the whole text.
+func (st *Stream) ReadAll() (string, error) {
+	for {
+		if _, err := st.Next(); err == io.EOF {
+			return st.Text(), nil
+		} else if err != nil {
+			return st.Text(), err
+		}
+	}
+}
+
+// Text is everything read so far.
+func (st *Stream) Text() string { st.mu.Lock(); defer st.mu.Unlock(); return st.text.String() }
+
+// Tokens are the token ids read so far.
+func (st *Stream) Tokens() []int {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return append([]int(nil), st.tokens...)
+}
+
+// EndReason is why it ended (valid once Next returned io.EOF).
+func (st *Stream) EndReason() EndReason { st.mu.Lock(); defer st.mu.Unlock(); return st.reason }
+
+// Finished reports whether the end was read.
+func (st *Stream) Finished() bool { st.mu.Lock(); defer st.mu.Unlock(); return st.ended }
+
+// Cancel requests the end (EndCancelled soon after); any goroutine; a no-op once closed.
+func (st *Stream) Cancel() error {
+	if st.h.isClosed() {
+		return nil
+	}
+	err := use0(st.h, emberc.Eb_stream_cancel)
+	if err != nil && st.h.isClosed() {
+		return nil
+	}
+	return err
+}
+
+// StreamStats are a stream's statistics.
+type StreamStats struct {
+	PromptTokens, GeneratedTokens                               int64
+	TimeToFirstTokenMs, TokensPerSecond, PrefillTokensPerSecond float64
+	Finished                                                    bool
+	EndReason                                                   EndReason
+}
+
+// Stats returns the stream's statistics.
+func (st *Stream) Stats() (StreamStats, error) {
+	raw := emberc.NewEb_stats()
+	defer emberc.DeleteEb_stats(raw)
+	if err := use0(st.h, func(p emberc.Struct_SS_ember_stream) { emberc.Eb_stream_stats_get(p, raw) }); err != nil {
+		return StreamStats{}, err
+	}
+	return StreamStats{raw.GetPrompt_tokens(), raw.GetGenerated_tokens(), raw.GetTime_to_first_token_ms(),
+		raw.GetTokens_per_second(), raw.GetPrefill_tokens_per_second(), raw.GetFinished() != 0,
+		EndReason(raw.GetEnd_reason())}, nil
+}
+
+// Close cancels the stream if still running, waits for it to stop and releases it.
+func (st *Stream) Close() error {
+	st.Cancel()
+	st.h.close(nil)
+	return nil
+}

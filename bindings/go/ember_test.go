@@ -1,0 +1,537 @@
+// The binding scenarios of issue 11 (section 4), in Go.
+package ember
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+const prompt = "Name three colors."
+const kv = 64 << 20 // as bindings/tools/greedy_ref.c
+
+func modelPath() string {
+	if m := os.Getenv("EMBER_MODEL"); m != "" {
+		return m
+	}
+	home := os.Getenv("EMBER_HOME")
+	if home == "" {
+		h, _ := os.UserHomeDir()
+		home = filepath.Join(h, ".cache", "ember")
+	}
+	return filepath.Join(home, "SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+var (
+	shared     *Model
+	sharedEng  *Engine
+	sharedOnce sync.Once
+)
+
+func setup(t *testing.T) (*Model, *Engine) {
+	t.Helper()
+	if _, err := os.Stat(modelPath()); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("model missing: %s", modelPath())
+		}
+		t.Skipf("model not found at %s", modelPath())
+	}
+	sharedOnce.Do(func() {
+		var err error
+		if shared, err = LoadModel(modelPath()); err != nil {
+			panic(err)
+		}
+		if sharedEng, err = NewEngine(shared, &EngineOptions{KVMemoryBytes: kv}); err != nil {
+			panic(err)
+		}
+	})
+	return shared, sharedEng
+}
+
+// must(f())(t) returns f's value, failing the test on f's error.
+func must[T any](v T, err error) func(*testing.T) T {
+	return func(t *testing.T) T {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+}
+
+func ok(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func greedy(n int) *Sampling {
+	s := DefaultSampling()
+	s.MaxTokens, s.Temperature = n, 0
+	return &s
+}
+
+func runGreedy(t *testing.T, s *Session, opts *Sampling) *Stream {
+	t.Helper()
+	st := must(s.Generate(opts))(t)
+	defer st.Close()
+	must(st.ReadAll())(t)
+	return st
+}
+
+func cAPIGreedy(t *testing.T, maxTokens int, message string) []int {
+	t.Helper()
+	ref := os.Getenv("EMBER_GREEDY_REF")
+	if ref == "" {
+		t.Fatal("EMBER_GREEDY_REF not set (run through CTest)")
+	}
+	out, err := exec.Command(ref, modelPath(), strconv.Itoa(maxTokens), message).Output()
+	ok(t, err)
+	var ids []int
+	for _, f := range strings.Fields(string(out)) {
+		ids = append(ids, must(strconv.Atoi(f))(t))
+	}
+	return ids
+}
+
+func expectStatus(t *testing.T, err error, status int) *Error {
+	t.Helper()
+	var e *Error
+	if !errors.As(err, &e) {
+		t.Fatalf("expected *ember.Error with status %d, got %v", status, err)
+	}
+	if e.Status != status || e.Message == "" {
+		t.Fatalf("expected status %d with a message, got %d %q", status, e.Status, e.Message)
+	}
+	return e
+}
+
+func TestLoadAndInfo(t *testing.T) {
+	m, e := setup(t)
+	info := must(m.Info())(t)
+	if info.Architecture != "llama" || info.NLayers != 30 || info.VocabSize != 49152 || info.NParams < 100_000_000 {
+		t.Fatalf("info %+v", info)
+	}
+	if d := must(e.Device())(t); d != "cpu" {
+		t.Fatal(d)
+	}
+	if g := must(e.GPUIndex())(t); g != -1 {
+		t.Fatal(g)
+	}
+	if b := must(e.BackendName())(t); !strings.HasPrefix(b, "cpu/") {
+		t.Fatal(b)
+	}
+	var a, b, c int
+	fmt.Sscanf(Version(), "%d.%d.%d", &a, &b, &c)
+	if VersionNumber() != a*10000+b*100+c {
+		t.Fatal(Version(), VersionNumber())
+	}
+	if isa := CPUISA(); isa != "scalar" && isa != "avx2" && isa != "avx512_vnni" {
+		t.Fatal(isa)
+	}
+	if p := CUDAPlugin(); p != "absent" && p != "loadable" && p != "broken" {
+		t.Fatal(p)
+	}
+}
+
+func TestTokenizeRoundTrip(t *testing.T) {
+	m, _ := setup(t)
+	text := "Hello, world! Ünïcödé 🙂 and <|im_start|> text."
+	ids := must(m.Tokenize(text, false, false))(t)
+	if len(ids) == 0 {
+		t.Fatal("no tokens")
+	}
+	if back := must(m.Detokenize(ids))(t); back != text {
+		t.Fatalf("%q != %q", back, text)
+	}
+	if sp := must(m.Tokenize("<|im_start|>", false, true))(t); len(sp) != 1 {
+		t.Fatal(sp)
+	}
+	if e := must(m.Detokenize(nil))(t); e != "" {
+		t.Fatal(e)
+	}
+	_, err := m.Detokenize([]int{1_000_000_000})
+	expectStatus(t, err, StatusInvalidArgument)
+}
+
+func TestGreedyMatchesTheCAPI(t *testing.T) {
+	m, e := setup(t)
+	expected := cAPIGreedy(t, 24, prompt)
+	if len(expected) == 0 {
+		t.Fatal("no reference tokens")
+	}
+	s := must(e.NewSession(nil))(t)
+	defer s.Close()
+	ok(t, s.AddMessage("user", prompt))
+	st := runGreedy(t, s, greedy(24))
+	if fmt.Sprint(st.Tokens()) != fmt.Sprint(expected) {
+		t.Fatalf("greedy tokens %v, the C API's %v", st.Tokens(), expected)
+	}
+	if txt := must(m.Detokenize(expected))(t); txt != st.Text() {
+		t.Fatalf("%q != %q", txt, st.Text())
+	}
+}
+
+func TestPiecesConcatenate(t *testing.T) {
+	m, e := setup(t)
+	s := must(e.NewSession(&SessionOptions{SystemPrompt: "You are brief."}))(t)
+	defer s.Close()
+	ok(t, s.AddMessage("user", prompt))
+	o := DefaultSampling()
+	o.MaxTokens, o.Temperature, o.Seed = 20, 0.8, 42
+	st := must(s.Generate(&o))(t)
+	var pieces []string
+	for {
+		p, err := st.Next()
+		if err == io.EOF {
+			break
+		}
+		ok(t, err)
+		if p == "" {
+			t.Fatal("empty piece")
+		}
+		pieces = append(pieces, p)
+	}
+	if len(pieces) < 2 || strings.Join(pieces, "") != st.Text() {
+		t.Fatalf("pieces %q text %q", pieces, st.Text())
+	}
+	if txt := must(m.Detokenize(st.Tokens()))(t); txt != st.Text() {
+		t.Fatal("text != detokenized tokens")
+	}
+	if r := st.EndReason(); r != EndMaxTokens && r != EndEOS {
+		t.Fatal(r)
+	}
+	stats := must(st.Stats())(t)
+	if !stats.Finished || stats.GeneratedTokens != int64(len(st.Tokens())) || stats.PromptTokens == 0 {
+		t.Fatalf("%+v", stats)
+	}
+	ok(t, st.Close())
+	if r := must(s.Chat("And three animals?", greedy(12)))(t); r == "" {
+		t.Fatal("empty chat reply")
+	}
+}
+
+func TestStopStrings(t *testing.T) {
+	_, e := setup(t)
+	s := must(e.NewSession(nil))(t)
+	ok(t, s.AddMessage("user", prompt))
+	full := runGreedy(t, s, greedy(24)).Text()
+	s.Close()
+	words := strings.Fields(full)
+	if len(words) < 3 {
+		t.Fatalf("few words in %q", full)
+	}
+	stop := words[2]
+	expected := full[:strings.Index(full, stop)]
+	s = must(e.NewSession(nil))(t)
+	defer s.Close()
+	ok(t, s.AddMessage("user", prompt))
+	g := greedy(24)
+	g.Stop = []string{stop, "\u2603never"}
+	st := runGreedy(t, s, g)
+	if st.EndReason() != EndStopString || st.Text() != expected {
+		t.Fatalf("%v %q, expected %q", st.EndReason(), st.Text(), expected)
+	}
+}
+
+func TestCancelFromAnotherGoroutine(t *testing.T) {
+	_, e := setup(t)
+	s := must(e.NewSession(nil))(t)
+	defer s.Close()
+	ok(t, s.AddMessage("user", "Write a very long story about the sea."))
+	g := greedy(400)
+	g.IgnoreEOS = true
+	st := must(s.Generate(g))(t)
+	first := must(st.Next())(t)
+	done := make(chan error)
+	go func() { done <- st.Cancel() }()
+	ok(t, <-done)
+	rest, err := st.ReadAll()
+	ok(t, err)
+	if st.EndReason() != EndCancelled || len(st.Tokens()) >= 400 || !strings.HasPrefix(rest, first) {
+		t.Fatalf("%v %d", st.EndReason(), len(st.Tokens()))
+	}
+	st.Close()
+	must(s.Chat("Thanks.", greedy(4)))(t)
+}
+
+func TestTwoSessionsOnTwoGoroutines(t *testing.T) {
+	_, e := setup(t)
+	prompts := []string{"Name three colors.", "Count from one to five."}
+	alone := make([]string, 2)
+	for i, p := range prompts {
+		s := must(e.NewSession(nil))(t)
+		ok(t, s.AddMessage("user", p))
+		alone[i] = fmt.Sprint(runGreedy(t, s, greedy(20)).Tokens())
+		s.Close()
+	}
+	results := make([]string, 2)
+	errs := make([]error, 2)
+	var start, wg sync.WaitGroup
+	start.Add(2)
+	for i := range prompts {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			s, err := e.NewSession(nil)
+			if err == nil {
+				defer s.Close()
+				err = s.AddMessage("user", prompts[i])
+			}
+			start.Done()
+			start.Wait()
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			st, err := s.Generate(greedy(20))
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			defer st.Close()
+			_, errs[i] = st.ReadAll()
+			results[i] = fmt.Sprint(st.Tokens())
+		}(i)
+	}
+	wg.Wait()
+	for i := range prompts {
+		ok(t, errs[i])
+		if results[i] != alone[i] {
+			t.Fatalf("session %d: concurrent %s, alone %s", i, results[i], alone[i])
+		}
+	}
+}
+
+func TestSaveLoadContinueExactly(t *testing.T) {
+	_, e := setup(t)
+	path := filepath.Join(t.TempDir(), "chat.ember")
+	a := must(e.NewSession(&SessionOptions{SystemPrompt: "You are brief."}))(t)
+	ok(t, a.AddMessage("user", prompt))
+	runGreedy(t, a, greedy(12))
+	ok(t, a.Save(path))
+	n := must(a.TokenCount())(t)
+	ok(t, a.AddMessage("user", "Now three fruits."))
+	contA := fmt.Sprint(runGreedy(t, a, greedy(16)).Tokens())
+	a.Close()
+	b := must(e.LoadSession(path))(t)
+	defer b.Close()
+	if m := must(b.TokenCount())(t); m != n {
+		t.Fatalf("token count %d after load, %d saved", m, n)
+	}
+	ok(t, b.AddMessage("user", "Now three fruits."))
+	if contB := fmt.Sprint(runGreedy(t, b, greedy(16)).Tokens()); contB != contA {
+		t.Fatalf("continuation %s after load, %s before", contB, contA)
+	}
+	_, err := e.LoadSession(filepath.Join(t.TempDir(), "missing.ember"))
+	expectStatus(t, err, StatusNotFound)
+}
+
+func TestMissingAndCorruptFiles(t *testing.T) {
+	_, e := setup(t)
+	_, err := LoadModel(filepath.Join(os.TempDir(), "ember-no-such-model.gguf"))
+	me := expectStatus(t, err, StatusNotFound)
+	if !strings.Contains(me.Message, "ember-no-such-model.gguf") || me.StatusName() != "EMBER_ERR_NOT_FOUND" {
+		t.Fatal(me.Message, me.StatusName())
+	}
+	src := must(os.Open(modelPath()))(t)
+	head := make([]byte, 100_000)
+	must(io.ReadFull(src, head))(t)
+	src.Close()
+	corrupt := filepath.Join(t.TempDir(), "corrupt.gguf")
+	ok(t, os.WriteFile(corrupt, head, 0o644)) // a truncated model
+	_, err = LoadModel(corrupt)
+	ce := expectStatus(t, err, StatusBadFormat)
+	if !strings.Contains(ce.Message, "corrupt.gguf") || !strings.Contains(ce.Message, "gguf") {
+		t.Fatal(ce.Message)
+	}
+	_, err = e.NewSession(&SessionOptions{Cache: "nope"})
+	expectStatus(t, err, StatusInvalidArgument)
+	s := must(e.NewSession(nil))(t)
+	defer s.Close()
+	ok(t, s.AddMessage("user", "hi"))
+	bad := DefaultSampling()
+	bad.MaxTokens = 0
+	_, err = s.Generate(&bad)
+	if be := expectStatus(t, err, StatusInvalidArgument); !strings.Contains(be.Message, "max_tokens") {
+		t.Fatal(be.Message)
+	}
+}
+
+// The message must be the failing call's even when goroutines hop threads.
+func TestErrorsFromManyGoroutines(t *testing.T) {
+	_, e := setup(t)
+	var wg sync.WaitGroup
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			for j := 0; j < 50; j++ {
+				name := fmt.Sprintf("missing-%d-%d.ember", i, j)
+				_, err := e.LoadSession(filepath.Join(os.TempDir(), name))
+				var ee *Error
+				if !errors.As(err, &ee) || ee.Status != StatusNotFound || !strings.Contains(ee.Message, name) {
+					t.Errorf("goroutine %d: %v", i, err)
+					return
+				}
+				runtime.Gosched()
+			}
+		}(i)
+	}
+	wg.Wait()
+}
+
+func TestBusy(t *testing.T) {
+	_, e := setup(t)
+	s := must(e.NewSession(nil))(t)
+	defer s.Close()
+	ok(t, s.AddMessage("user", prompt))
+	g := greedy(50)
+	g.IgnoreEOS = true
+	st := must(s.Generate(g))(t)
+	defer st.Close()
+	_, err := s.Generate(greedy(5))
+	expectStatus(t, err, StatusBusy)
+}
+
+func TestCloseInAnyOrder(t *testing.T) {
+	setup(t)
+	orders := [][]string{{"model", "engine", "session", "stream"}, {"stream", "session", "engine", "model"},
+		{"engine", "model", "stream", "session"}, {"session", "stream", "model", "engine"}}
+	for _, order := range orders {
+		m := must(LoadModel(modelPath()))(t)
+		e := must(NewEngine(m, &EngineOptions{KVMemoryBytes: 16 << 20}))(t)
+		s := must(e.NewSession(nil))(t)
+		ok(t, s.AddMessage("user", prompt))
+		st := must(s.Generate(greedy(8)))(t)
+		objs := map[string]io.Closer{"model": m, "engine": e, "session": s, "stream": st}
+		for _, name := range order {
+			ok(t, objs[name].Close())
+			ok(t, objs[name].Close()) // twice is fine
+			if !st.h.isClosed() {
+				must(st.ReadAll())(t)
+			}
+			if !s.h.isClosed() && st.h.isClosed() {
+				must(s.Chat("ok", greedy(2)))(t)
+			}
+		}
+	}
+}
+
+func TestClosedHandlesError(t *testing.T) {
+	setup(t)
+	m := must(LoadModel(modelPath()))(t)
+	e := must(NewEngine(m, &EngineOptions{KVMemoryBytes: 16 << 20}))(t)
+	s := must(e.NewSession(nil))(t)
+	ok(t, s.AddMessage("user", prompt))
+	st := must(s.Generate(greedy(4)))(t)
+	for _, c := range []io.Closer{st, s, e, m} {
+		ok(t, c.Close())
+	}
+	_, err := m.Tokenize("x", false, false)
+	expectStatus(t, err, StatusInvalidArgument)
+	_, err = NewEngine(m, nil)
+	expectStatus(t, err, StatusInvalidArgument)
+	_, err = e.NewSession(nil)
+	expectStatus(t, err, StatusInvalidArgument)
+	expectStatus(t, s.AddMessage("user", "x"), StatusInvalidArgument)
+	_, err = st.Next()
+	if err == io.EOF {
+		t.Fatal("a closed stream must report an error, not io.EOF")
+	}
+	expectStatus(t, err, StatusInvalidArgument)
+	ok(t, st.Cancel()) // a no-op on a closed stream
+}
+
+func dropEverything(t *testing.T, manual bool) {
+	m := must(LoadModel(modelPath()))(t)
+	e := must(NewEngine(m, &EngineOptions{KVMemoryBytes: 16 << 20, ManualStep: manual}))(t)
+	for i := 0; i < 3; i++ {
+		s := must(e.NewSession(nil))(t)
+		ok(t, s.AddMessage("user", "Write a long poem."))
+		o := DefaultSampling()
+		o.MaxTokens, o.IgnoreEOS = 500, true
+		st := must(s.Generate(&o))(t)
+		if !manual && i == 0 {
+			must(st.Next())(t)
+		}
+	}
+}
+
+func TestDropToGCNeverBlocks(t *testing.T) {
+	_, e := setup(t)
+	for _, manual := range []bool{false, true} {
+		t0 := time.Now()
+		dropEverything(t, manual)
+		for i := 0; i < 3; i++ {
+			runtime.GC()
+			time.Sleep(50 * time.Millisecond)
+		}
+		if d := time.Since(t0); d > 5*time.Second {
+			t.Fatalf("dropping to the GC took %v", d)
+		}
+	}
+	s := must(e.NewSession(nil))(t)
+	defer s.Close()
+	must(s.Chat(prompt, greedy(2)))(t)
+}
+
+func TestManualStepEngine(t *testing.T) {
+	m, _ := setup(t)
+	e := must(NewEngine(m, &EngineOptions{ManualStep: true, KVMemoryBytes: 16 << 20}))(t)
+	defer e.Close()
+	s := must(e.NewSession(nil))(t)
+	defer s.Close()
+	ok(t, s.AddMessage("user", prompt))
+	st := must(s.Generate(greedy(8)))(t)
+	defer st.Close()
+	var sb strings.Builder
+	for i := 0; i < 200 && !st.Finished(); i++ {
+		must(e.Step(16, 0))(t)
+		for {
+			p, err := st.NextTimeout(0)
+			if err == io.EOF {
+				break
+			}
+			var ee *Error
+			if errors.As(err, &ee) && ee.Status == StatusTimeout {
+				break
+			}
+			ok(t, err)
+			sb.WriteString(p)
+		}
+	}
+	if !st.Finished() || sb.String() != st.Text() {
+		t.Fatalf("finished %v, %q vs %q", st.Finished(), sb.String(), st.Text())
+	}
+	if fmt.Sprint(st.Tokens()) != fmt.Sprint(cAPIGreedy(t, 8, prompt)) {
+		t.Fatal("manual greedy differs from the C API")
+	}
+}
+
+func TestScore(t *testing.T) {
+	m, e := setup(t)
+	ids := must(m.Tokenize("The capital of France is Paris.", false, false))(t)
+	s := must(e.NewSession(nil))(t)
+	defer s.Close()
+	lp := must(s.Score(ids))(t)
+	if len(lp) != len(ids) || !math.IsNaN(float64(lp[0])) {
+		t.Fatal(lp)
+	}
+	for _, v := range lp[1:] {
+		if v > 0 {
+			t.Fatal(lp)
+		}
+	}
+}

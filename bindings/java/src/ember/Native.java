@@ -1,0 +1,116 @@
+package ember;
+
+import java.util.function.Consumer;
+import java.util.function.Function;
+
+/** Loads the JNI library and guards native handles. Internal. */
+final class Native {
+  private Native() {}
+
+  private static boolean loaded;
+
+  /**
+   * Loads libember_java: from the system property ember.library.path (a file) when set, else from
+   * java.library.path.
+   */
+  static synchronized void load() {
+    if (loaded) return;
+    String path = System.getProperty("ember.library.path");
+    if (path != null && !path.isEmpty()) {
+      System.load(path);
+    } else {
+      System.loadLibrary("ember_java");
+    }
+    loaded = true;
+  }
+
+  /**
+   * One native handle. Calls use it between acquire and release; close releases it exactly once,
+   * after the calls in flight, so closing from another thread never frees a handle in use. As a
+   * Runnable it is the Cleaner's action: the garbage collector's path, which uses gcRelease
+   * (never blocks).
+   */
+  static final class Handle<T> implements Runnable {
+    private T ptr;
+    private Consumer<T> releaser;
+    private final Consumer<T> gcRelease;
+    private final String what;
+    private int busy;
+    private boolean closed;
+
+    Handle(T ptr, Consumer<T> destroy, Consumer<T> gcRelease, String what) {
+      this.ptr = ptr;
+      this.releaser = destroy;
+      this.gcRelease = gcRelease;
+      this.what = what;
+    }
+
+    synchronized T acquire() {
+      if (closed) throw new EmberException(EmberException.INVALID_ARGUMENT, "the " + what + " is closed");
+      busy++;
+      return ptr;
+    }
+
+    void release() {
+      T p = null;
+      Consumer<T> how;
+      synchronized (this) {
+        busy--;
+        if (closed && busy == 0 && ptr != null) {
+          p = ptr;
+          ptr = null;
+        }
+        how = releaser;
+      }
+      if (p != null) how.accept(p);
+    }
+
+    <R> R call(Function<T, R> f) {
+      T h = acquire();
+      try {
+        return f.apply(h);
+      } finally {
+        release();
+      }
+    }
+
+    void run(Consumer<T> f) {
+      T h = acquire();
+      try {
+        f.accept(h);
+      } finally {
+        release();
+      }
+    }
+
+    synchronized boolean isClosed() {
+      return closed;
+    }
+
+    void close() {
+      close(null);
+    }
+
+    void close(Consumer<T> how) {
+      T p;
+      Consumer<T> r;
+      synchronized (this) {
+        if (closed) return;
+        closed = true;
+        if (how != null) releaser = how;
+        if (busy > 0) return; // the last call in flight releases it
+        p = ptr;
+        ptr = null;
+        r = releaser;
+      }
+      if (p != null) r.accept(p);
+    }
+
+    @Override
+    public void run() {
+      close(gcRelease);
+    }
+  }
+
+  static final java.lang.ref.Cleaner CLEANER = java.lang.ref.Cleaner.create();
+}

@@ -1,0 +1,103 @@
+package ember;
+
+import ember.lowlevel.SWIGTYPE_p_ember_session;
+import ember.lowlevel.SWIGTYPE_p_ember_stream;
+import ember.lowlevel.eb_floats;
+import ember.lowlevel.eb_sampling;
+import ember.lowlevel.emberc;
+
+/** One conversation. One stream at a time; use it from one thread at a time. */
+public final class Session implements AutoCloseable {
+  /** Session settings. */
+  public static final class Options {
+    String systemPrompt;
+    String cache = "full";
+    int sinkTokens = 4;
+    int windowTokens = 0;
+    int nCtx = 0;
+
+    public Options systemPrompt(String s) { systemPrompt = s; return this; }
+    /** "full" (default), "window" or "sink" (StreamingLLM: never runs out of context). */
+    public Options cache(String c) { cache = c; return this; }
+    public Options sinkTokens(int n) { sinkTokens = n; return this; }
+    public Options windowTokens(int n) { windowTokens = n; return this; }
+    /** Max tokens held; 0 = the model's context. */
+    public Options nCtx(int n) { nCtx = n; return this; }
+  }
+
+  final Native.Handle<SWIGTYPE_p_ember_session> handle;
+  private final java.lang.ref.Cleaner.Cleanable cleanable;
+  private final Engine engine;
+
+  Session(Engine engine, SWIGTYPE_p_ember_session h) {
+    this.engine = engine;
+    handle = new Native.Handle<>(h, emberc::ember_session_destroy, emberc::ember_session_destroy, "Session");
+    cleanable = Native.CLEANER.register(this, handle);
+  }
+
+  public Engine engine() { return engine; }
+
+  public void addMessage(String role, String content) {
+    handle.run(h -> emberc.eb_session_add_message(h, role, content));
+  }
+
+  public void addText(String text) { addText(text, false); }
+
+  public void addText(String text, boolean parseSpecial) {
+    handle.run(h -> emberc.eb_session_add_text(h, text, parseSpecial ? 1 : 0));
+  }
+
+  public void addTokens(int[] ids) {
+    handle.run(h -> emberc.eb_session_add_tokens(h, Tokens.of(ids)));
+  }
+
+  public void reset() { handle.run(emberc::eb_session_reset); }
+
+  public long tokenCount() { return handle.call(emberc::eb_session_token_count); }
+
+  /** Appends tokens and returns log p(token | everything before it) for each (NaN for the very first). */
+  public float[] score(int[] tokens) {
+    return handle.call(h -> {
+      eb_floats f = emberc.eb_session_score(h, Tokens.of(tokens));
+      float[] out = new float[(int) f.size()];
+      for (int i = 0; i < out.length; i++) out[i] = f.get(i);
+      f.delete();
+      return out;
+    });
+  }
+
+  public void save(String path) { handle.run(h -> emberc.eb_session_save(h, path)); }
+
+  /** Starts generating with the library's default sampling. */
+  public Stream generate() { return generate(new Sampling()); }
+
+  /** Starts generating from everything added so far; iterate the Stream for text pieces. */
+  public Stream generate(Sampling s) {
+    eb_sampling raw = s.toNative();
+    try {
+      SWIGTYPE_p_ember_stream st = handle.call(h -> emberc.eb_stream_start(h, raw));
+      return new Stream(this, st);
+    } finally {
+      raw.delete();
+    }
+  }
+
+  /** Adds a user message and returns the whole reply. */
+  public String chat(String content, Sampling s) {
+    addMessage("user", content);
+    try (Stream stream = generate(s)) {
+      return stream.readAll();
+    }
+  }
+
+  public String chat(String content) { return chat(content, new Sampling()); }
+
+  public boolean isClosed() { return handle.isClosed(); }
+
+  /** Releases the session (a running stream is cancelled and keeps it alive). Idempotent. */
+  @Override
+  public void close() {
+    handle.close();
+    cleanable.clean();
+  }
+}

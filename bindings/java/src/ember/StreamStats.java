@@ -1,0 +1,22 @@
+package ember;
+
+/** Statistics of a stream (ember_stream_stats_t). */
+public final class StreamStats {
+  public final long promptTokens;
+  public final long generatedTokens;
+  public final double timeToFirstTokenMs;
+  public final double tokensPerSecond;
+  public final double prefillTokensPerSecond;
+  public final boolean finished;
+  public final EndReason endReason;
+
+  StreamStats(ember.lowlevel.eb_stats s) {
+    promptTokens = s.getPrompt_tokens();
+    generatedTokens = s.getGenerated_tokens();
+    timeToFirstTokenMs = s.getTime_to_first_token_ms();
+    tokensPerSecond = s.getTokens_per_second();
+    prefillTokensPerSecond = s.getPrefill_tokens_per_second();
+    finished = s.getFinished() != 0;
+    endReason = EndReason.of(s.getEnd_reason());
+  }
+}

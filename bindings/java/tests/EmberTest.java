@@ -1,0 +1,412 @@
+package ember.tests;
+
+import ember.Ember;
+import ember.EmberException;
+import ember.EndReason;
+import ember.Engine;
+import ember.Model;
+import ember.Sampling;
+import ember.Session;
+import ember.Stream;
+import ember.StreamStats;
+import java.io.File;
+import java.io.FileInputStream;
+import java.io.FileOutputStream;
+import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.CyclicBarrier;
+
+/** The binding scenarios of issue 11 (section 4), in Java, with a tiny assert runner (no JUnit). */
+public final class EmberTest {
+  static final String PROMPT = "Name three colors.";
+  static final long KV = 64L << 20; // as bindings/tools/greedy_ref.c
+
+  static Model model;
+  static Engine engine;
+
+  // ---------------------------------------------------------------- runner
+  static final class Failure extends RuntimeException {
+    private static final long serialVersionUID = 1L;
+    Failure(String m) { super(m); }
+  }
+
+  static void check(boolean ok, String what) {
+    if (!ok) throw new Failure(what);
+  }
+
+  static void eq(Object expected, Object actual, String what) {
+    if (expected == null ? actual != null : !expected.equals(actual)) {
+      throw new Failure(what + ": expected <" + expected + "> got <" + actual + ">");
+    }
+  }
+
+  interface Body { void run() throws Exception; }
+
+  static EmberException expectThrows(int status, Body body) throws Exception {
+    try {
+      body.run();
+    } catch (EmberException e) {
+      eq(status, e.status(), "status of '" + e.getMessage() + "'");
+      check(!e.getMessage().isEmpty(), "the exception carries a message");
+      return e;
+    }
+    throw new Failure("expected EmberException with status " + status);
+  }
+
+  static String modelPath() {
+    String m = System.getenv("EMBER_MODEL");
+    if (m != null && !m.isEmpty()) return m;
+    String home = System.getenv("EMBER_HOME");
+    if (home == null || home.isEmpty()) home = System.getProperty("user.home") + "/.cache/ember";
+    return home + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+  }
+
+  static int[] cApiGreedy(int maxTokens, String message) throws Exception {
+    String ref = System.getenv("EMBER_GREEDY_REF");
+    check(ref != null, "EMBER_GREEDY_REF is set (run through CTest)");
+    Process p = new ProcessBuilder(ref, modelPath(), Integer.toString(maxTokens), message).start();
+    String out = new String(p.getInputStream().readAllBytes(), StandardCharsets.UTF_8).trim();
+    String err = new String(p.getErrorStream().readAllBytes(), StandardCharsets.UTF_8);
+    eq(0, p.waitFor(), "greedy_ref exit status (" + err + ")");
+    return Arrays.stream(out.split("\\s+")).mapToInt(Integer::parseInt).toArray();
+  }
+
+  static Sampling greedy(int n) { return new Sampling().maxTokens(n).temperature(0); }
+
+  static Stream runGreedy(Session s, Sampling sampling) {
+    try (Stream st = s.generate(sampling)) {
+      st.readAll();
+      return st;
+    }
+  }
+
+  // ---------------------------------------------------------------- tests
+  static void loadAndInfo() {
+    eq("llama", model.info().architecture, "architecture");
+    eq(30, model.info().nLayers, "layers");
+    eq(49152, model.info().vocabSize, "vocab");
+    check(model.info().nParams > 100_000_000L, "n_params");
+    eq("cpu", engine.device(), "device");
+    eq(-1, engine.gpuIndex(), "gpu index");
+    check(engine.backendName().startsWith("cpu/"), "backend name");
+    String v = Ember.version();
+    String[] p = v.split("\\.");
+    eq(Integer.parseInt(p[0]) * 10000 + Integer.parseInt(p[1]) * 100 + Integer.parseInt(p[2]), Ember.versionNumber(), "version number");
+    check(Arrays.asList("scalar", "avx2", "avx512_vnni").contains(Ember.cpuIsa()), "cpu isa");
+    check(Arrays.asList("absent", "loadable", "broken").contains(Ember.cudaPlugin()), "cuda plugin");
+  }
+
+  static void tokenizeRoundTrip() throws Exception {
+    String text = "Hello, world! Ünïcödé 🙂 and <|im_start|> text.";
+    int[] ids = model.tokenize(text);
+    check(ids.length > 0, "tokens");
+    eq(text, model.detokenize(ids), "round trip");
+    eq(1, model.tokenize("<|im_start|>", false, true).length, "special token");
+    eq("", model.detokenize(new int[0]), "empty");
+    expectThrows(EmberException.INVALID_ARGUMENT, () -> model.detokenize(new int[] {1_000_000_000}));
+  }
+
+  static void greedyMatchesTheCApi() throws Exception {
+    int[] expected = cApiGreedy(24, PROMPT);
+    check(expected.length > 0, "reference tokens");
+    try (Session s = engine.session()) {
+      s.addMessage("user", PROMPT);
+      Stream st = runGreedy(s, greedy(24));
+      eq(Arrays.toString(expected), Arrays.toString(st.tokens()), "greedy tokens vs the C API");
+      eq(model.detokenize(expected), st.text(), "greedy text");
+    }
+  }
+
+  static void piecesConcatenate() {
+    try (Session s = engine.session("You are brief.")) {
+      s.addMessage("user", PROMPT);
+      try (Stream st = s.generate(new Sampling().maxTokens(20).temperature(0.8f).seed(42))) {
+        StringBuilder sb = new StringBuilder();
+        int n = 0;
+        for (String piece : st) {
+          check(!piece.isEmpty(), "non-empty piece");
+          sb.append(piece);
+          n++;
+        }
+        check(n > 1, "several pieces");
+        eq(st.text(), sb.toString(), "pieces concatenate to the text");
+        eq(model.detokenize(st.tokens()), st.text(), "text = detokenized tokens");
+        check(st.endReason() == EndReason.MAX_TOKENS || st.endReason() == EndReason.EOS, "end reason " + st.endReason());
+        StreamStats stats = st.stats();
+        check(stats.finished, "finished");
+        eq((long) st.tokens().length, stats.generatedTokens, "generated tokens");
+        check(stats.promptTokens > 0, "prompt tokens");
+      }
+      String reply = s.chat("And three animals?", greedy(12));
+      check(!reply.isEmpty(), "chat reply");
+    }
+  }
+
+  static void stopStrings() {
+    String full;
+    try (Session s = engine.session()) {
+      s.addMessage("user", PROMPT);
+      full = runGreedy(s, greedy(24)).text();
+    }
+    String[] words = full.trim().split("\\s+");
+    check(words.length >= 3, "enough words in '" + full + "'");
+    String stop = words[2];
+    String expected = full.substring(0, full.indexOf(stop));
+    try (Session s = engine.session()) {
+      s.addMessage("user", PROMPT);
+      Stream st = runGreedy(s, greedy(24).stop(stop, "\u2603never"));
+      eq(EndReason.STOP_STRING, st.endReason(), "end reason");
+      eq(expected, st.text(), "text before the stop string");
+    }
+  }
+
+  static void cancelFromAnotherThread() throws Exception {
+    try (Session s = engine.session()) {
+      s.addMessage("user", "Write a very long story about the sea.");
+      try (Stream st = s.generate(greedy(400).ignoreEos(true))) {
+        check(st.hasNext(), "a first piece");
+        String first = st.next();
+        Thread t = new Thread(st::cancel);
+        t.start();
+        t.join();
+        StringBuilder rest = new StringBuilder();
+        for (String p : st) rest.append(p);
+        eq(EndReason.CANCELLED, st.endReason(), "end reason");
+        check(st.tokens().length < 400, "stopped early");
+        eq(st.text(), first + rest, "pieces");
+      }
+      check(s.chat("Thanks.", greedy(4)) != null, "session usable after cancel");
+    }
+  }
+
+  static void twoSessionsOnTwoThreads() throws Exception {
+    String[] prompts = {"Name three colors.", "Count from one to five."};
+    List<String> alone = new ArrayList<>();
+    for (String p : prompts) {
+      try (Session s = engine.session()) {
+        s.addMessage("user", p);
+        alone.add(Arrays.toString(runGreedy(s, greedy(20)).tokens()));
+      }
+    }
+    String[] results = new String[2];
+    Throwable[] errors = new Throwable[2];
+    CyclicBarrier barrier = new CyclicBarrier(2);
+    Thread[] threads = new Thread[2];
+    for (int i = 0; i < 2; i++) {
+      final int k = i;
+      threads[i] = new Thread(() -> {
+        try (Session s = engine.session()) {
+          s.addMessage("user", prompts[k]);
+          barrier.await();
+          results[k] = Arrays.toString(runGreedy(s, greedy(20)).tokens());
+        } catch (Throwable e) {
+          errors[k] = e;
+        }
+      });
+      threads[i].start();
+    }
+    for (Thread t : threads) t.join();
+    eq(null, errors[0], "thread 0");
+    eq(null, errors[1], "thread 1");
+    eq(alone, Arrays.asList(results), "concurrent = alone");
+  }
+
+  static void saveLoadContinue() throws Exception {
+    Path dir = Files.createTempDirectory("ember-java");
+    String path = dir.resolve("chat.ember").toString();
+    String contA;
+    long n;
+    try (Session a = engine.session("You are brief.")) {
+      a.addMessage("user", PROMPT);
+      runGreedy(a, greedy(12));
+      a.save(path);
+      n = a.tokenCount();
+      a.addMessage("user", "Now three fruits.");
+      contA = Arrays.toString(runGreedy(a, greedy(16)).tokens());
+    }
+    try (Session b = engine.loadSession(path)) {
+      eq(n, b.tokenCount(), "token count after load");
+      b.addMessage("user", "Now three fruits.");
+      eq(contA, Arrays.toString(runGreedy(b, greedy(16)).tokens()), "continuation after load");
+    }
+    expectThrows(EmberException.NOT_FOUND, () -> engine.loadSession(dir.resolve("missing.ember").toString()));
+    new File(path).delete();
+    dir.toFile().delete();
+  }
+
+  static void missingAndCorruptFiles() throws Exception {
+    String missing = System.getProperty("java.io.tmpdir") + "/ember-no-such-model.gguf";
+    EmberException e = expectThrows(EmberException.NOT_FOUND, () -> new Model(missing));
+    check(e.getMessage().contains("ember-no-such-model.gguf"), "message names the file: " + e.getMessage());
+    eq("EMBER_ERR_NOT_FOUND", e.statusName(), "status name");
+    File corrupt = File.createTempFile("ember-corrupt", ".gguf");
+    try (FileInputStream in = new FileInputStream(modelPath()); FileOutputStream out = new FileOutputStream(corrupt)) {
+      out.write(in.readNBytes(100_000)); // a truncated model
+    }
+    try {
+      EmberException c = expectThrows(EmberException.BAD_FORMAT, () -> new Model(corrupt.getPath()));
+      check(c.getMessage().contains(corrupt.getName()) && c.getMessage().contains("gguf"), "library message: " + c.getMessage());
+    } finally {
+      corrupt.delete();
+    }
+    expectThrows(EmberException.INVALID_ARGUMENT, () -> engine.session(new Session.Options().cache("nope")));
+    try (Session s = engine.session()) {
+      s.addMessage("user", "hi");
+      EmberException m = expectThrows(EmberException.INVALID_ARGUMENT, () -> s.generate(new Sampling().maxTokens(0)));
+      check(m.getMessage().contains("max_tokens"), "message: " + m.getMessage());
+    }
+  }
+
+  static void busy() throws Exception {
+    try (Session s = engine.session()) {
+      s.addMessage("user", PROMPT);
+      try (Stream st = s.generate(greedy(50).ignoreEos(true))) {
+        expectThrows(EmberException.BUSY, () -> s.generate(greedy(5)));
+      }
+    }
+  }
+
+  static void closeInAnyOrder() {
+    String[][] orders = {{"model", "engine", "session", "stream"}, {"stream", "session", "engine", "model"},
+                         {"engine", "model", "stream", "session"}, {"session", "stream", "model", "engine"}};
+    for (String[] order : orders) {
+      Model m = new Model(modelPath());
+      Engine e = new Engine(m, new Engine.Options().kvMemoryBytes(16L << 20));
+      Session s = e.session();
+      s.addMessage("user", PROMPT);
+      Stream st = s.generate(greedy(8));
+      Map<String, AutoCloseable> objs = new LinkedHashMap<>();
+      objs.put("model", m);
+      objs.put("engine", e);
+      objs.put("session", s);
+      objs.put("stream", st);
+      for (String name : order) {
+        try {
+          objs.get(name).close();
+          objs.get(name).close(); // twice is fine
+        } catch (Exception x) {
+          throw new Failure("close " + name + ": " + x);
+        }
+        if (!st.isClosed()) st.readAll();
+        if (!s.isClosed() && st.isClosed()) check(s.chat("ok", greedy(2)) != null, "session still works");
+      }
+    }
+  }
+
+  static void closedHandlesThrow() throws Exception {
+    Model m = new Model(modelPath());
+    Engine e = new Engine(m, new Engine.Options().kvMemoryBytes(16L << 20));
+    Session s = e.session();
+    s.addMessage("user", PROMPT);
+    Stream st = s.generate(greedy(4));
+    st.close();
+    s.close();
+    e.close();
+    m.close();
+    expectThrows(EmberException.INVALID_ARGUMENT, () -> m.tokenize("x"));
+    expectThrows(EmberException.INVALID_ARGUMENT, () -> new Engine(m));
+    expectThrows(EmberException.INVALID_ARGUMENT, () -> e.session());
+    expectThrows(EmberException.INVALID_ARGUMENT, () -> s.addMessage("user", "x"));
+    expectThrows(EmberException.INVALID_ARGUMENT, () -> st.hasNext());
+    st.cancel(); // a no-op on a closed stream
+  }
+
+  static void dropToGcNeverBlocks() throws Exception {
+    for (boolean manual : new boolean[] {false, true}) {
+      long t0 = System.nanoTime();
+      dropEverything(manual);
+      for (int i = 0; i < 3; i++) {
+        System.gc();
+        Thread.sleep(50);
+      }
+      double s = (System.nanoTime() - t0) / 1e9;
+      check(s < 5.0, "dropping to the GC took " + s + " s");
+    }
+    try (Session s = engine.session()) {
+      check(s.chat(PROMPT, greedy(2)) != null, "engine still works");
+    }
+  }
+
+  static void dropEverything(boolean manual) {
+    Model m = new Model(modelPath());
+    Engine e = new Engine(m, new Engine.Options().kvMemoryBytes(16L << 20).manualStep(manual));
+    for (int i = 0; i < 3; i++) {
+      Session s = e.session();
+      s.addMessage("user", "Write a long poem.");
+      Stream st = s.generate(new Sampling().maxTokens(500).ignoreEos(true));
+      if (!manual && i == 0) st.next();
+    }
+  }
+
+  static void manualStepEngine() throws Exception {
+    try (Engine e = new Engine(model, new Engine.Options().manualStep(true).kvMemoryBytes(16L << 20));
+         Session s = e.session()) {
+      s.addMessage("user", PROMPT);
+      try (Stream st = s.generate(greedy(8))) {
+        StringBuilder sb = new StringBuilder();
+        for (int i = 0; i < 200 && !st.isFinished(); i++) {
+          e.step(16, 0);
+          try {
+            for (String p; (p = st.nextPiece(0)) != null; ) sb.append(p);
+          } catch (EmberException x) {
+            eq(EmberException.TIMEOUT, x.status(), "poll status");
+          }
+        }
+        check(st.isFinished(), "finished");
+        eq(st.text(), sb.toString(), "pieces");
+        eq(Arrays.toString(cApiGreedy(8, PROMPT)), Arrays.toString(st.tokens()), "manual greedy vs the C API");
+      }
+    }
+  }
+
+  public static void main(String[] args) throws Exception {
+    if (!new File(modelPath()).exists()) {
+      if (System.getenv("CI") != null) {
+        System.err.println("FAIL: model missing: " + modelPath());
+        System.exit(1);
+      }
+      System.out.println("SKIP: model not found at " + modelPath());
+      return;
+    }
+    Map<String, Body> tests = new LinkedHashMap<>();
+    tests.put("load_and_info", EmberTest::loadAndInfo);
+    tests.put("tokenize_round_trip", EmberTest::tokenizeRoundTrip);
+    tests.put("greedy_matches_the_c_api", EmberTest::greedyMatchesTheCApi);
+    tests.put("pieces_concatenate_to_the_reply", EmberTest::piecesConcatenate);
+    tests.put("stop_strings", EmberTest::stopStrings);
+    tests.put("cancel_from_another_thread", EmberTest::cancelFromAnotherThread);
+    tests.put("two_sessions_on_two_threads", EmberTest::twoSessionsOnTwoThreads);
+    tests.put("save_load_continue_exactly", EmberTest::saveLoadContinue);
+    tests.put("missing_and_corrupt_files", EmberTest::missingAndCorruptFiles);
+    tests.put("busy", EmberTest::busy);
+    tests.put("close_in_any_order", EmberTest::closeInAnyOrder);
+    tests.put("closed_handles_throw", EmberTest::closedHandlesThrow);
+    tests.put("drop_to_gc_never_blocks", EmberTest::dropToGcNeverBlocks);
+    tests.put("manual_step_engine", EmberTest::manualStepEngine);
+    model = new Model(modelPath());
+    engine = new Engine(model, new Engine.Options().kvMemoryBytes(KV));
+    int failed = 0;
+    for (Map.Entry<String, Body> t : tests.entrySet()) {
+      long t0 = System.nanoTime();
+      try {
+        t.getValue().run();
+        System.out.printf("PASS %s (%.2f s)%n", t.getKey(), (System.nanoTime() - t0) / 1e9);
+      } catch (Throwable e) {
+        failed++;
+        System.out.printf("FAIL %s: %s%n", t.getKey(), e);
+        e.printStackTrace(System.out);
+      }
+    }
+    engine.close();
+    model.close();
+    System.out.printf("%d passed, %d failed%n", tests.size() - failed, failed);
+    System.exit(failed == 0 ? 0 : 1);
+  }
+}

@@ -1,0 +1,436 @@
+"""The Python classes over the SWIG module ember.emberc (generated from
+bindings/ember.i). Every native call goes through emberc; this file only
+shapes the surface."""
+
+import os
+import threading
+from dataclasses import dataclass
+from enum import Enum
+from typing import Iterable, Iterator, List, Optional, Sequence, Union
+
+from . import emberc as _c
+from .emberc import InvalidArgumentError
+
+__all__ = ["Model", "Engine", "Session", "Stream", "ModelInfo", "StreamStats", "EndReason",
+           "version", "version_number", "capabilities"]
+
+
+def version() -> str:
+    """The library's version, "MAJOR.MINOR.PATCH"."""
+    return _c.ember_version()
+
+
+def version_number() -> int:
+    """MAJOR * 10000 + MINOR * 100 + PATCH."""
+    return _c.ember_version_number()
+
+
+def capabilities() -> dict:
+    """What the library can use here: {"cpu_isa": "avx2", "cuda_plugin": "absent"|"loadable"|"broken",
+    "cuda_plugin_message": "..."}."""
+    states = {0: "absent", 1: "loadable", 2: "broken"}
+    return {
+        "cpu_isa": _c.eb_cpu_isa_name(),
+        "cuda_plugin": states.get(_c.eb_cuda_plugin(), "unknown"),
+        "cuda_plugin_message": _c.eb_cuda_plugin_message(),
+    }
+
+
+class _Handle:
+    """One native handle. Calls use it between __enter__ and __exit__; close()
+    releases it exactly once, after the calls in flight (so closing from another
+    thread never frees a handle a call is using)."""
+
+    __slots__ = ("_h", "_release", "_lock", "_busy", "_closed", "_what")
+
+    def __init__(self, handle, release, what):
+        self._h = handle
+        self._release = release
+        self._lock = threading.Lock()
+        self._busy = 0
+        self._closed = False
+        self._what = what
+
+    def __enter__(self):
+        with self._lock:
+            if self._closed:
+                raise InvalidArgumentError(f"the {self._what} is closed", 1)
+            self._busy += 1
+            return self._h
+
+    def __exit__(self, *exc):
+        handle = None
+        with self._lock:
+            self._busy -= 1
+            if self._closed and self._busy == 0:
+                handle, self._h = self._h, None
+        if handle is not None:
+            self._release(handle)
+        return False
+
+    @property
+    def closed(self):
+        return self._closed
+
+    def close(self, release=None):
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if release is not None:
+                self._release = release
+            if self._busy:
+                return  # the last call in flight releases it
+            handle, self._h = self._h, None
+        if handle is not None:
+            self._release(handle)
+
+
+class _Closeable:
+    _g: _Handle
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    @property
+    def closed(self) -> bool:
+        return self._g.closed
+
+    def close(self) -> None:
+        self._g.close()
+
+    def __del__(self):
+        g = getattr(self, "_g", None)
+        if g is not None:
+            try:
+                g.close()
+            except Exception:  # interpreter shutdown
+                pass
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    architecture: str
+    name: str
+    n_params: int
+    context_length: int
+    vocab_size: int
+    n_layers: int
+    n_embd: int
+    n_heads: int
+    n_kv_heads: int
+    bos_token: int
+    eos_token: int
+
+
+def _tokens_in(ids: Iterable[int]) -> "_c.eb_tokens":
+    ids = list(ids)
+    t = _c.eb_tokens(len(ids))
+    for i, v in enumerate(ids):
+        t.set(i, int(v))
+    return t
+
+
+def _tokens_out(t) -> List[int]:
+    return [t.get(i) for i in range(t.size())]
+
+
+class Model(_Closeable):
+    """A GGUF model (weights, tokenizer, chat template). Immutable; share it freely."""
+
+    def __init__(self, path: Union[str, os.PathLike]):
+        self._g = _Handle(_c.eb_model_load(os.fspath(path)), _c.ember_model_destroy, "Model")
+        self.path = os.fspath(path)
+        self._info = None
+
+    @property
+    def info(self) -> ModelInfo:
+        if self._info is None:
+            raw = _c.eb_model_info()
+            with self._g as h:
+                _c.eb_model_info_get(h, raw)
+                self._info = ModelInfo(raw.architecture, raw.name, raw.n_params, raw.context_length,
+                                       raw.vocab_size, raw.n_layers, raw.n_embd, raw.n_heads, raw.n_kv_heads,
+                                       raw.bos_token, raw.eos_token)
+        return self._info
+
+    def tokenize(self, text: str, add_special: bool = False, parse_special: bool = False) -> List[int]:
+        with self._g as h:
+            return _tokens_out(_c.eb_tokenize(h, text, int(add_special), int(parse_special)))
+
+    def detokenize(self, ids: Iterable[int]) -> str:
+        with self._g as h:
+            return _c.eb_detokenize(h, _tokens_in(ids))
+
+    def __repr__(self):
+        return f"ember.Model({self.path!r}{', closed' if self.closed else ''})"
+
+
+_DEVICES = {"cpu": _c.DEVICE_CPU, "cuda": _c.DEVICE_CUDA, "auto": _c.DEVICE_AUTO}
+_POLICIES = {"full": _c.CACHE_FULL, "window": _c.CACHE_WINDOW, "sink": _c.CACHE_SINK}
+
+
+class Engine(_Closeable):
+    """A model bound to a device, with its KV pool and scheduler. Thread-safe."""
+
+    def __init__(self, model: Model, device: str = "cpu", n_threads: int = 0, manual_step: bool = False,
+                 kv_memory_bytes: int = 0):
+        if device not in _DEVICES:
+            raise InvalidArgumentError(f"unknown device {device!r} (cpu, cuda or auto)", 1)
+        with model._g as m:
+            h = _c.eb_engine_create(m, _DEVICES[device], int(n_threads), int(bool(manual_step)),
+                                    int(kv_memory_bytes))
+        self._g = _Handle(h, _c.ember_engine_destroy, "Engine")
+        self.model = model
+        self.manual_step = bool(manual_step)
+
+    @property
+    def device(self) -> str:
+        """Where it runs: "cpu" or "cuda" (an "auto" engine says what it chose)."""
+        with self._g as h:
+            return "cuda" if _c.eb_engine_device(h) == _c.DEVICE_CUDA else "cpu"
+
+    @property
+    def gpu_index(self) -> int:
+        """The GPU's index for a CUDA engine, -1 on the CPU."""
+        with self._g as h:
+            return _c.eb_engine_gpu_index(h)
+
+    @property
+    def backend_name(self) -> str:
+        with self._g as h:
+            return _c.eb_engine_backend_name(h)
+
+    def session(self, system_prompt: Optional[str] = None, cache: str = "full", sink_tokens: int = 4,
+                window_tokens: int = 0, n_ctx: int = 0) -> "Session":
+        """A new conversation. cache: "full" (every token kept), "window" or "sink" (StreamingLLM:
+        sink_tokens first tokens + window_tokens recent ones; never runs out of context)."""
+        if cache not in _POLICIES:
+            raise InvalidArgumentError(f"unknown cache policy {cache!r} (full, window or sink)", 1)
+        with self._g as h:
+            s = _c.eb_session_create(h, system_prompt or "", _POLICIES[cache], int(sink_tokens),
+                                     int(window_tokens), int(n_ctx))
+        return Session(self, s)
+
+    def load_session(self, path: Union[str, os.PathLike]) -> "Session":
+        """Restores a session saved with Session.save (same model)."""
+        with self._g as h:
+            s = _c.eb_session_load(h, os.fspath(path))
+        return Session(self, s)
+
+    def step(self, max_ms: int = 16, max_tokens: int = 0) -> int:
+        """Manual mode only: runs engine steps for about max_ms milliseconds; returns the tokens processed."""
+        with self._g as h:
+            return _c.eb_engine_step(h, int(max_ms), int(max_tokens))
+
+
+class EndReason(str, Enum):
+    NONE = "none"
+    EOS = "eos"
+    STOP_STRING = "stop_string"
+    MAX_TOKENS = "max_tokens"
+    CANCELLED = "cancelled"
+    CONTEXT_FULL = "context_full"
+
+
+_END_REASONS = {_c.END_NONE: EndReason.NONE, _c.END_EOS: EndReason.EOS, _c.END_STOP_STRING: EndReason.STOP_STRING,
+                _c.END_MAX_TOKENS: EndReason.MAX_TOKENS, _c.END_CANCELLED: EndReason.CANCELLED,
+                _c.END_CONTEXT_FULL: EndReason.CONTEXT_FULL}
+
+
+@dataclass(frozen=True)
+class StreamStats:
+    prompt_tokens: int
+    generated_tokens: int
+    time_to_first_token_ms: float
+    tokens_per_second: float
+    prefill_tokens_per_second: float
+    finished: bool
+    end_reason: EndReason
+
+
+class Session(_Closeable):
+    """One conversation. One stream at a time; use a session from one thread at a time."""
+
+    def __init__(self, engine: Engine, handle):
+        self._g = _Handle(handle, _c.ember_session_destroy, "Session")
+        self.engine = engine
+
+    def add_message(self, role: str, content: str) -> None:
+        with self._g as h:
+            _c.eb_session_add_message(h, role, content)
+
+    def add_text(self, text: str, parse_special: bool = False) -> None:
+        with self._g as h:
+            _c.eb_session_add_text(h, text, int(parse_special))
+
+    def add_tokens(self, ids: Iterable[int]) -> None:
+        with self._g as h:
+            _c.eb_session_add_tokens(h, _tokens_in(ids))
+
+    def reset(self) -> None:
+        with self._g as h:
+            _c.eb_session_reset(h)
+
+    @property
+    def token_count(self) -> int:
+        with self._g as h:
+            return _c.eb_session_token_count(h)
+
+    def __len__(self):
+        return self.token_count
+
+    def score(self, tokens: Sequence[int]) -> List[float]:
+        """Appends tokens and returns log p(token | everything before it) for each (NaN for the very first)."""
+        with self._g as h:
+            f = _c.eb_session_score(h, _tokens_in(tokens))
+            return [f.get(i) for i in range(f.size())]
+
+    def save(self, path: Union[str, os.PathLike]) -> None:
+        with self._g as h:
+            _c.eb_session_save(h, os.fspath(path))
+
+    def generate(self, max_tokens: int = 256, temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,
+                 min_p: float = 0.05, seed: Optional[int] = None, stop: Union[None, str, Sequence[str]] = None,
+                 repeat_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+                 ignore_eos: bool = False) -> "Stream":
+        """Starts generating from everything added so far; iterate the Stream for text pieces."""
+        s = _c.eb_sampling()
+        s.max_tokens = int(max_tokens)
+        s.temperature = float(temperature)
+        s.top_k = int(top_k)
+        s.top_p = float(top_p)
+        s.min_p = float(min_p)
+        s.repeat_penalty = float(repeat_penalty)
+        s.presence_penalty = float(presence_penalty)
+        s.frequency_penalty = float(frequency_penalty)
+        s.ignore_eos = int(bool(ignore_eos))
+        if seed is not None:  # any 64-bit value; the library's default otherwise
+            v = int(seed) & 0xFFFFFFFFFFFFFFFF
+            s.seed = v - (1 << 64) if v >= 1 << 63 else v
+        for piece in ([stop] if isinstance(stop, str) else (stop or [])):
+            s.add_stop(piece)
+        with self._g as h:
+            st = _c.eb_stream_start(h, s)
+        return Stream(self, st)
+
+    def chat(self, content: str, **sampling) -> str:
+        """Adds a user message and returns the whole reply."""
+        self.add_message("user", content)
+        with self.generate(**sampling) as stream:
+            return stream.read()
+
+
+class Stream(_Closeable):
+    """One generation: iterate it for str pieces. .text is everything so far, .end_reason
+    and .stats say how it ended. cancel() may be called from any thread."""
+
+    def __init__(self, session: Session, handle):
+        self._g = _Handle(handle, _c.ember_stream_destroy, "Stream")
+        self.session = session
+        self._event = _c.eb_event()
+        self._pieces: List[str] = []
+        self._tokens: List[int] = []
+        self._end: Optional[EndReason] = None
+        self._lock = threading.Lock()  # one reader at a time
+
+    def __iter__(self) -> Iterator[str]:
+        return self
+
+    def __next__(self) -> str:
+        piece = self.next_piece()
+        if piece is None:
+            raise StopIteration
+        return piece
+
+    def next_piece(self, timeout_ms: int = -1) -> Optional[str]:
+        """The next text piece; None at the end. With timeout_ms >= 0 raises ember.TimeoutError when
+        nothing came in time."""
+        with self._lock:
+            while True:
+                if self._end is not None:
+                    return None
+                with self._g as h:
+                    got = _c.eb_stream_next(h, self._event, int(timeout_ms))
+                if got == 0:
+                    raise _c.TimeoutError("no event within the timeout", 9)
+                if got < 0:  # already ended (e.g. drained elsewhere)
+                    self._end = self._end or EndReason.NONE
+                    return None
+                ev = self._event
+                if ev.kind == _c.EVENT_END:
+                    self._end = _END_REASONS.get(ev.end_reason, EndReason.NONE)
+                    return None
+                text = ev.text()
+                self._tokens.extend(ev.token(i) for i in range(ev.n_tokens()))
+                if text:
+                    self._pieces.append(text)
+                    return text
+
+    def read(self) -> str:
+        """Waits for the end and returns the whole text."""
+        for _ in self:
+            pass
+        return self.text
+
+    @property
+    def text(self) -> str:
+        return "".join(self._pieces)
+
+    @property
+    def tokens(self) -> List[int]:
+        """The token ids generated so far (read so far)."""
+        return list(self._tokens)
+
+    @property
+    def end_reason(self) -> Optional[EndReason]:
+        """None while it runs (or until the end was read)."""
+        return self._end
+
+    @property
+    def finished(self) -> bool:
+        return self._end is not None
+
+    def cancel(self) -> None:
+        """Requests the end (EndReason.CANCELLED soon after). Any thread; no-op after close."""
+        try:
+            with self._g as h:
+                _c.eb_stream_cancel(h)
+        except InvalidArgumentError:
+            if not self._g.closed:
+                raise
+
+    def wait(self) -> None:
+        """Blocks until the stream has ended (unread pieces stay readable)."""
+        with self._g as h:
+            _c.eb_stream_wait(h)
+
+    @property
+    def stats(self) -> StreamStats:
+        raw = _c.eb_stats()
+        with self._g as h:
+            _c.eb_stream_stats_get(h, raw)
+        return StreamStats(raw.prompt_tokens, raw.generated_tokens, raw.time_to_first_token_ms,
+                           raw.tokens_per_second, raw.prefill_tokens_per_second, bool(raw.finished),
+                           _END_REASONS.get(raw.end_reason, EndReason.NONE))
+
+    def close(self) -> None:
+        """Cancels if still running, waits for it to stop and releases it."""
+        try:
+            self.cancel()
+        except Exception:
+            pass
+        self._g.close()
+
+    def __del__(self):
+        # The garbage collector must never wait for (or run) engine steps.
+        g = getattr(self, "_g", None)
+        if g is not None:
+            try:
+                g.close(_c.ember_stream_release)
+            except Exception:
+                pass

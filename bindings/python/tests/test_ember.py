@@ -1,0 +1,362 @@
+"""The binding scenarios of issue 11 (section 4), in Python. Run by CTest
+(binding_python) with PYTHONPATH at the built package; needs the default model
+(skipped when absent, failed when $CI is set)."""
+
+import gc
+import os
+import subprocess
+import tempfile
+import threading
+import time
+import unittest
+
+import ember
+
+PROMPT = "Name three colors."
+KV = 64 << 20  # as bindings/tools/greedy_ref.c
+
+
+def model_path():
+    if os.environ.get("EMBER_MODEL"):
+        return os.environ["EMBER_MODEL"]
+    home = os.environ.get("EMBER_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "ember")
+    return os.path.join(home, "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def require_model(test):
+    if not os.path.exists(model_path()):
+        if os.environ.get("CI"):
+            test.fail(f"model missing: {model_path()}")
+        test.skipTest(f"model not found at {model_path()}")
+
+
+def c_api_greedy(max_tokens, message=PROMPT):
+    """The token ids the C API (bindings/tools/greedy_ref.c) generates greedily."""
+    ref = os.environ.get("EMBER_GREEDY_REF")
+    if not ref:
+        raise unittest.SkipTest("EMBER_GREEDY_REF not set (run through CTest)")
+    out = subprocess.run([ref, model_path(), str(max_tokens), message], check=True, capture_output=True, text=True)
+    return [int(t) for t in out.stdout.split()]
+
+
+class EmberTest(unittest.TestCase):
+    model = None
+    engine = None
+
+    @classmethod
+    def setUpClass(cls):
+        if os.path.exists(model_path()):
+            cls.model = ember.Model(model_path())
+            cls.engine = ember.Engine(cls.model, kv_memory_bytes=KV)
+
+    @classmethod
+    def tearDownClass(cls):
+        if cls.engine:
+            cls.engine.close()
+            cls.model.close()
+
+    def setUp(self):
+        require_model(self)
+
+    def greedy(self, session, n, **kw):
+        with session.generate(max_tokens=n, temperature=0, **kw) as s:
+            s.read()
+            return s
+
+    # -- load and info
+    def test_version(self):
+        self.assertEqual(ember.version_number(),
+                         sum(int(p) * m for p, m in zip(ember.version().split("."), (10000, 100, 1))))
+        caps = ember.capabilities()
+        self.assertIn(caps["cpu_isa"], ("scalar", "avx2", "avx512_vnni"))
+        self.assertIn(caps["cuda_plugin"], ("absent", "loadable", "broken"))
+
+    def test_load_and_info(self):
+        info = self.model.info
+        self.assertEqual(info.architecture, "llama")
+        self.assertEqual(info.n_layers, 30)
+        self.assertEqual(info.vocab_size, 49152)
+        self.assertGreater(info.n_params, 100_000_000)
+        self.assertGreater(info.context_length, 0)
+        self.assertEqual(self.engine.device, "cpu")
+        self.assertEqual(self.engine.gpu_index, -1)
+        self.assertTrue(self.engine.backend_name.startswith("cpu/"))
+
+    def test_tokenize_round_trip(self):
+        text = "Hello, world! Ünïcödé 🙂 and <|im_start|> text."
+        ids = self.model.tokenize(text)
+        self.assertTrue(ids)
+        self.assertTrue(all(isinstance(i, int) for i in ids))
+        self.assertEqual(self.model.detokenize(ids), text)
+        special = self.model.tokenize("<|im_start|>", parse_special=True)
+        self.assertEqual(len(special), 1)
+        self.assertEqual(self.model.detokenize([]), "")
+        with self.assertRaises(ember.InvalidArgumentError):
+            self.model.detokenize([10 ** 9])
+
+    # -- generation
+    def test_greedy_matches_the_c_api(self):
+        expected = c_api_greedy(24)
+        self.assertTrue(expected)
+        with self.engine.session() as session:
+            session.add_message("user", PROMPT)
+            s = self.greedy(session, 24)
+            self.assertEqual(s.tokens, expected)
+            self.assertEqual(s.text, self.model.detokenize(expected))
+
+    def test_pieces_concatenate_to_the_reply(self):
+        with self.engine.session(system_prompt="You are brief.") as session:
+            session.add_message("user", PROMPT)
+            with session.generate(max_tokens=20, temperature=0.8, seed=42) as stream:
+                pieces = list(stream)
+                self.assertGreater(len(pieces), 1)
+                self.assertTrue(all(isinstance(p, str) and p for p in pieces))
+                self.assertEqual("".join(pieces), stream.text)
+                self.assertEqual(stream.text, self.model.detokenize(stream.tokens))
+                self.assertIn(stream.end_reason, (ember.EndReason.MAX_TOKENS, ember.EndReason.EOS))
+                st = stream.stats
+                self.assertTrue(st.finished)
+                self.assertEqual(st.generated_tokens, len(stream.tokens))
+                self.assertGreater(st.prompt_tokens, 0)
+            # chat() returns the whole reply of a user message.
+            reply = session.chat("And three animals?", max_tokens=12, temperature=0)
+            self.assertIsInstance(reply, str)
+            self.assertTrue(reply)
+
+    def test_same_seed_same_text(self):
+        texts = []
+        for _ in range(2):
+            with self.engine.session() as session:
+                texts.append(session.chat(PROMPT, max_tokens=16, temperature=0.9, seed=1234))
+        self.assertEqual(texts[0], texts[1])
+
+    def test_stop_strings(self):
+        with self.engine.session() as session:
+            session.add_message("user", PROMPT)
+            full = self.greedy(session, 24).text
+        words = full.split()
+        self.assertGreaterEqual(len(words), 3, full)
+        stop = words[2]
+        expected = full[:full.find(stop)]
+        with self.engine.session() as session:
+            session.add_message("user", PROMPT)
+            s = self.greedy(session, 24, stop=[stop, "\u2603never"])
+            self.assertEqual(s.end_reason, ember.EndReason.STOP_STRING)
+            self.assertEqual(s.text, expected)
+            self.assertNotIn(stop, s.text)
+
+    def test_cancel_from_another_thread(self):
+        with self.engine.session() as session:
+            session.add_message("user", "Write a very long story about the sea.")
+            with session.generate(max_tokens=400, temperature=0, ignore_eos=True) as stream:
+                first = next(stream)
+                self.assertTrue(first)
+                t = threading.Thread(target=stream.cancel)
+                t.start()
+                t.join()
+                rest = list(stream)
+                self.assertEqual(stream.end_reason, ember.EndReason.CANCELLED)
+                self.assertLess(len(stream.tokens), 400)
+                self.assertEqual(first + "".join(rest), stream.text)
+            # The session stays usable.
+            self.assertTrue(session.chat("Thanks.", max_tokens=4, temperature=0) is not None)
+
+    def test_two_sessions_on_two_threads(self):
+        prompts = ["Name three colors.", "Count from one to five."]
+        alone = []
+        for p in prompts:
+            with self.engine.session() as s:
+                s.add_message("user", p)
+                alone.append(self.greedy(s, 20).tokens)
+        results = [None, None]
+        errors = []
+        barrier = threading.Barrier(2)
+
+        def run(i):
+            try:
+                with self.engine.session() as s:
+                    s.add_message("user", prompts[i])
+                    barrier.wait()
+                    results[i] = self.greedy(s, 20).tokens
+            except Exception as e:  # reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(errors, [])
+        self.assertEqual(results, alone)
+
+    def test_save_load_continue_exactly(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "chat.ember")
+            with self.engine.session(system_prompt="You are brief.") as a:
+                a.add_message("user", PROMPT)
+                self.greedy(a, 12)
+                a.save(path)
+                n = a.token_count
+                a.add_message("user", "Now three fruits.")
+                cont_a = self.greedy(a, 16).tokens
+            with self.engine.load_session(path) as b:
+                self.assertEqual(b.token_count, n)
+                b.add_message("user", "Now three fruits.")
+                cont_b = self.greedy(b, 16).tokens
+            self.assertEqual(cont_b, cont_a)
+            with self.assertRaises(ember.NotFoundError):
+                self.engine.load_session(os.path.join(d, "missing.ember"))
+
+    def test_score(self):
+        ids = self.model.tokenize("The capital of France is Paris.")
+        with self.engine.session() as s:
+            lp = s.score(ids)
+        self.assertEqual(len(lp), len(ids))
+        self.assertNotEqual(lp[0], lp[0])  # NaN: nothing before the first token
+        self.assertTrue(all(v <= 0.0 for v in lp[1:]))
+
+    # -- errors
+    def test_missing_and_corrupt_files(self):
+        missing = os.path.join(tempfile.gettempdir(), "ember-no-such-model.gguf")
+        with self.assertRaises(ember.NotFoundError) as cm:
+            ember.Model(missing)
+        self.assertIn("ember-no-such-model.gguf", str(cm.exception))
+        self.assertEqual(cm.exception.status, 2)
+        self.assertIsInstance(cm.exception, ember.EmberError)
+        with open(model_path(), "rb") as src, tempfile.NamedTemporaryFile(suffix=".gguf", delete=False) as f:
+            f.write(src.read(100_000))  # a truncated model
+        try:
+            with self.assertRaises(ember.BadFormatError) as cm:
+                ember.Model(f.name)
+            self.assertIn(os.path.basename(f.name), str(cm.exception))
+            self.assertIn("gguf", str(cm.exception))
+            self.assertEqual(cm.exception.status, 3)
+        finally:
+            os.unlink(f.name)
+        with self.assertRaises(ember.InvalidArgumentError):
+            self.engine.session(cache="nope")
+        with self.assertRaises(ember.InvalidArgumentError) as cm:
+            with self.engine.session() as s:
+                s.add_message("user", "hi")
+                s.generate(max_tokens=0)
+        self.assertIn("max_tokens", str(cm.exception))
+
+    def test_busy(self):
+        with self.engine.session() as s:
+            s.add_message("user", PROMPT)
+            with s.generate(max_tokens=50, temperature=0, ignore_eos=True):
+                with self.assertRaises(ember.BusyError):
+                    s.generate(max_tokens=5)
+
+    # -- lifetimes
+    def test_close_in_any_order(self):
+        orders = [("model", "engine", "session", "stream"), ("stream", "session", "engine", "model"),
+                  ("engine", "model", "stream", "session"), ("session", "stream", "model", "engine")]
+        for order in orders:
+            m = ember.Model(model_path())
+            e = ember.Engine(m, kv_memory_bytes=16 << 20)
+            s = e.session()
+            s.add_message("user", PROMPT)
+            st = s.generate(max_tokens=8, temperature=0)
+            objs = {"model": m, "engine": e, "session": s, "stream": st}
+            for i, name in enumerate(order):
+                objs[name].close()
+                objs[name].close()  # twice is fine
+                # What is still open keeps working.
+                if not st.closed:
+                    st.read()
+                if not s.closed and st.closed:
+                    self.assertIsInstance(s.chat("ok", max_tokens=2, temperature=0), str)
+
+    def test_closed_handles_raise(self):
+        m = ember.Model(model_path())
+        e = ember.Engine(m, kv_memory_bytes=16 << 20)
+        s = e.session()
+        s.add_message("user", PROMPT)
+        st = s.generate(max_tokens=4, temperature=0)
+        for h in (st, s, e, m):
+            h.close()
+        with self.assertRaises(ember.InvalidArgumentError):
+            m.tokenize("x")
+        with self.assertRaises(ember.InvalidArgumentError):
+            ember.Engine(m)
+        with self.assertRaises(ember.InvalidArgumentError):
+            e.session()
+        with self.assertRaises(ember.InvalidArgumentError):
+            s.add_message("user", "x")
+        with self.assertRaises(ember.InvalidArgumentError):
+            next(iter(st))
+        st.cancel()  # a no-op on a closed stream
+
+    def test_drop_to_gc_never_blocks(self):
+        # Worker engine: streams mid-generation, dropped with everything else.
+        for manual in (False, True):
+            m = ember.Model(model_path())
+            e = ember.Engine(m, kv_memory_bytes=16 << 20, manual_step=manual)
+            sessions = [e.session() for _ in range(3)]
+            streams = []
+            for s in sessions:
+                s.add_message("user", "Write a long poem.")
+                streams.append(s.generate(max_tokens=500, ignore_eos=True))
+            if not manual:
+                next(streams[0])
+            t0 = time.monotonic()
+            del m, e, sessions, streams, s
+            gc.collect()
+            self.assertLess(time.monotonic() - t0, 2.0)
+        # The shared engine still works after all that.
+        with self.engine.session() as s:
+            self.assertIsInstance(s.chat(PROMPT, max_tokens=2, temperature=0), str)
+
+    def test_blocking_calls_release_the_gil(self):
+        # A stream on a manual-step engine nobody steps: next_piece(timeout) blocks in the library
+        # for 600 ms. Python code on another thread must run meanwhile.
+        with ember.Engine(self.model, manual_step=True, kv_memory_bytes=16 << 20) as e, e.session() as s:
+            s.add_message("user", PROMPT)
+            with s.generate(max_tokens=4) as st:
+                blocked = threading.Event()
+                done = threading.Event()
+
+                def wait():
+                    blocked.set()
+                    with self.assertRaises(ember.TimeoutError):
+                        st.next_piece(timeout_ms=600)
+                    done.set()
+
+                t = threading.Thread(target=wait)
+                t.start()
+                blocked.wait()
+                time.sleep(0.1)  # the other thread is inside the library now (or holds the GIL)
+                ticks = 0
+                t0 = time.monotonic()
+                while not done.is_set() and time.monotonic() - t0 < 5:
+                    ticks += 1
+                t.join()
+                self.assertTrue(done.is_set())
+                # Had the wait held the GIL, this thread would wake only after it: no ticks at all.
+                self.assertGreater(ticks, 1000)
+
+    def test_manual_step_engine(self):
+        with ember.Engine(self.model, manual_step=True, kv_memory_bytes=16 << 20) as e, e.session() as s:
+            s.add_message("user", PROMPT)
+            with s.generate(max_tokens=8, temperature=0) as st:
+                pieces = []
+                for _ in range(200):
+                    e.step(max_ms=16)
+                    try:
+                        while True:
+                            p = st.next_piece(timeout_ms=0)
+                            if p is None:
+                                break
+                            pieces.append(p)
+                    except ember.TimeoutError:
+                        pass
+                    if st.finished:
+                        break
+                self.assertTrue(st.finished)
+                self.assertEqual("".join(pieces), st.text)
+                self.assertEqual(st.tokens, c_api_greedy(8))
+
+
+if __name__ == "__main__":
+    unittest.main()

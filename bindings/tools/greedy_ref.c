@@ -1,0 +1,63 @@
+/* greedy_ref: the C API's greedy reply to one user message, as token ids on
+ * one line. The binding tests compare their own greedy tokens with this
+ * program's, so "token-identical to the C API" is checked against a program
+ * that uses only ember.h.
+ *
+ *   greedy_ref MODEL MAX_TOKENS MESSAGE [SYSTEM_PROMPT]
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ember/ember.h"
+
+static int check(ember_status st, const char* what) {
+  if (st == EMBER_OK) return 0;
+  fprintf(stderr, "greedy_ref: %s: %s: %s\n", what, ember_status_string(st), ember_last_error());
+  exit(1);
+}
+
+int main(int argc, char** argv) {
+  if (argc < 4) {
+    fprintf(stderr, "usage: greedy_ref MODEL MAX_TOKENS MESSAGE [SYSTEM_PROMPT]\n");
+    return 2;
+  }
+  ember_model* model = NULL;
+  check(ember_model_load(argv[1], NULL, &model), "model_load");
+  ember_engine_params ep;
+  ember_engine_params_init(&ep);
+  ep.kv_memory_bytes = 64ull << 20;
+  ember_engine* engine = NULL;
+  check(ember_engine_create(model, &ep, &engine), "engine_create");
+  ember_session_params sp;
+  ember_session_params_init(&sp);
+  sp.system_prompt = argc > 4 ? argv[4] : NULL;
+  ember_session* session = NULL;
+  check(ember_session_create(engine, &sp, &session), "session_create");
+  check(ember_session_add_message(session, "user", argv[3]), "add_message");
+  ember_stream_params p;
+  ember_stream_params_init(&p);
+  p.max_tokens = atoi(argv[2]);
+  p.temperature = 0.0f;
+  ember_stream* stream = NULL;
+  check(ember_stream_start(session, &p, &stream), "stream_start");
+  int first = 1;
+  for (;;) {
+    ember_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.size = sizeof ev;
+    check(ember_stream_next(stream, &ev, -1), "stream_next");
+    if (ev.type == EMBER_EVENT_ERROR) check(ev.status, "stream");
+    if (ev.type == EMBER_EVENT_END) break;
+    for (size_t i = 0; i < ev.n_tokens; ++i) {
+      printf(first ? "%d" : " %d", ev.tokens[i]);
+      first = 0;
+    }
+  }
+  printf("\n");
+  ember_stream_destroy(stream);
+  ember_session_destroy(session);
+  ember_engine_destroy(engine);
+  ember_model_destroy(model);
+  return 0;
+}
