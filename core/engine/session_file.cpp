@@ -340,7 +340,8 @@ std::shared_ptr<Session> Session::load(std::shared_ptr<EngineOwner> owner, const
   const uint64_t n_tokens = r.value<uint64_t>();
   if (n_tokens > r.left() / sizeof(int32_t)) r.corrupt("token count out of range");
   std::vector<int32_t> tokens(static_cast<size_t>(n_tokens));
-  std::memcpy(tokens.data(), r.take(tokens.size() * sizeof(int32_t)), tokens.size() * sizeof(int32_t));
+  const uint8_t* token_bytes = r.take(tokens.size() * sizeof(int32_t));
+  if (!tokens.empty()) std::memcpy(tokens.data(), token_bytes, tokens.size() * sizeof(int32_t));
   const int32_t n_vocab = engine.model().config().n_vocab;
   for (int32_t t : tokens) {
     if (t < 0 || t >= n_vocab) r.corrupt("token id out of range");
@@ -349,7 +350,8 @@ std::shared_ptr<Session> Session::load(std::shared_ptr<EngineOwner> owner, const
   std::vector<uint8_t> decoded(tokens.size(), 0);
   if (version >= 2) {
     if (decoded.size() > r.left()) r.corrupt("generated-token flags out of range");
-    std::memcpy(decoded.data(), r.take(decoded.size()), decoded.size());
+    const uint8_t* flags = r.take(decoded.size());
+    if (!decoded.empty()) std::memcpy(decoded.data(), flags, decoded.size());
     for (uint8_t d : decoded) {
       if (d > 1) r.corrupt("a generated-token flag is neither 0 nor 1");
     }

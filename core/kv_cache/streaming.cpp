@@ -1,5 +1,7 @@
 #include "core/kv_cache/streaming.h"
 
+#include <cstdint>
+
 #include <algorithm>
 #include <string>
 
@@ -113,7 +115,10 @@ void StreamingLayout::apply(const Eviction& e) {
 
 bool StreamingLayout::consistent() const {
   if (n_evicted_ < 0 || dropped_blocks_ < 0) return false;
-  if (dropped_blocks_ * block_size_ > n_evicted_) return false;
+  // Divided, not multiplied: the counts may come from a corrupt file.
+  if (dropped_blocks_ > n_evicted_ / block_size_) return false;
+  // Positions and slots are int32: more evicted tokens than that is corrupt.
+  if (n_evicted_ > INT32_MAX - sinks_) return false;
   const int64_t wb = win_begin();
   if (wb < sinks_ || wb > round_up(sinks_, block_size_)) return false;
   if (n_evicted_ > 0 && wb != round_up(sinks_, block_size_)) return false;
