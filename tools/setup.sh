@@ -2,12 +2,14 @@
 # Installs everything Ember needs to build and test, idempotently, and fetches
 # the default model into $EMBER_HOME (default ~/.cache/ember).
 # Debian 12: build tools, oneDNN (libdnnl-dev, OpenMP runtime), GoogleTest,
-# Google Benchmark, ccache. Safe to run again: it only installs what is missing.
+# Google Benchmark, ccache; clang with libFuzzer and OpenMP (tools/fuzz.sh);
+# qemu-user (the pre-AVX2 CPU test, label isa). Safe to run again: it only installs what is missing.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 packages=(build-essential cmake ninja-build pkg-config libdnnl-dev libgtest-dev googletest
-          libbenchmark-dev ccache python3 python3-venv unzip)
+          libbenchmark-dev ccache python3 python3-venv unzip
+          clang libclang-rt-dev libomp-dev qemu-user)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
