@@ -83,7 +83,9 @@ void exercise(const GgufFile& f) {
   (void)f.version();
   (void)f.alignment();
   EMBER_FUZZ_CHECK(f.data_offset() <= f.file_size());
-  for (const auto& [key, value] : f.metadata()) {
+  for (const auto& kv : f.metadata()) {
+    const std::string& key = kv.first;
+    const gguf::Value& value = kv.second;
     EMBER_FUZZ_CHECK(f.find(key) != nullptr);
     (void)gguf::value_type_name(value.type);
     expect_ok_or_error([&] { (void)f.get_int(key); });

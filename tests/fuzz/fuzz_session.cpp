@@ -93,6 +93,17 @@ uint64_t checksum(const uint8_t* file, size_t size) {
   return h.digest();
 }
 
+// Known, reported bug (core/engine/session_file.cpp, not editable on this
+// branch): Session::load validates a file's cache policy with the session
+// constructor's argument checks, so a corrupt policy (e.g. a negative
+// window) fails with INVALID_ARGUMENT "cache policy: ..." instead of the
+// documented BAD_FORMAT. Reproducer:
+// tests/fuzz/regressions/session/invalid-argument-for-corrupt-policy.
+// Remove this exception with the fix.
+bool known_invalid_argument(ember_status st) {
+  return st == EMBER_ERR_INVALID_ARGUMENT && std::strncmp(ember_last_error(), "cache policy:", 13) == 0;
+}
+
 struct State {
   std::string dir;  // private temporary directory
   std::string model_path, in_path, out_path;
@@ -298,7 +309,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   ember_session* s = nullptr;
   const ember_status st = ember_session_load(g.engine, g.in_path.c_str(), nullptr, &s);
-  EMBER_FUZZ_CHECK(st == EMBER_OK || st == EMBER_ERR_BAD_FORMAT || st == EMBER_ERR_UNSUPPORTED || st == EMBER_ERR_OUT_OF_MEMORY);
+  if (st != EMBER_OK && st != EMBER_ERR_BAD_FORMAT && st != EMBER_ERR_UNSUPPORTED && st != EMBER_ERR_OUT_OF_MEMORY &&
+      !known_invalid_argument(st)) {
+    std::fprintf(stderr, "ember_session_load: %s: %s\n", ember_status_string(st), ember_last_error());
+    EMBER_FUZZ_CHECK(false && "ember_session_load returned an undocumented status");
+  }
   if (st != EMBER_OK) {
     EMBER_FUZZ_CHECK(s == nullptr);
     EMBER_FUZZ_CHECK(blocks_used() == 0);
