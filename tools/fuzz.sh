@@ -19,10 +19,14 @@ targets=("$@")
 ((${#targets[@]})) || targets=(gguf tokenizer chat session)
 bld="$root/build-fuzz"
 
+# EMBER_FUZZ_SKIP_SETUP=1 / EMBER_FUZZ_SKIP_BUILD=1 skip the setup and the
+# build (e.g. for a second run in parallel with one that built).
 [ "${EMBER_FUZZ_SKIP_SETUP:-0}" = "1" ] || bash "$root/tools/setup.sh"
-CC=clang CXX=clang++ cmake -S "$root" -B "$bld" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEMBER_FUZZ=ON \
-  -DEMBER_BUILD_TESTS=OFF -DEMBER_BUILD_BENCH=OFF -DEMBER_WITH_CUDA=OFF >/dev/null
-cmake --build "$bld" -j "$(nproc)" --target fuzz_all
+if [ "${EMBER_FUZZ_SKIP_BUILD:-0}" != "1" ]; then
+  CC=clang CXX=clang++ cmake -S "$root" -B "$bld" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEMBER_FUZZ=ON \
+    -DEMBER_BUILD_TESTS=OFF -DEMBER_BUILD_BENCH=OFF -DEMBER_WITH_CUDA=OFF >/dev/null
+  cmake --build "$bld" -j "$(nproc)" --target fuzz_all
+fi
 
 declare -A max_len=([gguf]=16384 [tokenizer]=4096 [chat]=8192 [session]=32768)
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1}"
