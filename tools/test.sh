@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test: installs what is missing, fetches the model, builds
-# (Release) and runs the whole CTest suite, then rebuilds the C ABI and core
-# tests with ASan+UBSan and runs them.
+# (Release) and runs the whole CTest suite (the pre-AVX2 CPU test under qemu,
+# label isa, included), then rebuilds the C ABI and core tests with
+# ASan+UBSan and runs them, then a short run of every fuzz target
+# (tools/fuzz.sh, EMBER_FUZZ_SECONDS each, default 60; EMBER_SKIP_FUZZ=1 skips).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # ctest runs two test processes at once on 2 cores: OpenMP threads that spin
@@ -19,4 +21,7 @@ if [ "${EMBER_SKIP_SANITIZERS:-0}" != "1" ]; then
   (cd "$root/build-asan" && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2 --timeout 1800 \
      -L 'test_capi|test_core|test_gguf|test_tokenizer|test_chat|test_tensor' \
      ${EMBER_ASAN_EXCLUDE:+-E "$EMBER_ASAN_EXCLUDE"})
+fi
+if [ "${EMBER_SKIP_FUZZ:-0}" != "1" ]; then
+  EMBER_FUZZ_SKIP_SETUP=1 bash "$root/tools/fuzz.sh" "${EMBER_FUZZ_SECONDS:-60}"
 fi
