@@ -24,8 +24,8 @@ if cc -o "$tmp/avx2" "$tmp/avx2.c" 2>/dev/null; then
 fi
 
 prompt="The capital of France is"
-"$cli" generate -m "$model" -p "$prompt" -n 12 --temp 0 -t 1 >"$tmp/native.txt" 2>"$tmp/native.err"
-"${emu[@]}" "$cli" generate -m "$model" -p "$prompt" -n 12 --temp 0 -t 1 >"$tmp/emu.txt" 2>"$tmp/emu.err" || {
+"$cli" generate -m "$model" -p "$prompt" -n 8 --temp 0 -t 1 >"$tmp/native.txt" 2>"$tmp/native.err"
+"${emu[@]}" "$cli" generate -m "$model" -p "$prompt" -n 8 --temp 0 -t 1 >"$tmp/emu.txt" 2>"$tmp/emu.err" || {
   echo "FAIL: ember generate under qemu -cpu $cpu exited with $?"; cat "$tmp/emu.err"; exit 1; }
 echo "native:   $(cat "$tmp/native.txt")"
 echo "emulated: $(cat "$tmp/emu.txt")"
@@ -34,7 +34,7 @@ cmp -s "$tmp/native.txt" "$tmp/emu.txt" || { echo "FAIL: the generated text diff
 
 # Per-token log-probabilities of a short text (teacher forced), as printed
 # by the CLI: every digit must agree.
-printf 'Paris is the capital and most populous city of France. It is known for the Eiffel Tower.\n' >"$tmp/text.txt"
+printf 'Paris is the capital of France. It is known for the Eiffel Tower.\n' >"$tmp/text.txt"
 "$cli" perplexity -m "$model" -f "$tmp/text.txt" --stream --cache full --logprobs "$tmp/native.csv" -t 1 \
   >/dev/null 2>"$tmp/native.err"
 "${emu[@]}" "$cli" perplexity -m "$model" -f "$tmp/text.txt" --stream --cache full --logprobs "$tmp/emu.csv" -t 1 \
