@@ -1,6 +1,7 @@
 // The CPU backend: activations in host memory, weights read in place from the
-// model's mapping, OpenMP threads (one pool, shared with oneDNN).
-#include <immintrin.h>
+// model's mapping, OpenMP threads (one pool, shared with oneDNN). Compiled for
+// baseline x86-64: its vector kernels are in backend_kernels_{avx2,scalar}.cpp,
+// chosen at run time (cpu/backend_kernels.h).
 #include <omp.h>
 #include <sys/mman.h>
 
@@ -15,19 +16,27 @@
 
 #include "cpu/cpu_backend.h"
 #include "core/backend/registry.h"
+#include "core/tensor/types.h"
 #include "core/util/status.h"
+#include "cpu/backend_kernels.h"
+#include "cpu/cpu_features.h"
 #include "cpu/matmul.h"
 
 namespace ember {
+
+namespace cpu::detail {
+const BackendKernels& backend_kernels() {
+  return isa_supported(Isa::kAvx2) && active_isa() != Isa::kScalar ? backend_kernels_avx2() : backend_kernels_scalar();
+}
+}  // namespace cpu::detail
+
 namespace {
 
 class CpuWeight final : public DeviceWeight {};
 
 // Attention limits (per-thread stack state of the kernel).
-constexpr int kAttnMaxGroup = 16;      // query heads per kv head
-constexpr int kAttnMaxHeadDim = 256;
-
-inline float f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
+using cpu::detail::kAttnMaxGroup;    // query heads per kv head
+using cpu::detail::kAttnMaxHeadDim;
 
 class CpuBackend final : public Backend {
  public:
@@ -109,26 +118,12 @@ class CpuBackend final : public Backend {
     }
     const int32_t items = geom_.num_layers * n;
     const size_t rows = static_cast<size_t>(geom_.num_kv_heads) * geom_.block_size;
+    const cpu::detail::BackendKernels& kernels = cpu::detail::backend_kernels();
 #pragma omp parallel for num_threads(n_threads_) if (items > 4)
     for (int32_t it = 0; it < items; ++it) {
       const int32_t layer = it / n, block = blocks[it % n];
       if (block < 0 || block >= geom_.num_blocks) continue;
-      uint16_t* k = block_ptr(layer, 0, block);
-      for (size_t r = 0; r < rows; ++r) {
-        uint16_t* kr = k + r * hd;
-        int32_t i = 0;
-        for (; i + 8 <= hd; i += 8) {
-          const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kr + i)));
-          const __m256 sw = _mm256_permute_ps(x, 0xB1);  // (x1, x0) in every pair
-          const __m256 y = _mm256_fmadd_ps(sw, _mm256_load_ps(sn + i), _mm256_mul_ps(x, _mm256_load_ps(cs + i)));
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(kr + i), _mm256_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT));
-        }
-        for (; i + 2 <= hd; i += 2) {
-          const float x0 = f16_to_f32(kr[i]), x1 = f16_to_f32(kr[i + 1]);
-          kr[i] = _cvtss_sh(x0 * cs[i] + x1 * sn[i], _MM_FROUND_TO_NEAREST_INT);
-          kr[i + 1] = _cvtss_sh(x1 * cs[i + 1] + x0 * sn[i + 1], _MM_FROUND_TO_NEAREST_INT);
-        }
-      }
+      kernels.rope_shift_rows(block_ptr(layer, 0, block), rows, hd, cs, sn);
     }
   }
 
@@ -226,6 +221,7 @@ class CpuBackend final : public Backend {
 
   void kv_store(int32_t layer, const float* k, const float* v, const int32_t* slots, int32_t rows) override {
     const int32_t nkv = geom_.num_kv_heads, hd = geom_.head_dim, bs = geom_.block_size;
+    const cpu::detail::BackendKernels& kernels = cpu::detail::backend_kernels();
     for (int32_t r = 0; r < rows; ++r) {
       const int32_t block = slots[r] / bs, off = slots[r] % bs;
       if (block < 0 || block >= geom_.num_blocks) fail(StatusCode::kInternal, "kv_store: slot outside the pool");
@@ -233,8 +229,8 @@ class CpuBackend final : public Backend {
         const size_t src = (static_cast<size_t>(r) * nkv + h) * hd;
         uint16_t* kd = block_ptr(layer, 0, block) + (static_cast<size_t>(h) * bs + off) * hd;
         uint16_t* vd = block_ptr(layer, 1, block) + (static_cast<size_t>(h) * bs + off) * hd;
-        convert_row(k + src, kd, hd);
-        convert_row(v + src, vd, hd);
+        kernels.f32_to_f16(k + src, kd, hd);
+        kernels.f32_to_f16(v + src, vd, hd);
       }
     }
   }
@@ -255,12 +251,13 @@ class CpuBackend final : public Backend {
                                          " not supported (head_dim a multiple of 8 up to 256, at most 16 heads per kv head)");
     }
     const int32_t items = static_cast<int32_t>(rows.size()) * p.num_kv_heads;
+    const cpu::detail::BackendKernels& kernels = cpu::detail::backend_kernels();
     std::atomic<bool> out_of_memory{false};  // (the per-thread scratch may fail to grow)
 #pragma omp parallel for num_threads(n_threads_) schedule(dynamic, 1)
     for (int32_t it = 0; it < items; ++it) {
       const auto [s, row] = rows[it / p.num_kv_heads];
       try {
-        attend_group(layer, q, seqs[s], row, it % p.num_kv_heads, p, out);
+        attend_group(kernels, layer, q, seqs[s], row, it % p.num_kv_heads, p, out);
       } catch (...) {
         out_of_memory = true;
       }
@@ -268,16 +265,17 @@ class CpuBackend final : public Backend {
     if (out_of_memory) fail(StatusCode::kOutOfMemory, "cpu attention: cannot allocate its scratch");
   }
 
-  // SiLU(gate) * up as llama.cpp computes it: gate / (1 + expf8(0 - gate)),
-  // then the product; libm's expf for a tail of fewer than 8.
+  // SiLU(gate) * up as llama.cpp computes it (the kernel's swiglu8), libm's
+  // expf for a tail of fewer than 8.
   void swiglu(const float* gate, const float* up, size_t n, float* out) override {
     const size_t n8 = n & ~size_t{7};
-    const __m256 one = _mm256_set1_ps(1.0f);
+    constexpr size_t kChunk = 4096;  // elementwise: the chunking changes no result
+    const auto& kernels = cpu::detail::backend_kernels();
+    const int64_t chunks = static_cast<int64_t>((n8 + kChunk - 1) / kChunk);
 #pragma omp parallel for num_threads(n_threads_) if (n > 65536)
-    for (size_t i = 0; i < n8; i += 8) {
-      const __m256 g = _mm256_loadu_ps(gate + i);
-      const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, expf8(_mm256_sub_ps(_mm256_setzero_ps(), g))));
-      _mm256_storeu_ps(out + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
+    for (int64_t c = 0; c < chunks; ++c) {
+      const size_t i0 = static_cast<size_t>(c) * kChunk, len = std::min(kChunk, n8 - i0);
+      kernels.swiglu8(gate + i0, up + i0, len, out + i0);
     }
     for (size_t i = n8; i < n; ++i) {
       const float g = gate[i];
@@ -310,193 +308,38 @@ class CpuBackend final : public Backend {
     return kv_ + layer * layer_stride + kv * block_elems() * geom_.num_blocks + block * block_elems();
   }
 
-  static void convert_row(const float* src, uint16_t* dst, int32_t n) {
-    int32_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-      __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), h);
-    }
-    for (; i < n; ++i) dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
-  }
-
-  // exp of 8 floats by the algorithm of llama.cpp's ggml_v_expf (AVX2): n =
-  // round(x / ln 2) through the 1.5 * 2^23 shifter, b = x - n ln 2 in two
-  // parts, a degree-5 polynomial j ~ e^b - 1, result 2^n (1 + j); |n| > 126
-  // is rescaled through two powers of two, |n| > 192 saturates to 0 or inf.
-  // Same operations, same constants, so the same bits as the reference's
-  // softmax and SiLU (exp(-inf) is exactly 0).
-  static __m256 expf8(__m256 x) {
-    const __m256 shifter = _mm256_set1_ps(0x1.8p23f);
-    const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), shifter);
-    const __m256 n = _mm256_sub_ps(z, shifter);
-    const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f),
-                                      _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
-    const __m256i e = _mm256_slli_epi32(_mm256_castps_si256(z), 23);
-    const __m256 k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_castps_si256(_mm256_set1_ps(1.0f))));
-    const __m256 abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), n);
-    const __m256 big = _mm256_cmp_ps(abs_n, _mm256_set1_ps(126.0f), _CMP_GT_OQ);
-    const __m256 u = _mm256_mul_ps(b, b);
-    const __m256 hi = _mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f));
-    const __m256 lo = _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f));
-    const __m256 j = _mm256_fmadd_ps(_mm256_fmadd_ps(hi, u, lo), u, _mm256_mul_ps(_mm256_set1_ps(0x1.ffffecp-1f), b));
-    if (!_mm256_movemask_ps(big)) return _mm256_fmadd_ps(j, k, k);
-    const __m256i g = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ)),
-                                       _mm256_set1_epi32(static_cast<int>(0x82000000u)));
-    const __m256 s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f000000)));
-    const __m256 s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
-    const __m256 huge = _mm256_cmp_ps(abs_n, _mm256_set1_ps(192.0f), _CMP_GT_OQ);
-    const __m256 scaled = _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1);
-    const __m256 normal = _mm256_fmadd_ps(k, j, k);
-    return _mm256_blendv_ps(_mm256_blendv_ps(normal, scaled, big), _mm256_mul_ps(s1, s1), huge);
-  }
-
-  // Horizontal sums of 8 lanes in two fixed orders (those of llama.cpp's
-  // AVX2 code; hsum8_reference in cpu/matmul_internal.h spells out the first):
-  //   hsum8:     ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7))
-  //   hsum8_hadd: ((l0+l4) + (l1+l5)) + ((l2+l6) + (l3+l7))
-  static float hsum8(__m256 v) {
-    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-    return _mm_cvtss_f32(lo);
-  }
-  static float hsum8_hadd(__m256 v) {
-    const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    const __m128 t1 = _mm_hadd_ps(t0, t0);
-    return _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
-  }
-  static __m256 round_f16(__m256 v) { return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT)); }
-
-  // Dot product of an f16 cache row with an f16-rounded query, n a multiple
-  // of 8, in one of the two orders of llama.cpp's KQ product:
-  //  - "tile" (its batched path, llamafile's tinyBLAS): one 8-lane FMA
-  //    accumulator over the row, hsum8;
-  //  - "vec" (its one-token path, ggml_vec_dot_f16): four accumulators over
-  //    32-element steps, reduced (a0+a2) + (a1+a3), then hsum8_hadd, the
-  //    elements past the last full step added in double.
-  // Products of two f16 values are exact in f32, so only the order of the
-  // additions matters, and it is the reference's.
-  static float dot_f16(const uint16_t* k, const float* q, int32_t n, bool vec_order) {
-    if (!vec_order) {
-      __m256 acc = _mm256_setzero_ps();
-      for (int32_t i = 0; i < n; i += 8)
-        acc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k + i))),
-                              _mm256_loadu_ps(q + i), acc);
-      return hsum8(acc);
-    }
-    const int32_t np = n & ~31;
-    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int32_t i = 0; i < np; i += 32)
-      for (int j = 0; j < 4; ++j)
-        a[j] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k + i + 8 * j))),
-                               _mm256_loadu_ps(q + i + 8 * j), a[j]);
-    double sum = hsum8_hadd(_mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[1], a[3])));
-    for (int32_t i = np; i < n; ++i) sum += static_cast<double>(f16_to_f32(k[i]) * q[i]);
-    return static_cast<float>(sum);
-  }
-
-  // Attention for one query row and one kv-head group, computed as llama.cpp
-  // computes it without flash attention, so that the logits are the
-  // reference's to the bit (docs/BENCHMARKS.md, agreement with llama.cpp):
-  //   1. the query rounded to f16; scores s_i = dot(K_i, q) * scale in the
-  //      vec order for a generated token fed back (AttentionParams::
-  //      decode_rows: llama.cpp's one-token decode), the tile order for
-  //      prompt and scored rows (its batched evaluation). The order depends
-  //      on the row's token alone, never on how the row is batched or chunked;
-  //      a sequence recomputed after a preemption gets the same results;
-  //   2. softmax over the row: max, e_i = expf8(s_i - max), the sum of each
-  //      8-slot chunk (hsum8) accumulated in double, e_i * (float)(1 / sum),
-  //      and the probabilities rounded to f16;
-  //   3. out[d] = sum_i P_i V_i[d], slot i on accumulator lane i % 8 (tile)
-  //      or i % 32 (vec: four 8-lane accumulators per 32-slot step), reduced
-  //      in the same trees as the dot products.
-  // Slots are numbered by cache slot (block b, offset t: i = b * block_size +
-  // t); slots past kv_len or inside the sequence's hole get probability 0,
-  // which adds exactly nothing. K rows are read from the f16 cache once per
-  // group, V rows once per query head.
-  void attend_group(int32_t layer, const float* q, const AttentionSeq& seq, int32_t row, int32_t kvh,
-                    const AttentionParams& p, float* out) const {
-    constexpr int kMaxGroup = kAttnMaxGroup;
-    constexpr int kMaxHeadDim = kAttnMaxHeadDim;
+  // Fills the kernel's arguments for one (row, kv head) item; the scratch
+  // is per thread and grows here (in baseline code), never in a kernel.
+  void attend_group(const cpu::detail::BackendKernels& kernels, int32_t layer, const float* q,
+                    const AttentionSeq& seq, int32_t row, int32_t kvh, const AttentionParams& p,
+                    float* out) const {
     const int32_t group = p.num_heads / p.num_kv_heads;
-    const int32_t hd = p.head_dim, bs = geom_.block_size;
     const int32_t kv_len = p.kv_len[row];
-    const bool vec_order = p.decode_rows && p.decode_rows[row];
-    const int32_t n_lanes = vec_order ? 32 : 8;
     const int32_t n_pad = (kv_len + 31) & ~31;
-    const bool has_hole = seq.hole_end > seq.hole_begin;
-    auto masked = [&](int32_t i) { return has_hole && i >= seq.hole_begin && i < seq.hole_end; };
     thread_local std::vector<float> sc, acc;
     if (sc.size() < static_cast<size_t>(group) * n_pad) sc.resize(static_cast<size_t>(group) * n_pad);
-    if (acc.size() < static_cast<size_t>(32) * hd) acc.resize(static_cast<size_t>(32) * hd);
-    const float* qrow = q + static_cast<size_t>(row) * p.num_heads * hd;
-    alignas(32) float qh[kMaxGroup][kMaxHeadDim];
-    for (int g = 0; g < group; ++g) {
-      const float* src = qrow + static_cast<size_t>(kvh * group + g) * hd;
-      for (int32_t i = 0; i < hd; i += 8) _mm256_store_ps(qh[g] + i, round_f16(_mm256_loadu_ps(src + i)));
-    }
-    auto k_row = [&](int32_t i) {
-      return block_ptr(layer, 0, seq.block_table[i / bs]) + (static_cast<size_t>(kvh) * bs + i % bs) * hd;
-    };
-    auto v_row = [&](int32_t i) {
-      return block_ptr(layer, 1, seq.block_table[i / bs]) + (static_cast<size_t>(kvh) * bs + i % bs) * hd;
-    };
-    // 1. scores
-    for (int32_t i = 0; i < n_pad; ++i) {
-      if (i >= kv_len || masked(i)) {
-        for (int g = 0; g < group; ++g) sc[static_cast<size_t>(g) * n_pad + i] = -INFINITY;
-        continue;
-      }
-      const uint16_t* kr = k_row(i);
-      for (int g = 0; g < group; ++g) sc[static_cast<size_t>(g) * n_pad + i] = dot_f16(kr, qh[g], hd, vec_order) * p.scale;
-    }
-    for (int g = 0; g < group; ++g) {
-      float* o = out + (static_cast<size_t>(row) * p.num_heads + kvh * group + g) * hd;
-      float* s = sc.data() + static_cast<size_t>(g) * n_pad;
-      // 2. softmax, probabilities rounded to f16
-      float mx = -INFINITY;
-      for (int32_t i = 0; i < kv_len; ++i) mx = std::max(mx, s[i]);
-      if (mx == -INFINITY) {  // nothing to attend to
-        std::fill(o, o + hd, 0.0f);
-        continue;
-      }
-      const __m256 vmax = _mm256_set1_ps(mx);
-      double sum = 0.0;
-      for (int32_t i = 0; i < n_pad; i += 8) {
-        const __m256 e = expf8(_mm256_sub_ps(_mm256_loadu_ps(s + i), vmax));
-        _mm256_storeu_ps(s + i, e);
-        sum += static_cast<double>(hsum8(e));
-      }
-      const __m256 inv = _mm256_set1_ps(static_cast<float>(1.0 / sum));
-      for (int32_t i = 0; i < n_pad; i += 8) _mm256_storeu_ps(s + i, round_f16(_mm256_mul_ps(_mm256_loadu_ps(s + i), inv)));
-      // 3. V, slot i on lane i % n_lanes
-      std::fill(acc.begin(), acc.begin() + static_cast<size_t>(n_lanes) * hd, 0.0f);
-      for (int32_t i = 0; i < kv_len; ++i) {
-        if (s[i] == 0.0f) continue;  // (masked or underflowed: adds exactly nothing)
-        const uint16_t* vr = v_row(i);
-        float* a = acc.data() + static_cast<size_t>(i % n_lanes) * hd;
-        const __m256 w = _mm256_set1_ps(s[i]);
-        for (int32_t d = 0; d < hd; d += 8) {
-          const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vr + d)));
-          _mm256_storeu_ps(a + d, _mm256_fmadd_ps(w, v, _mm256_loadu_ps(a + d)));
-        }
-      }
-      auto lane = [&](int l, int32_t d) { return _mm256_loadu_ps(acc.data() + static_cast<size_t>(l) * hd + d); };
-      for (int32_t d = 0; d < hd; d += 8) {
-        __m256 l[8];
-        if (!vec_order) {
-          for (int k = 0; k < 8; ++k) l[k] = lane(k, d);
-        } else {
-          for (int k = 0; k < 8; ++k)
-            l[k] = _mm256_add_ps(_mm256_add_ps(lane(k, d), lane(16 + k, d)), _mm256_add_ps(lane(8 + k, d), lane(24 + k, d)));
-        }
-        const __m256 t0 = _mm256_add_ps(l[0], l[4]), t1 = _mm256_add_ps(l[1], l[5]);
-        const __m256 t2 = _mm256_add_ps(l[2], l[6]), t3 = _mm256_add_ps(l[3], l[7]);
-        const __m256 r = vec_order ? _mm256_add_ps(_mm256_add_ps(t0, t1), _mm256_add_ps(t2, t3))
-                                   : _mm256_add_ps(_mm256_add_ps(t0, t2), _mm256_add_ps(t1, t3));
-        _mm256_storeu_ps(o + d, r);
-      }
-    }
+    if (acc.size() < static_cast<size_t>(32) * p.head_dim) acc.resize(static_cast<size_t>(32) * p.head_dim);
+    cpu::detail::AttendArgs a;
+    a.k_base = block_ptr(layer, 0, 0);
+    a.v_base = block_ptr(layer, 1, 0);
+    a.block_elems = block_elems();
+    a.block_size = geom_.block_size;
+    a.block_table = seq.block_table;
+    a.hole_begin = seq.hole_begin;
+    a.hole_end = seq.hole_end;
+    a.q = q;
+    a.row = row;
+    a.kvh = kvh;
+    a.num_heads = p.num_heads;
+    a.num_kv_heads = p.num_kv_heads;
+    a.head_dim = p.head_dim;
+    a.kv_len = kv_len;
+    a.vec_order = p.decode_rows && p.decode_rows[row];
+    a.scale = p.scale;
+    a.scores = sc.data();
+    a.acc = acc.data();
+    a.out = out;
+    kernels.attend_group(a);
   }
 
   int n_threads_;

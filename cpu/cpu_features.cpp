@@ -83,12 +83,12 @@ bool isa_supported(Isa isa) {
   const CpuFeatures& f = cpu_features();
   switch (isa) {
     case Isa::kScalar:
-      // The whole library is compiled with the AVX2 baseline.
-      return f.avx2 && f.fma && f.f16c;
+      // Everything outside the *_avx2 / *_avx512 files is baseline x86-64.
+      return true;
     case Isa::kAvx2:
-      return f.avx2 && f.fma && f.f16c;
+      return f.avx2 && f.fma && f.f16c && f.bmi2;  // cmake/EmberFlags.cmake EMBER_AVX2_FLAGS
     case Isa::kAvx512Vnni:
-      return f.avx2 && f.fma && f.f16c && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq &&
+      return f.avx2 && f.fma && f.f16c && f.bmi2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq &&
              f.avx512vnni;
   }
   return false;

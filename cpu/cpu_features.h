@@ -1,6 +1,7 @@
 // Run-time CPU feature detection (cpuid + xgetbv) and the ISA variants the
-// CPU kernels are built for. The library's baseline is AVX2+FMA+F16C; code in
-// *_avx512.cpp files may only run when isa_supported(Isa::kAvx512Vnni).
+// CPU kernels are built for. The library's baseline is plain x86-64; code in
+// *_avx2.cpp files may only run when isa_supported(Isa::kAvx2), code in
+// *_avx512.cpp files only when isa_supported(Isa::kAvx512Vnni).
 #pragma once
 
 #include <cstdint>
@@ -24,8 +25,8 @@ const CpuFeatures& cpu_features();
 
 // Kernel variants, in increasing order of capability.
 enum class Isa : int {
-  kScalar = 0,      // portable C++ (still compiled with the AVX2 baseline flags)
-  kAvx2 = 1,        // AVX2 + FMA + F16C
+  kScalar = 0,      // portable C++ (baseline x86-64; every CPU)
+  kAvx2 = 1,        // AVX2 + FMA + F16C + BMI2
   kAvx512Vnni = 2,  // AVX-512 F/BW/VL/DQ + VNNI (BF16 used when also present)
 };
 

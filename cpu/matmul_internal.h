@@ -1,9 +1,15 @@
 // Internal interface between the matmul driver (matmul.cpp) and the per-ISA
 // kernel files (matmul_scalar.cpp, matmul_avx2.cpp, matmul_avx512.cpp).
 // Not part of the public API.
+//
+// Included by baseline and ISA files alike: every function defined here is
+// in an anonymous namespace, so each file gets its own copy compiled for its
+// own ISA, and the linker can never hand a baseline caller an AVX2 copy.
 #pragma once
 
+#if defined(__F16C__)
 #include <immintrin.h>
+#endif
 
 #include <cstddef>
 #include <cstdint>
@@ -14,8 +20,18 @@ namespace ember::cpu::detail {
 
 inline constexpr int64_t kQK = 32;  // elements per quant block (Q4_0/Q4_1/Q8_0 and activations)
 
-// f16 -> f32 with F16C (part of the library's baseline ISA).
+namespace {
+
+// f16 <-> f32: F16C in files compiled for it, else the portable conversions
+// of core/tensor (equal to F16C's bit for bit for every non-NaN value,
+// tests/unit/tensor/types_test.cpp Fp16.MatchesF16C).
+#if defined(__F16C__)
 inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
+inline uint16_t f2h(float f) { return static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT)); }
+#else
+inline float h2f(uint16_t h) { return fp16_to_fp32(h); }
+inline uint16_t f2h(float f) { return fp32_to_fp16(f); }
+#endif
 inline uint16_t f2bf(float f) {  // round to nearest even; NaN stays NaN
   uint32_t u;
   __builtin_memcpy(&u, &f, 4);
@@ -44,6 +60,8 @@ inline size_t weight_row_bytes(DType t, int64_t K) {
     default: return 0;
   }
 }
+
+}  // namespace
 
 // Everything a decode kernel needs. Activations are "prepared" once per call
 // by the variant's prepare_acts() into act (layout private to the variant);
@@ -87,6 +105,8 @@ struct IsaImpl {
 const IsaImpl& scalar_impl();
 const IsaImpl& avx2_impl();
 const IsaImpl& avx512_impl();  // only call after isa_supported(Isa::kAvx512Vnni)
+
+namespace {
 
 // Natural activation layout shared by the scalar and AVX2 variants, per row:
 //   int8  qs[K]            quantized values, block b at qs + 32*b
@@ -166,7 +186,7 @@ inline float quant_dot_reference(const uint8_t* wrow, const Q8Row& a, int64_t nb
 // s = d * sum(q) of the rounded d. A value beyond the fp16 range
 // (|x| > 8.3e6) keeps its f32 value instead of becoming inf.
 inline float round_act_scale(float v) {
-  const float r = _cvtsh_ss(_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT));
+  const float r = h2f(f2h(v));
   return __builtin_isinf(r) ? v : r;
 }
 inline void act_block_scales(DType type, float amax, int sum, float* d_out, float* s_out) {
@@ -197,4 +217,5 @@ inline void quantize_block_q8_scalar(DType type, const float* x, int8_t* q, floa
   act_block_scales(type, amax, sum, d_out, s_out);
 }
 
+}  // namespace
 }  // namespace ember::cpu::detail

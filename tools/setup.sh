@@ -2,13 +2,15 @@
 # Installs everything Ember needs to build and test, idempotently, and fetches
 # the default model into $EMBER_HOME (default ~/.cache/ember).
 # Debian 12: build tools, oneDNN (libdnnl-dev, OpenMP runtime), GoogleTest,
-# Google Benchmark, ccache, and the bindings' toolchains (SWIG, JDK, mono,
-# Go). Safe to run again: it only installs what is missing.
+# Google Benchmark, ccache; clang with libFuzzer and OpenMP (tools/fuzz.sh);
+# qemu-user (the pre-AVX2 CPU test, label isa); the bindings' toolchains (SWIG,
+# JDK, mono, Go). Safe to run again: it only installs what is missing.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 packages=(build-essential cmake ninja-build pkg-config libdnnl-dev libgtest-dev googletest
-          libbenchmark-dev ccache python3 python3-venv unzip)
+          libbenchmark-dev ccache python3 python3-venv unzip
+          clang libclang-rt-dev libomp-dev qemu-user)
 # Language bindings (bindings/): SWIG, Python headers and offline pip install,
 # a JDK, mono (mcs + runtime) and Go.
 packages+=(swig python3-dev python3-setuptools python3-wheel openjdk-17-jdk-headless

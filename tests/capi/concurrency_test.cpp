@@ -1,10 +1,15 @@
 // Many threads on one engine: each thread drives its own session; outputs do
 // not depend on what else runs; cancellation and destruction from other
 // threads leave sessions consistent.
+//
+// EMBER_TEST_REDUCED=1 runs every test at a reduced size (fewer threads,
+// tokens and iterations; the same checks), for the sanitizer passes of
+// tools/test.sh, where the full size takes many minutes on 2 cores.
 #include <atomic>
 #include <barrier>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <latch>
 #include <string>
 #include <thread>
@@ -24,8 +29,18 @@ extern "C" __attribute__((visibility("default"))) const char* __tsan_default_opt
 
 namespace {
 
-constexpr int kThreads = 8;
-constexpr int32_t kMaxTokens = 12;
+constexpr int kMaxThreads = 8;
+
+// Full size, or the reduced size under EMBER_TEST_REDUCED=1.
+int sized(int full, int reduced) {
+  static const bool r = [] {
+    const char* e = std::getenv("EMBER_TEST_REDUCED");
+    return e && *e && *e != '0';
+  }();
+  return r ? reduced : full;
+}
+const int kThreads = sized(kMaxThreads, 4);
+const int32_t kMaxTokens = sized(12, 5);
 
 struct Request {
   std::string prompt;
@@ -33,7 +48,7 @@ struct Request {
 };
 
 std::vector<Request> requests() {
-  const char* prompts[kThreads] = {
+  const char* prompts[kMaxThreads] = {
       "What is the capital of Italy?",  "Write a haiku about rain.",      "Name three prime numbers.",
       "Explain gravity in one sentence.", "What colour is the sky?",       "Give me a word that rhymes with cat.",
       "How many legs does a spider have?", "Say something nice about cats.",
@@ -175,7 +190,8 @@ TEST(CapiConcurrency, CancelRacesWithStartAndEnd) {
   EnginePtr engine = make_engine(model);
   SessionPtr session = make_session(engine.get());
   ASSERT_OK(ember_session_add_text(session.get(), "Hello there", 0));
-  for (int i = 0; i < 12; ++i) {
+  const int iterations = sized(12, 6);
+  for (int i = 0; i < iterations; ++i) {
     ember_stream_params p = greedy_params(1 + i % 3);
     p.ignore_eos = 1;
     ember_stream* s = nullptr;
@@ -198,13 +214,14 @@ TEST(CapiConcurrency, DestroyWhileRunningFromManyThreads) {
   EnginePtr engine = make_engine(model);
   std::vector<std::thread> threads;
   std::atomic<int> failures{0};
-  std::latch sessions_created(4);
-  for (int t = 0; t < 4; ++t) {
+  const int n_threads = sized(4, 2);
+  std::latch sessions_created(n_threads);
+  for (int t = 0; t < n_threads; ++t) {
     threads.emplace_back([&, t] {
       SessionPtr session = make_session(engine.get());
       sessions_created.count_down();
       if (ember_session_add_text(session.get(), "Numbers: 1 2 3", 0) != EMBER_OK) ++failures;
-      for (int i = 0; i < 4; ++i) {
+      for (int i = 0; i < 4; ++i) {  // (i = 0..3: every combination of the two branches below)
         ember_stream_params p = greedy_params(1 << 20);
         p.ignore_eos = 1;
         ember_stream* s = nullptr;

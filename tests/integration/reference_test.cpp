@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -282,6 +283,56 @@ TEST(Reference, PerPositionTop1AndLogprobsMatchLlamaCpp) {
   EXPECT_GE(decisive_agreement, kMinDecisiveAgreement);
   EXPECT_LE(max_diff, kMaxTop1LogprobDiff) << "at position " << max_pos;
   EXPECT_LE(sum_diff / static_cast<double>(n), kMaxMeanTop1LogprobDiff);
+}
+
+}  // namespace
+}  // namespace ember
+
+namespace ember {
+namespace {
+
+// What a CPU without AVX2 runs (cpu::Isa::kScalar: the portable matmul and
+// backend kernels) must be the AVX2 kernels' computation to the bit, so that
+// such a CPU gets the same logits, and the same agreement with llama.cpp:
+// batched scoring (tile order) and a greedy decode (vec order).
+TEST(Reference, ScalarKernelsGiveTheAvx2LogitsBitForBit) {
+  EMBER_REQUIRE_MODEL();
+  if (!cpu::isa_supported(cpu::Isa::kAvx2)) GTEST_SKIP() << "no AVX2 on this CPU";
+  const auto g = load_positions();
+  ASSERT_GE(g.ids.size(), 40u);
+  auto model = shared_model();
+  const int32_t vocab = model->config().n_vocab;
+  const std::vector<int32_t> ids(g.ids.begin(), g.ids.begin() + 40);
+  struct Run {
+    std::vector<float> logits;
+    std::vector<int32_t> greedy;
+  };
+  auto run = [&](cpu::Isa isa) {
+    cpu::force_isa(isa);
+    Run r;
+    auto engine = Engine::create(model, EngineParams{});
+    r.logits.resize(ids.size() * static_cast<size_t>(vocab));
+    std::vector<float> logprobs(ids.size() - 1);
+    (*engine)->score(ids.data(), ids.size(), logprobs.data(), r.logits.data());
+    auto session = std::make_shared<Session>(engine, 0, "");
+    session->add_tokens(std::vector<int32_t>(ids.begin(), ids.begin() + 12));
+    StreamParams p;
+    p.sampling.temperature = 0.0f;
+    p.max_tokens = 8;
+    p.ignore_eos = true;
+    r.greedy = drain_tokens(session->start(p));
+    cpu::reset_isa();
+    return r;
+  };
+  const Run avx2 = run(cpu::Isa::kAvx2);
+  const Run scalar = run(cpu::Isa::kScalar);
+  ASSERT_EQ(avx2.logits.size(), scalar.logits.size());
+  for (size_t i = 0; i < avx2.logits.size(); ++i) {
+    ASSERT_EQ(std::bit_cast<uint32_t>(avx2.logits[i]), std::bit_cast<uint32_t>(scalar.logits[i]))
+        << "position " << i / vocab << " token " << i % vocab << ": " << avx2.logits[i] << " vs " << scalar.logits[i];
+  }
+  EXPECT_EQ(avx2.greedy.size(), 8u);
+  EXPECT_EQ(avx2.greedy, scalar.greedy);
 }
 
 }  // namespace

@@ -26,6 +26,8 @@
 #include "core/backend/plugin.h"
 #include "core/tensor/types.h"
 #include "core/util/status.h"
+#include "cpu/cpu_features.h"
+#include "cpu/matmul.h"
 #include "gpu/layout.h"
 
 namespace ember {
@@ -44,7 +46,7 @@ Instance& instance(const std::string& name) {
   if (it != all.end()) return it->second;
   Instance& in = all[name];
   try {
-    if (name == "cpu") {
+    if (name == "cpu" || name == "cpu_scalar") {
       in.owner = make_cpu_backend(2);
     } else {
 #ifdef EMBER_CUDA_PLUGIN_PATH
@@ -148,6 +150,12 @@ class BackendOps : public ::testing::TestWithParam<std::string> {
     if (!in.backend) GTEST_SKIP() << GetParam() << " backend unavailable: " << in.skip;
     b_ = in.backend;
     extras_ = in.extras;
+    // cpu_scalar: the CPU backend with its portable kernels (what a CPU
+    // without AVX2 runs), held to the same checks, bit-exact ones included.
+    if (GetParam() == "cpu_scalar") cpu::force_isa(cpu::Isa::kScalar);
+  }
+  void TearDown() override {
+    if (GetParam() == "cpu_scalar") cpu::reset_isa();
   }
   bool cuda() const { return GetParam() == "cuda"; }
   Backend& b() { return *b_; }
@@ -874,7 +882,8 @@ TEST_P(BackendOps, GraphReplayEqualsEagerExecution) {
   EXPECT_EQ(step(0, 0).size(), static_cast<size_t>(rows) * dim);
 }
 
-INSTANTIATE_TEST_SUITE_P(All, BackendOps, ::testing::Values(std::string("cpu"), std::string("cuda")),
+INSTANTIATE_TEST_SUITE_P(All, BackendOps,
+                         ::testing::Values(std::string("cpu"), std::string("cpu_scalar"), std::string("cuda")),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 }  // namespace

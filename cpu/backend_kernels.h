@@ -1,0 +1,59 @@
+// Internal interface between the CPU backend (cpu_backend.cpp, compiled for
+// baseline x86-64) and its vector kernels: attention, SwiGLU, the f32 -> f16
+// KV stores and the K-shift rotation. The kernels are written once
+// (backend_kernels.inc) over an 8-lane vector type and compiled twice:
+//   backend_kernels_avx2.cpp    AVX2 + FMA + F16C intrinsics
+//   backend_kernels_scalar.cpp  portable C++ (any x86-64 CPU)
+// Both perform the same IEEE operations in the same order (fused multiply-
+// adds as fmaf, the same reduction trees, the same exp polynomial), so their
+// results are bit-identical for every non-NaN input; the scalar variant runs
+// where the CPU lacks AVX2/FMA/F16C, or under cpu::force_isa(Isa::kScalar).
+// Not part of the public API.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ember::cpu::detail {
+
+// Attention limits (per-thread stack state of attend_group); the backend
+// refuses other shapes before calling it.
+inline constexpr int kAttnMaxGroup = 16;      // query heads per kv head
+inline constexpr int kAttnMaxHeadDim = 256;   // and head_dim a multiple of 8
+
+// One (query row, kv head) item of CpuBackend::attention; see attend_group
+// in backend_kernels.inc for the computation (llama.cpp's, to the bit).
+struct AttendArgs {
+  const uint16_t* k_base;  // the layer's K blocks: block b at k_base + b * block_elems
+  const uint16_t* v_base;  // the layer's V blocks
+  size_t block_elems;      // num_kv_heads * block_size * head_dim
+  int32_t block_size;
+  const int32_t* block_table;  // the sequence's blocks, by cache slot / block_size
+  int32_t hole_begin, hole_end;  // skipped cache slots (empty when equal)
+  const float* q;              // [rows][num_heads][head_dim]
+  int32_t row, kvh, num_heads, num_kv_heads, head_dim, kv_len;
+  bool vec_order;  // the one-token decode order (else the batched "tile" order)
+  float scale;
+  float* scores;  // scratch: (num_heads / num_kv_heads) * round_up(kv_len, 32) floats
+  float* acc;     // scratch: 32 * head_dim floats
+  float* out;     // [rows][num_heads][head_dim]
+};
+
+struct BackendKernels {
+  const char* name;
+  void (*attend_group)(const AttendArgs& a);
+  // out[i] = SiLU(gate[i]) * up[i] for i in [0, n), n a multiple of 8.
+  void (*swiglu8)(const float* gate, const float* up, size_t n, float* out);
+  // f32 -> f16, round to nearest even.
+  void (*f32_to_f16)(const float* src, uint16_t* dst, int32_t n);
+  // Rotates `rows` rows of head_dim f16 values in place: per element
+  // x * cs + swap_pairs(x) * sn (one K-shift; cs, sn have head_dim entries).
+  void (*rope_shift_rows)(uint16_t* k, size_t rows, int32_t head_dim, const float* cs, const float* sn);
+};
+
+const BackendKernels& backend_kernels_scalar();
+const BackendKernels& backend_kernels_avx2();  // only call after isa_supported(Isa::kAvx2)
+// The variant for cpu::active_isa(): AVX2 on AVX2 and AVX-512 CPUs, else scalar.
+const BackendKernels& backend_kernels();
+
+}  // namespace ember::cpu::detail

@@ -1,0 +1,141 @@
+// The CPU backend's two kernel variants (cpu/backend_kernels.h): the portable
+// one, which runs on CPUs without AVX2, must give the AVX2 one's results bit
+// for bit on every kernel, including exp's rescaled and saturated ranges, f16
+// rounding ties and subnormals, both attention summation orders and holes.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "core/tensor/types.h"
+#include "cpu/backend_kernels.h"
+#include "cpu/cpu_features.h"
+
+namespace ember::cpu::detail {
+namespace {
+
+uint32_t fbits(float f) { return std::bit_cast<uint32_t>(f); }
+
+class CpuKernels : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!isa_supported(Isa::kAvx2)) GTEST_SKIP() << "no AVX2 on this CPU: nothing to compare the scalar kernels with";
+  }
+  const BackendKernels& scalar = backend_kernels_scalar();
+  const BackendKernels& avx2 = backend_kernels_avx2();
+  std::mt19937 rng{7};
+};
+
+// Values across exp's ranges: ordinary, |x / ln2| > 126 (rescaled), > 192
+// (saturated), infinities, zeros, subnormals and f16 edge values.
+std::vector<float> nasty(std::mt19937& rng, size_t n) {
+  std::vector<float> v;
+  const float specials[] = {0.f, -0.f, 1.f, -1.f, 87.f, -87.f, 88.7f, -88.7f, 89.f, -89.f, 100.f, -100.f, 130.f,
+                            -130.f, 200.f, -200.f, INFINITY, -INFINITY, 1e-40f, -1e-40f, 65504.f, 65520.f, -65520.f,
+                            5.96e-8f, 2.98e-8f, 6.1e-5f, 0.5f + 1.f / 4096.f};
+  for (float s : specials) v.push_back(s);
+  std::normal_distribution<float> d(0.f, 4.f);
+  std::uniform_real_distribution<float> wide(-150.f, 150.f);
+  while (v.size() < n) v.push_back(v.size() % 3 ? d(rng) : wide(rng));
+  v.resize(n);
+  return v;
+}
+
+TEST_F(CpuKernels, SwiGluAndF16StoreAreBitIdentical) {
+  const size_t n = 4096;
+  const auto g = nasty(rng, n), u = nasty(rng, n);
+  std::vector<float> a(n), b(n);
+  scalar.swiglu8(g.data(), u.data(), n, a.data());
+  avx2.swiglu8(g.data(), u.data(), n, b.data());
+  for (size_t i = 0; i < n; ++i) {
+    if (std::isnan(a[i]) && std::isnan(b[i])) continue;  // (inf * 0) NaN payloads may differ
+    ASSERT_EQ(fbits(a[i]), fbits(b[i])) << i << ": gate " << g[i] << " up " << u[i];
+  }
+  std::vector<uint16_t> ha(n + 5), hb(n + 5);
+  scalar.f32_to_f16(g.data(), ha.data(), static_cast<int32_t>(n + 5 - 8));  // a tail of 5
+  avx2.f32_to_f16(g.data(), hb.data(), static_cast<int32_t>(n + 5 - 8));
+  for (size_t i = 0; i < n - 3; ++i) ASSERT_EQ(ha[i], hb[i]) << i << ": " << g[i];
+}
+
+TEST_F(CpuKernels, RopeShiftIsBitIdentical) {
+  for (int32_t hd : {64, 80, 128, 10}) {  // 10: the pairwise tail
+    const size_t rows = 33;
+    std::vector<uint16_t> k(rows * hd);
+    std::normal_distribution<float> d(0.f, 2.f);
+    for (auto& h : k) h = fp32_to_fp16(d(rng));
+    std::vector<float> cs(hd), sn(hd);
+    for (int32_t i = 0; i < hd / 2; ++i) {
+      const double th = -37.0 * std::pow(10000.0, -2.0 * i / hd);
+      cs[2 * i] = cs[2 * i + 1] = static_cast<float>(std::cos(th));
+      sn[2 * i] = static_cast<float>(-std::sin(th));
+      sn[2 * i + 1] = static_cast<float>(std::sin(th));
+    }
+    auto ka = k, kb = k;
+    scalar.rope_shift_rows(ka.data(), rows, hd, cs.data(), sn.data());
+    avx2.rope_shift_rows(kb.data(), rows, hd, cs.data(), sn.data());
+    ASSERT_EQ(ka, kb) << "head_dim " << hd;
+    ASSERT_NE(ka, k);
+  }
+}
+
+TEST_F(CpuKernels, AttentionIsBitIdentical) {
+  struct Case {
+    int32_t heads, kv_heads, hd, bs, kv_len, hole_begin, hole_end;
+    bool vec;
+  };
+  const Case cases[] = {{9, 3, 64, 16, 1, 0, 0, false},    {9, 3, 64, 16, 77, 0, 0, false},
+                        {9, 3, 64, 16, 77, 0, 0, true},     {4, 4, 128, 32, 300, 4, 36, true},
+                        {16, 1, 40, 16, 45, 0, 0, true},    {8, 2, 256, 16, 129, 16, 48, false},
+                        {2, 1, 8, 16, 33, 0, 0, true}};
+  std::normal_distribution<float> d(0.f, 1.f);
+  for (const Case& c : cases) {
+    const int32_t n_blocks = (c.kv_len + c.bs - 1) / c.bs + 2;
+    const size_t block_elems = static_cast<size_t>(c.kv_heads) * c.bs * c.hd;
+    std::vector<uint16_t> kpool(block_elems * n_blocks), vpool(block_elems * n_blocks);
+    for (auto& h : kpool) h = fp32_to_fp16(d(rng) * 3.f);
+    for (auto& h : vpool) h = fp32_to_fp16(d(rng));
+    std::vector<int32_t> table;
+    for (int32_t b = 0; b < n_blocks - 1; ++b) table.push_back((b * 7 + 1) % n_blocks);  // scattered blocks
+    const int32_t rows = 2;
+    std::vector<float> q(static_cast<size_t>(rows) * c.heads * c.hd);
+    for (auto& x : q) x = d(rng) * 2.f;
+    const int32_t n_pad = (c.kv_len + 31) & ~31;
+    std::vector<float> out_a(q.size(), -1.f), out_b(q.size(), -2.f);
+    for (int32_t kvh = 0; kvh < c.kv_heads; ++kvh) {
+      for (const BackendKernels* kern : {&scalar, &avx2}) {
+        std::vector<float> sc(static_cast<size_t>(c.heads / c.kv_heads) * n_pad), acc(32 * static_cast<size_t>(c.hd));
+        AttendArgs a{};
+        a.k_base = kpool.data();
+        a.v_base = vpool.data();
+        a.block_elems = block_elems;
+        a.block_size = c.bs;
+        a.block_table = table.data();
+        a.hole_begin = c.hole_begin;
+        a.hole_end = c.hole_end;
+        a.q = q.data();
+        a.row = 1;
+        a.kvh = kvh;
+        a.num_heads = c.heads;
+        a.num_kv_heads = c.kv_heads;
+        a.head_dim = c.hd;
+        a.kv_len = c.kv_len;
+        a.vec_order = c.vec;
+        a.scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+        a.scores = sc.data();
+        a.acc = acc.data();
+        a.out = kern == &scalar ? out_a.data() : out_b.data();
+        kern->attend_group(a);
+      }
+    }
+    const size_t row1 = static_cast<size_t>(c.heads) * c.hd;
+    for (size_t i = row1; i < 2 * row1; ++i)
+      ASSERT_EQ(fbits(out_a[i]), fbits(out_b[i])) << "heads " << c.heads << "/" << c.kv_heads << " hd " << c.hd
+                                                  << " kv_len " << c.kv_len << " vec " << c.vec << " at " << i;
+  }
+}
+
+}  // namespace
+}  // namespace ember::cpu::detail
