@@ -21,8 +21,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <random>
 #include <ctime>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -92,8 +92,7 @@ Weights make_weights(DType t, int64_t N, int64_t K, bool hot) {
           std::memcpy(row + 4 * k, &f, 4);
         }
         break;
-      default:
-        break;
+      default: break;
     }
   }
   w.copies.assign(n, base);
@@ -140,12 +139,18 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--threads") threads = std::atoi(next().c_str());
-    else if (a == "--hot") hot = true;
-    else if (a == "--cpu-time") g_cpu_time = true;
-    else if (a == "--no-gemm") gemm = false;
-    else if (a == "--gemm-m") gemm_m = std::atoll(next().c_str());
-    else if (a == "--sweep") sweep = true;
+    if (a == "--threads")
+      threads = std::atoi(next().c_str());
+    else if (a == "--hot")
+      hot = true;
+    else if (a == "--cpu-time")
+      g_cpu_time = true;
+    else if (a == "--no-gemm")
+      gemm = false;
+    else if (a == "--gemm-m")
+      gemm_m = std::atoll(next().c_str());
+    else if (a == "--sweep")
+      sweep = true;
     else if (a == "--sweep-m") {
       sweep_ms.clear();
       std::string v = next();
@@ -162,8 +167,8 @@ int main(int argc, char** argv) {
         return 2;
       }
       sweep_shapes = {{std::atoll(v.c_str()), std::atoll(v.c_str() + xpos + 1)}};
-    }
-    else if (a == "--time") min_time = std::atof(next().c_str());
+    } else if (a == "--time")
+      min_time = std::atof(next().c_str());
     else if (a == "--isa") {
       const std::string v = next();
       force_isa(v == "scalar" ? Isa::kScalar : v == "avx2" ? Isa::kAvx2 : Isa::kAvx512Vnni);
@@ -185,11 +190,12 @@ int main(int argc, char** argv) {
   }
   omp_set_num_threads(threads);
   const CpuFeatures& f = cpu_features();
-  std::printf("cpu: %s avx2=%d avx512f=%d avx512vnni=%d avx512bf16=%d | isa=%s threads=%d weights=%s "
-              "prefill=%s decode_max_m=%lld(quant)/%lld(float)\n",
-              f.vendor, f.avx2, f.avx512f, f.avx512vnni, f.avx512bf16, isa_name(), threads, hot ? "hot" : "cold",
-              prefill_precision_name(), static_cast<long long>(decode_max_m(DType::Q4_0)),
-              static_cast<long long>(decode_max_m(DType::F32)));
+  std::printf(
+      "cpu: %s avx2=%d avx512f=%d avx512vnni=%d avx512bf16=%d | isa=%s threads=%d weights=%s "
+      "prefill=%s decode_max_m=%lld(quant)/%lld(float)\n",
+      f.vendor, f.avx2, f.avx512f, f.avx512vnni, f.avx512bf16, isa_name(), threads, hot ? "hot" : "cold",
+      prefill_precision_name(), static_cast<long long>(decode_max_m(DType::Q4_0)),
+      static_cast<long long>(decode_max_m(DType::F32)));
 
   const std::pair<int64_t, int64_t> shapes[] = {{576, 576}, {1536, 576}, {576, 1536}, {49152, 576}, {4096, 4096}};
   MatmulScratch scratch;
@@ -210,8 +216,8 @@ int main(int argc, char** argv) {
           const double td = time_call(call, min_time);
           set_decode_max_m(0);
           const double tp = time_call(call, min_time);
-          std::printf("%-5s %5lldx%-5lld %4lld %12.1f %12.1f %s\n", tname(t), (long long)N, (long long)K,
-                      (long long)M, td * 1e6, tp * 1e6, td <= tp ? "decode" : "oneDNN");
+          std::printf("%-5s %5lldx%-5lld %4lld %12.1f %12.1f %s\n", tname(t), (long long)N, (long long)K, (long long)M,
+                      td * 1e6, tp * 1e6, td <= tp ? "decode" : "oneDNN");
         }
       }
     reset_decode_max_m();

@@ -31,8 +31,8 @@
 #include <string>
 #include <vector>
 
-#include "cpu/cpu_backend.h"
 #include "core/backend/backend.h"
+#include "cpu/cpu_backend.h"
 
 using namespace ember;
 
@@ -53,8 +53,12 @@ struct Cache {
   int32_t n = 0, blocks = 0;
   std::vector<uint16_t> k, v;  // [layer][block][head][slot][dim]
   size_t block_elems() const { return static_cast<size_t>(kKvHeads) * kBs * kHd; }
-  const uint16_t* kb(int l, int b, int h) const { return k.data() + ((static_cast<size_t>(l) * blocks + b) * kKvHeads + h) * kBs * kHd; }
-  const uint16_t* vb(int l, int b, int h) const { return v.data() + ((static_cast<size_t>(l) * blocks + b) * kKvHeads + h) * kBs * kHd; }
+  const uint16_t* kb(int l, int b, int h) const {
+    return k.data() + ((static_cast<size_t>(l) * blocks + b) * kKvHeads + h) * kBs * kHd;
+  }
+  const uint16_t* vb(int l, int b, int h) const {
+    return v.data() + ((static_cast<size_t>(l) * blocks + b) * kKvHeads + h) * kBs * kHd;
+  }
 };
 
 inline float dot8(const float* q, const float* k) {
@@ -100,7 +104,8 @@ void attend(const Cache& c, int layer, const float* q, const float* cosd, const 
           for (int i = 0; i < kHd; i += 8) {
             const __m256 x = _mm256_load_ps(kf + i);
             const __m256 sw = _mm256_permute_ps(x, 0xB1);  // (x1, x0) pairs
-            _mm256_store_ps(kf + i, _mm256_fmadd_ps(sw, _mm256_loadu_ps(sn + i), _mm256_mul_ps(x, _mm256_loadu_ps(cs + i))));
+            _mm256_store_ps(kf + i,
+                            _mm256_fmadd_ps(sw, _mm256_loadu_ps(sn + i), _mm256_mul_ps(x, _mm256_loadu_ps(cs + i))));
           }
         }
         for (int g = 0; g < group; ++g) {
@@ -165,7 +170,8 @@ int main(int argc, char** argv) {
   for (int p = 0; p < n; ++p) {
     for (int i = 0; i < kHd / 2; ++i) {
       const double th = p * std::pow(static_cast<double>(kBase), -2.0 * i / kHd);
-      cosd[static_cast<size_t>(p) * kHd + 2 * i] = cosd[static_cast<size_t>(p) * kHd + 2 * i + 1] = static_cast<float>(std::cos(th));
+      cosd[static_cast<size_t>(p) * kHd + 2 * i] = cosd[static_cast<size_t>(p) * kHd + 2 * i + 1] =
+          static_cast<float>(std::cos(th));
       sind[static_cast<size_t>(p) * kHd + 2 * i] = static_cast<float>(-std::sin(th));
       sind[static_cast<size_t>(p) * kHd + 2 * i + 1] = static_cast<float>(std::sin(th));
     }
@@ -178,8 +184,10 @@ int main(int argc, char** argv) {
       const double t0 = cpu_now();
       for (int i = 0; i < reps; ++i) {
         for (int l = 0; l < kLayers; ++l) {
-          if (rotate) attend<true>(c, l, q.data(), cosd.data(), sind.data(), out.data());
-          else attend<false>(c, l, q.data(), cosd.data(), sind.data(), out.data());
+          if (rotate)
+            attend<true>(c, l, q.data(), cosd.data(), sind.data(), out.data());
+          else
+            attend<false>(c, l, q.data(), cosd.data(), sind.data(), out.data());
         }
       }
       best = std::min(best, (cpu_now() - t0) / reps);
@@ -269,20 +277,26 @@ int main(int argc, char** argv) {
   const int life = (window + kBs - 1) / kBs;  // shifts a key lives through in the window
   const auto eN = shift_error(life);
 
-  std::printf("geometry: %d layers, %d KV heads x %d, %d query heads, block %d; cache %d tokens (S=%d, W=%d); 1 thread, CPU time\n",
-              kLayers, kKvHeads, kHd, kHeads, kBs, n, sinks, window);
+  std::printf(
+      "geometry: %d layers, %d KV heads x %d, %d query heads, block %d; cache %d tokens (S=%d, W=%d); 1 thread, CPU "
+      "time\n",
+      kLayers, kKvHeads, kHd, kHeads, kBs, n, sinks, window);
   std::printf("%-58s %10s\n", "per decode token (all layers)", "us");
   std::printf("%-58s %10.1f\n", "attention, keys stored rotated (b: every token)", plain_us);
   std::printf("%-58s %10.1f\n", "attention, keys rotated at read time (a: every token)", rotate_us);
   std::printf("%-58s %10.1f\n", "engine attention kernel (CPU backend), for reference", engine_us);
   std::printf("%-58s %10.1f\n", "K-shift of the window by one block (b: per eviction)", shift_us);
   std::printf("%-58s %10.1f\n", "K-shift amortised over the block's tokens (b)", shift_us / kBs);
-  std::printf("extra cost per token: (a) %+.1f us (%+.0f%% of attention), (b) %+.1f us (%+.1f%%)\n", rotate_us - plain_us,
-              100.0 * (rotate_us - plain_us) / plain_us, shift_us / kBs, 100.0 * shift_us / kBs / plain_us);
-  std::printf("K-shift accuracy vs direct rotation (f16 keys): 1 shift rel RMS %.2e (max abs %.2e); %d shifts (a key's life in W=%d) rel RMS %.2e (max abs %.2e)\n",
-              e1.first, e1.second, life, window, eN.first, eN.second);
-  std::printf("{\"plain_us\": %.2f, \"rotate_at_read_us\": %.2f, \"engine_attention_us\": %.2f, \"kshift_us\": %.2f, "
-              "\"kshift_amortised_us\": %.2f, \"kshift_rel_rms_1\": %.3e, \"kshift_rel_rms_life\": %.3e}\n",
-              plain_us, rotate_us, engine_us, shift_us, shift_us / kBs, e1.first, eN.first);
+  std::printf("extra cost per token: (a) %+.1f us (%+.0f%% of attention), (b) %+.1f us (%+.1f%%)\n",
+              rotate_us - plain_us, 100.0 * (rotate_us - plain_us) / plain_us, shift_us / kBs,
+              100.0 * shift_us / kBs / plain_us);
+  std::printf(
+      "K-shift accuracy vs direct rotation (f16 keys): 1 shift rel RMS %.2e (max abs %.2e); %d shifts (a key's life in "
+      "W=%d) rel RMS %.2e (max abs %.2e)\n",
+      e1.first, e1.second, life, window, eN.first, eN.second);
+  std::printf(
+      "{\"plain_us\": %.2f, \"rotate_at_read_us\": %.2f, \"engine_attention_us\": %.2f, \"kshift_us\": %.2f, "
+      "\"kshift_amortised_us\": %.2f, \"kshift_rel_rms_1\": %.3e, \"kshift_rel_rms_life\": %.3e}\n",
+      plain_us, rotate_us, engine_us, shift_us, shift_us / kBs, e1.first, eN.first);
   return 0;
 }

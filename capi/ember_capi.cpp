@@ -2,13 +2,12 @@
 // error, parameter structs read by their size. No engine logic lives here.
 #include "ember/ember.h"
 
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <condition_variable>
 #include <cstddef>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -19,12 +18,12 @@
 
 #include "core/backend/plugin.h"
 #include "core/engine/engine.h"
-#include "cpu/cpu_backend.h"
 #include "core/model/model.h"
 #include "core/tokenizer/tokenizer.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
 #include "core/util/utf8.h"
+#include "cpu/cpu_backend.h"
 #include "cpu/matmul.h"
 
 using ember::Error;
@@ -163,7 +162,8 @@ constexpr size_t kV1_0_stream_params =
 // Today's structs are the 1.0 ones (this fails, as intended, once a field is
 // appended: then check that the constants above still name the 1.0 fields).
 static_assert(kV1_0_model_params == sizeof(ember_model_params) && kV1_0_engine_params == sizeof(ember_engine_params) &&
-              kV1_0_session_params == sizeof(ember_session_params) && kV1_0_stream_params == sizeof(ember_stream_params));
+              kV1_0_session_params == sizeof(ember_session_params) &&
+              kV1_0_stream_params == sizeof(ember_stream_params));
 
 // Writes the defaults into the first `size` bytes of *params (the caller's
 // struct) and sets params->size = size. Bytes past the library's struct are
@@ -241,10 +241,7 @@ ember_event to_event(const ember::StreamEvent& e) {
   return out;
 }
 
-// The CUDA plugin as ember_capabilities reports it: searched in the order of
-// core/backend/plugin.h (next to libember.so, $EMBER_PLUGIN_DIR, the loader's
-// path), loaded like the engine loads it (and, like there, never unloaded),
-// its entry point and ABI checked; no backend is created (no GPU opened).
+// The CUDA plugin as ember_capabilities reports it (probed once per process).
 struct PluginProbe {
   int32_t state = EMBER_PLUGIN_ABSENT;
   std::string path;
@@ -252,68 +249,13 @@ struct PluginProbe {
 };
 
 PluginProbe probe_plugin() {
+  const ember::PluginProbe p = ember::probe_backend_plugin();
   PluginProbe r;
-  std::vector<std::string> candidates;
-  Dl_info info;
-  if (dladdr(reinterpret_cast<void*>(&ember_capabilities), &info) && info.dli_fname) {
-    std::string self = info.dli_fname;
-    const size_t slash = self.rfind('/');
-    candidates.push_back((slash == std::string::npos ? std::string(".") : self.substr(0, slash)) + "/" +
-                         ember::kCudaPluginFile);
-  }
-  if (const char* dirs = std::getenv("EMBER_PLUGIN_DIR"); dirs && *dirs) {
-    std::string list = dirs;
-    size_t start = 0;
-    while (start <= list.size()) {
-      const size_t end = std::min(list.find(':', start), list.size());
-      if (end > start) candidates.push_back(list.substr(start, end - start) + "/" + ember::kCudaPluginFile);
-      start = end + 1;
-    }
-  }
-  std::string found;
-  for (const std::string& c : candidates) {
-    if (FILE* f = std::fopen(c.c_str(), "rb")) {
-      std::fclose(f);
-      found = c;
-      break;
-    }
-  }
-  void* handle = nullptr;
-  if (found.empty()) {
-    // The loader's default path: only a library that loads counts as found.
-    handle = dlopen(ember::kCudaPluginFile, RTLD_NOW | RTLD_LOCAL);
-    if (!handle) {
-      r.message = std::string(ember::kCudaPluginFile) +
-                  " not found next to libember.so, in $EMBER_PLUGIN_DIR or on the loader's path";
-      return r;
-    }
-    found = ember::kCudaPluginFile;
-  } else {
-    handle = dlopen(found.c_str(), RTLD_NOW | RTLD_LOCAL);
-  }
-  r.path = found;
-  r.state = EMBER_PLUGIN_BROKEN;
-  if (!handle) {
-    const char* e = dlerror();
-    r.message = std::string("cannot load ") + found + ": " + (e ? e : "unknown dlopen error");
-    return r;
-  }
-  auto entry = reinterpret_cast<ember_backend_plugin_entry_fn>(dlsym(handle, ember::kCudaPluginEntry));
-  if (!entry) {
-    r.message = found + " has no entry point " + ember::kCudaPluginEntry;
-    return r;
-  }
-  const ember_backend_plugin_v1* plugin = entry();
-  if (!plugin || plugin->abi_version != ember::kBackendPluginAbi) {
-    r.message = found + ": plugin ABI " + std::to_string(plugin ? plugin->abi_version : 0) + ", libember expects " +
-                std::to_string(ember::kBackendPluginAbi);
-    return r;
-  }
-  if (plugin->fingerprint != ember::backend_interface_fingerprint()) {
-    r.message = found + ": built from other headers or another C++ ABI (fingerprint mismatch)";
-    return r;
-  }
-  r.state = EMBER_PLUGIN_LOADABLE;
+  r.state = p.state == ember::PluginProbe::State::kLoadable ? EMBER_PLUGIN_LOADABLE
+            : p.state == ember::PluginProbe::State::kBroken ? EMBER_PLUGIN_BROKEN
+                                                            : EMBER_PLUGIN_ABSENT;
+  r.path = p.path;
+  r.message = p.message;
   return r;
 }
 
@@ -503,8 +445,7 @@ ember_status ember_engine_create(ember_model* model, const ember_engine_params* 
 void ember_engine_destroy(ember_engine* engine) {
   try {
     delete engine;
-  } catch (...) {
-  }
+  } catch (...) {}
 }
 
 ember_status ember_engine_info(const ember_engine* engine, ember_engine_info_t* info) {
@@ -627,8 +568,7 @@ void ember_session_destroy(ember_session* session) {
   try {
     session->session->cancel_active();
     delete session;
-  } catch (...) {
-  }
+  } catch (...) {}
 }
 
 ember_status ember_session_add_message(ember_session* session, const char* role, const char* content) {
@@ -779,7 +719,6 @@ ember_status ember_stream_set_callback(ember_stream* stream, ember_stream_callba
   });
 }
 
-
 ember_status ember_stream_cancel(ember_stream* stream) {
   return guarded([&] {
     require(stream != nullptr, "stream is NULL");
@@ -818,8 +757,7 @@ void ember_stream_release(ember_stream* stream) {
   try {
     stream->stream->cancel();  // an atomic flag: never blocks
     delete stream;             // the engine holds its own reference until the stream ends
-  } catch (...) {
-  }
+  } catch (...) {}
 }
 
 void ember_stream_destroy(ember_stream* stream) {
@@ -828,8 +766,7 @@ void ember_stream_destroy(ember_stream* stream) {
     stream->stream->cancel();
     stream->stream->wait();
     delete stream;
-  } catch (...) {
-  }
+  } catch (...) {}
 }
 
 }  // extern "C"

@@ -18,8 +18,8 @@ namespace ember::cpu::detail {
 
 // Attention limits (per-thread stack state of attend_group); the backend
 // refuses other shapes before calling it.
-inline constexpr int kAttnMaxGroup = 16;      // query heads per kv head
-inline constexpr int kAttnMaxHeadDim = 256;   // and head_dim a multiple of 8
+inline constexpr int kAttnMaxGroup = 16;     // query heads per kv head
+inline constexpr int kAttnMaxHeadDim = 256;  // and head_dim a multiple of 8
 
 // One (query row, kv head) item of CpuBackend::attention; see attend_group
 // in backend_kernels.inc for the computation (llama.cpp's, to the bit).
@@ -28,9 +28,9 @@ struct AttendArgs {
   const uint16_t* v_base;  // the layer's V blocks
   size_t block_elems;      // num_kv_heads * block_size * head_dim
   int32_t block_size;
-  const int32_t* block_table;  // the sequence's blocks, by cache slot / block_size
+  const int32_t* block_table;    // the sequence's blocks, by cache slot / block_size
   int32_t hole_begin, hole_end;  // skipped cache slots (empty when equal)
-  const float* q;              // [rows][num_heads][head_dim]
+  const float* q;                // [rows][num_heads][head_dim]
   int32_t row, kvh, num_heads, num_kv_heads, head_dim, kv_len;
   bool vec_order;  // the one-token decode order (else the batched "tile" order)
   float scale;

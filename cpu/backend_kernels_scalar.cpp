@@ -36,14 +36,26 @@ struct ScalarOps {
     for (int i = 0; i < 8; ++i) r.l[i] = f(i);
     return r;
   }
-  static V load(const float* p) { return map([&](int i) { return p[i]; }); }
+  static V load(const float* p) {
+    return map([&](int i) { return p[i]; });
+  }
   static void store(float* p, const V& v) { std::memcpy(p, v.l, sizeof v.l); }
-  static V set1(float x) { return map([&](int) { return x; }); }
+  static V set1(float x) {
+    return map([&](int) { return x; });
+  }
   static V zero() { return set1(0.0f); }
-  static V add(const V& a, const V& b) { return map([&](int i) { return a.l[i] + b.l[i]; }); }
-  static V sub(const V& a, const V& b) { return map([&](int i) { return a.l[i] - b.l[i]; }); }
-  static V mul(const V& a, const V& b) { return map([&](int i) { return a.l[i] * b.l[i]; }); }
-  static V div(const V& a, const V& b) { return map([&](int i) { return a.l[i] / b.l[i]; }); }
+  static V add(const V& a, const V& b) {
+    return map([&](int i) { return a.l[i] + b.l[i]; });
+  }
+  static V sub(const V& a, const V& b) {
+    return map([&](int i) { return a.l[i] - b.l[i]; });
+  }
+  static V mul(const V& a, const V& b) {
+    return map([&](int i) { return a.l[i] * b.l[i]; });
+  }
+  static V div(const V& a, const V& b) {
+    return map([&](int i) { return a.l[i] / b.l[i]; });
+  }
   static V fmadd(const V& a, const V& b, const V& c) {
     return map([&](int i) { return __builtin_fmaf(a.l[i], b.l[i], c.l[i]); });
   }
@@ -59,8 +71,12 @@ struct ScalarOps {
     for (int i = 0; i < 8; ++i) h[i] = f2h(v.l[i]);
     std::memcpy(p, h, sizeof h);
   }
-  static V round_f16(const V& v) { return map([&](int i) { return h2f(f2h(v.l[i])); }); }
-  static V swap_pairs(const V& v) { return map([&](int i) { return v.l[i ^ 1]; }); }
+  static V round_f16(const V& v) {
+    return map([&](int i) { return h2f(f2h(v.l[i])); });
+  }
+  static V swap_pairs(const V& v) {
+    return map([&](int i) { return v.l[i ^ 1]; });
+  }
   static float hsum8(const V& v) {
     const float* l = v.l;
     return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
@@ -89,7 +105,9 @@ struct ScalarOps {
     if (abs_n > 192.0f) return s1 * s1;
     return __builtin_fmaf(s2, j, s2) * s1;
   }
-  static V expf8(const V& x) { return map([&](int i) { return expf1(x.l[i]); }); }
+  static V expf8(const V& x) {
+    return map([&](int i) { return expf1(x.l[i]); });
+  }
 };
 
 #include "cpu/backend_kernels.inc"

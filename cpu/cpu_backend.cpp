@@ -14,11 +14,11 @@
 #include <new>
 #include <vector>
 
-#include "cpu/cpu_backend.h"
 #include "core/backend/registry.h"
 #include "core/tensor/types.h"
 #include "core/util/status.h"
 #include "cpu/backend_kernels.h"
+#include "cpu/cpu_backend.h"
 #include "cpu/cpu_features.h"
 #include "cpu/matmul.h"
 
@@ -35,7 +35,7 @@ namespace {
 class CpuWeight final : public DeviceWeight {};
 
 // Attention limits (per-thread stack state of the kernel).
-using cpu::detail::kAttnMaxGroup;    // query heads per kv head
+using cpu::detail::kAttnMaxGroup;  // query heads per kv head
 using cpu::detail::kAttnMaxHeadDim;
 
 class CpuBackend final : public Backend {
@@ -154,8 +154,7 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void rms_norm(const float* x, const DeviceWeight& weight, int32_t rows, int32_t dim, float eps,
-                float* out) override {
+  void rms_norm(const float* x, const DeviceWeight& weight, int32_t rows, int32_t dim, float eps, float* out) override {
     const float* w = static_cast<const float*>(weight.desc.host_data);
 #pragma omp parallel for num_threads(n_threads_) if (rows > 8)
     for (int32_t r = 0; r < rows; ++r) {
@@ -195,8 +194,8 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void rope(float* x, const int32_t* positions, int32_t rows, int32_t num_heads, int32_t head_dim,
-            int32_t rot_dim, float freq_base) override {
+  void rope(float* x, const int32_t* positions, int32_t rows, int32_t num_heads, int32_t head_dim, int32_t rot_dim,
+            float freq_base) override {
     const int32_t half = rot_dim / 2;
     // Angles as llama.cpp's rope cache makes them (float recurrence
     // theta_{i+1} = theta_i * base^(-2/rot_dim) from theta_0 = pos): the
@@ -235,8 +234,8 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void attention(int32_t layer, const float* q, const AttentionSeq* seqs, int32_t n_seqs,
-                 const AttentionParams& p, float* out) override {
+  void attention(int32_t layer, const float* q, const AttentionSeq* seqs, int32_t n_seqs, const AttentionParams& p,
+                 float* out) override {
     // Work items: (sequence row, kv head). Each handles the group of query
     // heads that share the kv head, so K/V are read once per group.
     std::vector<std::pair<int32_t, int32_t>> rows;  // (seq index, row)
@@ -246,9 +245,10 @@ class CpuBackend final : public Backend {
     // Checked here, not in the workers: nothing may throw inside an OpenMP region.
     if (p.num_kv_heads <= 0 || p.num_heads % p.num_kv_heads != 0 || p.num_heads / p.num_kv_heads > kAttnMaxGroup ||
         p.head_dim <= 0 || p.head_dim > kAttnMaxHeadDim || p.head_dim % 8 != 0) {
-      fail(StatusCode::kUnsupported, "cpu attention: " + std::to_string(p.num_heads) + " heads over " +
-                                         std::to_string(p.num_kv_heads) + " kv heads of " + std::to_string(p.head_dim) +
-                                         " not supported (head_dim a multiple of 8 up to 256, at most 16 heads per kv head)");
+      fail(StatusCode::kUnsupported,
+           "cpu attention: " + std::to_string(p.num_heads) + " heads over " + std::to_string(p.num_kv_heads) +
+               " kv heads of " + std::to_string(p.head_dim) +
+               " not supported (head_dim a multiple of 8 up to 256, at most 16 heads per kv head)");
     }
     const int32_t items = static_cast<int32_t>(rows.size()) * p.num_kv_heads;
     const cpu::detail::BackendKernels& kernels = cpu::detail::backend_kernels();
@@ -299,9 +299,7 @@ class CpuBackend final : public Backend {
     kv_ = nullptr;
     kv_bytes_ = 0;
   }
-  size_t block_elems() const {
-    return static_cast<size_t>(geom_.num_kv_heads) * geom_.block_size * geom_.head_dim;
-  }
+  size_t block_elems() const { return static_cast<size_t>(geom_.num_kv_heads) * geom_.block_size * geom_.head_dim; }
   // kv: 0 = K, 1 = V.
   uint16_t* block_ptr(int32_t layer, int kv, int32_t block) const {
     const size_t layer_stride = 2 * block_elems() * geom_.num_blocks;
@@ -310,9 +308,8 @@ class CpuBackend final : public Backend {
 
   // Fills the kernel's arguments for one (row, kv head) item; the scratch
   // is per thread and grows here (in baseline code), never in a kernel.
-  void attend_group(const cpu::detail::BackendKernels& kernels, int32_t layer, const float* q,
-                    const AttentionSeq& seq, int32_t row, int32_t kvh, const AttentionParams& p,
-                    float* out) const {
+  void attend_group(const cpu::detail::BackendKernels& kernels, int32_t layer, const float* q, const AttentionSeq& seq,
+                    int32_t row, int32_t kvh, const AttentionParams& p, float* out) const {
     const int32_t group = p.num_heads / p.num_kv_heads;
     const int32_t kv_len = p.kv_len[row];
     const int32_t n_pad = (kv_len + 31) & ~31;

@@ -7,9 +7,7 @@
 namespace ember::cpu {
 namespace {
 
-void cpuid(uint32_t leaf, uint32_t sub, uint32_t r[4]) {
-  __cpuid_count(leaf, sub, r[0], r[1], r[2], r[3]);
-}
+void cpuid(uint32_t leaf, uint32_t sub, uint32_t r[4]) { __cpuid_count(leaf, sub, r[0], r[1], r[2], r[3]); }
 
 uint64_t xgetbv0() {
   uint32_t lo, hi;
@@ -37,8 +35,8 @@ CpuFeatures detect() {
   const bool osxsave = (ecx1 >> 27) & 1;
   if (osxsave) {
     const uint64_t xcr0 = xgetbv0();
-    f.os_avx = (xcr0 & 0x6) == 0x6;        // XMM | YMM
-    f.os_avx512 = (xcr0 & 0xe6) == 0xe6;   // XMM | YMM | opmask | ZMM_Hi256 | Hi16_ZMM
+    f.os_avx = (xcr0 & 0x6) == 0x6;       // XMM | YMM
+    f.os_avx512 = (xcr0 & 0xe6) == 0xe6;  // XMM | YMM | opmask | ZMM_Hi256 | Hi16_ZMM
   }
   if (max_leaf >= 7) {
     cpuid(7, 0, r);
@@ -85,11 +83,9 @@ bool isa_supported(Isa isa) {
     case Isa::kScalar:
       // Everything outside the *_avx2 / *_avx512 files is baseline x86-64.
       return true;
-    case Isa::kAvx2:
-      return f.avx2 && f.fma && f.f16c && f.bmi2;  // cmake/EmberFlags.cmake EMBER_AVX2_FLAGS
+    case Isa::kAvx2: return f.avx2 && f.fma && f.f16c && f.bmi2;  // cmake/EmberFlags.cmake EMBER_AVX2_FLAGS
     case Isa::kAvx512Vnni:
-      return f.avx2 && f.fma && f.f16c && f.bmi2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq &&
-             f.avx512vnni;
+      return f.avx2 && f.fma && f.f16c && f.bmi2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.avx512vnni;
   }
   return false;
 }
@@ -109,8 +105,6 @@ const char* isa_to_string(Isa isa) {
   return "unknown";
 }
 
-bool has_avx512_bf16() {
-  return isa_supported(Isa::kAvx512Vnni) && cpu_features().avx512bf16;
-}
+bool has_avx512_bf16() { return isa_supported(Isa::kAvx512Vnni) && cpu_features().avx512bf16; }
 
 }  // namespace ember::cpu

@@ -30,8 +30,8 @@ enum class Isa : int {
   kAvx512Vnni = 2,  // AVX-512 F/BW/VL/DQ + VNNI (BF16 used when also present)
 };
 
-bool isa_supported(Isa isa);  // CPU and OS can run this variant
-Isa best_isa();               // highest supported variant
+bool isa_supported(Isa isa);         // CPU and OS can run this variant
+Isa best_isa();                      // highest supported variant
 const char* isa_to_string(Isa isa);  // "scalar", "avx2", "avx512_vnni"
 
 // True when the AVX-512 variant may also use AVX512_BF16 instructions.

@@ -23,8 +23,8 @@ struct StreamHolder {
 };
 
 // Throws ember::Error(kInternal / kUnsupported) on oneDNN failures.
-void matmul(Precision p, int64_t M, int64_t N, int64_t K, const void* x, int64_t ldx, const void* w,
-            float* y, int64_t ldy, StreamHolder& stream);
+void matmul(Precision p, int64_t M, int64_t N, int64_t K, const void* x, int64_t ldx, const void* w, float* y,
+            int64_t ldy, StreamHolder& stream);
 
 // Can oneDNN build a bf16 matmul on this CPU at all? (probed once; oneDNN 2.6
 // refuses bf16 on CPUs without AVX-512)

@@ -75,13 +75,14 @@ class AlignedBuffer {
 
 void check_weight(const WeightView& w, const char* what) {
   if (!matmul_supports(w.type))
-    fail(StatusCode::kUnsupported, std::string(what) + ": unsupported weight type " + type_name(static_cast<uint32_t>(w.type)));
+    fail(StatusCode::kUnsupported,
+         std::string(what) + ": unsupported weight type " + type_name(static_cast<uint32_t>(w.type)));
   if (w.rows < 0 || w.cols <= 0)
-    fail(StatusCode::kInvalidArgument, std::string(what) + ": bad weight shape " + std::to_string(w.rows) + "x" +
-                                           std::to_string(w.cols));
+    fail(StatusCode::kInvalidArgument,
+         std::string(what) + ": bad weight shape " + std::to_string(w.rows) + "x" + std::to_string(w.cols));
   if (detail::is_quant(w.type) && w.cols % detail::kQK != 0)
-    fail(StatusCode::kInvalidArgument, std::string(what) + ": K=" + std::to_string(w.cols) +
-                                           " is not a multiple of the block size 32");
+    fail(StatusCode::kInvalidArgument,
+         std::string(what) + ": K=" + std::to_string(w.cols) + " is not a multiple of the block size 32");
   if (!w.data && w.rows > 0) fail(StatusCode::kInvalidArgument, std::string(what) + ": null weight data");
 }
 
@@ -141,8 +142,8 @@ void run_decode(const detail::IsaImpl& impl, const WeightView& w, const float* x
     act = static_cast<uint8_t*>(s.act.get(arb * static_cast<size_t>(M)));
     impl.prepare_acts(w.type, x, M, K, act);
   }
-  const detail::DecodeCtx c{w.type, static_cast<const uint8_t*>(w.data), detail::weight_row_bytes(w.type, K),
-                            K, M, x, act, arb, y, N};
+  const detail::DecodeCtx c{
+      w.type, static_cast<const uint8_t*>(w.data), detail::weight_row_bytes(w.type, K), K, M, x, act, arb, y, N};
   const detail::DecodeKernel kernel = impl.kernel(w.type);
   const int nt = decode_threads(c.w_row_bytes * static_cast<size_t>(N), M);
   if (nt <= 1) {
@@ -242,8 +243,8 @@ void dequantize_rows(const WeightView& w, int64_t row_begin, int64_t n_rows, flo
   check_weight(w, "dequantize_rows");
   if (row_begin < 0 || n_rows < 0 || row_begin > w.rows || n_rows > w.rows - row_begin)
     fail(StatusCode::kInvalidArgument, "dequantize_rows: rows [" + std::to_string(row_begin) + ", +" +
-                                           std::to_string(n_rows) + ") out of range for " +
-                                           std::to_string(w.rows) + " rows");
+                                           std::to_string(n_rows) + ") out of range for " + std::to_string(w.rows) +
+                                           " rows");
   if (n_rows == 0) return;
   if (!out) fail(StatusCode::kInvalidArgument, "dequantize_rows: null output");
   const size_t rb = detail::weight_row_bytes(w.type, w.cols);
@@ -259,7 +260,8 @@ Isa active_isa() {
 const char* isa_name() { return isa_to_string(active_isa()); }
 void force_isa(Isa isa) {
   if (!isa_supported(isa))
-    fail(StatusCode::kUnsupported, std::string("force_isa: this CPU cannot run the ") + isa_to_string(isa) + " kernels");
+    fail(StatusCode::kUnsupported,
+         std::string("force_isa: this CPU cannot run the ") + isa_to_string(isa) + " kernels");
   g_forced_isa.store(static_cast<int>(isa), std::memory_order_relaxed);
 }
 void reset_isa() { g_forced_isa.store(-1, std::memory_order_relaxed); }
@@ -279,7 +281,9 @@ int64_t decode_max_m() {
 void set_decode_max_m(int64_t m) { g_decode_max_m.store(std::max<int64_t>(0, m), std::memory_order_relaxed); }
 void reset_decode_max_m() { g_decode_max_m.store(-1, std::memory_order_relaxed); }
 
-void set_prefill_precision(PrefillPrecision p) { g_prefill_precision.store(static_cast<int>(p), std::memory_order_relaxed); }
+void set_prefill_precision(PrefillPrecision p) {
+  g_prefill_precision.store(static_cast<int>(p), std::memory_order_relaxed);
+}
 PrefillPrecision prefill_precision() {
   return static_cast<PrefillPrecision>(g_prefill_precision.load(std::memory_order_relaxed));
 }

@@ -147,7 +147,8 @@ inline __m256i load_wblock(const uint8_t* blk) {
 // Q4_1's nibbles are unsigned already (2 * 15 * 127).
 template <DType T>
 inline __m256 lane_dot(__m256i w, __m256i wabs, __m256i a) {
-  const __m256i p16 = T == DType::Q4_1 ? _mm256_maddubs_epi16(w, a) : _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(a, w));
+  const __m256i p16 =
+      T == DType::Q4_1 ? _mm256_maddubs_epi16(w, a) : _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(a, w));
   return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
 }
 
@@ -197,7 +198,7 @@ inline void qtile(const DecodeCtx& c, int64_t n, int64_t m0) {
         acc[r][m] = _mm256_fmadd_ps(_mm256_mul_ps(dw[r], dx), lane_dot<T>(w[r], wabs[r], av), acc[r][m]);
     }
     if constexpr (T == DType::Q4_1) {  // (mw * s: exact products of two fp16 values)
-      if constexpr (MT == 4) {  // the 4 rows' sums in one register per weight row
+      if constexpr (MT == 4) {         // the 4 rows' sums in one register per weight row
         const __m128 sv = _mm_setr_ps(a[0].s[b], a[1].s[b], a[2].s[b], a[3].s[b]);
         for (int r = 0; r < R; ++r) {
           const __m128 mw = _mm_set1_ps(h2f(load_u16(wr[r] + static_cast<size_t>(b) * I::kBytes + 2)));
@@ -444,14 +445,16 @@ void dequant_any(DType type, const uint8_t* p, int64_t n, Sink& out) {
       // or handle tails); remaining elements are done by the caller.
       int64_t k = 0;
       for (; k + 8 <= n; k += 8) {
-        if (type == DType::F16) out.put8(load8<DType::F16>(p, k));
-        else if (type == DType::BF16) out.put8(load8<DType::BF16>(p, k));
-        else out.put8(load8<DType::F32>(p, k));
+        if (type == DType::F16)
+          out.put8(load8<DType::F16>(p, k));
+        else if (type == DType::BF16)
+          out.put8(load8<DType::BF16>(p, k));
+        else
+          out.put8(load8<DType::F32>(p, k));
       }
       break;
     }
-    default:
-      break;
+    default: break;
   }
 }
 

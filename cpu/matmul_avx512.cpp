@@ -20,8 +20,6 @@ namespace {
 }  // namespace
 }  // namespace avx512k
 
-const IsaImpl& avx512_impl() {
-  return has_avx512_bf16() ? avx512k::impl_table<true>() : avx512k::impl_table<false>();
-}
+const IsaImpl& avx512_impl() { return has_avx512_bf16() ? avx512k::impl_table<true>() : avx512k::impl_table<false>(); }
 
 }  // namespace ember::cpu::detail

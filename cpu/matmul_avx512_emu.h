@@ -60,8 +60,8 @@ inline V512 set1_epi8(char v) {
   for (int8_t& x : r.i8) x = static_cast<int8_t>(v);
   return r;
 }
-inline V512 setr_epi32(int a0, int a1, int a2, int a3, int a4, int a5, int a6, int a7, int a8, int a9, int a10,
-                       int a11, int a12, int a13, int a14, int a15) {
+inline V512 setr_epi32(int a0, int a1, int a2, int a3, int a4, int a5, int a6, int a7, int a8, int a9, int a10, int a11,
+                       int a12, int a13, int a14, int a15) {
   const int v[16] = {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15};
   V512 r;
   for (int i = 0; i < 16; ++i) r.i32[i] = v[i];

@@ -72,10 +72,10 @@ struct DecodeCtx {
   size_t w_row_bytes;  // bytes between weight rows
   int64_t K;
   int64_t M;
-  const float* x;           // [M][K] f32 activations
-  const uint8_t* act;       // prepared activations (nullptr if the kernel reads x)
-  size_t act_row_bytes;     // bytes between prepared activation rows
-  float* y;                 // y[m * ldy + n]
+  const float* x;        // [M][K] f32 activations
+  const uint8_t* act;    // prepared activations (nullptr if the kernel reads x)
+  size_t act_row_bytes;  // bytes between prepared activation rows
+  float* y;              // y[m * ldy + n]
   int64_t ldy;
 };
 
@@ -146,7 +146,9 @@ inline float hsum8_reference(const float l[8]) {
 template <DType T>
 inline float quant_dot_reference(const uint8_t* wrow, const Q8Row& a, int64_t nb) {
   static_assert(T == DType::Q4_0 || T == DType::Q4_1 || T == DType::Q8_0);
-  constexpr size_t kBytes = T == DType::Q4_0 ? sizeof(BlockQ4_0) : T == DType::Q4_1 ? sizeof(BlockQ4_1) : sizeof(BlockQ8_0);
+  constexpr size_t kBytes = T == DType::Q4_0   ? sizeof(BlockQ4_0)
+                            : T == DType::Q4_1 ? sizeof(BlockQ4_1)
+                                               : sizeof(BlockQ8_0);
   constexpr size_t kQs = T == DType::Q4_1 ? 4 : 2;  // offset of the values in a block
   float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   float summs = 0.f;

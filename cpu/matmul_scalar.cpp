@@ -45,8 +45,10 @@ inline float wval(const uint8_t* row, int64_t k) {
   } else {
     uint16_t h;
     std::memcpy(&h, row + 2 * k, 2);
-    if constexpr (T == DType::F16) return h2f(h);
-    else return bf2f(h);
+    if constexpr (T == DType::F16)
+      return h2f(h);
+    else
+      return bf2f(h);
   }
 }
 
@@ -122,8 +124,7 @@ void dequant_generic(DType type, const void* src, Out* dst, int64_t n, Cvt cvt) 
     case DType::F32:
       for (int64_t i = 0; i < n; ++i) dst[i] = cvt(wval<DType::F32>(p, i));
       break;
-    default:
-      break;
+    default: break;
   }
 }
 

@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) attention_kernel(AttnLaunch a)
   for (int t = t_begin; t < t_end; ++t) {
     const int base_pos = t * kAttnTile;
     if (base_pos >= hb && base_pos + kAttnTile <= he) continue;  // the whole tile is in the hole (uniform)
-    // Load 32 tokens of K and V (zeros past max_len: p = 0 must not meet NaN).
+      // Load 32 tokens of K and V (zeros past max_len: p = 0 must not meet NaN).
 #pragma unroll 4
     for (int c = threadIdx.x; c < kAttnTile * chunks_per_tok; c += blockDim.x) {
       const int j = c / chunks_per_tok, part = c % chunks_per_tok;

@@ -27,15 +27,15 @@
 #include <string>
 #include <vector>
 
-#include "cpu/cpu_backend.h"
 #include "core/backend/backend.h"
 #include "core/backend/plugin.h"
-#include "core/model/batch.h"
 #include "core/model/arch/llama.h"
+#include "core/model/batch.h"
 #include "core/model/model.h"
 #include "core/tensor/types.h"
 #include "core/tokenizer/tokenizer.h"
 #include "core/util/status.h"
+#include "cpu/cpu_backend.h"
 
 #include <cmath>
 #include <fstream>
@@ -60,10 +60,11 @@ struct Args {
 };
 
 [[noreturn]] void usage() {
-  std::fprintf(stderr,
-               "usage: bench_cuda --model PATH [--device cuda[:N]] [--ctx N] [--steps N] [--prefill N]\n"
-               "                  [--batches 1,8,32,64] [--graphs on|off|both] [--batch-invariant on|off] [--json PATH]\n"
-               "       bench_cuda --model PATH --agree N [--text FILE] [--gen N]\n");
+  std::fprintf(
+      stderr,
+      "usage: bench_cuda --model PATH [--device cuda[:N]] [--ctx N] [--steps N] [--prefill N]\n"
+      "                  [--batches 1,8,32,64] [--graphs on|off|both] [--batch-invariant on|off] [--json PATH]\n"
+      "       bench_cuda --model PATH --agree N [--text FILE] [--gen N]\n");
   std::exit(2);
 }
 
@@ -75,16 +76,26 @@ Args parse(int argc, char** argv) {
       if (i + 1 >= argc) usage();
       return argv[++i];
     };
-    if (k == "--model") a.model = v();
-    else if (k == "--device") a.device = v();
-    else if (k == "--ctx") a.ctx = std::atoi(v().c_str());
-    else if (k == "--steps") a.steps = std::atoi(v().c_str());
-    else if (k == "--prefill") a.prefill = std::atoi(v().c_str());
-    else if (k == "--json") a.json = v();
-    else if (k == "--agree") a.agree = std::atoi(v().c_str());
-    else if (k == "--gen") a.gen = std::atoi(v().c_str());
-    else if (k == "--text") a.text = v();
-    else if (k == "--batch-invariant") a.invariant = v() == "on";
+    if (k == "--model")
+      a.model = v();
+    else if (k == "--device")
+      a.device = v();
+    else if (k == "--ctx")
+      a.ctx = std::atoi(v().c_str());
+    else if (k == "--steps")
+      a.steps = std::atoi(v().c_str());
+    else if (k == "--prefill")
+      a.prefill = std::atoi(v().c_str());
+    else if (k == "--json")
+      a.json = v();
+    else if (k == "--agree")
+      a.agree = std::atoi(v().c_str());
+    else if (k == "--gen")
+      a.gen = std::atoi(v().c_str());
+    else if (k == "--text")
+      a.text = v();
+    else if (k == "--batch-invariant")
+      a.invariant = v() == "on";
     else if (k == "--graphs") {
       const std::string g = v();
       a.graphs = g == "off" ? 0 : g == "on" ? 1 : 2;
@@ -104,9 +115,7 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 uint64_t weight_bytes(const WeightDesc& d) { return static_cast<uint64_t>(row_bytes(d.type, d.cols)) * d.rows; }
 
@@ -212,18 +221,21 @@ int run_agree(const Args& a) {
   const auto gd = greedy(model, *dev.backend, prompt, a.gen);
   size_t same = 0, first_diff = gc.size();
   for (size_t i = 0; i < gc.size(); ++i) {
-    if (gc[i] == gd[i]) ++same;
-    else if (first_diff == gc.size()) first_diff = i;
+    if (gc[i] == gd[i])
+      ++same;
+    else if (first_diff == gc.size())
+      first_diff = i;
   }
   const double greedy_frac = static_cast<double>(same) / gc.size();
-  std::printf("teacher-forced: top-1 agreement %.2f%%, mean KL %.5f, max |logit diff| %.4g\n", 100 * top1_frac,
-              mean_kl, max_diff);
+  std::printf("teacher-forced: top-1 agreement %.2f%%, mean KL %.5f, max |logit diff| %.4g\n", 100 * top1_frac, mean_kl,
+              max_diff);
   std::printf("greedy: %zu/%zu tokens equal (first difference at %zu)\n", same, gc.size(), first_diff);
   const bool ok = top1_frac >= 0.99 && mean_kl <= 0.01 && greedy_frac >= 0.95;
-  std::printf("{\"device\":\"%s\",\"model\":\"%s\",\"tokens\":%zu,\"top1\":%.6f,\"mean_kl\":%.6g,"
-              "\"greedy_equal\":%.6f,\"pass\":%s}\n",
-              dev.backend->name().c_str(), model->name().c_str(), toks.size(), top1_frac, mean_kl, greedy_frac,
-              ok ? "true" : "false");
+  std::printf(
+      "{\"device\":\"%s\",\"model\":\"%s\",\"tokens\":%zu,\"top1\":%.6f,\"mean_kl\":%.6g,"
+      "\"greedy_equal\":%.6f,\"pass\":%s}\n",
+      dev.backend->name().c_str(), model->name().c_str(), toks.size(), top1_frac, mean_kl, greedy_frac,
+      ok ? "true" : "false");
   return ok ? 0 : 1;
 }
 
@@ -328,8 +340,8 @@ int run(const Args& a) {
       const double all_frac = (static_cast<double>(wbytes) + kv) / dt / (read_bw * 1e9);
       std::printf("%6d %7s %10.3f %12.1f %9.1f%% %13.1f%%\n", B, graphs ? "on" : "off", dt * 1e3, tps, 100 * w_frac,
                   100 * all_frac);
-      json += std::string(first ? "" : ",") + "{\"batch\":" + std::to_string(B) + ",\"graphs\":" +
-              (graphs ? "true" : "false") + ",\"ms_per_step\":" + std::to_string(dt * 1e3) +
+      json += std::string(first ? "" : ",") + "{\"batch\":" + std::to_string(B) +
+              ",\"graphs\":" + (graphs ? "true" : "false") + ",\"ms_per_step\":" + std::to_string(dt * 1e3) +
               ",\"tokens_per_s\":" + std::to_string(tps) + ",\"weight_bw_fraction\":" + std::to_string(w_frac) +
               ",\"weight_kv_bw_fraction\":" + std::to_string(all_frac) + "}";
       first = false;

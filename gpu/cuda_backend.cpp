@@ -170,7 +170,7 @@ size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 struct WeightStorage {
   DevWeight view;
   DeviceBuffer qs, sc, data;
-  DeviceBuffer w16;         // f16 copy of a quant weight for cuBLAS (created on first GEMM use)
+  DeviceBuffer w16;          // f16 copy of a quant weight for cuBLAS (created on first GEMM use)
   bool w16_refused = false;  // not enough memory for it: dequantize tiles per call instead
 };
 
@@ -204,15 +204,15 @@ struct MatmulOp {
   int64_t M;
   float* y;
   GemmPath path;
-  int8_t* xq;            // gemv, quant weights
+  int8_t* xq;  // gemv, quant weights
   gpu::ActScale* xs;
-  const void* a;         // direct GEMM: the weight matrix as cuBLAS reads it
+  const void* a;  // direct GEMM: the weight matrix as cuBLAS reads it
   cudaDataType_t a_type;
   int64_t lda;
-  uint16_t* xh;          // f16 / bf16 activations (nullptr: F32 weights read x)
-  uint16_t* wtile;       // tiles path: dequantized rows
+  uint16_t* xh;     // f16 / bf16 activations (nullptr: F32 weights read x)
+  uint16_t* wtile;  // tiles path: dequantized rows
   int64_t tile_rows;
-  bool reuse_xq;         // the previous op quantized the same x into xq (Q, K, V / gate, up)
+  bool reuse_xq;  // the previous op quantized the same x into xq (Q, K, V / gate, up)
   bool operator==(const MatmulOp&) const = default;
 };
 struct RopeOp {
@@ -277,7 +277,16 @@ using Op = std::variant<EmbedOp, RmsNormOp, MatmulOp, RopeOp, KvStoreOp, Attenti
 
 // Kinds of staged host data (dedup of identical consecutive pieces).
 enum StageKind : int {
-  kIds = 0, kPositions, kInvFreq, kSlots, kAttnMeta, kGatherRows, kKvCopy, kKvShift, kSampling, kNumKinds
+  kIds = 0,
+  kPositions,
+  kInvFreq,
+  kSlots,
+  kAttnMeta,
+  kGatherRows,
+  kKvCopy,
+  kKvShift,
+  kSampling,
+  kNumKinds
 };
 
 // ------------------------------------------------------------------ staging arena
@@ -446,8 +455,8 @@ class CudaBackend final : public Backend, public BackendExtras {
   void kv_init(const KvGeometry& g) override {
     Lock lock(this, "kv_init");
     if (g.head_dim % 8 != 0 || g.head_dim > gpu::kAttnMaxHeadDim || g.head_dim <= 0) {
-      fail(StatusCode::kUnsupported, "cuda backend: head_dim " + std::to_string(g.head_dim) +
-                                         " is not supported (a multiple of 8, at most 256)");
+      fail(StatusCode::kUnsupported,
+           "cuda backend: head_dim " + std::to_string(g.head_dim) + " is not supported (a multiple of 8, at most 256)");
     }
     graph_clear_locked();
     ck(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
@@ -530,8 +539,7 @@ class CudaBackend final : public Backend, public BackendExtras {
     submit(EmbedOp{w, d, n, out});
   }
 
-  void rms_norm(const float* x, const DeviceWeight& weight, int32_t rows, int32_t dim, float eps,
-                float* out) override {
+  void rms_norm(const float* x, const DeviceWeight& weight, int32_t rows, int32_t dim, float eps, float* out) override {
     Lock lock(this, "rms_norm");
     const auto& w = view(weight);
     if (w.type != DType::F32 || w.N * w.K < dim) {
@@ -692,10 +700,10 @@ class CudaBackend final : public Backend, public BackendExtras {
     a.head_dim = p.head_dim;
     a.scale = p.scale;
     a.n_rows = n_rows;
-    const gpu::AttnSplit split =
-        batch_invariant_ ? gpu::plan_attention_split_invariant(max_len)
-                         : gpu::plan_attention_split(static_cast<int64_t>(n_tiles) * p.num_kv_heads, max_len,
-                                                     prop_.multiProcessorCount);
+    const gpu::AttnSplit split = batch_invariant_
+                                     ? gpu::plan_attention_split_invariant(max_len)
+                                     : gpu::plan_attention_split(static_cast<int64_t>(n_tiles) * p.num_kv_heads,
+                                                                 max_len, prop_.multiProcessorCount);
     a.n_splits = split.n_splits;
     a.tiles_per_split = split.tiles_per_split;
     if (a.n_splits > 1) {
@@ -830,8 +838,7 @@ class CudaBackend final : public Backend, public BackendExtras {
         : b_(const_cast<CudaBackend*>(b)), lock_(b_->mutex_), exceptions_(std::uncaught_exceptions()) {
       cudaSetDevice(b_->device_);
       if (std::strcmp(what, "matmul") != 0) b_->last_quant_ = LastQuant{};  // e.g. an upload into x
-      if (b_->recording_ && !recordable(what) &&
-          !(std::strcmp(what, "free_buffer") == 0 && b_->ops_.empty())) {
+      if (b_->recording_ && !recordable(what) && !(std::strcmp(what, "free_buffer") == 0 && b_->ops_.empty())) {
         b_->end_region(true);
       }
     }
@@ -986,8 +993,7 @@ class CudaBackend final : public Backend, public BackendExtras {
            "weight upload");
         ck(gpu::split_quant_blocks(d.type, static_cast<const uint8_t*>(raw.get()), nblk,
                                    static_cast<uint8_t*>(st->qs.get()) + b0 * gpu::quant_qs_bytes(d.type),
-                                   static_cast<uint8_t*>(st->sc.get()) + b0 * gpu::quant_header_bytes(d.type),
-                                   stream_),
+                                   static_cast<uint8_t*>(st->sc.get()) + b0 * gpu::quant_header_bytes(d.type), stream_),
            "split_quant_blocks");
         ck(cudaStreamSynchronize(stream_), "weight upload (synchronize)");  // raw is reused
       }
@@ -1005,8 +1011,8 @@ class CudaBackend final : public Backend, public BackendExtras {
       }
       ck(cudaStreamSynchronize(stream_), "weight upload (synchronize)");
     } else {
-      fail(StatusCode::kUnsupported, std::string("cuda backend: weight type ") +
-                                         type_name(static_cast<uint32_t>(d.type)) + " is not supported");
+      fail(StatusCode::kUnsupported,
+           std::string("cuda backend: weight type ") + type_name(static_cast<uint32_t>(d.type)) + " is not supported");
     }
     return st;
   }
@@ -1068,9 +1074,7 @@ class CudaBackend final : public Backend, public BackendExtras {
   }
 
   void run(const EmbedOp& op) { ck(gpu::embed(op.w, op.ids, op.n, op.out, stream_), "embed"); }
-  void run(const RmsNormOp& op) {
-    ck(gpu::rms_norm(op.x, op.w, op.rows, op.dim, op.eps, op.out, stream_), "rms_norm");
-  }
+  void run(const RmsNormOp& op) { ck(gpu::rms_norm(op.x, op.w, op.rows, op.dim, op.eps, op.out, stream_), "rms_norm"); }
   void run(const MatmulOp& op) {
     if (op.path == GemmPath::kGemv) {
       if (gpu::is_quant(op.w.type) && !op.reuse_xq) {
@@ -1327,9 +1331,10 @@ int32_t create_cuda_backend(const char* device, int32_t n_threads, Backend** out
       return static_cast<int32_t>(StatusCode::kUnsupported);
     }
     if (prop.major < 8) {
-      write_err(err, err_size, std::string(prop.name) + " has compute capability " + std::to_string(prop.major) + "." +
-                                   std::to_string(prop.minor) + "; the CUDA backend needs 8.0 or newer (built for " +
-                                   EMBER_CUDA_ARCHS + ")");
+      write_err(err, err_size,
+                std::string(prop.name) + " has compute capability " + std::to_string(prop.major) + "." +
+                    std::to_string(prop.minor) + "; the CUDA backend needs 8.0 or newer (built for " +
+                    EMBER_CUDA_ARCHS + ")");
       return static_cast<int32_t>(StatusCode::kUnsupported);
     }
     auto* b = new CudaBackend(index);
@@ -1358,7 +1363,7 @@ const std::string& build_info() {
 
 extern "C" __attribute__((visibility("default"))) const ember_backend_plugin_v1* ember_cuda_plugin_v1(void) {
   static const ember_backend_plugin_v1 table = {
-      ember::kBackendPluginAbi, ember::backend_interface_fingerprint(), "cuda", ember::build_info().c_str(),
+      ember::kBackendPluginAbi,    ember::backend_interface_fingerprint(), "cuda", ember::build_info().c_str(),
       &ember::create_cuda_backend,
   };
   return &table;

@@ -17,8 +17,8 @@ namespace ember::gpu {
 // A weight on the device (see layout.h for the layouts).
 struct DevWeight {
   DType type = DType::F32;
-  int64_t N = 0;  // rows (output features)
-  int64_t K = 0;  // cols (input features)
+  int64_t N = 0;                // rows (output features)
+  int64_t K = 0;                // cols (input features)
   const uint8_t* qs = nullptr;  // quant types: quants
   const uint8_t* sc = nullptr;  // quant types: block headers
   const void* data = nullptr;   // float types: rows of `stride` elements
@@ -66,14 +66,12 @@ cudaError_t rope(float* x, const int32_t* positions, float theta_scale, int32_t 
                  int32_t head_dim, int32_t rot_dim, cudaStream_t stream);
 cudaError_t swiglu(const float* gate, const float* up, size_t n, float* out, cudaStream_t stream);
 cudaError_t add(float* x, const float* y, size_t n, cudaStream_t stream);
-cudaError_t gather_rows(const float* x, const int32_t* rows, int32_t n, int32_t dim, float* out,
-                        cudaStream_t stream);
+cudaError_t gather_rows(const float* x, const int32_t* rows, int32_t n, int32_t dim, float* out, cudaStream_t stream);
 cudaError_t kv_store(const KvView& kv, int32_t layer, const float* k, const float* v, const int32_t* slots,
                      int32_t rows, cudaStream_t stream);
 // Whole blocks, all layers, K and V: src[i] -> dst[i]; the caller guarantees
 // that no dst is also a src (otherwise it launches one copy at a time).
-cudaError_t kv_copy_blocks(const KvView& kv, const int32_t* src, const int32_t* dst, int32_t n,
-                           cudaStream_t stream);
+cudaError_t kv_copy_blocks(const KvView& kv, const int32_t* src, const int32_t* dst, int32_t n, cudaStream_t stream);
 
 // Rotates the keys of n whole blocks (every layer) by the angles cs/sn
 // (rot_dim / 2 each): RoPE(p) k -> RoPE(p + delta) k. Block ids outside the
@@ -97,8 +95,7 @@ struct PenaltyEntry {
   int32_t row, token, count;
   float repeat, frequency, presence;
 };
-cudaError_t apply_penalties(float* logits, int32_t vocab, const PenaltyEntry* entries, int32_t n,
-                            cudaStream_t stream);
+cudaError_t apply_penalties(float* logits, int32_t vocab, const PenaltyEntry* entries, int32_t n, cudaStream_t stream);
 
 // ---------------------------------------------------------------- attention.cu
 
@@ -115,9 +112,9 @@ struct AttnLaunch {
   int32_t num_heads = 0, num_kv_heads = 0, head_dim = 0;
   float scale = 1.0f;
   int32_t n_splits = 1, tiles_per_split = 1;
-  int32_t n_rows = 0;                     // batch rows (partials are indexed by row * num_heads + head)
-  float* part_acc = nullptr;              // [n_splits][n_rows * num_heads][head_dim] when n_splits > 1
-  MaxSum* part_ml = nullptr;              // [n_splits][n_rows * num_heads]
+  int32_t n_rows = 0;         // batch rows (partials are indexed by row * num_heads + head)
+  float* part_acc = nullptr;  // [n_splits][n_rows * num_heads][head_dim] when n_splits > 1
+  MaxSum* part_ml = nullptr;  // [n_splits][n_rows * num_heads]
 };
 // Once per device before the first attention() (sets the shared-memory limit
 // of the head_dim 256 variant).

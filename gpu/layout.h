@@ -43,7 +43,7 @@
 
 namespace ember::gpu {
 
-inline constexpr int kQK = 32;       // elements per quant block
+inline constexpr int kQK = 32;  // elements per quant block
 inline constexpr int kWarp = 32;
 inline constexpr int kGemvWarps = 4;  // warps (= output rows) per GEMV thread block
 inline constexpr int kGemvMaxNR = 8;  // activation rows per GEMV pass
@@ -132,8 +132,8 @@ EMBER_HD float round_act_scale(float v) {
 EMBER_HD ActScale act_block_scale(DType t, float amax, int sum) {
   const float d32 = amax / 127.0f;
   const float d = round_act_scale(d32);
-  const float s = t == DType::Q4_1 ? round_act_scale(fmul_rn(d32, static_cast<float>(sum)))
-                                   : fmul_rn(d, static_cast<float>(sum));
+  const float s =
+      t == DType::Q4_1 ? round_act_scale(fmul_rn(d32, static_cast<float>(sum))) : fmul_rn(d, static_cast<float>(sum));
   return ActScale{d, s};
 }
 
@@ -242,11 +242,11 @@ EMBER_HD float block_accumulate(DType t, int sumi, uint32_t hdr, ActScale xs, fl
 
 struct QuantGemvArgs {
   DType type;
-  int64_t K;                 // multiple of 32
-  const uint8_t* qs;         // device quants, row 0
-  const uint8_t* sc;         // device headers, row 0
-  const int8_t* xq;          // [M][K]
-  const ActScale* xs;        // [M][K / 32]
+  int64_t K;           // multiple of 32
+  const uint8_t* qs;   // device quants, row 0
+  const uint8_t* sc;   // device headers, row 0
+  const int8_t* xq;    // [M][K]
+  const ActScale* xs;  // [M][K / 32]
 };
 
 template <int NR>
@@ -280,12 +280,12 @@ EMBER_HD void quant_gemv_lane(const QuantGemvArgs& g, int64_t n, int64_t m0, int
 }
 
 struct FloatGemvArgs {
-  DType type;         // F16, BF16, F32
+  DType type;  // F16, BF16, F32
   int64_t K;
-  int64_t stride;     // weight row stride in elements (multiple of 8)
+  int64_t stride;  // weight row stride in elements (multiple of 8)
   const void* w;
-  const float* x;     // [M][K]
-  bool x_vec;         // x rows 16-byte aligned (K % 4 == 0 and x aligned)
+  const float* x;  // [M][K]
+  bool x_vec;      // x rows 16-byte aligned (K % 4 == 0 and x aligned)
 };
 
 // The 8 weights of chunk c of row n as floats.
@@ -293,8 +293,14 @@ EMBER_HD void load_weight_chunk(const FloatGemvArgs& g, int64_t n, int64_t c, fl
   if (g.type == DType::F32) {
     const F32x4* p = reinterpret_cast<const F32x4*>(static_cast<const float*>(g.w) + n * g.stride + c * 8);
     const F32x4 a = p[0], b = p[1];
-    w8[0] = a.x; w8[1] = a.y; w8[2] = a.z; w8[3] = a.w;
-    w8[4] = b.x; w8[5] = b.y; w8[6] = b.z; w8[7] = b.w;
+    w8[0] = a.x;
+    w8[1] = a.y;
+    w8[2] = a.z;
+    w8[3] = a.w;
+    w8[4] = b.x;
+    w8[5] = b.y;
+    w8[6] = b.z;
+    w8[7] = b.w;
     return;
   }
   const U32x4 v = *reinterpret_cast<const U32x4*>(static_cast<const uint16_t*>(g.w) + n * g.stride + c * 8);
@@ -318,8 +324,14 @@ EMBER_HD void load_x_chunk(const FloatGemvArgs& g, int64_t m, int64_t c, float* 
   if (g.x_vec && k0 + 8 <= g.K) {
     const F32x4* p = reinterpret_cast<const F32x4*>(xr + k0);
     const F32x4 a = p[0], b = p[1];
-    x8[0] = a.x; x8[1] = a.y; x8[2] = a.z; x8[3] = a.w;
-    x8[4] = b.x; x8[5] = b.y; x8[6] = b.z; x8[7] = b.w;
+    x8[0] = a.x;
+    x8[1] = a.y;
+    x8[2] = a.z;
+    x8[3] = a.w;
+    x8[4] = b.x;
+    x8[5] = b.y;
+    x8[6] = b.z;
+    x8[7] = b.w;
     return;
   }
   for (int i = 0; i < 8; ++i) x8[i] = k0 + i < g.K ? xr[k0 + i] : 0.0f;
@@ -395,8 +407,8 @@ EMBER_HD int64_t kv_offset(int32_t layer, int kv, int64_t block, int32_t kv_head
 
 // ---------------------------------------------------------------- attention work
 
-inline constexpr int kAttnTile = 32;      // KV tokens per shared-memory tile
-inline constexpr int kAttnMaxVecs = 16;   // query vectors (rows x group heads) per thread block
+inline constexpr int kAttnTile = 32;     // KV tokens per shared-memory tile
+inline constexpr int kAttnMaxVecs = 16;  // query vectors (rows x group heads) per thread block
 inline constexpr int kAttnMaxHeadDim = 256;
 
 // Rows of one sequence handled together by one thread block (all query heads
@@ -446,7 +458,8 @@ inline AttnSplit plan_attention_split_invariant(int32_t max_kv_len) {
   const int32_t tiles = (max_kv_len + kAttnTile - 1) / kAttnTile;
   AttnSplit p;
   p.tiles_per_split = kAttnInvariantSplitTiles;
-  p.n_splits = tiles <= kAttnInvariantSplitTiles ? 1 : (tiles + kAttnInvariantSplitTiles - 1) / kAttnInvariantSplitTiles;
+  p.n_splits =
+      tiles <= kAttnInvariantSplitTiles ? 1 : (tiles + kAttnInvariantSplitTiles - 1) / kAttnInvariantSplitTiles;
   return p;
 }
 
@@ -492,18 +505,23 @@ inline void reference_gemv(DType type, const void* w, int64_t N, int64_t K, cons
     std::vector<ActScale> xs(static_cast<size_t>(M * nb) + 1);
     auto* xq8 = reinterpret_cast<int8_t*>(xq.data());
     for (int64_t i = 0; i < M * nb; ++i) quantize_block_host(type, x + i * kQK, xq8 + i * kQK, &xs[i]);
-    const QuantGemvArgs g{type, K, reinterpret_cast<const uint8_t*>(qs.data()),
-                          reinterpret_cast<const uint8_t*>(sc.data()), xq8, xs.data()};
+    const QuantGemvArgs g{
+        type, K,        reinterpret_cast<const uint8_t*>(qs.data()), reinterpret_cast<const uint8_t*>(sc.data()),
+        xq8,  xs.data()};
     auto run = [&](auto nr_tag) {
       constexpr int NR = decltype(nr_tag)::value;
       host_gemv_passes<NR>(N, M, y, [&](int64_t n, int64_t m0, int mv, int lane, float* acc) {
         quant_gemv_lane<NR>(g, n, m0, mv, lane, acc);
       });
     };
-    if (nr == 1) run(std::integral_constant<int, 1>{});
-    else if (nr == 2) run(std::integral_constant<int, 2>{});
-    else if (nr == 4) run(std::integral_constant<int, 4>{});
-    else run(std::integral_constant<int, 8>{});
+    if (nr == 1)
+      run(std::integral_constant<int, 1>{});
+    else if (nr == 2)
+      run(std::integral_constant<int, 2>{});
+    else if (nr == 4)
+      run(std::integral_constant<int, 4>{});
+    else
+      run(std::integral_constant<int, 8>{});
     return;
   }
   const int64_t stride = float_row_stride(K);
@@ -525,10 +543,14 @@ inline void reference_gemv(DType type, const void* w, int64_t N, int64_t K, cons
       float_gemv_lane<NR>(g, n, m0, mv, lane, acc);
     });
   };
-  if (nr == 1) run(std::integral_constant<int, 1>{});
-  else if (nr == 2) run(std::integral_constant<int, 2>{});
-  else if (nr == 4) run(std::integral_constant<int, 4>{});
-  else run(std::integral_constant<int, 8>{});
+  if (nr == 1)
+    run(std::integral_constant<int, 1>{});
+  else if (nr == 2)
+    run(std::integral_constant<int, 2>{});
+  else if (nr == 4)
+    run(std::integral_constant<int, 4>{});
+  else
+    run(std::integral_constant<int, 8>{});
 }
 #endif
 

@@ -24,9 +24,7 @@ __device__ __forceinline__ float warp_sum_ordered(float v) {
   return v;
 }
 
-inline unsigned blocks_for(int64_t n, int threads) {
-  return static_cast<unsigned>((n + threads - 1) / threads);
-}
+inline unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
 
 // ------------------------------------------------------------------ weights
 
@@ -96,7 +94,7 @@ __global__ void f32_to_bf16_kernel(const float* __restrict__ x, int64_t n, uint1
 // ------------------------------------------------------------------ GEMV
 
 template <DType T, int NR>
-__global__ void __launch_bounds__(kGemvWarps * kWarp)
+__global__ void __launch_bounds__(kGemvWarps* kWarp)
     quant_gemv_kernel(QuantGemvArgs g, int64_t N, int64_t M, int n_groups, float* __restrict__ y) {
   g.type = T;  // constant-folds the type switches in the lane code
   const int lane = threadIdx.x & (kWarp - 1);
@@ -119,7 +117,7 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp)
 }
 
 template <DType T, int NR>
-__global__ void __launch_bounds__(kGemvWarps * kWarp)
+__global__ void __launch_bounds__(kGemvWarps* kWarp)
     float_gemv_kernel(FloatGemvArgs g, int64_t N, int64_t M, int n_groups, float* __restrict__ y) {
   g.type = T;
   const int lane = threadIdx.x & (kWarp - 1);

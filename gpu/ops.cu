@@ -74,9 +74,8 @@ __global__ void rms_norm_kernel(const float* x, const float* __restrict__ w, int
 }
 
 // One thread per (row, head, pair). GGUF "normal" RoPE: adjacent pairs.
-__global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ positions,
-                            float theta_scale, int32_t rows, int32_t num_heads, int32_t head_dim,
-                            int32_t half) {
+__global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ positions, float theta_scale,
+                            int32_t rows, int32_t num_heads, int32_t head_dim, int32_t half) {
   const int64_t total = static_cast<int64_t>(rows) * num_heads * half;
   for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
        t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -169,8 +168,9 @@ __global__ void kv_rope_shift_kernel(KvView kv, const int32_t* __restrict__ bloc
     const int32_t layer = static_cast<int32_t>(rest / n);
     const int32_t block = blocks[b];
     if (block < 0 || block >= kv.num_blocks) continue;
-    uint16_t* k = kv.base + kv_offset(layer, 0, block, 0, 0, kv.num_blocks, kv.num_kv_heads, kv.block_size,
-                                      kv.head_dim) + r * kv.head_dim + 2 * i;
+    uint16_t* k = kv.base +
+                  kv_offset(layer, 0, block, 0, 0, kv.num_blocks, kv.num_kv_heads, kv.block_size, kv.head_dim) +
+                  r * kv.head_dim + 2 * i;
     const float x0 = __half2float(__ushort_as_half(k[0])), x1 = __half2float(__ushort_as_half(k[1]));
     const float y0 = __fmaf_rn(x0, cs[i], -__fmul_rn(x1, sn[i]));
     const float y1 = __fmaf_rn(x0, sn[i], __fmul_rn(x1, cs[i]));
@@ -413,7 +413,8 @@ __global__ void __launch_bounds__(kSampleThreads)
 
   // 4. Softmax with temperature over the k survivors (double, as the CPU).
   const double max_l = c_val[0];
-  const double prob = static_cast<uint32_t>(tid) < k ? exp((static_cast<double>(c_val[tid]) - max_l) / p.temperature) : 0.0;
+  const double prob =
+      static_cast<uint32_t>(tid) < k ? exp((static_cast<double>(c_val[tid]) - max_l) / p.temperature) : 0.0;
   const double cum = block_inclusive_scan(prob, warp_tot);
   __shared__ double s_sum;
   if (tid == kSampleThreads - 1) s_sum = cum;
@@ -489,8 +490,7 @@ cudaError_t add(float* x, const float* y, size_t n, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-cudaError_t gather_rows(const float* x, const int32_t* rows, int32_t n, int32_t dim, float* out,
-                        cudaStream_t stream) {
+cudaError_t gather_rows(const float* x, const int32_t* rows, int32_t n, int32_t dim, float* out, cudaStream_t stream) {
   const int64_t total = static_cast<int64_t>(n) * dim;
   if (total <= 0) return cudaSuccess;
   gather_rows_kernel<<<grid_for(total, 256), 256, 0, stream>>>(x, rows, n, dim, out);
@@ -505,8 +505,7 @@ cudaError_t kv_store(const KvView& kv, int32_t layer, const float* k, const floa
   return cudaGetLastError();
 }
 
-cudaError_t kv_copy_blocks(const KvView& kv, const int32_t* src, const int32_t* dst, int32_t n,
-                           cudaStream_t stream) {
+cudaError_t kv_copy_blocks(const KvView& kv, const int32_t* src, const int32_t* dst, int32_t n, cudaStream_t stream) {
   if (n <= 0 || kv.num_layers <= 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(kv.num_layers * 2));
   kv_copy_kernel<<<grid, 256, 0, stream>>>(kv, src, dst);
@@ -535,8 +534,7 @@ cudaError_t sample_rows(const float* logits, int32_t rows, int32_t vocab, const 
   return cudaGetLastError();
 }
 
-cudaError_t apply_penalties(float* logits, int32_t vocab, const PenaltyEntry* entries, int32_t n,
-                            cudaStream_t stream) {
+cudaError_t apply_penalties(float* logits, int32_t vocab, const PenaltyEntry* entries, int32_t n, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   penalties_kernel<<<(n + 255) / 256, 256, 0, stream>>>(logits, vocab, entries, n);
   return cudaGetLastError();

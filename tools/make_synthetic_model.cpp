@@ -31,17 +31,17 @@
 
 #include <unistd.h>
 
-#include "cpu/cpu_backend.h"
 #include "core/backend/backend.h"
 #include "core/backend/plugin.h"
-#include "core/model/batch.h"
 #include "core/gguf/gguf_writer.h"
 #include "core/model/arch/llama.h"
+#include "core/model/batch.h"
 #include "core/model/model.h"
 #include "core/tensor/types.h"
 #include "core/tokenizer/tokenizer.h"
 #include "core/tokenizer/unicode.h"
 #include "core/util/status.h"
+#include "cpu/cpu_backend.h"
 
 namespace ember {
 namespace {
@@ -148,16 +148,26 @@ Options parse(int argc, char** argv) {
   for (const auto& [k, v] : overrides) {
     const long long n = std::atoll(v.c_str());
     Shape& s = o.shape;
-    if (k == "--layers") s.layers = n;
-    else if (k == "--embd") s.embd = n;
-    else if (k == "--ff") s.ff = n;
-    else if (k == "--heads") s.heads = n;
-    else if (k == "--kv-heads") s.kv_heads = n;
-    else if (k == "--vocab") s.vocab = n;
-    else if (k == "--ctx") s.ctx = n;
-    else if (k == "--rope-base") s.rope_base = std::atof(v.c_str());
-    else if (k == "--tied") s.tied = true;
-    else if (k == "--untied") s.tied = false;
+    if (k == "--layers")
+      s.layers = n;
+    else if (k == "--embd")
+      s.embd = n;
+    else if (k == "--ff")
+      s.ff = n;
+    else if (k == "--heads")
+      s.heads = n;
+    else if (k == "--kv-heads")
+      s.kv_heads = n;
+    else if (k == "--vocab")
+      s.vocab = n;
+    else if (k == "--ctx")
+      s.ctx = n;
+    else if (k == "--rope-base")
+      s.rope_base = std::atof(v.c_str());
+    else if (k == "--tied")
+      s.tied = true;
+    else if (k == "--untied")
+      s.tied = false;
     if (k != "--tied" && k != "--untied" && k != "--rope-base") s.name = "custom";
   }
   if (o.out.empty()) usage("--out is required");
@@ -176,8 +186,8 @@ struct Vocab {
 // Merges as "left|right" in plain text (' ' is the byte-level space); each
 // result becomes a token. Later merges build on earlier results.
 constexpr const char* kMerges[] = {
-    " |t", " |a", "h|e", "i|n", "r|e", "o|n", " t|he", "e|r", " |s", "a|t", " |w", " |o", "e|n", " |c",
-    "i|t", "i|s", "a|n", "o|r", "e|s", " |b", "e|d", " |f", "in|g", " |p", "o|u", " a|n", "a|l", "a|r",
+    " |t",  " |a", "h|e",  "i|n",  "r|e", "o|n", " t|he", "e|r", " |s",  "a|t", " |w",  " |o",  "e|n", " |c",
+    "i|t",  "i|s", "a|n",  "o|r",  "e|s", " |b", "e|d",   " |f", "in|g", " |p", "o|u",  " a|n", "a|l", "a|r",
     " t|o", " |m", " o|f", " |in", " |d", " |h", " an|d", "l|l", " t|h", "i|c", " h|e", "o|m",
 };
 
@@ -260,8 +270,8 @@ struct ValueTables {
   }
 };
 
-constexpr float kSigma = 0.02f;                    // weight standard deviation
-const float kA = kSigma * std::sqrt(3.0f);         // uniform half-width with that deviation
+constexpr float kSigma = 0.02f;             // weight standard deviation
+const float kA = kSigma * std::sqrt(3.0f);  // uniform half-width with that deviation
 
 // Fills a matrix of `type` (n bytes) with random values.
 void fill_matrix(DType type, uint8_t* dst, size_t n, uint64_t seed, const ValueTables& vt) {
@@ -328,8 +338,7 @@ void fill_matrix(DType type, uint8_t* dst, size_t n, uint64_t seed, const ValueT
       }
       break;
     }
-    default:
-      fail(StatusCode::kUnsupported, "unsupported tensor type");
+    default: fail(StatusCode::kUnsupported, "unsupported tensor type");
   }
 }
 
@@ -495,9 +504,10 @@ int verify(const Options& o) {
     expect(std::isfinite(v), "non-finite logit on the CPU");
     max_abs = std::max(max_abs, std::fabs(v));
   }
-  std::printf("verify: loaded OK (%s), tokenizer OK, CPU forward OK (%zu prompt tokens + 2 decodes, %.0f ms, "
-              "max |logit| %.3f), greedy tokens:",
-              model->name().c_str(), prompt.size(), ms, max_abs);
+  std::printf(
+      "verify: loaded OK (%s), tokenizer OK, CPU forward OK (%zu prompt tokens + 2 decodes, %.0f ms, "
+      "max |logit| %.3f), greedy tokens:",
+      model->name().c_str(), prompt.size(), ms, max_abs);
   for (int32_t t : gen_cpu) std::printf(" %d", t);
   std::printf("\n");
   if (o.verify_device.empty()) return 0;

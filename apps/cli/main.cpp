@@ -8,6 +8,7 @@
 //   ember bench --sessions K [-p P] [-n N] [-t THREADS] [--json]
 //   ember bench --prefix-cache N [-t THREADS] [-r REPS]
 //   ember tokenize [-m MODEL] (-p TEXT | -f FILE) [--special]
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -22,7 +23,6 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
-#include <algorithm>
 #include <vector>
 
 #include "ember/ember.h"
@@ -86,8 +86,11 @@ class Args {
     char* end = nullptr;
     errno = 0;
     long long v = std::strtoll(it->second.c_str(), &end, 10);
-    if (errno || !end || *end || it->second.empty()) throw CliError("option " + k + ": '" + it->second + "' is not an integer");
-    if (v < lo || v > hi) throw CliError("option " + k + ": " + it->second + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    if (errno || !end || *end || it->second.empty())
+      throw CliError("option " + k + ": '" + it->second + "' is not an integer");
+    if (v < lo || v > hi)
+      throw CliError("option " + k + ": " + it->second + " is out of range [" + std::to_string(lo) + ", " +
+                     std::to_string(hi) + "]");
     return v;
   }
   double real(const std::string& k, double def, double lo, double hi) const {
@@ -95,7 +98,8 @@ class Args {
     if (it == values_.end()) return def;
     char* end = nullptr;
     double v = std::strtod(it->second.c_str(), &end);
-    if (!end || *end || it->second.empty() || !std::isfinite(v)) throw CliError("option " + k + ": '" + it->second + "' is not a number");
+    if (!end || *end || it->second.empty() || !std::isfinite(v))
+      throw CliError("option " + k + ": '" + it->second + "' is not a number");
     if (v < lo || v > hi) throw CliError("option " + k + ": " + it->second + " is out of range");
     return v;
   }
@@ -206,8 +210,8 @@ ember_stream_params stream_params(const Args& a) {
 }
 
 int cmd_generate(int argc, char** argv) {
-  Args a(argc, argv, 2, {"-m", "-p", "-n", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--seed", "-t"},
-         {"--chat"});
+  Args a(argc, argv, 2,
+         {"-m", "-p", "-n", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--seed", "-t"}, {"--chat"});
   if (!a.has("-p")) throw CliError("generate needs -p PROMPT");
   const ember_stream_params sp = stream_params(a);
   Handles h;
@@ -224,11 +228,13 @@ int cmd_generate(int argc, char** argv) {
 }
 
 int cmd_chat(int argc, char** argv) {
-  Args a(argc, argv, 2, {"-m", "-n", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--seed", "-t", "--system"}, {});
+  Args a(argc, argv, 2,
+         {"-m", "-n", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--seed", "-t", "--system"}, {});
   const ember_stream_params sp = stream_params(a);
   Handles h;
   load(h, a, static_cast<int>(a.integer("-t", 0, 0, 1024)));
-  if (a.has("--system")) check(ember_session_add_message(h.session, "system", a.str("--system").c_str()), "system prompt");
+  if (a.has("--system"))
+    check(ember_session_add_message(h.session, "system", a.str("--system").c_str()), "system prompt");
   std::fprintf(stderr, "ember chat — type a message; /reset starts over, /exit or Ctrl-D quits.\n");
   std::string line;
   for (;;) {
@@ -319,7 +325,8 @@ StreamCache parse_stream_cache(const std::string& spec) {
     char* end = nullptr;
     errno = 0;
     const long long x = std::strtoll(v.c_str(), &end, 10);
-    if (errno || v.empty() || *end || x < 0 || x > (1 << 24)) throw CliError("--cache " + spec + ": '" + v + "' is not a valid count");
+    if (errno || v.empty() || *end || x < 0 || x > (1 << 24))
+      throw CliError("--cache " + spec + ": '" + v + "' is not a valid count");
     return static_cast<int32_t>(x);
   };
   c.kind = parts[0];
@@ -373,9 +380,12 @@ int perplexity_stream(const Args& a, std::vector<int32_t> ids, Handles& h, const
   const uint64_t bytes_per_block = static_cast<uint64_t>(info.n_layers) * 2 * info.n_kv_heads * block * head_dim * 2;
   uint64_t slots = 0;
   const int32_t full_window = std::max<int32_t>(block, static_cast<int32_t>(ids.size()));
-  if (cache.kind == "full") slots = static_cast<uint64_t>(full_window);
-  else if (recompute) slots = static_cast<uint64_t>(cache.window) + 1;
-  else slots = (static_cast<uint64_t>(cache.sinks) + block - 1) / block * block + static_cast<uint64_t>(cache.window);
+  if (cache.kind == "full")
+    slots = static_cast<uint64_t>(full_window);
+  else if (recompute)
+    slots = static_cast<uint64_t>(cache.window) + 1;
+  else
+    slots = (static_cast<uint64_t>(cache.sinks) + block - 1) / block * block + static_cast<uint64_t>(cache.window);
   ember_engine_params ep;
   ember_engine_params_init(&ep);
   ep.n_threads = threads;
@@ -491,11 +501,12 @@ int perplexity_stream(const Args& a, std::vector<int32_t> ids, Handles& h, const
 }
 
 int cmd_perplexity(int argc, char** argv) {
-  Args a(argc, argv, 2, {"-m", "-f", "--ctx", "--max-tokens", "-t", "--cache", "--series", "--stride", "--logprobs", "--chunk"},
+  Args a(argc, argv, 2,
+         {"-m", "-f", "--ctx", "--max-tokens", "-t", "--cache", "--series", "--stride", "--logprobs", "--chunk"},
          {"--stream"});
   if (!a.has("-f")) throw CliError("perplexity needs -f FILE");
-  if (!a.has("--stream") && (a.has("--cache") || a.has("--series") || a.has("--stride") || a.has("--logprobs") ||
-                              a.has("--chunk"))) {
+  if (!a.has("--stream") &&
+      (a.has("--cache") || a.has("--series") || a.has("--stride") || a.has("--logprobs") || a.has("--chunk"))) {
     throw CliError("--cache, --series, --stride, --chunk and --logprobs need --stream");
   }
   if (a.has("--stream")) {
@@ -513,12 +524,15 @@ int cmd_perplexity(int argc, char** argv) {
   load(h, a, static_cast<int>(a.integer("-t", 0, 0, 1024)));
   const int ctx = static_cast<int>(a.integer("--ctx", 512, 16, 1 << 20));
   const ember_model_info_t info = model_info(h.model);
-  if (ctx > info.context_length) throw CliError("--ctx " + std::to_string(ctx) + " exceeds the model's context " + std::to_string(info.context_length));
+  if (ctx > info.context_length)
+    throw CliError("--ctx " + std::to_string(ctx) + " exceeds the model's context " +
+                   std::to_string(info.context_length));
   std::vector<int32_t> ids = tokenize(h.model, text, true, false);
   const long long max_tokens = a.integer("--max-tokens", 0, 0, 1LL << 40);
   if (max_tokens > 0 && static_cast<size_t>(max_tokens) < ids.size()) ids.resize(static_cast<size_t>(max_tokens));
   const size_t n_chunks = ids.size() / static_cast<size_t>(ctx);
-  if (n_chunks == 0) throw CliError("the text has " + std::to_string(ids.size()) + " tokens, fewer than --ctx " + std::to_string(ctx));
+  if (n_chunks == 0)
+    throw CliError("the text has " + std::to_string(ids.size()) + " tokens, fewer than --ctx " + std::to_string(ctx));
   // llama-perplexity's method: each window of ctx tokens is scored on its
   // second half (positions ctx/2 .. ctx-2 predicting the next token).
   const int first = ctx / 2;
@@ -527,7 +541,8 @@ int cmd_perplexity(int argc, char** argv) {
   size_t count = 0;
   const auto t0 = std::chrono::steady_clock::now();
   for (size_t c = 0; c < n_chunks; ++c) {
-    std::vector<int32_t> window(ids.begin() + static_cast<long>(c * ctx), ids.begin() + static_cast<long>((c + 1) * ctx));
+    std::vector<int32_t> window(ids.begin() + static_cast<long>(c * ctx),
+                                ids.begin() + static_cast<long>((c + 1) * ctx));
     if (info.bos_token >= 0) {
       // As llama-perplexity does when the model adds BOS: the window starts with it.
       int32_t probe[4];
@@ -597,7 +612,8 @@ int bench_sessions(const Args& a, int n_prompt, int n_gen, int threads, int k) {
         ember_event ev;
         std::memset(&ev, 0, sizeof ev);
         ev.size = sizeof ev;
-        if (ember_stream_next(streams[static_cast<size_t>(i)], &ev, -1) != EMBER_OK || ev.type != EMBER_EVENT_TEXT) break;
+        if (ember_stream_next(streams[static_cast<size_t>(i)], &ev, -1) != EMBER_OK || ev.type != EMBER_EVENT_TEXT)
+          break;
         const auto now = clock::now();
         if (tr.tokens == 0) {
           tr.ttft_ms = std::chrono::duration<double, std::milli>(now - t0).count();
@@ -651,7 +667,8 @@ int bench_sessions(const Args& a, int n_prompt, int n_gen, int threads, int k) {
       if (t > all_started && t <= first_done) steady_tokens += n;
     }
   }
-  const double steady_secs = first_done > all_started ? std::chrono::duration<double>(first_done - all_started).count() : 0;
+  const double steady_secs =
+      first_done > all_started ? std::chrono::duration<double>(first_done - all_started).count() : 0;
   const double steady = steady_secs > 0 ? static_cast<double>(steady_tokens) / steady_secs : 0;
   auto pct = [](std::vector<double> v, double q) {
     if (v.empty()) return 0.0;
@@ -671,22 +688,26 @@ int bench_sessions(const Args& a, int n_prompt, int n_gen, int threads, int k) {
   const double bytes_per_token = block_size > 0 ? static_cast<double>(bytes_per_block) / block_size : 0;
   const double contiguous_mb = static_cast<double>(k) * info.context_length * bytes_per_token / (1 << 20);
   if (a.has("--json")) {
-    std::printf("{\"sessions\": %d, \"n_prompt\": %d, \"n_gen\": %d, \"threads\": %d, \"generated\": %zu, "
-                "\"wall_s\": %.3f, \"aggregate_tokens_per_second\": %.2f, \"steady_decode_tokens_per_second\": %.2f, "
-                "\"ttft_ms_p50\": %.1f, \"ttft_ms_p99\": %.1f, \"itl_ms_p50\": %.2f, \"itl_ms_p99\": %.2f, "
-                "\"kv_peak_mb\": %.2f, \"kv_bytes_per_token_held\": %.1f, \"kv_contiguous_mb\": %.2f}\n",
-                k, n_prompt, n_gen, threads, total, wall, agg, steady, pct(ttft, 0.5), pct(ttft, 0.99), pct(gaps, 0.5),
-                pct(gaps, 0.99), paged_mb, paged_mb * (1 << 20) / tokens_held, contiguous_mb);
+    std::printf(
+        "{\"sessions\": %d, \"n_prompt\": %d, \"n_gen\": %d, \"threads\": %d, \"generated\": %zu, "
+        "\"wall_s\": %.3f, \"aggregate_tokens_per_second\": %.2f, \"steady_decode_tokens_per_second\": %.2f, "
+        "\"ttft_ms_p50\": %.1f, \"ttft_ms_p99\": %.1f, \"itl_ms_p50\": %.2f, \"itl_ms_p99\": %.2f, "
+        "\"kv_peak_mb\": %.2f, \"kv_bytes_per_token_held\": %.1f, \"kv_contiguous_mb\": %.2f}\n",
+        k, n_prompt, n_gen, threads, total, wall, agg, steady, pct(ttft, 0.5), pct(ttft, 0.99), pct(gaps, 0.5),
+        pct(gaps, 0.99), paged_mb, paged_mb * (1 << 20) / tokens_held, contiguous_mb);
   } else {
     std::printf("sessions=%d prompt=%d gen=%d threads=%d\n", k, n_prompt, n_gen, threads);
-    std::printf("generated %zu tokens in %.2f s: aggregate %.2f tokens/s; steady decode (all sessions decoding) %.2f tokens/s\n",
-                total, wall, agg, steady);
+    std::printf(
+        "generated %zu tokens in %.2f s: aggregate %.2f tokens/s; steady decode (all sessions decoding) %.2f "
+        "tokens/s\n",
+        total, wall, agg, steady);
     std::printf("time to first token ms: p50 %.1f  p99 %.1f\n", pct(ttft, 0.5), pct(ttft, 0.99));
     std::printf("inter-token latency ms: p50 %.2f  p99 %.2f\n", pct(gaps, 0.5), pct(gaps, 0.99));
-    std::printf("KV: peak %.2f MB in use for %.0f tokens held (%.0f bytes per token held; K+V of one token is %.0f "
-                "bytes); a contiguous %d-token allocation per sequence would reserve %.2f MB (%.1fx)\n",
-                paged_mb, tokens_held, paged_mb * (1 << 20) / tokens_held, bytes_per_token, info.context_length,
-                contiguous_mb, paged_mb > 0 ? contiguous_mb / paged_mb : 0.0);
+    std::printf(
+        "KV: peak %.2f MB in use for %.0f tokens held (%.0f bytes per token held; K+V of one token is %.0f "
+        "bytes); a contiguous %d-token allocation per sequence would reserve %.2f MB (%.1fx)\n",
+        paged_mb, tokens_held, paged_mb * (1 << 20) / tokens_held, bytes_per_token, info.context_length, contiguous_mb,
+        paged_mb > 0 ? contiguous_mb / paged_mb : 0.0);
   }
   return 0;
 }
@@ -778,12 +799,21 @@ int cmd_bench(int argc, char** argv) {
     pp.push_back(st.prefill_tokens_per_second);
     tg.push_back(st.tokens_per_second);
   }
-  auto mean = [](const std::vector<double>& v) { double s = 0; for (double x : v) s += x; return s / static_cast<double>(v.size()); };
-  auto sd = [&](const std::vector<double>& v) { double m = mean(v), s = 0; for (double x : v) s += (x - m) * (x - m); return v.size() > 1 ? std::sqrt(s / static_cast<double>(v.size() - 1)) : 0.0; };
+  auto mean = [](const std::vector<double>& v) {
+    double s = 0;
+    for (double x : v) s += x;
+    return s / static_cast<double>(v.size());
+  };
+  auto sd = [&](const std::vector<double>& v) {
+    double m = mean(v), s = 0;
+    for (double x : v) s += (x - m) * (x - m);
+    return v.size() > 1 ? std::sqrt(s / static_cast<double>(v.size() - 1)) : 0.0;
+  };
   if (a.has("--json")) {
-    std::printf("{\"model\": \"%s\", \"n_prompt\": %d, \"n_gen\": %d, \"threads\": %d, \"prefill_tokens_per_second\": %.2f, "
-                "\"prefill_stddev\": %.2f, \"decode_tokens_per_second\": %.2f, \"decode_stddev\": %.2f, \"repetitions\": %d}\n",
-                info.name, n_prompt, n_gen, threads, mean(pp), sd(pp), mean(tg), sd(tg), reps);
+    std::printf(
+        "{\"model\": \"%s\", \"n_prompt\": %d, \"n_gen\": %d, \"threads\": %d, \"prefill_tokens_per_second\": %.2f, "
+        "\"prefill_stddev\": %.2f, \"decode_tokens_per_second\": %.2f, \"decode_stddev\": %.2f, \"repetitions\": %d}\n",
+        info.name, n_prompt, n_gen, threads, mean(pp), sd(pp), mean(tg), sd(tg), reps);
   } else {
     std::printf("model: %s (%llu params)\n", info.name, static_cast<unsigned long long>(info.n_params));
     std::printf("%-12s %12s %10s\n", "test", "tokens/s", "stddev");
@@ -794,16 +824,17 @@ int cmd_bench(int argc, char** argv) {
 }
 
 void usage() {
-  std::fprintf(stderr,
-               "usage: ember <command> [options]\n"
-               "  generate   [-m MODEL] -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P] [--seed S] [--chat]\n"
-               "  chat       [-m MODEL] [--system TEXT]\n"
-               "  perplexity [-m MODEL] -f FILE [--ctx C] [--max-tokens N]\n"
-               "  perplexity [-m MODEL] -f FILE --stream --cache full|window:W|sink:S:W|recompute:W\n"
-               "             [--max-tokens N] [--series FILE.csv] [--stride K] [--logprobs FILE.csv] [--chunk K]\n"
-               "  bench      [-m MODEL] [-p 512] [-n 128] [-t THREADS] [-r REPS] [--sessions K] [--prefix-cache N] [--json]\n"
-               "  tokenize   [-m MODEL] (-p TEXT | -f FILE) [--special]\n"
-               "MODEL defaults to $EMBER_HOME/SmolLM2-135M-Instruct.Q4_1.gguf (EMBER_HOME: ~/.cache/ember).\n");
+  std::fprintf(
+      stderr,
+      "usage: ember <command> [options]\n"
+      "  generate   [-m MODEL] -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P] [--seed S] [--chat]\n"
+      "  chat       [-m MODEL] [--system TEXT]\n"
+      "  perplexity [-m MODEL] -f FILE [--ctx C] [--max-tokens N]\n"
+      "  perplexity [-m MODEL] -f FILE --stream --cache full|window:W|sink:S:W|recompute:W\n"
+      "             [--max-tokens N] [--series FILE.csv] [--stride K] [--logprobs FILE.csv] [--chunk K]\n"
+      "  bench      [-m MODEL] [-p 512] [-n 128] [-t THREADS] [-r REPS] [--sessions K] [--prefix-cache N] [--json]\n"
+      "  tokenize   [-m MODEL] (-p TEXT | -f FILE) [--special]\n"
+      "MODEL defaults to $EMBER_HOME/SmolLM2-135M-Instruct.Q4_1.gguf (EMBER_HOME: ~/.cache/ember).\n");
 }
 
 }  // namespace

@@ -50,8 +50,8 @@ struct KvGeometry {
 // One sequence's view in an attention call: the rows of the batch that
 // belong to it and the cache blocks that hold its keys/values.
 struct AttentionSeq {
-  int32_t first_row = 0;   // first batch row of this sequence
-  int32_t n_rows = 0;      // its rows are [first_row, first_row + n_rows)
+  int32_t first_row = 0;                 // first batch row of this sequence
+  int32_t n_rows = 0;                    // its rows are [first_row, first_row + n_rows)
   const int32_t* block_table = nullptr;  // host pointer, n_blocks entries
   int32_t n_blocks = 0;
   // Cache slots [hole_begin, hole_end) are skipped (tokens a window/sink
@@ -81,8 +81,8 @@ struct AttentionParams {
 // before loading the model's weights onto the backend.
 struct BackendLimits {
   int32_t max_head_dim = 256;
-  int32_t max_gqa_group = 16;      // query heads per KV head
-  int32_t head_dim_multiple = 8;   // head_dim must be a multiple of this
+  int32_t max_gqa_group = 16;     // query heads per KV head
+  int32_t head_dim_multiple = 8;  // head_dim must be a multiple of this
 };
 
 class Backend {
@@ -107,20 +107,19 @@ class Backend {
   // out[i, :] = table[ids[i], :] (dequantized to f32).
   virtual void embed(const DeviceWeight& table, const int32_t* ids, int32_t n, float* out) = 0;
   // out[r] = x[r] / rms(x[r]) * weight, rows of `dim`.
-  virtual void rms_norm(const float* x, const DeviceWeight& weight, int32_t rows, int32_t dim,
-                        float eps, float* out) = 0;
+  virtual void rms_norm(const float* x, const DeviceWeight& weight, int32_t rows, int32_t dim, float eps,
+                        float* out) = 0;
   // y[M, N] = x[M, K] . W^T. With `rows_are_decodes`, the rows are single
   // tokens of different sequences: the backend must compute each row exactly
   // as it would for M = 1 (so batching never changes a sequence's output).
   virtual void matmul(const DeviceWeight& w, const float* x, int32_t M, float* y, bool rows_are_decodes) = 0;
   // Rotates the first `rot_dim` dims of each head in place; GGUF "llama"
   // layout (pairs of adjacent elements). positions: host, one per row.
-  virtual void rope(float* x, const int32_t* positions, int32_t rows, int32_t num_heads,
-                    int32_t head_dim, int32_t rot_dim, float freq_base) = 0;
+  virtual void rope(float* x, const int32_t* positions, int32_t rows, int32_t num_heads, int32_t head_dim,
+                    int32_t rot_dim, float freq_base) = 0;
   // Writes K/V rows (f32 [rows, num_kv_heads*head_dim]) into the cache at
   // slots[r] = block * block_size + offset.
-  virtual void kv_store(int32_t layer, const float* k, const float* v, const int32_t* slots,
-                        int32_t rows) = 0;
+  virtual void kv_store(int32_t layer, const float* k, const float* v, const int32_t* slots, int32_t rows) = 0;
   // out[rows, num_heads*head_dim] = softmax(q K^T * scale) V per sequence,
   // over the paged cache of `layer`.
   virtual void attention(int32_t layer, const float* q, const AttentionSeq* seqs, int32_t n_seqs,
@@ -133,15 +132,20 @@ class Backend {
   // K-shift: re-rotates the keys of whole blocks, every layer, by `delta`
   // positions (RoPE(p) k becomes RoPE(p + delta) k; same layout as rope()).
   // Used when a cache policy moves kept tokens to lower positions.
-  virtual void kv_rope_shift(const int32_t* blocks, int32_t n, int32_t delta, int32_t rot_dim,
-                             float freq_base) {
+  virtual void kv_rope_shift(const int32_t* blocks, int32_t n, int32_t delta, int32_t rot_dim, float freq_base) {
     (void)blocks, (void)n, (void)delta, (void)rot_dim, (void)freq_base;
     unsupported("kv_rope_shift");
   }
   // Copies one block (every layer, K then V: KvGeometry::bytes_per_block()
   // bytes, host memory) out of or into the pool: session save and restore.
-  virtual void kv_read_block(int32_t block, void* dst) { (void)block, (void)dst; unsupported("kv_read_block"); }
-  virtual void kv_write_block(int32_t block, const void* src) { (void)block, (void)src; unsupported("kv_write_block"); }
+  virtual void kv_read_block(int32_t block, void* dst) {
+    (void)block, (void)dst;
+    unsupported("kv_read_block");
+  }
+  virtual void kv_write_block(int32_t block, const void* src) {
+    (void)block, (void)src;
+    unsupported("kv_write_block");
+  }
   // out = silu(gate) * up, n elements.
   virtual void swiglu(const float* gate, const float* up, size_t n, float* out) = 0;
   // x += y, n elements.
@@ -154,6 +158,5 @@ class Backend {
     fail(StatusCode::kUnsupported, name() + ": " + op + " is not implemented by this backend");
   }
 };
-
 
 }  // namespace ember

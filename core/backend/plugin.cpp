@@ -60,33 +60,44 @@ std::mutex& load_mutex() {
   return m;
 }
 
-LoadedBackend create_from_handle(void* handle, const std::string& where, const std::string& device, int n_threads,
-                                 const std::string& entry_point) {
+// The plugin's interface table after the checks every use needs (entry
+// point, ABI version, fingerprint); nullptr with *why set otherwise.
+const ember_backend_plugin_v1* plugin_table(void* handle, const std::string& where, const std::string& entry_point,
+                                            std::string* why) {
   dlerror();
   void* sym = dlsym(handle, entry_point.c_str());
   if (sym == nullptr) {
-    dlclose(handle);
-    unsupported(device, "the plugin " + where + " does not export the entry point '" + entry_point +
-                            "' (not an Ember backend plugin, or one built for another Ember version)");
+    *why = "the plugin " + where + " does not export the entry point '" + entry_point +
+           "' (not an Ember backend plugin, or one built for another Ember version)";
+    return nullptr;
   }
-  auto entry = reinterpret_cast<ember_backend_plugin_entry_fn>(sym);
-  const ember_backend_plugin_v1* table = entry();
+  const ember_backend_plugin_v1* table = reinterpret_cast<ember_backend_plugin_entry_fn>(sym)();
   if (table == nullptr) {
-    dlclose(handle);
-    unsupported(device, "the plugin " + where + " returned no interface table");
+    *why = "the plugin " + where + " returned no interface table";
+    return nullptr;
   }
   if (table->abi_version != kBackendPluginAbi) {
-    const uint32_t got = table->abi_version;
-    dlclose(handle);
-    unsupported(device, "the plugin " + where + " has backend ABI version " + std::to_string(got) +
-                            " but this libember needs version " + std::to_string(kBackendPluginAbi) +
-                            "; install the plugin built with this libember");
+    *why = "the plugin " + where + " has backend ABI version " + std::to_string(table->abi_version) +
+           " but this libember needs version " + std::to_string(kBackendPluginAbi) +
+           "; install the plugin built with this libember";
+    return nullptr;
   }
   if (table->fingerprint != backend_interface_fingerprint()) {
+    *why = "the plugin " + where +
+           " was built from different interface headers or with a different C++ library "
+           "(fingerprint mismatch); rebuild it with this libember";
+    return nullptr;
+  }
+  return table;
+}
+
+LoadedBackend create_from_handle(void* handle, const std::string& where, const std::string& device, int n_threads,
+                                 const std::string& entry_point) {
+  std::string why;
+  const ember_backend_plugin_v1* table = plugin_table(handle, where, entry_point, &why);
+  if (table == nullptr) {
     dlclose(handle);
-    unsupported(device, "the plugin " + where +
-                            " was built from different interface headers or with a different C++ library "
-                            "(fingerprint mismatch); rebuild it with this libember");
+    unsupported(device, why);
   }
   if (table->create == nullptr) {
     dlclose(handle);
@@ -186,6 +197,60 @@ LoadedBackend open_backend_plugin(const std::string& device, int n_threads, cons
   unsupported(device, search.file_name + " was not found (searched: " + searched +
                           "). Build Ember with -DEMBER_WITH_CUDA=ON on a machine with the CUDA toolkit and keep "
                           "the plugin next to libember.so, or point EMBER_PLUGIN_DIR at it");
+}
+
+PluginProbe probe_backend_plugin(const PluginSearch& search) {
+  PluginProbe r;
+  std::vector<std::string> dirs = search.dirs;
+  if (search.next_to_libember) {
+    const std::string d = self_dir();
+    if (!d.empty()) dirs.push_back(d);
+  }
+  if (search.env_dir) {
+    for (auto& d : split_path_list(std::getenv("EMBER_PLUGIN_DIR"))) dirs.push_back(d);
+  }
+  for (const auto& d : dirs) {
+    if (file_exists(d + "/" + search.file_name)) {
+      r.path = d + "/" + search.file_name;
+      break;
+    }
+  }
+  std::lock_guard<std::mutex> lock(load_mutex());
+  dlerror();
+  void* handle = nullptr;
+  if (!r.path.empty()) {
+    handle = dlopen(r.path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  } else if (search.default_path) {
+    handle = dlopen(search.file_name.c_str(), RTLD_NOW | RTLD_LOCAL);
+    const char* e = handle ? nullptr : dlerror();
+    const std::string err = e ? e : "";
+    if (!handle && (err.empty() || err.rfind(search.file_name + ":", 0) == 0)) {
+      r.message = search.file_name + " not found next to libember.so, in $EMBER_PLUGIN_DIR or on the loader's path";
+      return r;
+    }
+    r.path = search.file_name;
+    if (!handle) {
+      r.state = PluginProbe::State::kBroken;
+      r.message = "cannot load " + r.path + ": " + err;
+      return r;
+    }
+  } else {
+    r.message = search.file_name + " not found";
+    return r;
+  }
+  if (!handle) {
+    const char* e = dlerror();
+    r.state = PluginProbe::State::kBroken;
+    r.message = "cannot load " + r.path + ": " + (e ? e : "unknown dlopen error");
+    return r;
+  }
+  // Never unloaded, like a plugin an engine opens.
+  if (!plugin_table(handle, r.path, search.entry_point, &r.message)) {
+    r.state = PluginProbe::State::kBroken;
+    return r;
+  }
+  r.state = PluginProbe::State::kLoadable;
+  return r;
 }
 
 std::unique_ptr<Backend> load_backend_plugin(const std::string& device, int n_threads) {

@@ -62,10 +62,10 @@ struct DevicePenalties {
 };
 
 struct GraphStats {
-  uint64_t captures = 0;   // graphs captured and instantiated
-  uint64_t updates = 0;    // captured again and updated in place (cudaGraphExecUpdate)
-  uint64_t replays = 0;    // steps that replayed a graph unchanged
-  uint64_t eager = 0;      // steps recorded but run without a graph (e.g. the arena overflowed)
+  uint64_t captures = 0;  // graphs captured and instantiated
+  uint64_t updates = 0;   // captured again and updated in place (cudaGraphExecUpdate)
+  uint64_t replays = 0;   // steps that replayed a graph unchanged
+  uint64_t eager = 0;     // steps recorded but run without a graph (e.g. the arena overflowed)
 };
 
 class BackendExtras {
@@ -119,7 +119,8 @@ class BackendExtras {
 // The plugin ABI.
 
 // Bump on any change to Backend, BackendExtras or the structs they take.
-inline constexpr uint32_t kBackendPluginAbi = 3;  // 2: kv_rope_shift, kv_read/write_block, AttentionSeq holes; 3: Backend::limits
+inline constexpr uint32_t kBackendPluginAbi =
+    3;  // 2: kv_rope_shift, kv_read/write_block, AttentionSeq holes; 3: Backend::limits
 
 // A hash of what both sides must agree on: the sizes of the interface
 // structs and the C++ library ABI. Computed from the headers each side was
@@ -127,10 +128,14 @@ inline constexpr uint32_t kBackendPluginAbi = 3;  // 2: kv_rope_shift, kv_read/w
 constexpr uint32_t backend_interface_fingerprint() {
   uint32_t h = 2166136261u;
   const uint32_t parts[] = {
-      static_cast<uint32_t>(sizeof(WeightDesc)),          static_cast<uint32_t>(sizeof(KvGeometry)),
-      static_cast<uint32_t>(sizeof(AttentionSeq)),        static_cast<uint32_t>(sizeof(AttentionParams)),
-      static_cast<uint32_t>(sizeof(DeviceSamplingParams)), static_cast<uint32_t>(sizeof(DevicePenalties)),
-      static_cast<uint32_t>(sizeof(GraphStats)),          static_cast<uint32_t>(sizeof(std::string)),
+      static_cast<uint32_t>(sizeof(WeightDesc)),
+      static_cast<uint32_t>(sizeof(KvGeometry)),
+      static_cast<uint32_t>(sizeof(AttentionSeq)),
+      static_cast<uint32_t>(sizeof(AttentionParams)),
+      static_cast<uint32_t>(sizeof(DeviceSamplingParams)),
+      static_cast<uint32_t>(sizeof(DevicePenalties)),
+      static_cast<uint32_t>(sizeof(GraphStats)),
+      static_cast<uint32_t>(sizeof(std::string)),
       static_cast<uint32_t>(sizeof(void*)),
 #ifdef _GLIBCXX_USE_CXX11_ABI
       static_cast<uint32_t>(_GLIBCXX_USE_CXX11_ABI) + 100u,
@@ -149,9 +154,9 @@ extern "C" {
 
 // What the plugin's entry point returns (a pointer to static storage).
 typedef struct ember_backend_plugin_v1 {
-  uint32_t abi_version;  // must be the first field: ember::kBackendPluginAbi
-  uint32_t fingerprint;  // ember::backend_interface_fingerprint()
-  const char* name;      // "cuda"
+  uint32_t abi_version;    // must be the first field: ember::kBackendPluginAbi
+  uint32_t fingerprint;    // ember::backend_interface_fingerprint()
+  const char* name;        // "cuda"
   const char* build_info;  // e.g. "CUDA 13.0, sm_80 sm_89 sm_90 + compute_90 PTX"
   // Creates a backend for `device` ("cuda", "cuda:N"). Returns 0 and sets
   // *out_backend (owned by the caller, deleted through its virtual
@@ -182,11 +187,21 @@ struct LoadedBackend {
 struct PluginSearch {
   std::string file_name = kCudaPluginFile;
   std::string entry_point = kCudaPluginEntry;
-  std::vector<std::string> dirs;   // searched first, in order (tests)
+  std::vector<std::string> dirs;  // searched first, in order (tests)
   bool next_to_libember = true;
-  bool env_dir = true;             // $EMBER_PLUGIN_DIR
-  bool default_path = true;        // dlopen(file_name) through the loader's search path
+  bool env_dir = true;       // $EMBER_PLUGIN_DIR
+  bool default_path = true;  // dlopen(file_name) through the loader's search path
 };
+
+// What probe_backend_plugin found. No backend is created, no device opened.
+struct PluginProbe {
+  enum class State { kAbsent, kLoadable, kBroken } state = State::kAbsent;
+  std::string path;     // the library found ("" when absent)
+  std::string message;  // why it is absent or broken ("" when loadable)
+};
+// Searches like open_backend_plugin, loads the library the way it would
+// (never unloaded) and checks its entry point, ABI and fingerprint.
+PluginProbe probe_backend_plugin(const PluginSearch& search = {});
 
 // The device names a plugin serves: "cuda" or "cuda:N". Throws
 // kUnsupported for other names, kInvalidArgument for a malformed index.

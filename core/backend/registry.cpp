@@ -69,11 +69,11 @@ void check_backend_limits(const Backend& backend, int32_t head_dim, int32_t n_he
   const BackendLimits lim = backend.limits();
   const int32_t group = n_kv_heads > 0 ? n_heads / n_kv_heads : 0;
   if (head_dim > lim.max_head_dim || group > lim.max_gqa_group || head_dim % lim.head_dim_multiple != 0) {
-    fail(StatusCode::kUnsupported,
-         "model: head_dim " + std::to_string(head_dim) + " / GQA group " + std::to_string(group) +
-             " is outside what the " + backend.name() + " backend supports (head_dim <= " +
-             std::to_string(lim.max_head_dim) + " and a multiple of " + std::to_string(lim.head_dim_multiple) +
-             ", group <= " + std::to_string(lim.max_gqa_group) + ")");
+    fail(StatusCode::kUnsupported, "model: head_dim " + std::to_string(head_dim) + " / GQA group " +
+                                       std::to_string(group) + " is outside what the " + backend.name() +
+                                       " backend supports (head_dim <= " + std::to_string(lim.max_head_dim) +
+                                       " and a multiple of " + std::to_string(lim.head_dim_multiple) +
+                                       ", group <= " + std::to_string(lim.max_gqa_group) + ")");
   }
 }
 

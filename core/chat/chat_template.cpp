@@ -13,7 +13,8 @@ ChatTemplate ChatTemplate::parse(const std::string& source) {
 std::string ChatTemplate::apply(const std::vector<ChatMessage>& messages, const ChatTemplateOptions& options) const {
   if (!program_) throw Error(StatusCode::kInvalidArgument, "chat template not parsed");
   auto check = [](const std::string& s, const char* what) {
-    if (!is_valid_utf8(s)) throw Error(StatusCode::kInvalidArgument, std::string("chat ") + what + " is not valid UTF-8");
+    if (!is_valid_utf8(s))
+      throw Error(StatusCode::kInvalidArgument, std::string("chat ") + what + " is not valid UTF-8");
   };
   std::vector<jinja::Value> list;
   list.reserve(messages.size());

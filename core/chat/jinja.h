@@ -29,12 +29,12 @@ namespace ember::jinja {
 
 // ---------------------------------------------------------------- limits
 struct Limits {
-  size_t max_output_bytes = 64u << 20;  // rendered text, and any one string value
-  size_t max_list_items = 1u << 20;     // any one list built while rendering
+  size_t max_output_bytes = 64u << 20;       // rendered text, and any one string value
+  size_t max_list_items = 1u << 20;          // any one list built while rendering
   uint64_t max_loop_iterations = 1'000'000;  // summed over one render
-  int max_eval_depth = 1000;   // nested expression/statement evaluation, macro calls
-  int max_parse_depth = 120;   // nested parentheses / blocks in the source
-  int max_expr_height = 256;   // height of one expression tree (e.g. a + b + c ...)
+  int max_eval_depth = 1000;                 // nested expression/statement evaluation, macro calls
+  int max_parse_depth = 120;                 // nested parentheses / blocks in the source
+  int max_expr_height = 256;                 // height of one expression tree (e.g. a + b + c ...)
   size_t max_source_bytes = 1u << 20;
 };
 
@@ -51,10 +51,10 @@ struct Value {
   bool b = false;
   int64_t i = 0;
   double f = 0.0;
-  std::shared_ptr<const std::string> s;   // String payload; for Undefined: a hint (may be null)
-  std::shared_ptr<ListData> list;         // List (also tuples)
-  std::shared_ptr<DictData> dict;         // Dict and Namespace
-  std::shared_ptr<CallableData> fn;       // Callable
+  std::shared_ptr<const std::string> s;  // String payload; for Undefined: a hint (may be null)
+  std::shared_ptr<ListData> list;        // List (also tuples)
+  std::shared_ptr<DictData> dict;        // Dict and Namespace
+  std::shared_ptr<CallableData> fn;      // Callable
 
   static Value undefined(std::string hint = {});
   static Value none();
@@ -98,8 +98,8 @@ std::string py_str(const Value& v);
 std::string py_repr(const Value& v);
 std::string py_float_repr(double d);
 struct JsonOptions {
-  bool pretty = false;     // indent given
-  std::string indent;      // indent unit when pretty
+  bool pretty = false;  // indent given
+  std::string indent;   // indent unit when pretty
   std::string item_sep = ", ", key_sep = ": ";
   bool sort_keys = false;
 };
@@ -120,23 +120,26 @@ using StmtPtr = std::unique_ptr<Stmt>;
 using Body = std::vector<StmtPtr>;
 
 enum class ExprKind : uint8_t {
-  Const,     // value
-  Name,      // name
-  NSRef,     // name.attr as an assignment target
-  List,      // args
-  Tuple,     // args
-  Dict,      // args: key, value, key, value...
-  Getattr,   // a.name
-  Getitem,   // a[b]
-  Slice,     // args: start/stop/step (null = omitted)
-  Call,      // a(args, kwargs)
-  Filter,    // a|name(args, kwargs); a null inside {% filter %} / {% set %} blocks
-  Test,      // a is name(args)
-  Neg, Pos, Not,  // a
-  Binary,    // a op b (op: + - * / // % **)
-  Concat,    // args joined with ~
-  Compare,   // a, then cmp_ops[i] with args[i]
-  And, Or,   // a, b
+  Const,    // value
+  Name,     // name
+  NSRef,    // name.attr as an assignment target
+  List,     // args
+  Tuple,    // args
+  Dict,     // args: key, value, key, value...
+  Getattr,  // a.name
+  Getitem,  // a[b]
+  Slice,    // args: start/stop/step (null = omitted)
+  Call,     // a(args, kwargs)
+  Filter,   // a|name(args, kwargs); a null inside {% filter %} / {% set %} blocks
+  Test,     // a is name(args)
+  Neg,
+  Pos,
+  Not,      // a
+  Binary,   // a op b (op: + - * / // % **)
+  Concat,   // args joined with ~
+  Compare,  // a, then cmp_ops[i] with args[i]
+  And,
+  Or,        // a, b
   CondExpr,  // a if b else c (c may be null)
 };
 
@@ -151,33 +154,34 @@ using TestFn = bool (*)(struct Evaluator&, const Value& subject, struct CallArgs
 struct Expr {
   ExprKind kind;
   int line = 0;
-  Value value;                 // Const
-  std::string name;            // Name, NSRef (namespace), Getattr, Filter, Test
-  std::string attr;            // NSRef attribute
+  Value value;       // Const
+  std::string name;  // Name, NSRef (namespace), Getattr, Filter, Test
+  std::string attr;  // NSRef attribute
   BinOp op = BinOp::Add;
   ExprPtr a, b, c;
   std::vector<ExprPtr> args;
   std::vector<std::pair<std::string, ExprPtr>> kwargs;
   ExprPtr dyn_args, dyn_kwargs;  // *args / **kwargs in calls
   std::vector<CmpOp> cmp_ops;
-  FilterFn filter = nullptr;   // resolved at parse time
+  FilterFn filter = nullptr;  // resolved at parse time
   TestFn test = nullptr;
-  int depth = 1;               // height of this subtree (bounded at parse time)
+  int depth = 1;  // height of this subtree (bounded at parse time)
   Expr(ExprKind k, int l) : kind(k), line(l) {}
 };
 
 enum class StmtKind : uint8_t {
-  Text,        // text
-  Emit,        // {{ expr }}
-  If,          // values[i] guards bodies[i] (if + elifs), else_body
-  For,         // target, expr (iterable), cond (filter), body, else_body
-  Set,         // target = expr
-  SetBlock,    // target, filter (Filter chain with null innermost subject or null), body
-  Macro,       // macro
-  FilterBlock, // filter chain, body
-  With,        // targets/values, body
-  Break, Continue,
-  Block,       // plain body (HF's {% generation %})
+  Text,         // text
+  Emit,         // {{ expr }}
+  If,           // values[i] guards bodies[i] (if + elifs), else_body
+  For,          // target, expr (iterable), cond (filter), body, else_body
+  Set,          // target = expr
+  SetBlock,     // target, filter (Filter chain with null innermost subject or null), body
+  Macro,        // macro
+  FilterBlock,  // filter chain, body
+  With,         // targets/values, body
+  Break,
+  Continue,
+  Block,  // plain body (HF's {% generation %})
 };
 
 struct MacroDef {
@@ -195,7 +199,7 @@ struct Stmt {
   ExprPtr target, expr, cond;
   std::vector<ExprPtr> targets, values;  // With; If conditions in values
   Body body, else_body;
-  std::vector<Body> bodies;              // If branches
+  std::vector<Body> bodies;  // If branches
   std::shared_ptr<MacroDef> macro;
   Stmt(StmtKind k, int l) : kind(k), line(l) {}
 };

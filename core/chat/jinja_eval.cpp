@@ -27,8 +27,10 @@ struct Frame {
     return nullptr;
   }
   void set(const std::string& name, Value v) {
-    if (Value* p = find_local(name)) *p = std::move(v);
-    else vars.emplace_back(name, std::move(v));
+    if (Value* p = find_local(name))
+      *p = std::move(v);
+    else
+      vars.emplace_back(name, std::move(v));
   }
 };
 
@@ -109,8 +111,10 @@ char32_t upper_cp(char32_t c) {
 bool is_cased(char32_t c) { return lower_cp(c) != c || upper_cp(c) != c || c == 0xDF; }
 
 void append_upper(std::string& out, char32_t c) {
-  if (c == 0xDF) out += "SS";
-  else append_utf8(out, upper_cp(c));
+  if (c == 0xDF)
+    out += "SS";
+  else
+    append_utf8(out, upper_cp(c));
 }
 
 std::string str_lower(const std::string& s) {
@@ -127,8 +131,10 @@ std::string str_capitalize(const std::string& s) {
   std::u32string u = utf8_decode(s);
   std::string out;
   for (size_t k = 0; k < u.size(); ++k) {
-    if (k == 0) append_upper(out, u[k]);
-    else append_utf8(out, lower_cp(u[k]));
+    if (k == 0)
+      append_upper(out, u[k]);
+    else
+      append_utf8(out, lower_cp(u[k]));
   }
   return out;
 }
@@ -136,8 +142,10 @@ std::string str_title_py(const std::string& s) {  // str.title()
   std::string out;
   bool prev_cased = false;
   for (char32_t c : utf8_decode(s)) {
-    if (prev_cased) append_utf8(out, lower_cp(c));
-    else append_upper(out, c);
+    if (prev_cased)
+      append_utf8(out, lower_cp(c));
+    else
+      append_upper(out, c);
     prev_cased = is_cased(c);
   }
   return out;
@@ -370,26 +378,27 @@ struct Evaluator {
   // ---------------------------------------------------------- attribute / item
   static bool is_str_method(const std::string& n) {
     static const char* const kNames[] = {
-        "capitalize", "casefold", "center", "count", "encode", "endswith", "expandtabs", "find", "format",
-        "format_map", "index", "isalnum", "isalpha", "isascii", "isdecimal", "isdigit", "isidentifier",
-        "islower", "isnumeric", "isprintable", "isspace", "istitle", "isupper", "join", "ljust", "lower",
-        "lstrip", "maketrans", "partition", "removeprefix", "removesuffix", "replace", "rfind", "rindex",
-        "rjust", "rpartition", "rsplit", "rstrip", "split", "splitlines", "startswith", "strip", "swapcase",
-        "title", "translate", "upper", "zfill"};
+        "capitalize", "casefold",     "center",       "count",   "encode",     "endswith",    "expandtabs",
+        "find",       "format",       "format_map",   "index",   "isalnum",    "isalpha",     "isascii",
+        "isdecimal",  "isdigit",      "isidentifier", "islower", "isnumeric",  "isprintable", "isspace",
+        "istitle",    "isupper",      "join",         "ljust",   "lower",      "lstrip",      "maketrans",
+        "partition",  "removeprefix", "removesuffix", "replace", "rfind",      "rindex",      "rjust",
+        "rpartition", "rsplit",       "rstrip",       "split",   "splitlines", "startswith",  "strip",
+        "swapcase",   "title",        "translate",    "upper",   "zfill"};
     for (const char* k : kNames)
       if (n == k) return true;
     return false;
   }
   static bool is_dict_method(const std::string& n) {
-    static const char* const kNames[] = {"clear", "copy", "fromkeys", "get", "items", "keys", "pop",
-                                         "popitem", "setdefault", "update", "values"};
+    static const char* const kNames[] = {"clear", "copy",    "fromkeys",   "get",    "items", "keys",
+                                         "pop",   "popitem", "setdefault", "update", "values"};
     for (const char* k : kNames)
       if (n == k) return true;
     return false;
   }
   static bool is_list_method(const std::string& n) {
-    static const char* const kNames[] = {"append", "clear", "copy", "count", "extend", "index",
-                                         "insert", "pop", "remove", "reverse", "sort"};
+    static const char* const kNames[] = {"append", "clear", "copy",   "count",   "extend", "index",
+                                         "insert", "pop",   "remove", "reverse", "sort"};
     for (const char* k : kNames)
       if (n == k) return true;
     return false;
@@ -414,9 +423,9 @@ struct Evaluator {
       case Kind::Int:
       case Kind::Bool:
       case Kind::Float:
-        if (name == "real" || name == "imag" || name == "numerator" || name == "denominator" ||
-            name == "conjugate" || name == "bit_length" || name == "is_integer" || name == "as_integer_ratio" ||
-            name == "hex" || name == "to_bytes")
+        if (name == "real" || name == "imag" || name == "numerator" || name == "denominator" || name == "conjugate" ||
+            name == "bit_length" || name == "is_integer" || name == "as_integer_ratio" || name == "hex" ||
+            name == "to_bytes")
           unsupported("attribute '" + name + "' of a number");
         break;
       default: break;
@@ -533,7 +542,8 @@ struct Evaluator {
           return Value::floating(as_double(a) + as_double(b));
         }
         if (a.is_string() || b.is_string())
-          runtime_error(std::string("can only concatenate str (not \"") + type_name(a.is_string() ? b : a) + "\") to str");
+          runtime_error(std::string("can only concatenate str (not \"") + type_name(a.is_string() ? b : a) +
+                        "\") to str");
         return type_err("+");
       case BinOp::Sub:
         if (a.is_number() && b.is_number()) {
@@ -568,8 +578,7 @@ struct Evaluator {
           if (n > 0 && seq->list->items.size() * static_cast<uint64_t>(n) > lim.max_list_items)
             runtime_error("list too large");
           std::vector<Value> items;
-          for (int64_t k = 0; k < n; ++k)
-            items.insert(items.end(), seq->list->items.begin(), seq->list->items.end());
+          for (int64_t k = 0; k < n; ++k) items.insert(items.end(), seq->list->items.begin(), seq->list->items.end());
           return Value::make_list(std::move(items), seq->list->tuple);
         }
         return type_err("*");
@@ -828,8 +837,8 @@ struct Evaluator {
         if (items.size() != target.args.size())
           runtime_error(items.size() > target.args.size()
                             ? "too many values to unpack (expected " + std::to_string(target.args.size()) + ")"
-                            : "not enough values to unpack (expected " + std::to_string(target.args.size()) +
-                                  ", got " + std::to_string(items.size()) + ")");
+                            : "not enough values to unpack (expected " + std::to_string(target.args.size()) + ", got " +
+                                  std::to_string(items.size()) + ")");
         for (size_t k = 0; k < items.size(); ++k) assign(*target.args[k], items[k]);
         return;
       }
@@ -1114,8 +1123,10 @@ Value f_title(Evaluator&, const Value& v, CallArgs& a) {
     bool sep = is_sep(u[k]);
     while (k < u.size() && is_sep(u[k]) == sep) ++k;
     for (size_t j = b; j < k; ++j) {
-      if (j == b) append_upper(out, u[j]);
-      else append_utf8(out, lower_cp(u[j]));
+      if (j == b)
+        append_upper(out, u[j]);
+      else
+        append_utf8(out, lower_cp(u[j]));
     }
   }
   return Value::string(std::move(out));
@@ -1195,7 +1206,8 @@ Value f_dictsort(Evaluator&, const Value& v, CallArgs& a) {
   if (pos < 0) runtime_error("You can only sort by either \"key\" or \"value\"");
   std::vector<Value> items;
   for (const auto& kv : v.dict->items) items.push_back(Value::make_list({kv.first, kv.second}, true));
-  sort_values(items, [&](const Value& x) { return lower_if_string(x.list->items[pos], cs); }, reverse);
+  sort_values(
+      items, [&](const Value& x) { return lower_if_string(x.list->items[pos], cs); }, reverse);
   return Value::make_list(std::move(items));
 }
 Value f_sort(Evaluator& ev, const Value& v, CallArgs& a) {
@@ -1204,9 +1216,10 @@ Value f_sort(Evaluator& ev, const Value& v, CallArgs& a) {
   bool cs = truthy(b.get(1, Value::boolean(false)));
   Value attribute = b.get(2, Value::none());
   std::vector<Value> items = ev.iterate(v);
-  sort_values(items, [&](const Value& x) {
-    return lower_if_string(attribute.is_none() ? x : get_attr_path(ev, x, attribute), cs);
-  }, reverse);
+  sort_values(
+      items,
+      [&](const Value& x) { return lower_if_string(attribute.is_none() ? x : get_attr_path(ev, x, attribute), cs); },
+      reverse);
   return Value::make_list(std::move(items));
 }
 Value f_unique(Evaluator& ev, const Value& v, CallArgs& a) {
@@ -1246,8 +1259,10 @@ Value f_tojson(Evaluator&, const Value& v, CallArgs& a) {
   if (!indent.is_none()) {
     opt.pretty = true;
     opt.item_sep = ",";
-    if (indent.is_string()) opt.indent = indent.str();
-    else opt.indent = std::string(static_cast<size_t>(std::max<int64_t>(0, need_int(indent, "indent"))), ' ');
+    if (indent.is_string())
+      opt.indent = indent.str();
+    else
+      opt.indent = std::string(static_cast<size_t>(std::max<int64_t>(0, need_int(indent, "indent"))), ' ');
   }
   Value seps = b.get(2, Value::none());
   if (!seps.is_none()) {
@@ -1278,8 +1293,9 @@ bool parse_py_int(const std::string& text, int64_t base, int64_t& out) {
       prev_us = true;
       continue;
     }
-    int d = std::isdigit(static_cast<unsigned char>(c)) ? c - '0'
-            : std::isalpha(static_cast<unsigned char>(c)) ? std::tolower(c) - 'a' + 10 : 99;
+    int d = std::isdigit(static_cast<unsigned char>(c))   ? c - '0'
+            : std::isalpha(static_cast<unsigned char>(c)) ? std::tolower(c) - 'a' + 10
+                                                          : 99;
     if (d >= base) return false;
     if (__builtin_mul_overflow(v, base, &v) || __builtin_add_overflow(v, d, &v)) unsupported("integer beyond 64 bits");
     prev_us = false;
@@ -1382,7 +1398,9 @@ Value f_round(Evaluator&, const Value& v, CallArgs& a) {
 Value f_indent(Evaluator&, const Value& v, CallArgs& a) {
   Bound b(a, {"width", "first", "blank"}, "indent");
   Value width = b.get(0, Value::integer(4));
-  std::string ind = width.is_string() ? width.str() : std::string(static_cast<size_t>(std::max<int64_t>(0, need_int(width, "width"))), ' ');
+  std::string ind = width.is_string()
+                        ? width.str()
+                        : std::string(static_cast<size_t>(std::max<int64_t>(0, need_int(width, "width"))), ' ');
   bool first = truthy(b.get(1, Value::boolean(false)));
   bool blank = truthy(b.get(2, Value::boolean(false)));
   std::string s = py_str(v) + "\n";
@@ -1423,7 +1441,9 @@ Value min_max(Evaluator& ev, const Value& v, CallArgs& a, bool want_max) {
   std::vector<Value> items = ev.iterate(v);
   if (items.empty()) return Value::undefined(std::string("No aggregated item, sequence was empty."));
   size_t best = 0;
-  auto key = [&](const Value& x) { return lower_if_string(attribute.is_none() ? x : get_attr_path(ev, x, attribute), cs); };
+  auto key = [&](const Value& x) {
+    return lower_if_string(attribute.is_none() ? x : get_attr_path(ev, x, attribute), cs);
+  };
   Value best_key = key(items[0]);
   for (size_t k = 1; k < items.size(); ++k) {
     Value kk = key(items[k]);
@@ -1454,7 +1474,8 @@ Value f_center(Evaluator&, const Value& v, CallArgs& a) {
   if (width > (1 << 20)) runtime_error("center width too large");
   int64_t marg = width - len;
   int64_t left = marg / 2 + (marg & width & 1);
-  return Value::string(std::string(static_cast<size_t>(left), ' ') + s + std::string(static_cast<size_t>(marg - left), ' '));
+  return Value::string(std::string(static_cast<size_t>(left), ' ') + s +
+                       std::string(static_cast<size_t>(marg - left), ' '));
 }
 
 bool run_test(Evaluator& ev, const std::string& name, const Value& v, CallArgs& args);
@@ -1487,8 +1508,12 @@ Value select_impl(Evaluator& ev, const Value& v, CallArgs& a, bool with_attr, bo
 }
 Value f_select(Evaluator& ev, const Value& v, CallArgs& a) { return select_impl(ev, v, a, false, true, "select"); }
 Value f_reject(Evaluator& ev, const Value& v, CallArgs& a) { return select_impl(ev, v, a, false, false, "reject"); }
-Value f_selectattr(Evaluator& ev, const Value& v, CallArgs& a) { return select_impl(ev, v, a, true, true, "selectattr"); }
-Value f_rejectattr(Evaluator& ev, const Value& v, CallArgs& a) { return select_impl(ev, v, a, true, false, "rejectattr"); }
+Value f_selectattr(Evaluator& ev, const Value& v, CallArgs& a) {
+  return select_impl(ev, v, a, true, true, "selectattr");
+}
+Value f_rejectattr(Evaluator& ev, const Value& v, CallArgs& a) {
+  return select_impl(ev, v, a, true, false, "rejectattr");
+}
 
 Value f_map(Evaluator& ev, const Value& v, CallArgs& a) {
   std::vector<Value> out;
@@ -1496,7 +1521,8 @@ Value f_map(Evaluator& ev, const Value& v, CallArgs& a) {
   Value def;
   bool has_default = false;
   for (const auto& kv : a.kw) {
-    if (kv.first == "attribute") attribute = &kv.second;
+    if (kv.first == "attribute")
+      attribute = &kv.second;
     else if (kv.first == "default") {
       def = kv.second;
       has_default = true;
@@ -1555,30 +1581,90 @@ struct FilterEntry {
   FilterFn fn;
 };
 const FilterEntry kFilters[] = {
-    {"abs", f_abs},           {"attr", f_attr},         {"batch", f_batch},       {"capitalize", f_capitalize},
-    {"center", f_center},     {"count", f_length},      {"d", f_default},         {"default", f_default},
-    {"dictsort", f_dictsort}, {"first", f_first},       {"float", f_float},       {"indent", f_indent},
-    {"int", f_int},           {"items", f_items},       {"join", f_join},         {"last", f_last},
-    {"length", f_length},     {"list", f_list},         {"lower", f_lower},       {"map", f_map},
-    {"max", f_max},           {"min", f_min},           {"reject", f_reject},     {"rejectattr", f_rejectattr},
-    {"replace", f_replace},   {"reverse", f_reverse},   {"round", f_round},       {"select", f_select},
-    {"selectattr", f_selectattr}, {"sort", f_sort},     {"string", f_string},     {"sum", f_sum},
-    {"title", f_title},       {"tojson", f_tojson},     {"trim", f_trim},         {"unique", f_unique},
+    {"abs", f_abs},
+    {"attr", f_attr},
+    {"batch", f_batch},
+    {"capitalize", f_capitalize},
+    {"center", f_center},
+    {"count", f_length},
+    {"d", f_default},
+    {"default", f_default},
+    {"dictsort", f_dictsort},
+    {"first", f_first},
+    {"float", f_float},
+    {"indent", f_indent},
+    {"int", f_int},
+    {"items", f_items},
+    {"join", f_join},
+    {"last", f_last},
+    {"length", f_length},
+    {"list", f_list},
+    {"lower", f_lower},
+    {"map", f_map},
+    {"max", f_max},
+    {"min", f_min},
+    {"reject", f_reject},
+    {"rejectattr", f_rejectattr},
+    {"replace", f_replace},
+    {"reverse", f_reverse},
+    {"round", f_round},
+    {"select", f_select},
+    {"selectattr", f_selectattr},
+    {"sort", f_sort},
+    {"string", f_string},
+    {"sum", f_sum},
+    {"title", f_title},
+    {"tojson", f_tojson},
+    {"trim", f_trim},
+    {"unique", f_unique},
     {"upper", f_upper},
 };
 
 // ------------------------------------------------------------------ tests
-bool t_defined(Evaluator&, const Value& v, CallArgs& a) { no_args(a, "defined"); return !v.is_undefined(); }
-bool t_undefined(Evaluator&, const Value& v, CallArgs& a) { no_args(a, "undefined"); return v.is_undefined(); }
-bool t_none(Evaluator&, const Value& v, CallArgs& a) { no_args(a, "none"); return v.is_none(); }
-bool t_boolean(Evaluator&, const Value& v, CallArgs& a) { no_args(a, "boolean"); return v.kind == Kind::Bool; }
-bool t_true(Evaluator&, const Value& v, CallArgs& a) { no_args(a, "true"); return v.kind == Kind::Bool && v.b; }
-bool t_false(Evaluator&, const Value& v, CallArgs& a) { no_args(a, "false"); return v.kind == Kind::Bool && !v.b; }
-bool t_integer(Evaluator&, const Value& v, CallArgs& a) { no_args(a, "integer"); return v.kind == Kind::Int; }
-bool t_float(Evaluator&, const Value& v, CallArgs& a) { no_args(a, "float"); return v.kind == Kind::Float; }
-bool t_number(Evaluator&, const Value& v, CallArgs& a) { no_args(a, "number"); return v.is_number(); }
-bool t_string(Evaluator&, const Value& v, CallArgs& a) { no_args(a, "string"); return v.is_string(); }
-bool t_mapping(Evaluator&, const Value& v, CallArgs& a) { no_args(a, "mapping"); return v.kind == Kind::Dict; }
+bool t_defined(Evaluator&, const Value& v, CallArgs& a) {
+  no_args(a, "defined");
+  return !v.is_undefined();
+}
+bool t_undefined(Evaluator&, const Value& v, CallArgs& a) {
+  no_args(a, "undefined");
+  return v.is_undefined();
+}
+bool t_none(Evaluator&, const Value& v, CallArgs& a) {
+  no_args(a, "none");
+  return v.is_none();
+}
+bool t_boolean(Evaluator&, const Value& v, CallArgs& a) {
+  no_args(a, "boolean");
+  return v.kind == Kind::Bool;
+}
+bool t_true(Evaluator&, const Value& v, CallArgs& a) {
+  no_args(a, "true");
+  return v.kind == Kind::Bool && v.b;
+}
+bool t_false(Evaluator&, const Value& v, CallArgs& a) {
+  no_args(a, "false");
+  return v.kind == Kind::Bool && !v.b;
+}
+bool t_integer(Evaluator&, const Value& v, CallArgs& a) {
+  no_args(a, "integer");
+  return v.kind == Kind::Int;
+}
+bool t_float(Evaluator&, const Value& v, CallArgs& a) {
+  no_args(a, "float");
+  return v.kind == Kind::Float;
+}
+bool t_number(Evaluator&, const Value& v, CallArgs& a) {
+  no_args(a, "number");
+  return v.is_number();
+}
+bool t_string(Evaluator&, const Value& v, CallArgs& a) {
+  no_args(a, "string");
+  return v.is_string();
+}
+bool t_mapping(Evaluator&, const Value& v, CallArgs& a) {
+  no_args(a, "mapping");
+  return v.kind == Kind::Dict;
+}
 bool t_iterable(Evaluator&, const Value& v, CallArgs& a) {
   no_args(a, "iterable");
   return v.is_undefined() || v.is_string() || v.is_list() || v.kind == Kind::Dict;
@@ -1587,13 +1673,22 @@ bool t_sequence(Evaluator&, const Value& v, CallArgs& a) {
   no_args(a, "sequence");
   return v.is_undefined() || v.is_string() || v.is_list() || v.kind == Kind::Dict;
 }
-bool t_callable(Evaluator&, const Value& v, CallArgs& a) { no_args(a, "callable"); return v.kind == Kind::Callable; }
-bool t_escaped(Evaluator&, const Value&, CallArgs& a) { no_args(a, "escaped"); return false; }
+bool t_callable(Evaluator&, const Value& v, CallArgs& a) {
+  no_args(a, "callable");
+  return v.kind == Kind::Callable;
+}
+bool t_escaped(Evaluator&, const Value&, CallArgs& a) {
+  no_args(a, "escaped");
+  return false;
+}
 bool t_filter(Evaluator&, const Value& v, CallArgs& a) {
   no_args(a, "filter");
   return v.is_string() && (find_filter(v.str()) || is_known_unsupported_filter(v.str()));
 }
-bool t_test(Evaluator&, const Value& v, CallArgs& a) { no_args(a, "test"); return v.is_string() && find_test(v.str()); }
+bool t_test(Evaluator&, const Value& v, CallArgs& a) {
+  no_args(a, "test");
+  return v.is_string() && find_test(v.str());
+}
 bool t_sameas(Evaluator&, const Value& v, CallArgs& a) {
   Bound b(a, {"other"}, "sameas");
   Value o = b.get(0);
@@ -1609,13 +1704,36 @@ bool t_sameas(Evaluator&, const Value& v, CallArgs& a) {
     default: unsupported("'sameas' on numbers or strings (identity is a CPython detail)");
   }
 }
-bool t_in(Evaluator& ev, const Value& v, CallArgs& a) { Bound b(a, {"seq"}, "in"); return ev.contains(b.get(0), v); }
-bool t_eq(Evaluator&, const Value& v, CallArgs& a) { Bound b(a, {"other"}, "eq"); return py_equal(v, b.get(0)); }
-bool t_ne(Evaluator&, const Value& v, CallArgs& a) { Bound b(a, {"other"}, "ne"); return !py_equal(v, b.get(0)); }
-bool t_lt(Evaluator&, const Value& v, CallArgs& a) { Bound b(a, {"other"}, "lt"); return compare_values(v, b.get(0), "<") == -1; }
-bool t_le(Evaluator&, const Value& v, CallArgs& a) { Bound b(a, {"other"}, "le"); int c = compare_values(v, b.get(0), "<="); return c == -1 || c == 0; }
-bool t_gt(Evaluator&, const Value& v, CallArgs& a) { Bound b(a, {"other"}, "gt"); return compare_values(v, b.get(0), ">") == 1; }
-bool t_ge(Evaluator&, const Value& v, CallArgs& a) { Bound b(a, {"other"}, "ge"); int c = compare_values(v, b.get(0), ">="); return c == 1 || c == 0; }
+bool t_in(Evaluator& ev, const Value& v, CallArgs& a) {
+  Bound b(a, {"seq"}, "in");
+  return ev.contains(b.get(0), v);
+}
+bool t_eq(Evaluator&, const Value& v, CallArgs& a) {
+  Bound b(a, {"other"}, "eq");
+  return py_equal(v, b.get(0));
+}
+bool t_ne(Evaluator&, const Value& v, CallArgs& a) {
+  Bound b(a, {"other"}, "ne");
+  return !py_equal(v, b.get(0));
+}
+bool t_lt(Evaluator&, const Value& v, CallArgs& a) {
+  Bound b(a, {"other"}, "lt");
+  return compare_values(v, b.get(0), "<") == -1;
+}
+bool t_le(Evaluator&, const Value& v, CallArgs& a) {
+  Bound b(a, {"other"}, "le");
+  int c = compare_values(v, b.get(0), "<=");
+  return c == -1 || c == 0;
+}
+bool t_gt(Evaluator&, const Value& v, CallArgs& a) {
+  Bound b(a, {"other"}, "gt");
+  return compare_values(v, b.get(0), ">") == 1;
+}
+bool t_ge(Evaluator&, const Value& v, CallArgs& a) {
+  Bound b(a, {"other"}, "ge");
+  int c = compare_values(v, b.get(0), ">=");
+  return c == 1 || c == 0;
+}
 bool t_odd(Evaluator&, const Value& v, CallArgs& a) {
   no_args(a, "odd");
   if (!v.is_integral()) runtime_error("odd: value must be an integer");
@@ -1638,8 +1756,10 @@ bool t_lower(Evaluator&, const Value& v, CallArgs& a) {
   std::string s = py_str(v);
   bool cased = false;
   for (char32_t c : utf8_decode(s)) {
-    if (upper_cp(c) != c || c == 0xDF) cased = true;
-    else if (lower_cp(c) != c) return false;
+    if (upper_cp(c) != c || c == 0xDF)
+      cased = true;
+    else if (lower_cp(c) != c)
+      return false;
   }
   return cased;
 }
@@ -1648,8 +1768,10 @@ bool t_upper(Evaluator&, const Value& v, CallArgs& a) {
   std::string s = py_str(v);
   bool cased = false;
   for (char32_t c : utf8_decode(s)) {
-    if (lower_cp(c) != c) cased = true;
-    else if (upper_cp(c) != c || c == 0xDF) return false;
+    if (lower_cp(c) != c)
+      cased = true;
+    else if (upper_cp(c) != c || c == 0xDF)
+      return false;
   }
   return cased;
 }
@@ -1659,16 +1781,45 @@ struct TestEntry {
   TestFn fn;
 };
 const TestEntry kTests[] = {
-    {"defined", t_defined}, {"undefined", t_undefined}, {"none", t_none},       {"boolean", t_boolean},
-    {"true", t_true},       {"false", t_false},         {"integer", t_integer}, {"float", t_float},
-    {"number", t_number},   {"string", t_string},       {"mapping", t_mapping}, {"iterable", t_iterable},
-    {"sequence", t_sequence}, {"callable", t_callable}, {"escaped", t_escaped}, {"filter", t_filter},
-    {"test", t_test},       {"sameas", t_sameas},       {"in", t_in},           {"eq", t_eq},
-    {"equalto", t_eq},      {"==", t_eq},               {"ne", t_ne},           {"!=", t_ne},
-    {"lt", t_lt},           {"lessthan", t_lt},         {"<", t_lt},            {"le", t_le},
-    {"<=", t_le},           {"gt", t_gt},               {"greaterthan", t_gt},  {">", t_gt},
-    {"ge", t_ge},           {">=", t_ge},               {"odd", t_odd},         {"even", t_even},
-    {"divisibleby", t_divisibleby}, {"lower", t_lower}, {"upper", t_upper},
+    {"defined", t_defined},
+    {"undefined", t_undefined},
+    {"none", t_none},
+    {"boolean", t_boolean},
+    {"true", t_true},
+    {"false", t_false},
+    {"integer", t_integer},
+    {"float", t_float},
+    {"number", t_number},
+    {"string", t_string},
+    {"mapping", t_mapping},
+    {"iterable", t_iterable},
+    {"sequence", t_sequence},
+    {"callable", t_callable},
+    {"escaped", t_escaped},
+    {"filter", t_filter},
+    {"test", t_test},
+    {"sameas", t_sameas},
+    {"in", t_in},
+    {"eq", t_eq},
+    {"equalto", t_eq},
+    {"==", t_eq},
+    {"ne", t_ne},
+    {"!=", t_ne},
+    {"lt", t_lt},
+    {"lessthan", t_lt},
+    {"<", t_lt},
+    {"le", t_le},
+    {"<=", t_le},
+    {"gt", t_gt},
+    {"greaterthan", t_gt},
+    {">", t_gt},
+    {"ge", t_ge},
+    {">=", t_ge},
+    {"odd", t_odd},
+    {"even", t_even},
+    {"divisibleby", t_divisibleby},
+    {"lower", t_lower},
+    {"upper", t_upper},
 };
 
 bool run_test(Evaluator& ev, const std::string& name, const Value& v, CallArgs& args) {
@@ -1692,9 +1843,9 @@ TestFn find_test(const std::string& name) {
 }
 
 bool is_known_unsupported_filter(const std::string& name) {
-  static const char* const kNames[] = {"e", "escape", "forceescape", "safe", "format", "filesizeformat", "groupby",
-                                       "pprint", "random", "slice", "striptags", "truncate", "urlencode", "urlize",
-                                       "wordcount", "wordwrap", "xmlattr"};
+  static const char* const kNames[] = {"e",         "escape", "forceescape", "safe",     "format",    "filesizeformat",
+                                       "groupby",   "pprint", "random",      "slice",    "striptags", "truncate",
+                                       "urlencode", "urlize", "wordcount",   "wordwrap", "xmlattr"};
   for (const char* k : kNames)
     if (name == k) return true;
   return false;
@@ -1725,8 +1876,10 @@ Value Evaluator::call_macro(const CallableData& fn, CallArgs& args) {
   std::vector<std::optional<Value>> vals(np);
   std::vector<Value> extra;
   for (size_t k = 0; k < args.pos.size(); ++k) {
-    if (k < np) vals[k] = args.pos[k];
-    else extra.push_back(args.pos[k]);
+    if (k < np)
+      vals[k] = args.pos[k];
+    else
+      extra.push_back(args.pos[k]);
   }
   if (!extra.empty() && !m.uses_varargs)
     runtime_error("macro '" + m.name + "' takes not more than " + std::to_string(np) + " argument(s)");
@@ -1746,9 +1899,12 @@ Value Evaluator::call_macro(const CallableData& fn, CallArgs& args) {
   size_t first_default = np - m.defaults.size();
   for (size_t k = 0; k < np; ++k) {
     Value v;
-    if (vals[k]) v = *vals[k];
-    else if (k >= first_default) v = eval(*m.defaults[k - first_default]);
-    else v = Value::undefined("parameter '" + m.params[k] + "' was not provided");
+    if (vals[k])
+      v = *vals[k];
+    else if (k >= first_default)
+      v = eval(*m.defaults[k - first_default]);
+    else
+      v = Value::undefined("parameter '" + m.params[k] + "' was not provided");
     frame->set(m.params[k], v);
   }
   if (m.uses_varargs) frame->set("varargs", Value::make_list(std::move(extra), true));
@@ -1828,8 +1984,10 @@ Value Evaluator::call_method(const Value& self, const std::string& name, CallArg
       if (name == "capitalize") return Value::string(str_capitalize(s));
       std::string out;
       for (char32_t c : utf8_decode(s)) {
-        if (lower_cp(c) != c) append_utf8(out, lower_cp(c));
-        else append_upper(out, c);
+        if (lower_cp(c) != c)
+          append_utf8(out, lower_cp(c));
+        else
+          append_upper(out, c);
       }
       return Value::string(std::move(out));
     }
@@ -1848,7 +2006,8 @@ Value Evaluator::call_method(const Value& self, const std::string& name, CallArg
     if (name == "splitlines") {
       Bound b(args, {"keepends"}, where);
       std::vector<Value> items;
-      for (auto& p : str_splitlines(s, truthy(b.get(0, Value::boolean(false))))) items.push_back(Value::string(std::move(p)));
+      for (auto& p : str_splitlines(s, truthy(b.get(0, Value::boolean(false)))))
+        items.push_back(Value::string(std::move(p)));
       return Value::make_list(std::move(items));
     }
     if (name == "startswith" || name == "endswith") {
@@ -1867,8 +2026,8 @@ Value Evaluator::call_method(const Value& self, const std::string& name, CallArg
     if (name == "replace") {
       Bound b(args, {"old", "new", "count"}, where);
       int64_t count = need_int(b.get(2, Value::integer(-1)), "count");
-      return Value::string(str_replace(s, need_string(b.get(0), "old"), need_string(b.get(1), "new"), count,
-                                       lim.max_output_bytes));
+      return Value::string(
+          str_replace(s, need_string(b.get(0), "old"), need_string(b.get(1), "new"), count, lim.max_output_bytes));
     }
     if (name == "find" || name == "rfind" || name == "index" || name == "rindex" || name == "count") {
       Bound b(args, {"sub", "start", "end"}, where);
@@ -1908,7 +2067,8 @@ Value Evaluator::call_method(const Value& self, const std::string& name, CallArg
         name == "isspace" || name == "islower" || name == "isupper" || name == "isascii") {
       no_args(args, where);
       std::u32string u = utf8_decode(s);
-      if (name == "isascii") return Value::boolean(std::all_of(u.begin(), u.end(), [](char32_t c) { return c < 0x80; }));
+      if (name == "isascii")
+        return Value::boolean(std::all_of(u.begin(), u.end(), [](char32_t c) { return c < 0x80; }));
       if (name == "islower" || name == "isupper") {
         CallArgs none;
         Evaluator& ev = *this;
@@ -1940,8 +2100,10 @@ Value Evaluator::call_method(const Value& self, const std::string& name, CallArg
       no_args(args, where);
       std::vector<Value> items;
       for (const auto& kv : self.dict->items) {
-        if (name == "items") items.push_back(Value::make_list({kv.first, kv.second}, true));
-        else items.push_back(name == "keys" ? kv.first : kv.second);
+        if (name == "items")
+          items.push_back(Value::make_list({kv.first, kv.second}, true));
+        else
+          items.push_back(name == "keys" ? kv.first : kv.second);
       }
       return Value::make_list(std::move(items));
     }

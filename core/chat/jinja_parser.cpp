@@ -248,7 +248,9 @@ class Lexer {
   }
 
   size_t match_integer(size_t p, int64_t& value) {
-    auto lower = [&](size_t k) { return k < src_.size() ? static_cast<char>(std::tolower(static_cast<unsigned char>(src_[k]))) : '\0'; };
+    auto lower = [&](size_t k) {
+      return k < src_.size() ? static_cast<char>(std::tolower(static_cast<unsigned char>(src_[k]))) : '\0';
+    };
     int base = 10;
     size_t start = p, len = 0;
     auto prefixed = [&](int b) -> size_t {  // 0x(_?[digits])+
@@ -278,9 +280,12 @@ class Lexer {
       } else if (src_[p] == '0') {
         size_t k = p + 1;
         while (k < src_.size()) {
-          if (src_[k] == '0') ++k;
-          else if (src_[k] == '_' && k + 1 < src_.size() && src_[k + 1] == '0') k += 2;
-          else break;
+          if (src_[k] == '0')
+            ++k;
+          else if (src_[k] == '_' && k + 1 < src_.size() && src_[k + 1] == '0')
+            k += 2;
+          else
+            break;
         }
         len = k - p;
       }
@@ -317,9 +322,12 @@ class Lexer {
       char32_t e = in[++k];
       if (e >= 0x80) {  // backslash followed by the backslashreplace text of e
         char buf[16];
-        if (e < 0x100) std::snprintf(buf, sizeof(buf), "\\x%02x", static_cast<unsigned>(e));
-        else if (e < 0x10000) std::snprintf(buf, sizeof(buf), "\\u%04x", static_cast<unsigned>(e));
-        else std::snprintf(buf, sizeof(buf), "\\U%08x", static_cast<unsigned>(e));
+        if (e < 0x100)
+          std::snprintf(buf, sizeof(buf), "\\x%02x", static_cast<unsigned>(e));
+        else if (e < 0x10000)
+          std::snprintf(buf, sizeof(buf), "\\u%04x", static_cast<unsigned>(e));
+        else
+          std::snprintf(buf, sizeof(buf), "\\U%08x", static_cast<unsigned>(e));
         out += buf;  // "\\" decodes to '\' and the hex text stays literal
         continue;
       }
@@ -374,8 +382,10 @@ class Lexer {
       if (balance_.empty()) {
         size_t e = 0;
         if (variable) {
-          if (src_.compare(p, 3, "-}}") == 0) e = skip_ws(p + 3);
-          else if (src_.compare(p, 2, "}}") == 0) e = p + 2;
+          if (src_.compare(p, 3, "-}}") == 0)
+            e = skip_ws(p + 3);
+          else if (src_.compare(p, 2, "}}") == 0)
+            e = p + 2;
         } else {
           e = match_block_end(p, "%}");
         }
@@ -451,7 +461,8 @@ class Lexer {
         if (balance_.empty()) syntax_error(src_, p, "unexpected '" + ops + "'");
         char expected = balance_.back();
         balance_.pop_back();
-        if (expected != ops[0]) syntax_error(src_, p, "unexpected '" + ops + "', expected '" + std::string(1, expected) + "'");
+        if (expected != ops[0])
+          syntax_error(src_, p, "unexpected '" + ops + "', expected '" + std::string(1, expected) + "'");
       }
       push(Tok::Op, p, ops);
       pos_ = p + ops.size();
@@ -653,8 +664,8 @@ class Parser {
       s->body = parse_statements({"endgeneration"}, true, "generation");
       return out.push_back(std::move(s));
     }
-    if (tag == "block" || tag == "extends" || tag == "include" || tag == "import" || tag == "from" ||
-        tag == "call" || tag == "autoescape")
+    if (tag == "block" || tag == "extends" || tag == "include" || tag == "import" || tag == "from" || tag == "call" ||
+        tag == "autoescape")
       unsupported("{% " + tag + " %} statement");
     if (tag == "raw") fail("malformed raw block");
     fail("Encountered unknown tag '" + tag + "'.");
@@ -830,8 +841,12 @@ class Parser {
       const Token& t = current();
       if (t.type == Tok::Op && (t.value == "==" || t.value == "!=" || t.value == "<" || t.value == "<=" ||
                                 t.value == ">" || t.value == ">=")) {
-        op = t.value == "==" ? CmpOp::Eq : t.value == "!=" ? CmpOp::Ne : t.value == "<" ? CmpOp::Lt
-           : t.value == "<=" ? CmpOp::Le : t.value == ">" ? CmpOp::Gt : CmpOp::Ge;
+        op = t.value == "=="   ? CmpOp::Eq
+             : t.value == "!=" ? CmpOp::Ne
+             : t.value == "<"  ? CmpOp::Lt
+             : t.value == "<=" ? CmpOp::Le
+             : t.value == ">"  ? CmpOp::Gt
+                               : CmpOp::Ge;
         next();
       } else if (is_name(t, "in")) {
         op = CmpOp::In;
@@ -879,11 +894,16 @@ class Parser {
     while (true) {
       const Token& t = current();
       BinOp op;
-      if (is_op(t, "*")) op = BinOp::Mul;
-      else if (is_op(t, "/")) op = BinOp::Div;
-      else if (is_op(t, "//")) op = BinOp::FloorDiv;
-      else if (is_op(t, "%")) op = BinOp::Mod;
-      else break;
+      if (is_op(t, "*"))
+        op = BinOp::Mul;
+      else if (is_op(t, "/"))
+        op = BinOp::Div;
+      else if (is_op(t, "//"))
+        op = BinOp::FloorDiv;
+      else if (is_op(t, "%"))
+        op = BinOp::Mod;
+      else
+        break;
       next();
       ExprPtr e = binary(ExprKind::Binary, std::move(left), parse_pow());
       e->op = op;
@@ -1002,8 +1022,10 @@ class Parser {
       if (!args.empty()) expect_op(",");
       if (is_tuple_end(extra_end)) break;
       args.push_back(simplified ? parse_primary(with_namespace) : parse_expression(with_condexpr));
-      if (is_op(current(), ",")) is_tuple = true;
-      else break;
+      if (is_op(current(), ","))
+        is_tuple = true;
+      else
+        break;
     }
     if (!is_tuple) {
       if (!args.empty()) return std::move(args[0]);
@@ -1168,9 +1190,9 @@ class Parser {
     ExprPtr e = make(ExprKind::Test);
     e->name = expect_name();
     while (skip_op(".")) {
-        e->name += '.';
-        e->name += expect_name();
-      }
+      e->name += '.';
+      e->name += expect_name();
+    }
     const Token& t = current();
     if (is_op(t, "(")) {
       parse_call_args(*e);
@@ -1198,7 +1220,8 @@ class Parser {
 
 std::shared_ptr<const Program> parse_template(const std::string& source, const Limits& limits) {
   if (source.size() > limits.max_source_bytes)
-    throw Error(StatusCode::kBadFormat, "chat template larger than " + std::to_string(limits.max_source_bytes) + " bytes");
+    throw Error(StatusCode::kBadFormat,
+                "chat template larger than " + std::to_string(limits.max_source_bytes) + " bytes");
   if (!is_valid_utf8(source)) throw Error(StatusCode::kBadFormat, "chat template is not valid UTF-8");
   Lexer lexer(source);
   std::vector<Token> toks = lexer.run();

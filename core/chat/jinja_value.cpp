@@ -10,9 +10,7 @@
 
 namespace ember::jinja {
 
-void runtime_error(const std::string& msg) {
-  throw Error(StatusCode::kInvalidArgument, "chat template error: " + msg);
-}
+void runtime_error(const std::string& msg) { throw Error(StatusCode::kInvalidArgument, "chat template error: " + msg); }
 
 void unsupported(const std::string& construct) {
   throw Error(StatusCode::kUnsupported, "chat template uses an unsupported Jinja construct: " + construct);
@@ -166,15 +164,14 @@ bool py_equal(const Value& a, const Value& b) {
   }
 }
 
-
 // Exactly the code points for which Python's str.isspace() is true (and
 // which the regex \s matches), so strip()/split()/trim and the lexer's
 // whitespace stripping agree with CPython.
 bool py_isspace(char32_t c) {
   if (c <= 0x20) return c == 0x20 || (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x1F);
   if (c < 0x85) return false;
-  return c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 ||
-         c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+  return c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 ||
+         c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
 // ---------------------------------------------------------------- str / repr
@@ -394,8 +391,7 @@ static void json_value(std::string& out, const Value& v, const JsonOptions& opt,
       if (opt.sort_keys) {
         for (auto* kv : items)
           if (!kv->first.is_string()) unsupported("tojson(sort_keys=true) with non-string keys");
-        std::stable_sort(items.begin(), items.end(),
-                         [](auto* x, auto* y) { return x->first.str() < y->first.str(); });
+        std::stable_sort(items.begin(), items.end(), [](auto* x, auto* y) { return x->first.str() < y->first.str(); });
       }
       out.push_back('{');
       bool first = true;
@@ -411,8 +407,7 @@ static void json_value(std::string& out, const Value& v, const JsonOptions& opt,
       out.push_back('}');
       return;
     }
-    default:
-      runtime_error(std::string("Object of type ") + type_name(v) + " is not JSON serializable");
+    default: runtime_error(std::string("Object of type ") + type_name(v) + " is not JSON serializable");
   }
 }
 

@@ -61,7 +61,8 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineParams& params)
   if (blocks == 0) fail(StatusCode::kInvalidArgument, "engine: kv_memory_bytes is smaller than one KV block");
   if (blocks > (1u << 30)) fail(StatusCode::kInvalidArgument, "engine: kv_memory_bytes is absurdly large");
   g.num_blocks = static_cast<int32_t>(blocks);
-  kv_ = std::make_unique<KvManager>(*backend_, g, params_.prefix_caching, KvManager::Rope{c.rope_dim, c.rope_freq_base});
+  kv_ =
+      std::make_unique<KvManager>(*backend_, g, params_.prefix_caching, KvManager::Rope{c.rope_dim, c.rope_freq_base});
   scheduler_ = std::make_unique<Scheduler>(SchedulerConfig{params_.max_batch_tokens, params_.max_running});
   forward_ = arch->make_forward(model_, *backend_, g.block_size);
 }
@@ -434,8 +435,8 @@ void Engine::score(const int32_t* tokens, size_t n, float* logprobs, float* logi
   const auto& c = model_->config();
   if (n < 1) fail(StatusCode::kInvalidArgument, "score: need at least one token");
   if (n > static_cast<size_t>(c.n_ctx_train)) {
-    fail(StatusCode::kContextFull, "score: " + std::to_string(n) + " tokens exceed the model's context (" +
-                                       std::to_string(c.n_ctx_train) + ")");
+    fail(StatusCode::kContextFull,
+         "score: " + std::to_string(n) + " tokens exceed the model's context (" + std::to_string(c.n_ctx_train) + ")");
   }
   for (size_t i = 0; i < n; ++i) {
     if (tokens[i] < 0 || tokens[i] >= c.n_vocab) fail(StatusCode::kInvalidArgument, "score: token id out of range");

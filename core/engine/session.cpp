@@ -10,8 +10,8 @@
 
 namespace ember {
 
-Session::Session(std::shared_ptr<EngineOwner> engine, int32_t n_ctx, const std::string& system_prompt,
-                 int32_t priority, CachePolicy policy)
+Session::Session(std::shared_ptr<EngineOwner> engine, int32_t n_ctx, const std::string& system_prompt, int32_t priority,
+                 CachePolicy policy)
     : engine_(std::move(engine)), kv_manager_((*engine_)->kv()), priority_(priority) {
   const int32_t train = (*engine_)->model().config().n_ctx_train;
   if (n_ctx < 0) fail(StatusCode::kInvalidArgument, "session: n_ctx must be >= 0");
@@ -145,7 +145,8 @@ std::shared_ptr<Stream> Session::start(const StreamParams& params) {
     require_idle_locked();
     if (mode_ == Mode::kChat) sync_chat_tokens_locked();
     const size_t n_tokens = kv_->tokens().size();
-    if (n_tokens == 0) fail(StatusCode::kInvalidArgument, "stream_start: the session is empty; add a message or text first");
+    if (n_tokens == 0)
+      fail(StatusCode::kInvalidArgument, "stream_start: the session is empty; add a message or text first");
     if (!kv_->bounded() && n_tokens >= static_cast<size_t>(n_ctx_)) {
       fail(StatusCode::kContextFull, "stream_start: the prompt (" + std::to_string(n_tokens) +
                                          " tokens) fills the session's context of " + std::to_string(n_ctx_));
@@ -185,7 +186,8 @@ SessionCacheInfo Session::cache_info() const {
 void Session::score(const std::vector<int32_t>& ids, float* out) {
   const int32_t n_vocab = engine().model().config().n_vocab;
   for (int32_t id : ids) {
-    if (id < 0 || id >= n_vocab) fail(StatusCode::kInvalidArgument, "score: token id " + std::to_string(id) + " out of range");
+    if (id < 0 || id >= n_vocab)
+      fail(StatusCode::kInvalidArgument, "score: token id " + std::to_string(id) + " out of range");
   }
   if (out) std::fill(out, out + ids.size(), std::nanf(""));
   if (ids.empty()) return;
@@ -193,7 +195,8 @@ void Session::score(const std::vector<int32_t>& ids, float* out) {
   {
     std::lock_guard<std::mutex> lock(kv_->mutex());
     require_idle_locked();
-    if (mode_ == Mode::kChat) fail(StatusCode::kInvalidArgument, "score: the session holds chat messages; reset it first");
+    if (mode_ == Mode::kChat)
+      fail(StatusCode::kInvalidArgument, "score: the session holds chat messages; reset it first");
     const size_t first = kv_->tokens().size();
     // Logits are needed from the token before the first scored one (checked
     // before anything changes: a bounded cache may refuse to go back).

@@ -37,8 +37,8 @@ class Session : public std::enable_shared_from_this<Session> {
   // n_ctx: the context of a full session (0 = the model's); for a
   // window/sink policy with window_tokens == 0 the cache size S + W
   // (W = n_ctx - S). Throws ember::Error.
-  Session(std::shared_ptr<EngineOwner> engine, int32_t n_ctx, const std::string& system_prompt,
-          int32_t priority = 0, CachePolicy policy = {});
+  Session(std::shared_ptr<EngineOwner> engine, int32_t n_ctx, const std::string& system_prompt, int32_t priority = 0,
+          CachePolicy policy = {});
   ~Session();
 
   void add_message(const std::string& role, const std::string& content);

@@ -64,7 +64,9 @@ class Hasher {
     if (i < n) word(tail ^ 0xA5A5A5A5A5A5A5A5ull);
   }
   template <typename T>
-  void value(const T& v) { bytes(&v, sizeof v); }
+  void value(const T& v) {
+    bytes(&v, sizeof v);
+  }
   uint64_t digest() const {
     uint64_t h = h_ ^ len_;
     h ^= h >> 33;
@@ -91,8 +93,8 @@ uint64_t model_fingerprint(const Model& model) {
   Hasher h(0x656d6265726d6f64ull);
   h.bytes(model.architecture().data(), model.architecture().size());
   const LlamaConfig& c = model.config();
-  for (int32_t v : {c.n_vocab, c.n_ctx_train, c.n_embd, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.n_ff,
-                    c.rope_dim}) {
+  for (int32_t v :
+       {c.n_vocab, c.n_ctx_train, c.n_embd, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.n_ff, c.rope_dim}) {
     h.value(v);
   }
   h.value(c.rope_freq_base);
@@ -130,7 +132,9 @@ uint64_t model_fingerprint(const Model& model) {
 class Writer {
  public:
   template <typename T>
-  void value(const T& v) { raw(&v, sizeof v); }
+  void value(const T& v) {
+    raw(&v, sizeof v);
+  }
   void str(const std::string& s) {
     value<uint64_t>(s.size());
     raw(s.data(), s.size());
@@ -263,8 +267,7 @@ void Session::save(const std::string& path) {
   }
 }
 
-std::shared_ptr<Session> Session::load(std::shared_ptr<EngineOwner> owner, const std::string& path,
-                                       int32_t priority) {
+std::shared_ptr<Session> Session::load(std::shared_ptr<EngineOwner> owner, const std::string& path, int32_t priority) {
   Engine& engine = **owner;
   KvManager& kvm = engine.kv();
   const KvGeometry& g = kvm.geometry();
@@ -297,8 +300,8 @@ std::shared_ptr<Session> Session::load(std::shared_ptr<EngineOwner> owner, const
   }
   const uint64_t have = file.size() - kHeaderBytes;
   if (have < payload) {
-    fail(StatusCode::kBadFormat, "load: session file '" + path + "' is truncated (" + std::to_string(have) +
-                                     " of " + std::to_string(payload) + " payload bytes)");
+    fail(StatusCode::kBadFormat, "load: session file '" + path + "' is truncated (" + std::to_string(have) + " of " +
+                                     std::to_string(payload) + " payload bytes)");
   }
   if (have > payload) {
     fail(StatusCode::kBadFormat, "load: session file '" + path + "' is corrupt (" + std::to_string(have - payload) +

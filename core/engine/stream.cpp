@@ -240,7 +240,8 @@ StreamStats Stream::stats() const {
     if (s.ttft_ms > 0) s.prefill_tokens_per_second = static_cast<double>(s.prompt_tokens) / (s.ttft_ms / 1000.0);
     const auto end = finished_ ? t_end_ : std::chrono::steady_clock::now();
     const double decode_ms = ms_between(t_first_token_, end);
-    if (generated_ > 1 && decode_ms > 0) s.tokens_per_second = static_cast<double>(generated_ - 1) / (decode_ms / 1000.0);
+    if (generated_ > 1 && decode_ms > 0)
+      s.tokens_per_second = static_cast<double>(generated_ - 1) / (decode_ms / 1000.0);
   }
   return s;
 }

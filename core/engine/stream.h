@@ -39,7 +39,14 @@ struct StreamParams {
   void validate() const;
 };
 
-enum class EndReason : int32_t { kNone = 0, kEos = 1, kStopString = 2, kMaxTokens = 3, kCancelled = 4, kContextFull = 5 };
+enum class EndReason : int32_t {
+  kNone = 0,
+  kEos = 1,
+  kStopString = 2,
+  kMaxTokens = 3,
+  kCancelled = 4,
+  kContextFull = 5
+};
 
 struct StreamEvent {
   enum Type : int32_t { kText = 0, kEnd = 1, kError = 2 } type = kText;

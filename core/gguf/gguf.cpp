@@ -24,15 +24,15 @@ static_assert(std::endian::native == std::endian::little, "the GGUF reader assum
 
 namespace {
 
-constexpr uint32_t kMaxArrayDepth = 8;           // nesting levels of ARRAY values
+constexpr uint32_t kMaxArrayDepth = 8;             // nesting levels of ARRAY values
 constexpr uint64_t kMaxMetadataValues = 1u << 24;  // all values incl. array elements (~1.3 GiB of Value)
-constexpr uint64_t kMaxKeyLength = 65535;        // spec: keys are at most 2^16-1 bytes
-constexpr uint64_t kMaxTensorName = 64;          // spec: tensor names are at most 64 bytes
+constexpr uint64_t kMaxKeyLength = 65535;          // spec: keys are at most 2^16-1 bytes
+constexpr uint64_t kMaxTensorName = 64;            // spec: tensor names are at most 64 bytes
 constexpr uint32_t kMaxDims = 4;
 constexpr size_t kDefaultAlignment = 32;
 
 // Smallest possible encodings, used to reject counts no file could hold.
-constexpr uint64_t kMinKvBytes = 8 + 1 + 4 + 1;               // key len, 1-byte key, type, 1-byte value
+constexpr uint64_t kMinKvBytes = 8 + 1 + 4 + 1;                  // key len, 1-byte key, type, 1-byte value
 constexpr uint64_t kMinTensorInfoBytes = 8 + 1 + 4 + 8 + 4 + 8;  // name len, name, n_dims, 1 dim, type, offset
 
 [[noreturn]] void bad(const std::string& msg) { fail(StatusCode::kBadFormat, "gguf: " + msg); }
@@ -54,15 +54,12 @@ uint64_t min_value_bytes(ValueType t) {
   switch (t) {
     case ValueType::UINT8:
     case ValueType::INT8:
-    case ValueType::BOOL:
-      return 1;
+    case ValueType::BOOL: return 1;
     case ValueType::UINT16:
-    case ValueType::INT16:
-      return 2;
+    case ValueType::INT16: return 2;
     case ValueType::UINT32:
     case ValueType::INT32:
-    case ValueType::FLOAT32:
-      return 4;
+    case ValueType::FLOAT32: return 4;
     case ValueType::UINT64:
     case ValueType::INT64:
     case ValueType::FLOAT64:
@@ -100,8 +97,8 @@ class Reader {
 
   void need(uint64_t k, const char* what) const {
     if (k > remaining()) {
-      bad(std::string("unexpected end of file reading ") + what + " at offset " + std::to_string(pos_) +
-          " (need " + std::to_string(k) + " bytes, " + std::to_string(remaining()) + " left)");
+      bad(std::string("unexpected end of file reading ") + what + " at offset " + std::to_string(pos_) + " (need " +
+          std::to_string(k) + " bytes, " + std::to_string(remaining()) + " left)");
     }
   }
 
@@ -118,8 +115,8 @@ class Reader {
   std::string read_string(const std::string& what, uint64_t max_len = std::numeric_limits<uint64_t>::max()) {
     const uint64_t len = read<uint64_t>("string length");
     if (len > remaining()) {
-      bad(what + ": string length " + std::to_string(len) + " at offset " + std::to_string(pos_ - 8) +
-          " exceeds the " + std::to_string(remaining()) + " bytes left in the file");
+      bad(what + ": string length " + std::to_string(len) + " at offset " + std::to_string(pos_ - 8) + " exceeds the " +
+          std::to_string(remaining()) + " bytes left in the file");
     }
     if (len > max_len) {
       bad(what + ": string length " + std::to_string(len) + " exceeds the limit of " + std::to_string(max_len));
@@ -249,8 +246,8 @@ class Parser {
         const auto elem = static_cast<ValueType>(et);
         const uint64_t count = r_.read<uint64_t>("array length");
         if (count > r_.remaining() / min_value_bytes(elem)) {
-          bad(ctx + ": array of " + std::to_string(count) + " " + value_type_name(elem) + " elements cannot fit in the " +
-              std::to_string(r_.remaining()) + " bytes left in the file");
+          bad(ctx + ": array of " + std::to_string(count) + " " + value_type_name(elem) +
+              " elements cannot fit in the " + std::to_string(r_.remaining()) + " bytes left in the file");
         }
         count_values(count, ctx);
         v.array_type = elem;
@@ -311,7 +308,8 @@ class Parser {
             std::to_string(tt->block_size));
       }
       uint64_t nbytes = 0;
-      if (__builtin_mul_overflow(static_cast<uint64_t>(n_elements) / tt->block_size, uint64_t{tt->type_size}, &nbytes) ||
+      if (__builtin_mul_overflow(static_cast<uint64_t>(n_elements) / tt->block_size, uint64_t{tt->type_size},
+                                 &nbytes) ||
           nbytes > std::numeric_limits<size_t>::max()) {
         bad(ctx + ": byte size overflows");
       }
@@ -369,8 +367,8 @@ class Parser {
         const TensorInfo& p = out_.tensors[spans[i - 1].index];
         const TensorInfo& q = out_.tensors[spans[i].index];
         bad("tensors " + quote(p.name) + " [" + std::to_string(spans[i - 1].begin) + ", " +
-            std::to_string(spans[i - 1].end) + ") and " + quote(q.name) + " [" + std::to_string(spans[i].begin) +
-            ", " + std::to_string(spans[i].end) + ") overlap");
+            std::to_string(spans[i - 1].end) + ") and " + quote(q.name) + " [" + std::to_string(spans[i].begin) + ", " +
+            std::to_string(spans[i].end) + ") overlap");
       }
     }
   }

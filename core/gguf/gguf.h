@@ -18,8 +18,19 @@
 namespace ember::gguf {
 
 enum class ValueType : uint32_t {
-  UINT8 = 0, INT8 = 1, UINT16 = 2, INT16 = 3, UINT32 = 4, INT32 = 5, FLOAT32 = 6,
-  BOOL = 7, STRING = 8, ARRAY = 9, UINT64 = 10, INT64 = 11, FLOAT64 = 12,
+  UINT8 = 0,
+  INT8 = 1,
+  UINT16 = 2,
+  INT16 = 3,
+  UINT32 = 4,
+  INT32 = 5,
+  FLOAT32 = 6,
+  BOOL = 7,
+  STRING = 8,
+  ARRAY = 9,
+  UINT64 = 10,
+  INT64 = 11,
+  FLOAT64 = 12,
 };
 const char* value_type_name(ValueType t);
 
@@ -33,9 +44,9 @@ struct Value {
     double f64;
     bool b;
   };
-  std::string str;                 // STRING
+  std::string str;                          // STRING
   ValueType array_type = ValueType::UINT8;  // ARRAY: element type
-  std::vector<Value> array;        // ARRAY
+  std::vector<Value> array;                 // ARRAY
   Value() : u64(0) {}
   bool is_integer() const;
   bool is_float() const;
@@ -46,7 +57,7 @@ struct TensorInfo {
   uint32_t n_dims = 0;
   int64_t ne[4] = {1, 1, 1, 1};  // ne[0] is the contiguous (innermost) dimension
   DType type = DType::F32;
-  uint64_t offset = 0;   // relative to the start of the data section
+  uint64_t offset = 0;  // relative to the start of the data section
   size_t nbytes = 0;
   const void* data = nullptr;  // inside the mapping; valid while the file lives
   int64_t n_elements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }

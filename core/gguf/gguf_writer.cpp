@@ -51,15 +51,13 @@ void check_value(const Value& v, const std::string& key, uint32_t depth) {
     case ValueType::FLOAT32:
     case ValueType::FLOAT64:
     case ValueType::BOOL:
-    case ValueType::STRING:
-      break;
+    case ValueType::STRING: break;
     case ValueType::ARRAY:
       if (depth >= kMaxArrayDepth) {
         invalid("key '" + key + "': arrays nested deeper than " + std::to_string(kMaxArrayDepth) + " levels");
       }
       if (static_cast<uint32_t>(v.array_type) > static_cast<uint32_t>(ValueType::FLOAT64)) {
-        invalid("key '" + key + "': unknown array element type " +
-                std::to_string(static_cast<uint32_t>(v.array_type)));
+        invalid("key '" + key + "': unknown array element type " + std::to_string(static_cast<uint32_t>(v.array_type)));
       }
       for (const Value& e : v.array) {
         if (e.type != v.array_type) {
@@ -69,8 +67,7 @@ void check_value(const Value& v, const std::string& key, uint32_t depth) {
         check_value(e, key, depth + 1);
       }
       break;
-    default:
-      invalid("key '" + key + "': unknown value type " + std::to_string(static_cast<uint32_t>(v.type)));
+    default: invalid("key '" + key + "': unknown value type " + std::to_string(static_cast<uint32_t>(v.type)));
   }
 }
 
@@ -114,17 +111,61 @@ uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) & ~(a - 1); }
 
 }  // namespace
 
-Value make_u8(uint8_t v) { Value r = scalar(ValueType::UINT8); r.u64 = v; return r; }
-Value make_i8(int8_t v) { Value r = scalar(ValueType::INT8); r.i64 = v; return r; }
-Value make_u16(uint16_t v) { Value r = scalar(ValueType::UINT16); r.u64 = v; return r; }
-Value make_i16(int16_t v) { Value r = scalar(ValueType::INT16); r.i64 = v; return r; }
-Value make_u32(uint32_t v) { Value r = scalar(ValueType::UINT32); r.u64 = v; return r; }
-Value make_i32(int32_t v) { Value r = scalar(ValueType::INT32); r.i64 = v; return r; }
-Value make_u64(uint64_t v) { Value r = scalar(ValueType::UINT64); r.u64 = v; return r; }
-Value make_i64(int64_t v) { Value r = scalar(ValueType::INT64); r.i64 = v; return r; }
-Value make_f32(float v) { Value r = scalar(ValueType::FLOAT32); r.f64 = v; return r; }
-Value make_f64(double v) { Value r = scalar(ValueType::FLOAT64); r.f64 = v; return r; }
-Value make_bool(bool v) { Value r = scalar(ValueType::BOOL); r.b = v; return r; }
+Value make_u8(uint8_t v) {
+  Value r = scalar(ValueType::UINT8);
+  r.u64 = v;
+  return r;
+}
+Value make_i8(int8_t v) {
+  Value r = scalar(ValueType::INT8);
+  r.i64 = v;
+  return r;
+}
+Value make_u16(uint16_t v) {
+  Value r = scalar(ValueType::UINT16);
+  r.u64 = v;
+  return r;
+}
+Value make_i16(int16_t v) {
+  Value r = scalar(ValueType::INT16);
+  r.i64 = v;
+  return r;
+}
+Value make_u32(uint32_t v) {
+  Value r = scalar(ValueType::UINT32);
+  r.u64 = v;
+  return r;
+}
+Value make_i32(int32_t v) {
+  Value r = scalar(ValueType::INT32);
+  r.i64 = v;
+  return r;
+}
+Value make_u64(uint64_t v) {
+  Value r = scalar(ValueType::UINT64);
+  r.u64 = v;
+  return r;
+}
+Value make_i64(int64_t v) {
+  Value r = scalar(ValueType::INT64);
+  r.i64 = v;
+  return r;
+}
+Value make_f32(float v) {
+  Value r = scalar(ValueType::FLOAT32);
+  r.f64 = v;
+  return r;
+}
+Value make_f64(double v) {
+  Value r = scalar(ValueType::FLOAT64);
+  r.f64 = v;
+  return r;
+}
+Value make_bool(bool v) {
+  Value r = scalar(ValueType::BOOL);
+  r.b = v;
+  return r;
+}
 Value make_string(std::string v) {
   Value r = scalar(ValueType::STRING);
   r.str = std::move(v);
@@ -166,8 +207,10 @@ void GgufWriter::add_kv(std::string key, Value value) {
   check_value(value, key, 0);
   if (key == "general.alignment") {
     uint64_t a = 0;
-    if (is_unsigned(value.type)) a = value.u64;
-    else if (is_signed(value.type) && value.i64 > 0) a = static_cast<uint64_t>(value.i64);
+    if (is_unsigned(value.type))
+      a = value.u64;
+    else if (is_signed(value.type) && value.i64 > 0)
+      a = static_cast<uint64_t>(value.i64);
     if (a == 0 || (a & (a - 1)) != 0 || a > (uint64_t{1} << 31)) {
       invalid("general.alignment must be a power-of-two integer");
     }
@@ -212,8 +255,7 @@ void GgufWriter::push_tensor(Tensor t) {
   tensors_.push_back(std::move(t));
 }
 
-void GgufWriter::add_tensor(std::string name, DType type, std::vector<int64_t> ne, const void* data,
-                            size_t nbytes) {
+void GgufWriter::add_tensor(std::string name, DType type, std::vector<int64_t> ne, const void* data, size_t nbytes) {
   size_t expected = 0;
   check_tensor(name, type, ne, &expected);
   if (nbytes != expected) {

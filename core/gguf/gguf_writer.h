@@ -61,19 +61,32 @@ inline Value make_value(std::string v) { return make_string(std::move(v)); }
 
 template <class T>
 constexpr ValueType value_type_of() {
-  if constexpr (std::is_same_v<T, uint8_t>) return ValueType::UINT8;
-  else if constexpr (std::is_same_v<T, int8_t>) return ValueType::INT8;
-  else if constexpr (std::is_same_v<T, uint16_t>) return ValueType::UINT16;
-  else if constexpr (std::is_same_v<T, int16_t>) return ValueType::INT16;
-  else if constexpr (std::is_same_v<T, uint32_t>) return ValueType::UINT32;
-  else if constexpr (std::is_same_v<T, int32_t>) return ValueType::INT32;
-  else if constexpr (std::is_same_v<T, uint64_t>) return ValueType::UINT64;
-  else if constexpr (std::is_same_v<T, int64_t>) return ValueType::INT64;
-  else if constexpr (std::is_same_v<T, float>) return ValueType::FLOAT32;
-  else if constexpr (std::is_same_v<T, double>) return ValueType::FLOAT64;
-  else if constexpr (std::is_same_v<T, bool>) return ValueType::BOOL;
-  else if constexpr (std::is_same_v<T, std::string>) return ValueType::STRING;
-  else static_assert(sizeof(T) == 0, "no GGUF value type for T");
+  if constexpr (std::is_same_v<T, uint8_t>)
+    return ValueType::UINT8;
+  else if constexpr (std::is_same_v<T, int8_t>)
+    return ValueType::INT8;
+  else if constexpr (std::is_same_v<T, uint16_t>)
+    return ValueType::UINT16;
+  else if constexpr (std::is_same_v<T, int16_t>)
+    return ValueType::INT16;
+  else if constexpr (std::is_same_v<T, uint32_t>)
+    return ValueType::UINT32;
+  else if constexpr (std::is_same_v<T, int32_t>)
+    return ValueType::INT32;
+  else if constexpr (std::is_same_v<T, uint64_t>)
+    return ValueType::UINT64;
+  else if constexpr (std::is_same_v<T, int64_t>)
+    return ValueType::INT64;
+  else if constexpr (std::is_same_v<T, float>)
+    return ValueType::FLOAT32;
+  else if constexpr (std::is_same_v<T, double>)
+    return ValueType::FLOAT64;
+  else if constexpr (std::is_same_v<T, bool>)
+    return ValueType::BOOL;
+  else if constexpr (std::is_same_v<T, std::string>)
+    return ValueType::STRING;
+  else
+    static_assert(sizeof(T) == 0, "no GGUF value type for T");
 }
 
 // Array of scalars/strings from a typed vector, e.g. make_array(std::vector<float>{...}).
@@ -145,7 +158,7 @@ class GgufWriter {
     DType type;
     std::vector<int64_t> ne;
     size_t nbytes = 0;
-    uint64_t offset = 0;  // relative to the data section
+    uint64_t offset = 0;         // relative to the data section
     std::vector<uint8_t> bytes;  // when not produced by fill
     TensorFiller fill;
   };

@@ -39,19 +39,34 @@ void KvCache::free_list_push_back(int32_t b) {
   BlockMeta& m = blocks_[b];
   m.prev = free_tail_;
   m.next = -1;
-  if (free_tail_ >= 0) blocks_[free_tail_].next = b; else free_head_ = b;
+  if (free_tail_ >= 0)
+    blocks_[free_tail_].next = b;
+  else
+    free_head_ = b;
   free_tail_ = b;
   m.in_free_list = true;
-  if (m.hashed) ++cached_count_; else ++free_count_;
+  if (m.hashed)
+    ++cached_count_;
+  else
+    ++free_count_;
 }
 
 void KvCache::free_list_remove(int32_t b) {
   BlockMeta& m = blocks_[b];
-  if (m.prev >= 0) blocks_[m.prev].next = m.next; else free_head_ = m.next;
-  if (m.next >= 0) blocks_[m.next].prev = m.prev; else free_tail_ = m.prev;
+  if (m.prev >= 0)
+    blocks_[m.prev].next = m.next;
+  else
+    free_head_ = m.next;
+  if (m.next >= 0)
+    blocks_[m.next].prev = m.prev;
+  else
+    free_tail_ = m.prev;
   m.prev = m.next = -1;
   m.in_free_list = false;
-  if (m.hashed) --cached_count_; else --free_count_;
+  if (m.hashed)
+    --cached_count_;
+  else
+    --free_count_;
 }
 
 void KvCache::unhash_locked(int32_t b) {
@@ -59,7 +74,10 @@ void KvCache::unhash_locked(int32_t b) {
   if (!m.hashed) return;
   auto it = index_.find(m.hash);
   if (it != index_.end() && it->second == b) index_.erase(it);
-  if (m.in_free_list) { --cached_count_; ++free_count_; }
+  if (m.in_free_list) {
+    --cached_count_;
+    ++free_count_;
+  }
   m.hashed = false;
   m.tokens.clear();
 }
@@ -80,7 +98,8 @@ namespace {
 // A block's key tokens: the ids, with bit 30 set on generated tokens (ids
 // are below 2^30), so a block computed from generated tokens and one holding
 // the same ids as prompt are different entries.
-const int32_t* key_tokens(const int32_t* t, const uint8_t* decoded, size_t first, int32_t n, std::vector<int32_t>& buf) {
+const int32_t* key_tokens(const int32_t* t, const uint8_t* decoded, size_t first, int32_t n,
+                          std::vector<int32_t>& buf) {
   if (!decoded) return t;
   bool any = false;
   for (int32_t i = 0; i < n; ++i) any |= decoded[first + static_cast<size_t>(i)] != 0;
@@ -92,8 +111,8 @@ const int32_t* key_tokens(const int32_t* t, const uint8_t* decoded, size_t first
 }
 }  // namespace
 
-std::vector<int32_t> KvCache::match_prefix(const int32_t* tokens, size_t n_tokens, size_t max_blocks,
-                                           bool count_stats, const uint8_t* decoded) {
+std::vector<int32_t> KvCache::match_prefix(const int32_t* tokens, size_t n_tokens, size_t max_blocks, bool count_stats,
+                                           const uint8_t* decoded) {
   std::vector<int32_t> out;
   if (!prefix_caching_) return out;
   const int32_t bs = geometry_.block_size;

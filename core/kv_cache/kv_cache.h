@@ -47,8 +47,8 @@ class KvCache {
   // are computed in the decode order (AttentionParams::decode_rows). It is
   // part of a block's key, here and in commit, so a reused block always
   // holds what the reusing sequence would have computed itself.
-  std::vector<int32_t> match_prefix(const int32_t* tokens, size_t n_tokens, size_t max_blocks,
-                                    bool count_stats = true, const uint8_t* decoded = nullptr);
+  std::vector<int32_t> match_prefix(const int32_t* tokens, size_t n_tokens, size_t max_blocks, bool count_stats = true,
+                                    const uint8_t* decoded = nullptr);
 
   // Grows `block_table` so it covers `n_slots` slots, evicting cached blocks
   // if needed. All or nothing: false (table unchanged) when the pool lacks

@@ -147,7 +147,8 @@ void KvManager::admit_locked(KvSequence& seq, size_t reuse_limit, SchedSequence&
   size_t max_blocks = (seq.tokens_.size() - 1) / bs;
   if (reuse_limit != SIZE_MAX) max_blocks = std::min(max_blocks, reuse_limit / bs);
   if (seq.bounded()) max_blocks = std::min(max_blocks, static_cast<size_t>(seq.policy_.capacity()) / bs);
-  seq.block_table_ = pool_.match_prefix(seq.tokens_.data(), seq.tokens_.size(), max_blocks, true, seq.generated_.data());
+  seq.block_table_ =
+      pool_.match_prefix(seq.tokens_.data(), seq.tokens_.size(), max_blocks, true, seq.generated_.data());
   seq.n_computed_ = seq.block_table_.size() * bs;
   s.n_computed = seq.n_computed_;
   if (seq.bounded()) s.max_chunk = static_cast<size_t>(seq.layout_.chunk_limit(static_cast<int64_t>(seq.n_computed_)));
@@ -195,8 +196,8 @@ void KvManager::add_rows(KvSequence& seq, Batch& batch, int32_t n, size_t first_
     slot[i] = bounded ? seq.layout_.slot_of(t) : static_cast<int32_t>(t);
     seq.max_position_ = std::max(seq.max_position_, pos[i]);
   }
-  const int32_t first = first_logit <= from ? 0
-                        : static_cast<int32_t>(std::min<size_t>(first_logit - from, static_cast<size_t>(n)));
+  const int32_t first =
+      first_logit <= from ? 0 : static_cast<int32_t>(std::min<size_t>(first_logit - from, static_cast<size_t>(n)));
   const bool hole = bounded && seq.layout_.hole_end() > seq.layout_.hole_begin();
   batch.add_rows(seq.tokens_.data() + from, pos.data(), slot.data(), n, seq.block_table_,
                  hole ? seq.layout_.hole_begin() : 0, hole ? seq.layout_.hole_end() : 0, first,
@@ -207,7 +208,8 @@ void KvManager::commit_computed(KvSequence& seq, size_t n, bool index) {
   seq.n_computed_ = std::min(seq.n_computed_ + n, seq.tokens_.size());
   // Blocks of a sequence that evicted tokens hold K/V at moved positions,
   // computed without the evicted context: never indexed.
-  if (index && !seq.layout_.shifted()) pool_.commit(seq.block_table_, seq.tokens_.data(), seq.n_computed_, seq.generated_.data());
+  if (index && !seq.layout_.shifted())
+    pool_.commit(seq.block_table_, seq.tokens_.data(), seq.n_computed_, seq.generated_.data());
 }
 
 // Between turns a full sequence pins no KV memory, so idle conversations can
@@ -230,8 +232,7 @@ bool KvManager::append_provisional(KvSequence& seq, const std::vector<int32_t>& 
   if (!seq.provisional_.empty()) fail(StatusCode::kInternal, "kv manager: provisional tokens are pending");
   const size_t tail = seq.tokens_.size() - seq.n_computed_;
   const size_t n_new = tail + ids.size();
-  if (seq.bounded() &&
-      n_new > static_cast<size_t>(seq.layout_.chunk_limit(static_cast<int64_t>(seq.n_computed_)))) {
+  if (seq.bounded() && n_new > static_cast<size_t>(seq.layout_.chunk_limit(static_cast<int64_t>(seq.n_computed_)))) {
     fail(StatusCode::kInvalidArgument, "kv manager: provisional tokens cross the cache policy's next eviction");
   }
   if (!grow(seq, n_new)) return false;
@@ -283,10 +284,11 @@ void KvManager::commit_provisional(KvSequence& seq, const std::vector<int32_t>& 
   seq.provisional_.clear();
   append(seq, kept.data(), kept.size(), generated);
   seq.n_computed_ = seq.tokens_.size();
-  const int32_t kv_len = seq.bounded() ? seq.layout_.kv_len(static_cast<int64_t>(seq.n_computed_))
-                                       : static_cast<int32_t>(seq.n_computed_);
+  const int32_t kv_len =
+      seq.bounded() ? seq.layout_.kv_len(static_cast<int64_t>(seq.n_computed_)) : static_cast<int32_t>(seq.n_computed_);
   pool_.truncate(seq.block_table_, kv_len);
-  if (!seq.layout_.shifted()) pool_.commit(seq.block_table_, seq.tokens_.data(), seq.n_computed_, seq.generated_.data());
+  if (!seq.layout_.shifted())
+    pool_.commit(seq.block_table_, seq.tokens_.data(), seq.n_computed_, seq.generated_.data());
 }
 
 void KvManager::rollback_provisional(KvSequence& seq) {

@@ -72,8 +72,7 @@ class KvSequence {
 
  private:
   friend class KvManager;
-  explicit KvSequence(const CachePolicy& policy, const StreamingLayout& layout)
-      : policy_(policy), layout_(layout) {}
+  explicit KvSequence(const CachePolicy& policy, const StreamingLayout& layout) : policy_(policy), layout_(layout) {}
 
   mutable std::mutex mutex_;
   CachePolicy policy_;

@@ -44,9 +44,7 @@ int32_t StreamingLayout::win_begin() const {
   return static_cast<int32_t>(sinks_ + n_evicted_ - dropped_blocks_ * block_size_);
 }
 
-int32_t StreamingLayout::max_slots() const {
-  return static_cast<int32_t>(round_up(sinks_, block_size_) + window_);
-}
+int32_t StreamingLayout::max_slots() const { return static_cast<int32_t>(round_up(sinks_, block_size_) + window_); }
 
 int32_t StreamingLayout::kv_len(int64_t n_processed) const {
   if (n_processed <= sinks_) return static_cast<int32_t>(n_processed);
@@ -92,7 +90,8 @@ StreamingLayout::Eviction StreamingLayout::plan(int64_t n_processed, int32_t n_n
       ++e.dropped_blocks;
     }
     // Only tokens already processed are evicted (max_chunk guarantees it).
-    if (sinks_ + evicted + n > n_processed) fail(StatusCode::kInternal, "streaming layout: eviction past processed tokens");
+    if (sinks_ + evicted + n > n_processed)
+      fail(StatusCode::kInternal, "streaming layout: eviction past processed tokens");
     evicted += n;
     in_window -= n;
   }

@@ -20,14 +20,14 @@ struct BatchSeq {
 };
 
 struct Batch {
-  std::vector<int32_t> tokens;     // one per row
-  std::vector<int32_t> positions;  // RoPE position per row
-  std::vector<int32_t> slots;      // logical cache slot per row
-  std::vector<int32_t> kv_len;     // row attends to logical slots [0, kv_len)
-  std::vector<int32_t> seq_of_row; // index into seqs
+  std::vector<int32_t> tokens;      // one per row
+  std::vector<int32_t> positions;   // RoPE position per row
+  std::vector<int32_t> slots;       // logical cache slot per row
+  std::vector<int32_t> kv_len;      // row attends to logical slots [0, kv_len)
+  std::vector<int32_t> seq_of_row;  // index into seqs
   std::vector<BatchSeq> seqs;
-  std::vector<int32_t> logit_rows; // rows whose logits are wanted, in output order
-  std::vector<uint8_t> decode_rows; // per row: 1 = a generated token fed back (AttentionParams::decode_rows)
+  std::vector<int32_t> logit_rows;   // rows whose logits are wanted, in output order
+  std::vector<uint8_t> decode_rows;  // per row: 1 = a generated token fed back (AttentionParams::decode_rows)
 
   int32_t n_rows() const { return static_cast<int32_t>(tokens.size()); }
   void clear() { *this = Batch(); }

@@ -48,8 +48,8 @@ void Model::load_config() {
   architecture_ = f.get_string("general.architecture").value_or("");
   if (architecture_.empty()) fail(StatusCode::kBadFormat, "model: general.architecture is missing");
   if (!find_architecture(architecture_)) {
-    fail(StatusCode::kUnsupported, "model: architecture '" + architecture_ + "' is not supported (supported: " +
-                                       supported_architectures() + ")");
+    fail(StatusCode::kUnsupported,
+         "model: architecture '" + architecture_ + "' is not supported (supported: " + supported_architectures() + ")");
   }
   name_ = f.get_string("general.name").value_or("");
   const std::string a = architecture_ + ".";
@@ -69,8 +69,10 @@ void Model::load_config() {
   c.n_heads = req_int(a + "attention.head_count", 1, 1024);
   c.n_kv_heads = f.get_int(a + "attention.head_count_kv") ? req_int(a + "attention.head_count_kv", 1, 1024) : c.n_heads;
   c.n_ctx_train = req_int(a + "context_length", 1, 1 << 24);
-  if (c.n_heads % c.n_kv_heads != 0) fail(StatusCode::kBadFormat, "model: head_count is not a multiple of head_count_kv");
-  c.head_dim = f.get_int(a + "attention.key_length") ? req_int(a + "attention.key_length", 1, 1024) : c.n_embd / c.n_heads;
+  if (c.n_heads % c.n_kv_heads != 0)
+    fail(StatusCode::kBadFormat, "model: head_count is not a multiple of head_count_kv");
+  c.head_dim =
+      f.get_int(a + "attention.key_length") ? req_int(a + "attention.key_length", 1, 1024) : c.n_embd / c.n_heads;
   if (!f.get_int(a + "attention.key_length") && c.n_embd % c.n_heads != 0) {
     fail(StatusCode::kBadFormat, "model: embedding_length is not a multiple of head_count");
   }
@@ -92,11 +94,13 @@ namespace {
 
 bool computable(DType t) {
   switch (t) {
-    case DType::F32: case DType::F16: case DType::BF16:
-    case DType::Q8_0: case DType::Q4_0: case DType::Q4_1:
-      return true;
-    default:
-      return false;
+    case DType::F32:
+    case DType::F16:
+    case DType::BF16:
+    case DType::Q8_0:
+    case DType::Q4_0:
+    case DType::Q4_1: return true;
+    default: return false;
   }
 }
 

@@ -12,7 +12,9 @@
 
 namespace ember {
 
-namespace gguf { class GgufFile; }
+namespace gguf {
+class GgufFile;
+}
 class Tokenizer;
 class ChatTemplate;
 

@@ -78,7 +78,10 @@ int32_t Sampler::sample(float* logits, const std::vector<int32_t>& history) {
     size_t keep = n;
     for (size_t i = 0; i < n; ++i) {
       cum += probs[i];
-      if (cum >= p.top_p) { keep = i + 1; break; }
+      if (cum >= p.top_p) {
+        keep = i + 1;
+        break;
+      }
     }
     n = std::max<size_t>(keep, 1);
   }

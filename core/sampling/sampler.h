@@ -34,7 +34,10 @@ class Sampler {
   SamplingParams params_;
   int32_t n_vocab_;
   uint64_t state_[4];
-  struct Cand { float logit; int32_t id; };
+  struct Cand {
+    float logit;
+    int32_t id;
+  };
   std::vector<Cand> cands_;
 };
 

@@ -116,26 +116,26 @@ struct Table {
 constexpr Table make_table() {
   Table t;
   //     type         name     block  bytes  reference dequantizer
-  t.set(DType::F32,  "f32",   1,     4,     dequantize_row_f32);
-  t.set(DType::F16,  "f16",   1,     2,     dequantize_row_f16);
-  t.set(DType::Q4_0, "q4_0",  32,    18,    dequantize_row_q4_0);
-  t.set(DType::Q4_1, "q4_1",  32,    20,    dequantize_row_q4_1);
-  t.set(DType::Q5_0, "q5_0",  32,    22,    nullptr);
-  t.set(DType::Q5_1, "q5_1",  32,    24,    nullptr);
-  t.set(DType::Q8_0, "q8_0",  32,    34,    dequantize_row_q8_0);
-  t.set(DType::Q8_1, "q8_1",  32,    36,    nullptr);
-  t.set(DType::Q2_K, "q2_K",  256,   84,    nullptr);
-  t.set(DType::Q3_K, "q3_K",  256,   110,   nullptr);
-  t.set(DType::Q4_K, "q4_K",  256,   144,   nullptr);  // TODO: BlockQ4_K + dequantize_row_q4_K
-  t.set(DType::Q5_K, "q5_K",  256,   176,   nullptr);
-  t.set(DType::Q6_K, "q6_K",  256,   210,   nullptr);  // TODO: BlockQ6_K + dequantize_row_q6_K
-  t.set(DType::Q8_K, "q8_K",  256,   292,   nullptr);
-  t.set(DType::I8,   "i8",    1,     1,     nullptr);
-  t.set(DType::I16,  "i16",   1,     2,     nullptr);
-  t.set(DType::I32,  "i32",   1,     4,     nullptr);
-  t.set(DType::I64,  "i64",   1,     8,     nullptr);
-  t.set(DType::F64,  "f64",   1,     8,     nullptr);
-  t.set(DType::BF16, "bf16",  1,     2,     dequantize_row_bf16);
+  t.set(DType::F32, "f32", 1, 4, dequantize_row_f32);
+  t.set(DType::F16, "f16", 1, 2, dequantize_row_f16);
+  t.set(DType::Q4_0, "q4_0", 32, 18, dequantize_row_q4_0);
+  t.set(DType::Q4_1, "q4_1", 32, 20, dequantize_row_q4_1);
+  t.set(DType::Q5_0, "q5_0", 32, 22, nullptr);
+  t.set(DType::Q5_1, "q5_1", 32, 24, nullptr);
+  t.set(DType::Q8_0, "q8_0", 32, 34, dequantize_row_q8_0);
+  t.set(DType::Q8_1, "q8_1", 32, 36, nullptr);
+  t.set(DType::Q2_K, "q2_K", 256, 84, nullptr);
+  t.set(DType::Q3_K, "q3_K", 256, 110, nullptr);
+  t.set(DType::Q4_K, "q4_K", 256, 144, nullptr);  // TODO: BlockQ4_K + dequantize_row_q4_K
+  t.set(DType::Q5_K, "q5_K", 256, 176, nullptr);
+  t.set(DType::Q6_K, "q6_K", 256, 210, nullptr);  // TODO: BlockQ6_K + dequantize_row_q6_K
+  t.set(DType::Q8_K, "q8_K", 256, 292, nullptr);
+  t.set(DType::I8, "i8", 1, 1, nullptr);
+  t.set(DType::I16, "i16", 1, 2, nullptr);
+  t.set(DType::I32, "i32", 1, 4, nullptr);
+  t.set(DType::I64, "i64", 1, 8, nullptr);
+  t.set(DType::F64, "f64", 1, 8, nullptr);
+  t.set(DType::BF16, "bf16", 1, 2, dequantize_row_bf16);
   return t;
 }
 
@@ -157,8 +157,7 @@ const char* type_name(uint32_t ggml_type) {
 size_t row_bytes(DType t, int64_t n) {
   const TypeTraits* tt = type_traits(t);
   if (tt == nullptr) {
-    fail(StatusCode::kInvalidArgument,
-         "row_bytes: unknown type id " + std::to_string(static_cast<uint32_t>(t)));
+    fail(StatusCode::kInvalidArgument, "row_bytes: unknown type id " + std::to_string(static_cast<uint32_t>(t)));
   }
   if (n < 0 || n % tt->block_size != 0) {
     fail(StatusCode::kInvalidArgument, "row_bytes: " + std::to_string(n) + " elements is not a multiple of the " +
@@ -166,8 +165,8 @@ size_t row_bytes(DType t, int64_t n) {
   }
   const uint64_t blocks = static_cast<uint64_t>(n) / tt->block_size;
   if (blocks > std::numeric_limits<size_t>::max() / tt->type_size) {
-    fail(StatusCode::kInvalidArgument, "row_bytes: size of " + std::to_string(n) + " " + tt->name +
-                                           " elements overflows");
+    fail(StatusCode::kInvalidArgument,
+         "row_bytes: size of " + std::to_string(n) + " " + tt->name + " elements overflows");
   }
   return static_cast<size_t>(blocks * tt->type_size);
 }

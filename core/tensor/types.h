@@ -58,7 +58,10 @@ size_t row_bytes(DType t, int64_t n);
 float fp16_to_fp32(uint16_t h);
 uint16_t fp32_to_fp16(float f);
 inline float bf16_to_fp32(uint16_t h) {
-  union { uint32_t u; float f; } v{static_cast<uint32_t>(h) << 16};
+  union {
+    uint32_t u;
+    float f;
+  } v{static_cast<uint32_t>(h) << 16};
   return v.f;
 }
 uint16_t fp32_to_bf16(float f);  // round to nearest even
@@ -66,12 +69,12 @@ uint16_t fp32_to_bf16(float f);  // round to nearest even
 // Block layouts, identical to GGUF's on-disk blocks.
 #pragma pack(push, 1)
 struct BlockQ4_0 {
-  uint16_t d;        // f16 scale
-  uint8_t qs[16];    // 32 x 4-bit, low nibbles = elements 0..15, high = 16..31
+  uint16_t d;      // f16 scale
+  uint8_t qs[16];  // 32 x 4-bit, low nibbles = elements 0..15, high = 16..31
 };
 struct BlockQ4_1 {
-  uint16_t d;        // f16 scale
-  uint16_t m;        // f16 min
+  uint16_t d;  // f16 scale
+  uint16_t m;  // f16 min
   uint8_t qs[16];
 };
 struct BlockQ8_0 {

@@ -31,13 +31,38 @@ inline bool is_default_punct(uint32_t cp) {
   if (cp < 128) {
     // \p{P} in ASCII: !"#%&'()*,-./:;?@[\]_{}  plus $+<=>^~|
     switch (cp) {
-      case '!': case '"': case '#': case '%': case '&': case '\'': case '(': case ')': case '*':
-      case ',': case '-': case '.': case '/': case ':': case ';': case '?': case '@': case '[':
-      case '\\': case ']': case '_': case '{': case '}':
-      case '$': case '+': case '<': case '=': case '>': case '^': case '~': case '|':
-        return true;
-      default:
-        return false;
+      case '!':
+      case '"':
+      case '#':
+      case '%':
+      case '&':
+      case '\'':
+      case '(':
+      case ')':
+      case '*':
+      case ',':
+      case '-':
+      case '.':
+      case '/':
+      case ':':
+      case ';':
+      case '?':
+      case '@':
+      case '[':
+      case '\\':
+      case ']':
+      case '_':
+      case '{':
+      case '}':
+      case '$':
+      case '+':
+      case '<':
+      case '=':
+      case '>':
+      case '^':
+      case '~':
+      case '|': return true;
+      default: return false;
     }
   }
   const uint16_t f = unicode::flags(cp);
@@ -73,7 +98,8 @@ class Splitter {
       case Stage::kDigit1: split_class(stage, b, e, is_regex_number, 1, 1); break;
       case Stage::kDigitRuns: split_class(stage, b, e, is_regex_number, 1, SIZE_MAX); break;
       case Stage::kAsciiDigit3:
-        split_class(stage, b, e, [](uint32_t c) { return c >= '0' && c <= '9'; }, 3, 3);
+        split_class(
+            stage, b, e, [](uint32_t c) { return c >= '0' && c <= '9'; }, 3, 3);
         break;
       case Stage::kPunctRuns: split_class(stage, b, e, is_default_punct, 1, SIZE_MAX); break;
       case Stage::kGpt2: split_gpt2(stage, b, e); break;

@@ -65,30 +65,78 @@ std::string printable(std::string_view s) {
 // order here is our priority (llama.cpp takes whichever it meets first while
 // iterating a hash map).
 const char* const kEotTexts[] = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<EOT>", "_<EOT>", "[EOT]",
-    "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",  // <｜end▁of▁sentence｜>
-    "<end_of_utterance>", "<|endoftext|>", "<|end_of_text|>",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "<\xef\xbd\x9c"
+    "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",  // <｜end▁of▁sentence｜>
+    "<end_of_utterance>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
 };
 const char* const kEomTexts[] = {"<|eom_id|>"};
-const char* const kFimPreTexts[] = {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>",
-                                    "<\xef\xbd\x9c" "fim\xe2\x96\x81" "begin\xef\xbd\x9c>", "<PRE>",
-                                    "\xe2\x96\x81<PRE>", "<|code_prefix|>", "<|prefix|>"};
-const char* const kFimSufTexts[] = {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>",
-                                    "<\xef\xbd\x9c" "fim\xe2\x96\x81hole\xef\xbd\x9c>", "<SUF>",
-                                    "\xe2\x96\x81<SUF>", "<|code_suffix|>", "<|suffix|>"};
-const char* const kFimMidTexts[] = {"<|fim_middle|>", "<fim-middle>", "<fim_middle>",
-                                    "<\xef\xbd\x9c" "fim\xe2\x96\x81" "end\xef\xbd\x9c>", "<MID>",
-                                    "\xe2\x96\x81<MID>", "<|code_middle|>", "<|middle|>"};
+const char* const kFimPreTexts[] = {"<|fim_prefix|>",
+                                    "<fim-prefix>",
+                                    "<fim_prefix>",
+                                    "<\xef\xbd\x9c"
+                                    "fim\xe2\x96\x81"
+                                    "begin\xef\xbd\x9c>",
+                                    "<PRE>",
+                                    "\xe2\x96\x81<PRE>",
+                                    "<|code_prefix|>",
+                                    "<|prefix|>"};
+const char* const kFimSufTexts[] = {"<|fim_suffix|>",
+                                    "<fim-suffix>",
+                                    "<fim_suffix>",
+                                    "<\xef\xbd\x9c"
+                                    "fim\xe2\x96\x81hole\xef\xbd\x9c>",
+                                    "<SUF>",
+                                    "\xe2\x96\x81<SUF>",
+                                    "<|code_suffix|>",
+                                    "<|suffix|>"};
+const char* const kFimMidTexts[] = {"<|fim_middle|>",
+                                    "<fim-middle>",
+                                    "<fim_middle>",
+                                    "<\xef\xbd\x9c"
+                                    "fim\xe2\x96\x81"
+                                    "end\xef\xbd\x9c>",
+                                    "<MID>",
+                                    "\xe2\x96\x81<MID>",
+                                    "<|code_middle|>",
+                                    "<|middle|>"};
 const char* const kFimPadTexts[] = {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"};
 const char* const kFimRepTexts[] = {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"};
 const char* const kFimSepTexts[] = {"<|file_sep|>"};
 
 // Tokens that end generation by their text (llama.cpp's list).
 const char* const kEogTexts[] = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
-    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
-    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
-    "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>", "[e~[",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<\xef\xbd\x9c"
+    "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",
+    "[e~[",
 };
 
 // ---------------------------------------------------------------------------
@@ -143,7 +191,7 @@ struct MergeTable {
 
 struct Tokenizer::Impl {
   MergeTable merges;
-  std::array<int32_t, 256> byte_token{};  // id of the one-byte token for each byte, -1 if none
+  std::array<int32_t, 256> byte_token{};                        // id of the one-byte token for each byte, -1 if none
   std::array<std::vector<int32_t>, 256> special_by_first_byte;  // indices into special_tokens_
 };
 
@@ -208,8 +256,7 @@ std::unique_ptr<Tokenizer> Tokenizer::from_vocab(Vocab v) {
   if (v.model == "gpt2") {
     t->vocab_type_ = VocabType::kBpe;
   } else if (v.model == "llama") {
-    fail(StatusCode::kUnsupported,
-         "tokenizer: tokenizer.ggml.model 'llama' (SentencePiece) is not supported yet");
+    fail(StatusCode::kUnsupported, "tokenizer: tokenizer.ggml.model 'llama' (SentencePiece) is not supported yet");
   } else {
     fail(StatusCode::kUnsupported, "tokenizer: unsupported tokenizer.ggml.model '" + printable(v.model) + "'");
   }
@@ -254,8 +301,8 @@ std::unique_ptr<Tokenizer> Tokenizer::from_vocab(Vocab v) {
   for (size_t i = 0; i < n; ++i) {
     auto [it, inserted] = t->token_ids_.emplace(std::string_view(t->tokens_[i]), static_cast<int32_t>(i));
     if (!inserted)
-      bad_format("duplicate token '" + printable(t->tokens_[i]) + "' has ids " + std::to_string(it->second) +
-                 " and " + std::to_string(i));
+      bad_format("duplicate token '" + printable(t->tokens_[i]) + "' has ids " + std::to_string(it->second) + " and " +
+                 std::to_string(i));
   }
 
   // Special ids.
@@ -346,10 +393,10 @@ std::unique_ptr<Tokenizer> Tokenizer::from_vocab(Vocab v) {
   // Special tokens matched in text: control, user-defined and unknown tokens,
   // longest text first (ties by id, for determinism).
   for (size_t i = 0; i < n; ++i)
-    if (t->attrs_[i] & (kAttrControl | kAttrUserDefined | kAttrUnknown)) t->special_tokens_.push_back(static_cast<int32_t>(i));
-  std::stable_sort(t->special_tokens_.begin(), t->special_tokens_.end(), [&](int32_t a, int32_t b) {
-    return t->tokens_[a].size() > t->tokens_[b].size();
-  });
+    if (t->attrs_[i] & (kAttrControl | kAttrUserDefined | kAttrUnknown))
+      t->special_tokens_.push_back(static_cast<int32_t>(i));
+  std::stable_sort(t->special_tokens_.begin(), t->special_tokens_.end(),
+                   [&](int32_t a, int32_t b) { return t->tokens_[a].size() > t->tokens_[b].size(); });
   for (size_t k = 0; k < t->special_tokens_.size(); ++k) {
     const std::string& text = t->tokens_[t->special_tokens_[k]];
     t->impl_->special_by_first_byte[static_cast<uint8_t>(text[0])].push_back(static_cast<int32_t>(k));
@@ -449,9 +496,7 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
 
 bool Tokenizer::is_eog(int32_t id) const { return std::binary_search(eog_ids_.begin(), eog_ids_.end(), id); }
 
-bool Tokenizer::is_control(int32_t id) const {
-  return id >= 0 && id < n_vocab() && (attrs_[id] & kAttrControl);
-}
+bool Tokenizer::is_control(int32_t id) const { return id >= 0 && id < n_vocab() && (attrs_[id] & kAttrControl); }
 
 Tokenizer::TokenType Tokenizer::token_type(int32_t id) const {
   check_id(id, n_vocab());
@@ -595,7 +640,8 @@ class BpeSession {
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special, bool parse_special) const {
   if (const size_t bad = unicode::find_invalid_utf8(text); bad != std::string_view::npos)
-    fail(StatusCode::kInvalidArgument, "tokenizer: input is not valid UTF-8: invalid UTF-8 at byte " + std::to_string(bad));
+    fail(StatusCode::kInvalidArgument,
+         "tokenizer: input is not valid UTF-8: invalid UTF-8 at byte " + std::to_string(bad));
 
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 4);
@@ -661,9 +707,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special, 
     }
     const std::string_view raw = text.substr(f.begin, f.end - f.begin);
     switch (vocab_type_) {
-      case VocabType::kBpe:
-        encode_bpe_fragment(raw, out);
-        break;
+      case VocabType::kBpe: encode_bpe_fragment(raw, out); break;
       case VocabType::kSpm:
         // The SentencePiece path goes here (space prefix after specials, ▁
         // escaping, score-ordered merges, <0xXX> byte fallback); from_vocab
@@ -748,7 +792,8 @@ size_t drain_utf8(const std::string& buf, std::string& out, bool final) {
 
 std::string StreamingDetokenizer::feed(int32_t id) {
   std::string piece = tok_->token_to_piece(id);  // throws on a bad id before touching state
-  if (!render_special_ && (tok_->is_control(id) || tok_->token_type(id) == Tokenizer::TokenType::kUnknown)) piece.clear();
+  if (!render_special_ && (tok_->is_control(id) || tok_->token_type(id) == Tokenizer::TokenType::kUnknown))
+    piece.clear();
   pending_ += piece;
   std::string out;
   const size_t used = drain_utf8(pending_, out, false);

@@ -148,10 +148,10 @@ class Tokenizer {
   std::string pre_name_;
   bool ignore_merges_ = false;  // llama3: a word that is a whole token skips BPE
   std::vector<std::string> tokens_;
-  std::vector<uint16_t> attrs_;      // attribute bits per token (see tokenizer.cpp)
-  std::vector<std::string> pieces_;  // token_to_piece cache
+  std::vector<uint16_t> attrs_;                              // attribute bits per token (see tokenizer.cpp)
+  std::vector<std::string> pieces_;                          // token_to_piece cache
   std::unordered_map<std::string_view, int32_t> token_ids_;  // views into tokens_
-  std::vector<int32_t> special_tokens_;  // matched in text, longest first
+  std::vector<int32_t> special_tokens_;                      // matched in text, longest first
   std::vector<int32_t> eog_ids_;
   int32_t bos_ = -1, eos_ = -1, eot_ = -1, eom_ = -1, unk_ = -1, pad_ = -1;
   bool add_bos_ = false, add_eos_ = false;

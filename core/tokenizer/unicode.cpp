@@ -22,7 +22,7 @@ uint16_t lookup_runs(uint32_t cp) {
   const uint32_t* begin = detail::kRunStart;
   const uint32_t* end = detail::kRunStart + detail::kNumRuns;
   const uint32_t* it = std::upper_bound(begin, end, cp);  // first start > cp
-  return detail::kRunFlags[(it - begin) - 1];              // kRunStart[0] == 0
+  return detail::kRunFlags[(it - begin) - 1];             // kRunStart[0] == 0
 }
 
 // Direct table for the BMP (128 KiB), built once; the rest uses binary search.

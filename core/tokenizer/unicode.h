@@ -14,15 +14,15 @@ namespace ember::unicode {
 
 // Category flags, bit-compatible with llama.cpp's unicode_cpt_flags.
 namespace cp_flags {
-inline constexpr uint16_t kUndefined = 0x001;   // Cn
-inline constexpr uint16_t kNumber = 0x002;      // \p{N}
-inline constexpr uint16_t kLetter = 0x004;      // \p{L}
-inline constexpr uint16_t kSeparator = 0x008;   // \p{Z}
-inline constexpr uint16_t kMark = 0x010;        // \p{M}
-inline constexpr uint16_t kPunctuation = 0x020; // \p{P}
-inline constexpr uint16_t kSymbol = 0x040;      // \p{S}
-inline constexpr uint16_t kControl = 0x080;     // \p{C} except Cn
-inline constexpr uint16_t kWhitespace = 0x100;  // White_Space property (\s)
+inline constexpr uint16_t kUndefined = 0x001;    // Cn
+inline constexpr uint16_t kNumber = 0x002;       // \p{N}
+inline constexpr uint16_t kLetter = 0x004;       // \p{L}
+inline constexpr uint16_t kSeparator = 0x008;    // \p{Z}
+inline constexpr uint16_t kMark = 0x010;         // \p{M}
+inline constexpr uint16_t kPunctuation = 0x020;  // \p{P}
+inline constexpr uint16_t kSymbol = 0x040;       // \p{S}
+inline constexpr uint16_t kControl = 0x080;      // \p{C} except Cn
+inline constexpr uint16_t kWhitespace = 0x100;   // White_Space property (\s)
 }  // namespace cp_flags
 
 inline constexpr uint32_t kMaxCodePoint = 0x10FFFF;

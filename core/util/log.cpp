@@ -7,9 +7,16 @@
 namespace ember {
 namespace {
 
-std::mutex g_log_mutex;
+// g_call_mutex: one callback call at a time (and set_log_callback waits for
+// a call in progress). g_config_mutex: the callback and its user data.
+// Order: call, then config. A callback may call back into Ember: setting the
+// callback from inside it takes only the config lock, and a message logged
+// from inside it (same thread) goes to stderr instead of re-entering.
+std::mutex g_call_mutex;
+std::mutex g_config_mutex;
 LogCallback g_callback = nullptr;
 void* g_user_data = nullptr;
+thread_local bool t_in_callback = false;
 
 int stderr_threshold() {
   static const int level = [] {
@@ -22,7 +29,9 @@ int stderr_threshold() {
 }  // namespace
 
 void set_log_callback(LogCallback cb, void* user_data) {
-  std::lock_guard<std::mutex> lock(g_log_mutex);
+  std::unique_lock<std::mutex> call;
+  if (!t_in_callback) call = std::unique_lock<std::mutex>(g_call_mutex);  // no call in flight after we return
+  std::lock_guard<std::mutex> lock(g_config_mutex);
   g_callback = cb;
   g_user_data = user_data;
 }
@@ -33,13 +42,31 @@ void log(LogLevel level, const char* fmt, ...) {
   va_start(args, fmt);
   std::vsnprintf(buf, sizeof buf, fmt, args);
   va_end(args);
-  std::lock_guard<std::mutex> lock(g_log_mutex);
-  if (g_callback) {
-    g_callback(static_cast<int>(level), buf, g_user_data);
-  } else if (static_cast<int>(level) >= stderr_threshold()) {
-    static const char* names[] = {"debug", "info", "warn", "error"};
-    std::fprintf(stderr, "ember [%s] %s\n", names[static_cast<int>(level)], buf);
+  auto to_stderr = [&] {
+    if (static_cast<int>(level) >= stderr_threshold()) {
+      static const char* names[] = {"debug", "info", "warn", "error"};
+      std::fprintf(stderr, "ember [%s] %s\n", names[static_cast<int>(level)], buf);
+    }
+  };
+  if (t_in_callback) {  // logged from inside the host's callback: never re-enter it
+    to_stderr();
+    return;
   }
+  std::lock_guard<std::mutex> call(g_call_mutex);
+  LogCallback cb;
+  void* user_data;
+  {
+    std::lock_guard<std::mutex> lock(g_config_mutex);
+    cb = g_callback;
+    user_data = g_user_data;
+  }
+  if (!cb) {
+    to_stderr();
+    return;
+  }
+  t_in_callback = true;
+  cb(static_cast<int>(level), buf, user_data);
+  t_in_callback = false;
 }
 
 }  // namespace ember

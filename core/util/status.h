@@ -37,8 +37,6 @@ class Error : public std::exception {
   std::string message_;
 };
 
-[[noreturn]] inline void fail(StatusCode code, std::string message) {
-  throw Error(code, std::move(message));
-}
+[[noreturn]] inline void fail(StatusCode code, std::string message) { throw Error(code, std::move(message)); }
 
 }  // namespace ember

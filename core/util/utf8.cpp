@@ -125,7 +125,10 @@ size_t utf8_complete_prefix(std::string_view s) {
   // Walk back over at most 3 continuation bytes to the last lead byte.
   size_t i = n;
   int cont = 0;
-  while (i > 0 && cont < 4 && (p[i - 1] & 0xC0) == 0x80) { --i; ++cont; }
+  while (i > 0 && cont < 4 && (p[i - 1] & 0xC0) == 0x80) {
+    --i;
+    ++cont;
+  }
   if (i == 0) return n;
   const uint8_t lead = p[i - 1];
   size_t need = lead < 0x80 ? 1 : (lead & 0xE0) == 0xC0 ? 2 : (lead & 0xF0) == 0xE0 ? 3 : (lead & 0xF8) == 0xF0 ? 4 : 1;

@@ -106,7 +106,11 @@ typedef void (*ember_log_callback)(int32_t level, const char* message, void* use
 
 /* Route the library's log messages to `callback` (NULL restores the default:
  * warnings and errors on stderr). The callback may be called from any thread,
- * one call at a time. Thread-safe. Never fails. */
+ * one call at a time. It may call any Ember function, this one included (to
+ * change or remove itself); a message Ember logs while the callback runs on
+ * that thread goes to stderr instead of re-entering it. Once this function
+ * returns (called outside the callback), no call of the previous callback is
+ * still running, so its user_data may be freed. Thread-safe. Never fails. */
 EMBER_API void ember_set_log_callback(ember_log_callback callback, void* user_data);
 
 /* CPU kernel variants (ember_capabilities_t.cpu_isa). */
@@ -149,8 +153,8 @@ typedef struct ember_stream ember_stream;       /* one generation on a session *
 /* ---------------------------------------------------------------- model */
 
 typedef struct ember_model_params {
-  size_t size;          /* sizeof(ember_model_params) */
-  int32_t use_mmap;     /* 1 (default): map the file; 0: read it into memory */
+  size_t size;      /* sizeof(ember_model_params) */
+  int32_t use_mmap; /* 1 (default): map the file; 0: read it into memory */
 } ember_model_params;
 
 /* Fills *params with defaults. NULL is ignored. Thread-safe. */
@@ -172,25 +176,24 @@ EMBER_API void(ember_model_params_init)(ember_model_params* params);
  * NOT_FOUND (missing/unreadable file), BAD_FORMAT (corrupt GGUF),
  * UNSUPPORTED (architecture or tensor type), OUT_OF_MEMORY.
  * Thread-safe. */
-EMBER_API ember_status ember_model_load(const char* path, const ember_model_params* params,
-                                        ember_model** out_model);
+EMBER_API ember_status ember_model_load(const char* path, const ember_model_params* params, ember_model** out_model);
 
 /* Releases the caller's reference. Engines using the model keep it alive.
  * NULL is a no-op. Thread-safe with respect to other handles. */
 EMBER_API void ember_model_destroy(ember_model* model);
 
 typedef struct ember_model_info_t {
-  size_t size;               /* sizeof(ember_model_info_t), set by the caller */
-  const char* architecture;  /* e.g. "llama"; owned by the model */
-  const char* name;          /* general.name or ""; owned by the model */
-  uint64_t n_params;         /* number of weight elements */
-  int32_t context_length;    /* trained context length */
+  size_t size;              /* sizeof(ember_model_info_t), set by the caller */
+  const char* architecture; /* e.g. "llama"; owned by the model */
+  const char* name;         /* general.name or ""; owned by the model */
+  uint64_t n_params;        /* number of weight elements */
+  int32_t context_length;   /* trained context length */
   int32_t vocab_size;
   int32_t n_layers;
   int32_t n_embd;
   int32_t n_heads;
   int32_t n_kv_heads;
-  int32_t bos_token;         /* -1 when the model has none */
+  int32_t bos_token; /* -1 when the model has none */
   int32_t eos_token;
 } ember_model_info_t;
 
@@ -205,9 +208,8 @@ EMBER_API ember_status ember_model_info(const ember_model* model, ember_model_in
  * capacity the call returns INVALID_ARGUMENT with *out_count set so the caller
  * can retry with a larger buffer. Errors: INVALID_ARGUMENT (NULL, invalid
  * UTF-8, small buffer). Thread-safe. */
-EMBER_API ember_status ember_tokenize(const ember_model* model, const char* text,
-                                      int32_t add_special, int32_t parse_special,
-                                      int32_t* tokens, size_t capacity, size_t* out_count);
+EMBER_API ember_status ember_tokenize(const ember_model* model, const char* text, int32_t add_special,
+                                      int32_t parse_special, int32_t* tokens, size_t capacity, size_t* out_count);
 
 /* Converts token ids to text. Writes at most `capacity` bytes including a
  * terminating NUL into `text`; *out_length receives the text length without
@@ -215,9 +217,8 @@ EMBER_API ember_status ember_tokenize(const ember_model* model, const char* text
  * *out_length set. Bytes that do not form valid UTF-8 become U+FFFD.
  * Errors: INVALID_ARGUMENT (NULL, id out of range, small buffer).
  * Thread-safe. */
-EMBER_API ember_status ember_detokenize(const ember_model* model, const int32_t* tokens,
-                                        size_t n_tokens, char* text, size_t capacity,
-                                        size_t* out_length);
+EMBER_API ember_status ember_detokenize(const ember_model* model, const int32_t* tokens, size_t n_tokens, char* text,
+                                        size_t capacity, size_t* out_length);
 
 /* ---------------------------------------------------------------- engine */
 
@@ -225,25 +226,25 @@ enum { EMBER_DEVICE_CPU = 0, EMBER_DEVICE_CUDA = 1, EMBER_DEVICE_AUTO = 2 };
 enum { EMBER_KV_F16 = 0 };
 
 typedef struct ember_engine_params {
-  size_t size;                 /* sizeof(ember_engine_params) */
-  int32_t device;              /* EMBER_DEVICE_*, default CPU. CUDA loads the
-                                  libember_cuda.so plugin (UNSUPPORTED when it, a
-                                  driver or a GPU is missing); AUTO uses CUDA when
-                                  available, else the CPU */
-  int32_t n_threads;           /* CPU threads; 0 (default) = all cores */
-  uint64_t kv_memory_bytes;    /* KV pool budget; 0 (default) = 512 MiB. On the CPU
-                                  the pool is reserved, not committed: memory
-                                  becomes resident as blocks are first written */
-  int32_t kv_block_size;       /* tokens per KV block; default 16 */
-  int32_t kv_dtype;            /* EMBER_KV_*; default F16 */
-  int32_t max_batch_tokens;    /* tokens per engine step; default 512 */
-  int32_t max_running;         /* sequences per step; default 64 */
-  int32_t prefix_caching;      /* 1 (default): reuse KV of identical prompt prefixes */
-  int32_t manual_step;         /* 0 (default): a worker thread runs steps; 1: the host
-                                  runs them with ember_engine_step (game loops) */
-  int32_t batch_invariant;     /* 1 (default): a stream's tokens never depend on what
-                                  else runs (batching, chunking, prefix hits); 0 lets
-                                  the CPU use oneDNN for large prefill chunks */
+  size_t size;              /* sizeof(ember_engine_params) */
+  int32_t device;           /* EMBER_DEVICE_*, default CPU. CUDA loads the
+                               libember_cuda.so plugin (UNSUPPORTED when it, a
+                               driver or a GPU is missing); AUTO uses CUDA when
+                               available, else the CPU */
+  int32_t n_threads;        /* CPU threads; 0 (default) = all cores */
+  uint64_t kv_memory_bytes; /* KV pool budget; 0 (default) = 512 MiB. On the CPU
+                               the pool is reserved, not committed: memory
+                               becomes resident as blocks are first written */
+  int32_t kv_block_size;    /* tokens per KV block; default 16 */
+  int32_t kv_dtype;         /* EMBER_KV_*; default F16 */
+  int32_t max_batch_tokens; /* tokens per engine step; default 512 */
+  int32_t max_running;      /* sequences per step; default 64 */
+  int32_t prefix_caching;   /* 1 (default): reuse KV of identical prompt prefixes */
+  int32_t manual_step;      /* 0 (default): a worker thread runs steps; 1: the host
+                               runs them with ember_engine_step (game loops) */
+  int32_t batch_invariant;  /* 1 (default): a stream's tokens never depend on what
+                               else runs (batching, chunking, prefix hits); 0 lets
+                               the CPU use oneDNN for large prefill chunks */
 } ember_engine_params;
 
 /* Fills the first `size` bytes of *params with defaults and sets
@@ -290,8 +291,7 @@ EMBER_API ember_status ember_engine_info(const ember_engine* engine, ember_engin
  * *out_tokens (may be NULL) receives the tokens processed. Poll streams with
  * ember_stream_next(stream, &event, 0) between calls. Thread-safe (steps
  * are serialised). Errors: INVALID_ARGUMENT (NULL, not in manual mode). */
-EMBER_API ember_status ember_engine_step(ember_engine* engine, int32_t max_ms, int32_t max_tokens,
-                                         size_t* out_tokens);
+EMBER_API ember_status ember_engine_step(ember_engine* engine, int32_t max_ms, int32_t max_tokens, size_t* out_tokens);
 
 /* Borrowed views of the engine's KV cache and scheduler; valid until the
  * engine handle is destroyed; never destroy them. NULL on NULL engine. */
@@ -299,13 +299,13 @@ EMBER_API ember_cache* ember_engine_cache(ember_engine* engine);
 EMBER_API ember_scheduler* ember_engine_scheduler(ember_engine* engine);
 
 typedef struct ember_cache_stats_t {
-  size_t size;            /* sizeof(ember_cache_stats_t), set by the caller */
-  int32_t block_size;     /* tokens per block */
+  size_t size;        /* sizeof(ember_cache_stats_t), set by the caller */
+  int32_t block_size; /* tokens per block */
   size_t blocks_total;
-  size_t blocks_used;     /* referenced by at least one sequence */
-  size_t blocks_cached;   /* unreferenced but holding reusable prefix KV */
+  size_t blocks_used;   /* referenced by at least one sequence */
+  size_t blocks_cached; /* unreferenced but holding reusable prefix KV */
   size_t blocks_free;
-  uint64_t prefix_hits;   /* blocks reused from the prefix cache */
+  uint64_t prefix_hits; /* blocks reused from the prefix cache */
   uint64_t prefix_misses;
   size_t bytes_per_block;
 } ember_cache_stats_t;
@@ -322,20 +322,19 @@ typedef struct ember_scheduler_stats_t {
   uint64_t steps;          /* steps run so far */
 } ember_scheduler_stats_t;
 
-EMBER_API ember_status ember_scheduler_stats(const ember_scheduler* scheduler,
-                                             ember_scheduler_stats_t* stats);
+EMBER_API ember_status ember_scheduler_stats(const ember_scheduler* scheduler, ember_scheduler_stats_t* stats);
 
 /* ---------------------------------------------------------------- session */
 
 typedef struct ember_session_params {
-  size_t size;            /* sizeof(ember_session_params) */
-  int32_t n_ctx;          /* max tokens held; 0 (default) = the model's context length */
+  size_t size;               /* sizeof(ember_session_params) */
+  int32_t n_ctx;             /* max tokens held; 0 (default) = the model's context length */
   const char* system_prompt; /* optional first system message (copied); NULL = none */
-  int32_t priority;       /* EMBER_PRIORITY_*; default INTERACTIVE */
-  int32_t cache_policy;   /* EMBER_CACHE_*; default FULL */
-  int32_t sink_tokens;    /* SINK: first tokens kept for ever; default 4 (0 allowed) */
-  int32_t window_tokens;  /* WINDOW/SINK: most recent tokens kept; 0 (default) =
-                             n_ctx - sink_tokens (the cache then holds n_ctx tokens) */
+  int32_t priority;          /* EMBER_PRIORITY_*; default INTERACTIVE */
+  int32_t cache_policy;      /* EMBER_CACHE_*; default FULL */
+  int32_t sink_tokens;       /* SINK: first tokens kept for ever; default 4 (0 allowed) */
+  int32_t window_tokens;     /* WINDOW/SINK: most recent tokens kept; 0 (default) =
+                                n_ctx - sink_tokens (the cache then holds n_ctx tokens) */
 } ember_session_params;
 
 /* Scheduling priority of a session's streams: interactive streams run before
@@ -393,15 +392,13 @@ EMBER_API void ember_session_destroy(ember_session* session);
  * stream starts. Errors: INVALID_ARGUMENT (NULL, invalid UTF-8, empty role),
  * BUSY (a stream runs), UNSUPPORTED (no usable chat template),
  * CONTEXT_FULL. Thread-safe per session (one caller at a time is simplest). */
-EMBER_API ember_status ember_session_add_message(ember_session* session, const char* role,
-                                                 const char* content);
+EMBER_API ember_status ember_session_add_message(ember_session* session, const char* role, const char* content);
 
 /* Appends raw text to the session (completion mode; no template). Special
  * tokens in the text are recognised when parse_special != 0. BOS is added
  * first when the session is empty and the model asks for it.
  * Errors: INVALID_ARGUMENT, BUSY, CONTEXT_FULL. */
-EMBER_API ember_status ember_session_add_text(ember_session* session, const char* text,
-                                              int32_t parse_special);
+EMBER_API ember_status ember_session_add_text(ember_session* session, const char* text, int32_t parse_special);
 
 /* Appends token ids to the session as they are (completion mode; no
  * template, no BOS added). Errors: INVALID_ARGUMENT (NULL, id out of range),
@@ -430,18 +427,18 @@ EMBER_API ember_status ember_session_score(ember_session* session, const int32_t
                                            float* logprobs);
 
 typedef struct ember_session_cache_info_t {
-  size_t size;               /* sizeof(ember_session_cache_info_t), set by the caller */
-  int32_t cache_policy;      /* EMBER_CACHE_* */
-  int32_t sink_tokens;       /* S (0 unless SINK) */
-  int32_t window_tokens;     /* W (0 for FULL) */
-  size_t n_tokens;           /* tokens in the history (as ember_session_token_count) */
-  size_t processed_tokens;   /* history tokens run through the model so far */
-  size_t resident_tokens;    /* tokens whose K/V are cached now (<= S + W when bounded) */
-  uint64_t evicted_tokens;   /* tokens the policy dropped from the cache */
-  size_t blocks;             /* KV blocks the session holds now */
-  size_t max_blocks;         /* the most it will ever hold (WINDOW/SINK), 0 for FULL */
-  int32_t max_position;      /* highest RoPE position given to any of its tokens
-                                (< S + W when bounded); -1 before the first */
+  size_t size;             /* sizeof(ember_session_cache_info_t), set by the caller */
+  int32_t cache_policy;    /* EMBER_CACHE_* */
+  int32_t sink_tokens;     /* S (0 unless SINK) */
+  int32_t window_tokens;   /* W (0 for FULL) */
+  size_t n_tokens;         /* tokens in the history (as ember_session_token_count) */
+  size_t processed_tokens; /* history tokens run through the model so far */
+  size_t resident_tokens;  /* tokens whose K/V are cached now (<= S + W when bounded) */
+  uint64_t evicted_tokens; /* tokens the policy dropped from the cache */
+  size_t blocks;           /* KV blocks the session holds now */
+  size_t max_blocks;       /* the most it will ever hold (WINDOW/SINK), 0 for FULL */
+  int32_t max_position;    /* highest RoPE position given to any of its tokens
+                              (< S + W when bounded); -1 before the first */
 } ember_session_cache_info_t;
 
 /* What the session's cache holds. A FULL session holds no blocks between
@@ -472,19 +469,19 @@ EMBER_API ember_status ember_session_load(ember_engine* engine, const char* path
 /* ---------------------------------------------------------------- stream */
 
 typedef struct ember_stream_params {
-  size_t size;               /* sizeof(ember_stream_params) */
-  int32_t max_tokens;        /* default 256; generation stops after this many */
-  float temperature;         /* default 0.8; 0 = greedy */
-  int32_t top_k;             /* default 40; 0 = off */
-  float top_p;               /* default 0.95; 1 = off */
-  float min_p;               /* default 0.05; 0 = off */
-  float repeat_penalty;      /* default 1.0 = off */
-  float presence_penalty;    /* default 0 */
-  float frequency_penalty;   /* default 0 */
-  int32_t penalty_last_n;    /* default 64 tokens considered by penalties */
-  uint64_t seed;             /* default 0xEEEE; same seed + same input = same text */
-  const char* const* stop;   /* optional NULL-terminated list of stop strings (copied) */
-  int32_t ignore_eos;        /* default 0; 1 = do not stop at end-of-generation tokens */
+  size_t size;             /* sizeof(ember_stream_params) */
+  int32_t max_tokens;      /* default 256; generation stops after this many */
+  float temperature;       /* default 0.8; 0 = greedy */
+  int32_t top_k;           /* default 40; 0 = off */
+  float top_p;             /* default 0.95; 1 = off */
+  float min_p;             /* default 0.05; 0 = off */
+  float repeat_penalty;    /* default 1.0 = off */
+  float presence_penalty;  /* default 0 */
+  float frequency_penalty; /* default 0 */
+  int32_t penalty_last_n;  /* default 64 tokens considered by penalties */
+  uint64_t seed;           /* default 0xEEEE; same seed + same input = same text */
+  const char* const* stop; /* optional NULL-terminated list of stop strings (copied) */
+  int32_t ignore_eos;      /* default 0; 1 = do not stop at end-of-generation tokens */
 } ember_stream_params;
 
 /* Fills the first `size` bytes of *params with defaults and sets
@@ -509,28 +506,28 @@ EMBER_API ember_status ember_stream_start(ember_session* session, const ember_st
                                           ember_stream** out_stream);
 
 enum {
-  EMBER_EVENT_TEXT = 0,  /* a text piece with its token ids */
-  EMBER_EVENT_END = 1,   /* the stream ended; see end_reason */
-  EMBER_EVENT_ERROR = 2  /* the stream failed; see status and ember_last_error() */
+  EMBER_EVENT_TEXT = 0, /* a text piece with its token ids */
+  EMBER_EVENT_END = 1,  /* the stream ended; see end_reason */
+  EMBER_EVENT_ERROR = 2 /* the stream failed; see status and ember_last_error() */
 };
 enum {
   EMBER_END_NONE = 0,
-  EMBER_END_EOS = 1,          /* the model emitted an end-of-generation token */
-  EMBER_END_STOP_STRING = 2,  /* a stop string matched (it is not emitted) */
+  EMBER_END_EOS = 1,         /* the model emitted an end-of-generation token */
+  EMBER_END_STOP_STRING = 2, /* a stop string matched (it is not emitted) */
   EMBER_END_MAX_TOKENS = 3,
   EMBER_END_CANCELLED = 4,
   EMBER_END_CONTEXT_FULL = 5
 };
 
 typedef struct ember_event {
-  size_t size;             /* sizeof(ember_event), set by the caller */
-  int32_t type;            /* EMBER_EVENT_* */
-  const char* text;        /* TEXT: NUL-terminated UTF-8 piece (never splits a character) */
+  size_t size;      /* sizeof(ember_event), set by the caller */
+  int32_t type;     /* EMBER_EVENT_* */
+  const char* text; /* TEXT: NUL-terminated UTF-8 piece (never splits a character) */
   size_t text_length;
-  const int32_t* tokens;   /* TEXT: the token ids this event covers */
+  const int32_t* tokens; /* TEXT: the token ids this event covers */
   size_t n_tokens;
-  int32_t end_reason;      /* END: EMBER_END_* */
-  ember_status status;     /* ERROR: the failure */
+  int32_t end_reason;  /* END: EMBER_END_* */
+  ember_status status; /* ERROR: the failure */
 } ember_event;
 
 /* Pulls the next event, waiting up to timeout_ms milliseconds (0 = poll,
@@ -538,8 +535,7 @@ typedef struct ember_event {
  * valid until the next call on this stream. Returns OK with an event, TIMEOUT
  * when none came in time, END_OF_STREAM when called after the END/ERROR
  * event, BUSY if a callback is set. One thread at a time per stream. */
-EMBER_API ember_status ember_stream_next(ember_stream* stream, ember_event* event,
-                                         int32_t timeout_ms);
+EMBER_API ember_status ember_stream_next(ember_stream* stream, ember_event* event, int32_t timeout_ms);
 
 /* Push variant for C users: `callback` is called on the engine's worker
  * thread for every event until the END/ERROR event; returning nonzero from it
@@ -551,8 +547,7 @@ EMBER_API ember_status ember_stream_next(ember_stream* stream, ember_event* even
  * Errors: INVALID_ARGUMENT, BUSY (already set), END_OF_STREAM (the END event
  * was already pulled with ember_stream_next). */
 typedef int32_t (*ember_stream_callback)(const ember_event* event, void* user_data);
-EMBER_API ember_status ember_stream_set_callback(ember_stream* stream, ember_stream_callback callback,
-                                                 void* user_data);
+EMBER_API ember_status ember_stream_set_callback(ember_stream* stream, ember_stream_callback callback, void* user_data);
 
 /* Requests cancellation; the stream ends with EMBER_END_CANCELLED soon after.
  * The session keeps what was generated so far and stays usable. Any thread.
@@ -565,14 +560,14 @@ EMBER_API ember_status ember_stream_cancel(ember_stream* stream);
 EMBER_API ember_status ember_stream_wait(ember_stream* stream);
 
 typedef struct ember_stream_stats_t {
-  size_t size;                 /* sizeof(ember_stream_stats_t), set by the caller */
-  size_t prompt_tokens;        /* tokens prefilled for this stream */
+  size_t size;          /* sizeof(ember_stream_stats_t), set by the caller */
+  size_t prompt_tokens; /* tokens prefilled for this stream */
   size_t generated_tokens;
   double time_to_first_token_ms;
-  double tokens_per_second;    /* decode rate after the first token */
+  double tokens_per_second; /* decode rate after the first token */
   double prefill_tokens_per_second;
-  int32_t finished;            /* 1 once the stream ended */
-  int32_t end_reason;          /* EMBER_END_* */
+  int32_t finished;   /* 1 once the stream ended */
+  int32_t end_reason; /* EMBER_END_* */
 } ember_stream_stats_t;
 
 EMBER_API ember_status ember_stream_stats(const ember_stream* stream, ember_stream_stats_t* stats);
@@ -602,8 +597,8 @@ EMBER_API void ember_stream_release(ember_stream* stream);
  * raw logits of every position (n_tokens * vocab_size floats). Used by
  * perplexity tools. Errors: INVALID_ARGUMENT, CONTEXT_FULL (more tokens than
  * the context), OUT_OF_MEMORY. Thread-safe. */
-EMBER_API ember_status ember_engine_score(ember_engine* engine, const int32_t* tokens, size_t n_tokens,
-                                          float* logprobs, float* logits);
+EMBER_API ember_status ember_engine_score(ember_engine* engine, const int32_t* tokens, size_t n_tokens, float* logprobs,
+                                          float* logits);
 
 #ifdef __cplusplus
 }

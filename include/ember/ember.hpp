@@ -241,9 +241,9 @@ class Engine {
 
 // One stream event with owned text and tokens.
 struct Event {
-  int32_t type = EMBER_EVENT_TEXT;  // EMBER_EVENT_*
-  std::string text;                 // TEXT: whole UTF-8 characters
-  std::vector<int32_t> tokens;      // TEXT: the ids this piece covers
+  int32_t type = EMBER_EVENT_TEXT;      // EMBER_EVENT_*
+  std::string text;                     // TEXT: whole UTF-8 characters
+  std::vector<int32_t> tokens;          // TEXT: the ids this piece covers
   int32_t end_reason = EMBER_END_NONE;  // END: EMBER_END_*
   ember_status status = EMBER_OK;       // ERROR: the failure
 

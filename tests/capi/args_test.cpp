@@ -22,8 +22,8 @@ const char* const kInvalidUtf8[] = {
 }  // namespace
 
 TEST(CapiBasics, VersionMatchesMacros) {
-  const std::string expected = std::to_string(EMBER_VERSION_MAJOR) + "." + std::to_string(EMBER_VERSION_MINOR) +
-                               "." + std::to_string(EMBER_VERSION_PATCH);
+  const std::string expected = std::to_string(EMBER_VERSION_MAJOR) + "." + std::to_string(EMBER_VERSION_MINOR) + "." +
+                               std::to_string(EMBER_VERSION_PATCH);
   ASSERT_NE(ember_version(), nullptr);
   EXPECT_EQ(std::string(ember_version()), expected);
 }
@@ -74,6 +74,44 @@ TEST(CapiBasics, LogCallbackCanBeSetAndCleared) {
   EXPECT_STATUS(ember_model_load("/nonexistent/ember/model.gguf", nullptr, &m), EMBER_ERR_NOT_FOUND);
   EXPECT_EQ(m, nullptr);
   ember_set_log_callback(nullptr, nullptr);
+}
+
+// The log callback may call back into Ember: log through a call that logs,
+// and change or remove itself. None of it deadlocks.
+TEST(CapiBasics, LogCallbackMayCallBackIntoEmber) {
+  CAPI_REQUIRE_MODEL(model);
+  struct State {
+    ember_model* model;
+    int calls = 0;
+    bool reentered = false;
+  } state{model};
+  ember_log_callback cb = [](int32_t, const char*, void* ud) {
+    auto* st = static_cast<State*>(ud);
+    if (st->calls++ > 0) return;
+    // An engine on AUTO logs which device it chose: a log from inside the
+    // callback, on this thread.
+    ember_engine_params ep;
+    ember_engine_params_init(&ep);
+    ep.device = EMBER_DEVICE_AUTO;
+    ep.kv_memory_bytes = 8ull << 20;
+    ep.n_threads = 1;
+    ember_engine* e = nullptr;
+    st->reentered = ember_engine_create(st->model, &ep, &e) == EMBER_OK;
+    ember_engine_destroy(e);
+    ember_set_log_callback(nullptr, nullptr);  // removes itself
+  };
+  ember_set_log_callback(cb, &state);
+  ember_engine_params ep;
+  ember_engine_params_init(&ep);
+  ep.device = EMBER_DEVICE_AUTO;  // logs (no CUDA here: "running on the CPU"; with CUDA: the device)
+  ep.kv_memory_bytes = 8ull << 20;
+  ep.n_threads = 1;
+  ember_engine* e = nullptr;
+  ASSERT_OK(ember_engine_create(model, &ep, &e));
+  ember_engine_destroy(e);
+  ember_set_log_callback(nullptr, nullptr);
+  EXPECT_GE(state.calls, 1);
+  EXPECT_TRUE(state.reentered);
 }
 
 TEST(CapiNull, DestroyNullIsANoOp) {
@@ -140,7 +178,8 @@ TEST(CapiNull, NullHandlesAndPointersWithoutAModel) {
   EXPECT_EQ(stream, nullptr);
   ember_event ev = new_event();
   EXPECT_STATUS(ember_stream_next(nullptr, &ev, 0), kInvalid);
-  EXPECT_STATUS(ember_stream_set_callback(nullptr, [](const ember_event*, void*) -> int32_t { return 0; }, nullptr),
+  EXPECT_STATUS(ember_stream_set_callback(
+                    nullptr, [](const ember_event*, void*) -> int32_t { return 0; }, nullptr),
                 kInvalid);
   EXPECT_STATUS(ember_stream_cancel(nullptr), kInvalid);
   EXPECT_STATUS(ember_stream_wait(nullptr), kInvalid);
@@ -319,10 +358,8 @@ TEST(CapiParams, AbsurdEngineAndSessionParameters) {
       {"negative device", [](ember_engine_params& p) { p.device = -1; }, EMBER_ERR_INVALID_ARGUMENT},
       {"huge n_threads", [](ember_engine_params& p) { p.n_threads = 1 << 30; }, EMBER_ERR_INVALID_ARGUMENT},
       {"negative n_threads", [](ember_engine_params& p) { p.n_threads = -4; }, EMBER_ERR_INVALID_ARGUMENT},
-      {"kv smaller than a block", [](ember_engine_params& p) { p.kv_memory_bytes = 100; },
-       EMBER_ERR_INVALID_ARGUMENT},
-      {"kv absurdly large", [](ember_engine_params& p) { p.kv_memory_bytes = 1ull << 62; },
-       EMBER_ERR_INVALID_ARGUMENT},
+      {"kv smaller than a block", [](ember_engine_params& p) { p.kv_memory_bytes = 100; }, EMBER_ERR_INVALID_ARGUMENT},
+      {"kv absurdly large", [](ember_engine_params& p) { p.kv_memory_bytes = 1ull << 62; }, EMBER_ERR_INVALID_ARGUMENT},
       {"zero kv_block_size", [](ember_engine_params& p) { p.kv_block_size = 0; }, EMBER_ERR_INVALID_ARGUMENT},
       {"huge kv_block_size", [](ember_engine_params& p) { p.kv_block_size = 1 << 20; }, EMBER_ERR_INVALID_ARGUMENT},
       {"unknown kv_dtype", [](ember_engine_params& p) { p.kv_dtype = 9; }, EMBER_ERR_INVALID_ARGUMENT},
@@ -417,8 +454,8 @@ TEST(CapiParams, ShortParamStructsGetDefaults) {
   std::memset(&cs, 0, sizeof cs);
   cs.size = sizeof cs;
   ASSERT_OK(ember_cache_stats(ember_engine_cache(e), &cs));
-  EXPECT_EQ(cs.block_size, 16);                                       // default kv_block_size
-  EXPECT_LE(cs.blocks_total * cs.bytes_per_block, 512ull << 20);      // default budget
+  EXPECT_EQ(cs.block_size, 16);                                   // default kv_block_size
+  EXPECT_LE(cs.blocks_total * cs.bytes_per_block, 512ull << 20);  // default budget
   EXPECT_GT((cs.blocks_total + 1) * cs.bytes_per_block, 512ull << 20);
 
   // Session: only n_ctx; a wild pointer where system_prompt would be.

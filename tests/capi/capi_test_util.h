@@ -14,21 +14,19 @@
 #include "ember/ember.h"
 
 // Checks a status and, for failures, that a message was left behind.
-#define EXPECT_STATUS(expr, expected)                                                   \
-  do {                                                                                  \
-    const ember_status st_ = (expr);                                                    \
-    EXPECT_EQ(st_, (expected)) << #expr << " -> " << ember_status_string(st_) << ": "   \
-                               << ember_last_error();                                   \
-    if ((expected) != EMBER_OK) {                                                       \
-      EXPECT_STRNE(ember_last_error(), "") << #expr << " failed without a message";     \
-    }                                                                                   \
+#define EXPECT_STATUS(expr, expected)                                                                        \
+  do {                                                                                                       \
+    const ember_status st_ = (expr);                                                                         \
+    EXPECT_EQ(st_, (expected)) << #expr << " -> " << ember_status_string(st_) << ": " << ember_last_error(); \
+    if ((expected) != EMBER_OK) {                                                                            \
+      EXPECT_STRNE(ember_last_error(), "") << #expr << " failed without a message";                          \
+    }                                                                                                        \
   } while (0)
 
-#define ASSERT_OK(expr)                                                                 \
-  do {                                                                                  \
-    const ember_status st_ = (expr);                                                    \
-    ASSERT_EQ(st_, EMBER_OK) << #expr << " -> " << ember_status_string(st_) << ": "     \
-                             << ember_last_error();                                     \
+#define ASSERT_OK(expr)                                                                                    \
+  do {                                                                                                     \
+    const ember_status st_ = (expr);                                                                       \
+    ASSERT_EQ(st_, EMBER_OK) << #expr << " -> " << ember_status_string(st_) << ": " << ember_last_error(); \
   } while (0)
 
 namespace capi_test {
@@ -211,7 +209,7 @@ inline size_t token_count(const ember_session* session) {
 
 // Every test that needs the model starts with this: skip (or fail under CI)
 // when it is absent, and make `model` point at the shared one.
-#define CAPI_REQUIRE_MODEL(model)                                   \
-  EMBER_REQUIRE_MODEL();                                            \
-  ember_model* model = ::capi_test::shared_model();                 \
+#define CAPI_REQUIRE_MODEL(model)                   \
+  EMBER_REQUIRE_MODEL();                            \
+  ember_model* model = ::capi_test::shared_model(); \
   ASSERT_NE(model, nullptr) << "the model exists but did not load: " << ember_last_error()

@@ -49,8 +49,8 @@ struct Request {
 
 std::vector<Request> requests() {
   const char* prompts[kMaxThreads] = {
-      "What is the capital of Italy?",  "Write a haiku about rain.",      "Name three prime numbers.",
-      "Explain gravity in one sentence.", "What colour is the sky?",       "Give me a word that rhymes with cat.",
+      "What is the capital of Italy?",     "Write a haiku about rain.",      "Name three prime numbers.",
+      "Explain gravity in one sentence.",  "What colour is the sky?",        "Give me a word that rhymes with cat.",
       "How many legs does a spider have?", "Say something nice about cats.",
   };
   std::vector<Request> out;
@@ -234,7 +234,8 @@ TEST(CapiConcurrency, DestroyWhileRunningFromManyThreads) {
           if (ember_stream_next(s, &ev, -1) != EMBER_OK) ++failures;
         }
         if ((t + i) % 3 == 0) {
-          ember_stream_set_callback(s, [](const ember_event*, void*) -> int32_t { return 0; }, nullptr);
+          ember_stream_set_callback(
+              s, [](const ember_event*, void*) -> int32_t { return 0; }, nullptr);
         }
         ember_stream_destroy(s);
       }

@@ -3,8 +3,8 @@
 // waits to be prefilled (it is cut into what fits each frame).
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -72,7 +72,8 @@ TEST(CapiFrameBudget, ManualStepsKeepTheFrameBudgetWithALongPromptWaiting) {
 
   // A ~1,500-token prompt, then 30 short turns, driven by 16 ms frames.
   std::string prompt;
-  while (prompt.size() < (reduced() ? 800u : 8400u)) prompt += "The old lighthouse keeper counted the ships that passed each night. ";
+  while (prompt.size() < (reduced() ? 800u : 8400u))
+    prompt += "The old lighthouse keeper counted the ships that passed each night. ";
   SessionPtr npc = make_session(e);
   ASSERT_OK(ember_session_add_text(npc.get(), prompt.c_str(), 0));
   size_t prompt_tokens = token_count(npc.get());
@@ -107,10 +108,11 @@ TEST(CapiFrameBudget, ManualStepsKeepTheFrameBudgetWithALongPromptWaiting) {
     ASSERT_TRUE(ended) << "turn " << turn;
   }
   const double worst = *std::max_element(frames.begin(), frames.end());
-  std::printf("frame budget %d ms: %zu frames over %d turns (first prompt %zu tokens); frame p50 %.1f ms, p99 %.1f ms, "
-              "worst %.1f ms; one decode step %.1f ms; at most %zu tokens in a frame\n",
-              kFrameMs, frames.size(), turns(), prompt_tokens, percentile(frames, 0.5), percentile(frames, 0.99), worst,
-              decode_step, most_tokens_in_a_frame);
+  std::printf(
+      "frame budget %d ms: %zu frames over %d turns (first prompt %zu tokens); frame p50 %.1f ms, p99 %.1f ms, "
+      "worst %.1f ms; one decode step %.1f ms; at most %zu tokens in a frame\n",
+      kFrameMs, frames.size(), turns(), prompt_tokens, percentile(frames, 0.5), percentile(frames, 0.99), worst,
+      decode_step, most_tokens_in_a_frame);
   // The prompt is cut into what fits a frame (before frame budgets, the
   // whole prompt ran in one frame of seconds).
   EXPECT_LT(most_tokens_in_a_frame, 64u);

@@ -111,8 +111,7 @@ TEST(CapiHpp, ChatStreamIterationAndContinuation) {
     auto first = running.next(std::chrono::seconds(60));
     ASSERT_TRUE(first.has_value());
     running.cancel();
-    while (running.next()) {
-    }
+    while (running.next()) {}
     EXPECT_EQ(running.end_reason(), EMBER_END_CANCELLED);
   }
 

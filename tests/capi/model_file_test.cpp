@@ -98,9 +98,8 @@ TEST(CapiModelFile, TruncatedCopiesAreBadFormat) {
   ASSERT_GT(full.size(), 1u << 20);
   TempDir dir;
   ASSERT_TRUE(dir.ok());
-  const size_t lengths[] = {3,       4,       8,         16,        24,         40,
-                            100,     1000,    4096,      65536,     1u << 20,   full.size() / 2,
-                            full.size() - 4096, full.size() - 1};
+  const size_t lengths[] = {
+      3, 4, 8, 16, 24, 40, 100, 1000, 4096, 65536, 1u << 20, full.size() / 2, full.size() - 4096, full.size() - 1};
   for (size_t len : lengths) {
     SCOPED_TRACE("truncated to " + std::to_string(len) + " bytes");
     EXPECT_EQ(try_load(dir.write("truncated.gguf", full.data(), len)), EMBER_ERR_BAD_FORMAT);

@@ -21,10 +21,10 @@ inline bool model_available() { return std::ifstream(default_model_path()).good(
 
 }  // namespace ember::test
 
-#define EMBER_REQUIRE_MODEL()                                                            \
-  do {                                                                                   \
-    if (!::ember::test::model_available()) {                                             \
+#define EMBER_REQUIRE_MODEL()                                                                    \
+  do {                                                                                           \
+    if (!::ember::test::model_available()) {                                                     \
       if (std::getenv("CI")) FAIL() << "model missing: " << ::ember::test::default_model_path(); \
-      GTEST_SKIP() << "model not found at " << ::ember::test::default_model_path();       \
-    }                                                                                    \
+      GTEST_SKIP() << "model not found at " << ::ember::test::default_model_path();              \
+    }                                                                                            \
   } while (0)

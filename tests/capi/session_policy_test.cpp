@@ -39,8 +39,9 @@ ember_session_cache_info_t cache_info(const ember_session* s) {
 
 std::vector<int32_t> text_tokens(ember_model* model, size_t n) {
   std::string text;
-  const char* words[] = {"the", "ship", "sailed", "north", "while", "an", "old", "captain", "watched", "stars",
-                         "and", "wrote", "letters", "to", "his", "daughter", "about", "ice", "wind", "home"};
+  const char* words[] = {"the",     "ship",     "sailed", "north", "while", "an",      "old",
+                         "captain", "watched",  "stars",  "and",   "wrote", "letters", "to",
+                         "his",     "daughter", "about",  "ice",   "wind",  "home"};
   for (size_t i = 0; text.size() < n * 8; ++i) {
     text += words[(i * 7 + i / 3) % 20];
     text += (i % 11 == 10) ? ". " : " ";
@@ -53,9 +54,7 @@ std::vector<int32_t> text_tokens(ember_model* model, size_t n) {
   return ids;
 }
 
-std::string temp_file(const char* name) {
-  return "/tmp/ember_capi_policy_" + std::to_string(::getpid()) + "_" + name;
-}
+std::string temp_file(const char* name) { return "/tmp/ember_capi_policy_" + std::to_string(::getpid()) + "_" + name; }
 
 TEST(SessionPolicy, ParamsDefaults) {
   ember_session_params sp;
@@ -138,7 +137,8 @@ TEST(SessionPolicy, OldParamsSizeMeansFull) {
   info.size = offsetof(ember_session_cache_info_t, n_tokens);
   ASSERT_OK(ember_session_cache_info(session.get(), &info));
   EXPECT_EQ(info.cache_policy, EMBER_CACHE_FULL);
-  const unsigned char* tail = reinterpret_cast<const unsigned char*>(&info) + offsetof(ember_session_cache_info_t, n_tokens);
+  const unsigned char* tail =
+      reinterpret_cast<const unsigned char*>(&info) + offsetof(ember_session_cache_info_t, n_tokens);
   EXPECT_EQ(tail[0], 0x5A);
   info.size = 0;
   EXPECT_STATUS(ember_session_cache_info(session.get(), &info), EMBER_ERR_INVALID_ARGUMENT);

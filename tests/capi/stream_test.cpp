@@ -80,7 +80,8 @@ TEST(CapiStream, WrongOrderCalls) {
   }
   EXPECT_STATUS(ember_stream_cancel(s), EMBER_OK);
   EXPECT_STATUS(ember_stream_wait(s), EMBER_OK);
-  EXPECT_STATUS(ember_stream_set_callback(s, [](const ember_event*, void*) -> int32_t { return 0; }, nullptr),
+  EXPECT_STATUS(ember_stream_set_callback(
+                    s, [](const ember_event*, void*) -> int32_t { return 0; }, nullptr),
                 EMBER_ERR_END_OF_STREAM);
   const ember_stream_stats_t st = stream_stats(s);
   EXPECT_EQ(st.finished, 1);

@@ -57,7 +57,10 @@ TEST(Engine, GreedyTextCompletionIsDeterministic) {
     EXPECT_FALSE(r.text.empty());
     EXPECT_EQ(r.tokens.size(), 16u);
     EXPECT_EQ(r.reason, EndReason::kMaxTokens);
-    if (run == 0) first = r.text; else EXPECT_EQ(first, r.text);
+    if (run == 0)
+      first = r.text;
+    else
+      EXPECT_EQ(first, r.text);
   }
   EXPECT_NE(first.find("Paris"), std::string::npos) << first;
 }
@@ -88,9 +91,8 @@ TEST(Engine, ChatReplyEndsAtEndOfTurnAndContinues) {
 
 TEST(Engine, BatchedEqualsIsolated) {
   EMBER_REQUIRE_MODEL();
-  const std::vector<std::string> prompts = {
-      "Once upon a time", "The quick brown fox", "In 1492, Columbus", "def fibonacci(n):",
-      "Water boils at", "My favourite food is"};
+  const std::vector<std::string> prompts = {"Once upon a time",  "The quick brown fox", "In 1492, Columbus",
+                                            "def fibonacci(n):", "Water boils at",      "My favourite food is"};
   auto engine = Engine::create(shared_model(), EngineParams{});
   auto params_for = [](size_t i) {
     StreamParams p;

@@ -30,8 +30,8 @@ namespace {
 // otherwise pick kernels that sum in another order, as llama.cpp's own
 // AVX-512 build does). The golden files hold llama.cpp's results with 5
 // decimals. Measured figures: docs/BENCHMARKS.md.
-constexpr float kDecisiveGap = 0.5f;            // (teacher-forced test) llama.cpp top1 - top2 that must not flip
-constexpr double kMinDecisiveAgreement = 1.0;   // where llama.cpp is decisive
+constexpr float kDecisiveGap = 0.5f;           // (teacher-forced test) llama.cpp top1 - top2 that must not flip
+constexpr double kMinDecisiveAgreement = 1.0;  // where llama.cpp is decisive
 // Teacher-forced scoring of llama.cpp's decode continuations is a batched
 // evaluation, which llama.cpp itself sums in another order than its decode:
 // near-ties may flip (measured 97.8% overall, llama.cpp's own batch vs decode
@@ -48,9 +48,7 @@ struct Avx2Kernels {
   ~Avx2Kernels() { cpu::reset_isa(); }
 };
 
-std::string golden_path(const std::string& name) {
-  return std::string(EMBER_TEST_DATA_DIR) + "/reference/" + name;
-}
+std::string golden_path(const std::string& name) { return std::string(EMBER_TEST_DATA_DIR) + "/reference/" + name; }
 
 struct GreedyCase {
   std::string name;
@@ -184,17 +182,19 @@ TEST(Reference, GreedyContinuationsMatchLlamaCpp) {
       if (!eq && prefix == n) prefix = k;
     }
     if (prefix < n) {
-      std::printf("[ reference] %-16s diverges at %zu: llama.cpp %d (its top1-top2 gap %.3f), ember %d; %zu/%zu match\n",
-                  c.name.c_str(), prefix, c.expected[prefix], c.gaps[prefix],
-                  prefix < got.size() ? got[prefix] : -1, same, n);
+      std::printf(
+          "[ reference] %-16s diverges at %zu: llama.cpp %d (its top1-top2 gap %.3f), ember %d; %zu/%zu match\n",
+          c.name.c_str(), prefix, c.expected[prefix], c.gaps[prefix], prefix < got.size() ? got[prefix] : -1, same, n);
       ++diverged;
     }
     total += n;
     matched += same;
   }
   const double agreement = static_cast<double>(matched) / static_cast<double>(total);
-  std::printf("[ reference] greedy: %zu/%zu continuations identical to llama.cpp's; position-wise agreement %zu/%zu = "
-              "%.2f%%\n", cases.size() - diverged, cases.size(), matched, total, 100.0 * agreement);
+  std::printf(
+      "[ reference] greedy: %zu/%zu continuations identical to llama.cpp's; position-wise agreement %zu/%zu = "
+      "%.2f%%\n",
+      cases.size() - diverged, cases.size(), matched, total, 100.0 * agreement);
   EXPECT_GE(agreement, kMinRawGreedyAgreement);
 }
 
@@ -222,8 +222,8 @@ TEST(Reference, TeacherForcedArgmaxMatchesLlamaCpp) {
       ++checked;
       agreed += best == c.expected[k];
       if (best != c.expected[k]) {
-        std::printf("[ reference] %-16s step %zu: ember argmax %d, llama.cpp %d (gap %.3f)\n", c.name.c_str(), k,
-                    best, c.expected[k], c.gaps[k]);
+        std::printf("[ reference] %-16s step %zu: ember argmax %d, llama.cpp %d (gap %.3f)\n", c.name.c_str(), k, best,
+                    c.expected[k], c.gaps[k]);
       }
     }
   }
@@ -275,10 +275,12 @@ TEST(Reference, PerPositionTop1AndLogprobsMatchLlamaCpp) {
     }
   }
   const double agreement = static_cast<double>(agree) / static_cast<double>(n);
-  const double decisive_agreement = static_cast<double>(decisive_agree) / static_cast<double>(std::max<size_t>(1, decisive));
-  std::printf("[ reference] top-1 agreement %zu/%zu = %.2f%% (where llama.cpp is decisive: %zu/%zu); "
-              "|logprob(top-1) diff| mean %.5f max %.5f (position %zu)\n", agree, n, 100.0 * agreement, decisive_agree,
-              decisive, sum_diff / static_cast<double>(n), max_diff, max_pos);
+  const double decisive_agreement =
+      static_cast<double>(decisive_agree) / static_cast<double>(std::max<size_t>(1, decisive));
+  std::printf(
+      "[ reference] top-1 agreement %zu/%zu = %.2f%% (where llama.cpp is decisive: %zu/%zu); "
+      "|logprob(top-1) diff| mean %.5f max %.5f (position %zu)\n",
+      agree, n, 100.0 * agreement, decisive_agree, decisive, sum_diff / static_cast<double>(n), max_diff, max_pos);
   EXPECT_GE(agreement, kMinRawTop1Agreement);
   EXPECT_GE(decisive_agreement, kMinDecisiveAgreement);
   EXPECT_LE(max_diff, kMaxTop1LogprobDiff) << "at position " << max_pos;

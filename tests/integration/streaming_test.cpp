@@ -58,8 +58,9 @@ const std::vector<int32_t>& book_tokens() {
       ss << in.rdbuf();
       text = ss.str().substr(0, 60000);
     } else {
-      const char* words[] = {"the", "house", "was", "quiet", "when", "she", "returned", "from", "a", "long",
-                             "walk", "and", "her", "sister", "asked", "about", "letter", "evening", "garden", "rain"};
+      const char* words[] = {"the",   "house", "was",    "quiet",   "when",   "she", "returned",
+                             "from",  "a",     "long",   "walk",    "and",    "her", "sister",
+                             "asked", "about", "letter", "evening", "garden", "rain"};
       uint32_t x = 12345;
       for (int i = 0; i < 12000; ++i) {
         x = x * 1103515245u + 12345u;

@@ -100,8 +100,7 @@ std::vector<uint8_t> make_weight(DType t, int64_t N, int64_t K, uint32_t seed) {
           std::memcpy(p, &f, 4);
         }
         break;
-      default:
-        ADD_FAILURE() << "no generator for type";
+      default: ADD_FAILURE() << "no generator for type";
     }
   }
   return out;
@@ -143,8 +142,8 @@ struct ErrorModel {
 // estimate of the rounding the model allows (uniform rounding errors,
 // independent per element) plus f32 accumulation slack, so it is relative to
 // the row norms rather than to |y| (y can cancel to ~0).
-void expect_close(const std::vector<float>& wf, const std::vector<float>& x, const std::vector<float>& y,
-                  int64_t M, int64_t N, int64_t K, const ErrorModel& em, const std::string& what) {
+void expect_close(const std::vector<float>& wf, const std::vector<float>& x, const std::vector<float>& y, int64_t M,
+                  int64_t N, int64_t K, const ErrorModel& em, const std::string& what) {
   int bad = 0;
   for (int64_t m = 0; m < M; ++m) {
     const float* xr = x.data() + m * K;
@@ -172,8 +171,8 @@ void expect_close(const std::vector<float>& wf, const std::vector<float>& x, con
       const double got = y[m * N + n];
       if (!(std::fabs(got - ref) <= tol)) {
         if (++bad <= 5)
-          ADD_FAILURE() << what << ": y[" << m << "," << n << "] = " << got << ", reference " << ref
-                        << " (|diff| " << std::fabs(got - ref) << " > tol " << tol << ")";
+          ADD_FAILURE() << what << ": y[" << m << "," << n << "] = " << got << ", reference " << ref << " (|diff| "
+                        << std::fabs(got - ref) << " > tol " << tol << ")";
       }
     }
   }
@@ -211,8 +210,8 @@ class MatmulTest : public testing::TestWithParam<Case> {
   void SetUp() override {
     if (!isa_supported(GetParam().isa))
       GTEST_SKIP() << "this CPU cannot run the " << isa_to_string(GetParam().isa) << " kernels ("
-                   << "cpu_features: avx512f=" << cpu_features().avx512f
-                   << " avx512vnni=" << cpu_features().avx512vnni << ")";
+                   << "cpu_features: avx512f=" << cpu_features().avx512f << " avx512vnni=" << cpu_features().avx512vnni
+                   << ")";
     force_isa(GetParam().isa);
     set_decode_max_m(GetParam().path == Path::kDecode ? std::numeric_limits<int64_t>::max() : 0);
   }
@@ -454,9 +453,8 @@ TEST(Matmul, QuantizedKernelsAreBitIdenticalToTheReferenceOrder) {
         omp_set_num_threads(th);
         matmul(view, x.data(), M, ya.data(), scratch);
         for (size_t i = 0; i < ys.size(); ++i)
-          ASSERT_EQ(std::memcmp(&ys[i], &ya[i], 4), 0)
-              << name_of(t) << " M=" << M << " threads=" << th << " output " << i << ": scalar " << ys[i] << " avx2 "
-              << ya[i];
+          ASSERT_EQ(std::memcmp(&ys[i], &ya[i], 4), 0) << name_of(t) << " M=" << M << " threads=" << th << " output "
+                                                       << i << ": scalar " << ys[i] << " avx2 " << ya[i];
       }
       // Against the reference order on the scalar variant's own activations.
       const auto& sc = detail::scalar_impl();
@@ -469,7 +467,8 @@ TEST(Matmul, QuantizedKernelsAreBitIdenticalToTheReferenceOrder) {
           const float r = t == DType::Q4_0   ? detail::quant_dot_reference<DType::Q4_0>(wr, a, K / 32)
                           : t == DType::Q4_1 ? detail::quant_dot_reference<DType::Q4_1>(wr, a, K / 32)
                                              : detail::quant_dot_reference<DType::Q8_0>(wr, a, K / 32);
-          ASSERT_EQ(std::memcmp(&r, &ya[static_cast<size_t>(m * N + n)], 4), 0) << name_of(t) << " m=" << m << " n=" << n;
+          ASSERT_EQ(std::memcmp(&r, &ya[static_cast<size_t>(m * N + n)], 4), 0)
+              << name_of(t) << " m=" << m << " n=" << n;
         }
       }
     }
@@ -543,8 +542,16 @@ void emu_decode(const detail::IsaImpl& impl, const WeightView& w, const float* x
     act = std::aligned_alloc(64, (arb * static_cast<size_t>(M) + 63) & ~size_t{63});
     impl.prepare_acts(w.type, x, M, w.cols, static_cast<uint8_t*>(act));
   }
-  const detail::DecodeCtx c{w.type, static_cast<const uint8_t*>(w.data), detail::weight_row_bytes(w.type, w.cols),
-                            w.cols, M, x, static_cast<const uint8_t*>(act), arb, y, w.rows};
+  const detail::DecodeCtx c{w.type,
+                            static_cast<const uint8_t*>(w.data),
+                            detail::weight_row_bytes(w.type, w.cols),
+                            w.cols,
+                            M,
+                            x,
+                            static_cast<const uint8_t*>(act),
+                            arb,
+                            y,
+                            w.rows};
   const detail::DecodeKernel k = impl.kernel(w.type);
   const int64_t split = w.rows / 3;
   k(c, 0, split);
@@ -576,10 +583,10 @@ class EmulatedAvx512Test : public testing::TestWithParam<std::tuple<DType, bool>
 
 TEST_P(EmulatedAvx512Test, Decode) {
   const std::vector<int64_t> ms(std::begin(kMs), std::end(kMs));
-  run(7, 64, ms);     // 2 blocks: a partial quad only
-  run(37, 256, ms);   // whole quads
-  run(131, 96, ms);   // 3 blocks
-  run(21, 160, ms);   // 5 blocks: a quad + a partial one
+  run(7, 64, ms);    // 2 blocks: a partial quad only
+  run(37, 256, ms);  // whole quads
+  run(131, 96, ms);  // 3 blocks
+  run(21, 160, ms);  // 5 blocks: a quad + a partial one
   run(9, 1024, {1, 2, 3, 4, 5});
 }
 

@@ -71,8 +71,9 @@ void LlamaForward::forward(const Batch& batch, float* logits) {
   std::vector<AttentionSeq> seqs(batch.seqs.size());
   for (size_t s = 0; s < batch.seqs.size(); ++s) {
     const auto& bs = batch.seqs[s];
-    seqs[s] = AttentionSeq{bs.first_row, bs.n_rows, bs.block_table.data(),
-                           static_cast<int32_t>(bs.block_table.size()), bs.hole_begin, bs.hole_end};
+    seqs[s] =
+        AttentionSeq{bs.first_row,  bs.n_rows,  bs.block_table.data(), static_cast<int32_t>(bs.block_table.size()),
+                     bs.hole_begin, bs.hole_end};
     for (int32_t r = bs.first_row; r < bs.first_row + bs.n_rows; ++r) {
       const int32_t logical = batch.slots[r];
       const int32_t b = logical / block_size_;
@@ -96,13 +97,15 @@ void LlamaForward::forward(const Batch& batch, float* logits) {
   // multi-token run (a prefill chunk) alone. A row's result then depends only
   // on its own sequence, so a batched sequence computes exactly what it would
   // alone (the matmul kernel is row-independent within one path).
-  struct Segment { int32_t first, rows; bool decodes; };
+  struct Segment {
+    int32_t first, rows;
+    bool decodes;
+  };
   std::vector<Segment> segments;
   bool prev_single = false;
   for (const auto& bs : batch.seqs) {
     const bool single = bs.n_rows == 1;
-    if (single && !segments.empty() && prev_single &&
-        segments.back().first + segments.back().rows == bs.first_row) {
+    if (single && !segments.empty() && prev_single && segments.back().first + segments.back().rows == bs.first_row) {
       segments.back().rows += 1;
     } else {
       segments.push_back({bs.first_row, bs.n_rows, single});

@@ -36,8 +36,8 @@ class LlamaForward final : public Forward {
   std::vector<LayerWeights> layers_;
 
   int32_t capacity_rows_ = 0, capacity_logits_ = 0;
-  float *x_ = nullptr, *h_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_ = nullptr,
-        *gate_ = nullptr, *up_ = nullptr, *sel_ = nullptr, *logits_dev_ = nullptr;
+  float *x_ = nullptr, *h_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_ = nullptr, *gate_ = nullptr,
+        *up_ = nullptr, *sel_ = nullptr, *logits_dev_ = nullptr;
 };
 
 }  // namespace ember

@@ -21,11 +21,11 @@
 #include <string>
 #include <vector>
 
-#include "cpu/cpu_backend.h"
 #include "core/backend/backend.h"
 #include "core/backend/plugin.h"
 #include "core/tensor/types.h"
 #include "core/util/status.h"
+#include "cpu/cpu_backend.h"
 #include "cpu/cpu_features.h"
 #include "cpu/matmul.h"
 #include "gpu/layout.h"
@@ -282,7 +282,8 @@ TEST_P(BackendOps, QuantMatmulsSharingAnInput) {
           ref += static_cast<double>(wf[n * K + k]) * xv[m * K + k];
           mag += std::fabs(static_cast<double>(wf[n * K + k]) * xv[m * K + k]);
         }
-        ASSERT_NEAR(got[m * N + n], ref, 0.02 * mag + 1e-4) << type_name(static_cast<uint32_t>(t)) << " " << m << " " << n;
+        ASSERT_NEAR(got[m * N + n], ref, 0.02 * mag + 1e-4)
+            << type_name(static_cast<uint32_t>(t)) << " " << m << " " << n;
       }
   };
   b().matmul(*d1, bx.f(), M, y1.f(), true);
@@ -334,7 +335,8 @@ TEST_P(BackendOps, ElementwiseAndGather) {
   Buf bg(b(), g), bu(b(), u), out(b(), n * 4);
   b().swiglu(bg.f(), bu.f(), n, out.f());
   const auto s = out.get();
-  for (size_t i = 0; i < n; ++i) ASSERT_NEAR(s[i], g[i] / (1.0 + std::exp(-static_cast<double>(g[i]))) * u[i], 1e-5 * (1 + std::fabs(s[i])));
+  for (size_t i = 0; i < n; ++i)
+    ASSERT_NEAR(s[i], g[i] / (1.0 + std::exp(-static_cast<double>(g[i]))) * u[i], 1e-5 * (1 + std::fabs(s[i])));
   b().add(bg.f(), bu.f(), n);
   const auto a = bg.get();
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(a[i], g[i] + u[i]);
@@ -350,8 +352,8 @@ TEST_P(BackendOps, ElementwiseAndGather) {
 // ---------------------------------------------------------------- KV cache + attention
 
 struct SeqSpec {
-  int32_t n_past;  // tokens already in the cache
-  int32_t n_new;   // rows of this call
+  int32_t n_past;                        // tokens already in the cache
+  int32_t n_new;                         // rows of this call
   int32_t hole_begin = 0, hole_end = 0;  // skipped cache slots (window/sink policies)
 };
 
@@ -369,8 +371,9 @@ float expf_ref(float x) {
   const uint32_t e = f_to_bits(z) << 23;
   const float k = bits_to_f(e + f_to_bits(1.0f));
   const float u = b * b;
-  const float j = std::fma(std::fma(std::fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
-                           u, 0x1.ffffecp-1f * b);
+  const float j =
+      std::fma(std::fma(std::fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)), u,
+               0x1.ffffecp-1f * b);
   if (!(std::fabs(n) > 126.0f)) return std::fma(j, k, k);
   const uint32_t g = n <= 0.0f ? 0x82000000u : 0u;
   const float s1 = bits_to_f(g + 0x7f000000u), s2 = bits_to_f(e - g);
@@ -510,7 +513,8 @@ void check_attention(Backend& be, int32_t heads, int32_t kv_heads, int32_t hd, i
   // Single-row sequences are decodes (a generated token fed back), the rest
   // prompt rows: both summation orders of the CPU backend are checked.
   std::vector<uint8_t> decode_rows;
-  for (const auto& sp : specs) decode_rows.insert(decode_rows.end(), static_cast<size_t>(sp.n_new), sp.n_new == 1 ? 1 : 0);
+  for (const auto& sp : specs)
+    decode_rows.insert(decode_rows.end(), static_cast<size_t>(sp.n_new), sp.n_new == 1 ? 1 : 0);
   p.decode_rows = decode_rows.data();
   be.attention(layer, bq.f(), seqs.data(), static_cast<int32_t>(seqs.size()), p, out.f());
   const auto got = out.get();
@@ -535,15 +539,16 @@ void check_attention(Backend& be, int32_t heads, int32_t kv_heads, int32_t hd, i
           const auto want = attention_llamacpp_order(qh, kr, vr, skip, hd, p.scale, decode_rows[r] != 0);
           for (int32_t i = 0; i < hd; ++i)
             ASSERT_EQ(f_to_bits(o_got[i]), f_to_bits(want[i]))
-                << "seq " << s << " row " << r << " head " << h << " dim " << i << ": " << o_got[i] << " vs "
-                << want[i] << " (heads " << heads << "/" << kv_heads << ", hd " << hd << ", bs " << bs << ")";
+                << "seq " << s << " row " << r << " head " << h << " dim " << i << ": " << o_got[i] << " vs " << want[i]
+                << " (heads " << heads << "/" << kv_heads << ", hd " << hd << ", bs " << bs << ")";
         }
         std::vector<double> sc(kv_len[r]);
         double mx = -1e300;
         for (int32_t t = 0; t < kv_len[r]; ++t) {
           if (in_hole(t)) continue;
           double d = 0;
-          for (int32_t i = 0; i < hd; ++i) d += static_cast<double>(qh[i]) * kmirror[s][(static_cast<size_t>(t) * kv_heads + kvh) * hd + i];
+          for (int32_t i = 0; i < hd; ++i)
+            d += static_cast<double>(qh[i]) * kmirror[s][(static_cast<size_t>(t) * kv_heads + kvh) * hd + i];
           sc[t] = d * p.scale;
           mx = std::max(mx, sc[t]);
         }
@@ -554,11 +559,11 @@ void check_attention(Backend& be, int32_t heads, int32_t kv_heads, int32_t hd, i
         const double tol = exact ? 4e-3 : 2e-4;
         for (int32_t i = 0; i < hd; ++i) {
           double o = 0;
-          for (int32_t t = 0; t < kv_len[r]; ++t) o += sc[t] * vmirror[s][(static_cast<size_t>(t) * kv_heads + kvh) * hd + i];
+          for (int32_t t = 0; t < kv_len[r]; ++t)
+            o += sc[t] * vmirror[s][(static_cast<size_t>(t) * kv_heads + kvh) * hd + i];
           o /= sum;
-          ASSERT_NEAR(o_got[i], o, tol)
-              << "seq " << s << " row " << r << " head " << h << " dim " << i << " (heads " << heads << "/" << kv_heads
-              << ", hd " << hd << ", bs " << bs << ")";
+          ASSERT_NEAR(o_got[i], o, tol) << "seq " << s << " row " << r << " head " << h << " dim " << i << " (heads "
+                                        << heads << "/" << kv_heads << ", hd " << hd << ", bs " << bs << ")";
         }
       }
     }
@@ -568,10 +573,10 @@ void check_attention(Backend& be, int32_t heads, int32_t kv_heads, int32_t hd, i
 TEST_P(BackendOps, AttentionPrefillDecodeMixedGqa) {
   // Prefill from empty, a chunked prefill on a cache, decodes (one short, one long).
   const std::vector<SeqSpec> mixed = {{0, 20}, {40, 3}, {300, 1}, {5, 1}};
-  check_attention(b(), 8, 2, 64, 16, mixed, 1);     // G = 4
-  check_attention(b(), 6, 2, 64, 16, mixed, 2);     // G = 3 (SmolLM2-like)
-  check_attention(b(), 4, 4, 32, 16, mixed, 3);     // MHA
-  check_attention(b(), 16, 1, 128, 16, mixed, 4);   // G = 16, head_dim 128
+  check_attention(b(), 8, 2, 64, 16, mixed, 1);              // G = 4
+  check_attention(b(), 6, 2, 64, 16, mixed, 2);              // G = 3 (SmolLM2-like)
+  check_attention(b(), 4, 4, 32, 16, mixed, 3);              // MHA
+  check_attention(b(), 16, 1, 128, 16, mixed, 4);            // G = 16, head_dim 128
   check_attention(b(), 4, 2, 256, 8, {{0, 5}, {33, 1}}, 5);  // head_dim 256, block 8
   check_attention(b(), 4, 2, 72, 5, {{0, 9}, {13, 2}}, 6);   // head_dim 72, odd block size
 }
@@ -685,7 +690,8 @@ TEST_P(BackendOps, BatchInvariantRows) {
       Buf bx1(b(), xr), by1(b(), N * 4);
       b().matmul(*dw, bx1.f(), 1, by1.f(), true);
       const auto one = by1.get();
-      ASSERT_EQ(std::memcmp(one.data(), all.data() + m * N, N * 4), 0) << type_name(static_cast<uint32_t>(t)) << " row " << m;
+      ASSERT_EQ(std::memcmp(one.data(), all.data() + m * N, N * 4), 0)
+          << type_name(static_cast<uint32_t>(t)) << " row " << m;
     }
   }
   // Attention: a 20-token prefill computed next to a decode on a 3000-slot
@@ -743,7 +749,9 @@ int32_t host_sample(const std::vector<float>& logits, const DeviceSamplingParams
   if (p.temperature <= 0) return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   std::vector<std::pair<float, int32_t>> c(V);
   for (int32_t i = 0; i < V; ++i) c[i] = {logits[i], i};
-  auto by = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
+  auto by = [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
   const int32_t k = p.top_k <= 0 || p.top_k > std::min(V, BackendExtras::kMaxDeviceTopK)
                         ? std::min(V, BackendExtras::kMaxDeviceTopK)
                         : p.top_k;
@@ -804,7 +812,8 @@ TEST_P(BackendOps, DeviceSampling) {
           for (auto& p : ps) p = DeviceSamplingParams{temp, top_k, top_p, min_p, u(rng)};
           extras_->sample(bl.f(), rows, V, ps.data(), nullptr, out.data());
           for (int32_t r = 0; r < rows; ++r) {
-            std::vector<float> row(logits.begin() + static_cast<size_t>(r) * V, logits.begin() + static_cast<size_t>(r + 1) * V);
+            std::vector<float> row(logits.begin() + static_cast<size_t>(r) * V,
+                                   logits.begin() + static_cast<size_t>(r + 1) * V);
             ++trials;
             mismatches += out[r] != host_sample(row, ps[r]);  // only a draw on a boundary may differ
           }

@@ -33,9 +33,10 @@ class CpuKernels : public ::testing::Test {
 // (saturated), infinities, zeros, subnormals and f16 edge values.
 std::vector<float> nasty(std::mt19937& rng, size_t n) {
   std::vector<float> v;
-  const float specials[] = {0.f, -0.f, 1.f, -1.f, 87.f, -87.f, 88.7f, -88.7f, 89.f, -89.f, 100.f, -100.f, 130.f,
-                            -130.f, 200.f, -200.f, INFINITY, -INFINITY, 1e-40f, -1e-40f, 65504.f, 65520.f, -65520.f,
-                            5.96e-8f, 2.98e-8f, 6.1e-5f, 0.5f + 1.f / 4096.f};
+  const float specials[] = {
+      0.f,    -0.f,    1.f,     -1.f,    87.f,     -87.f,    88.7f,    -88.7f,   89.f,
+      -89.f,  100.f,   -100.f,  130.f,   -130.f,   200.f,    -200.f,   INFINITY, -INFINITY,
+      1e-40f, -1e-40f, 65504.f, 65520.f, -65520.f, 5.96e-8f, 2.98e-8f, 6.1e-5f,  0.5f + 1.f / 4096.f};
   for (float s : specials) v.push_back(s);
   std::normal_distribution<float> d(0.f, 4.f);
   std::uniform_real_distribution<float> wide(-150.f, 150.f);
@@ -86,9 +87,9 @@ TEST_F(CpuKernels, AttentionIsBitIdentical) {
     int32_t heads, kv_heads, hd, bs, kv_len, hole_begin, hole_end;
     bool vec;
   };
-  const Case cases[] = {{9, 3, 64, 16, 1, 0, 0, false},    {9, 3, 64, 16, 77, 0, 0, false},
-                        {9, 3, 64, 16, 77, 0, 0, true},     {4, 4, 128, 32, 300, 4, 36, true},
-                        {16, 1, 40, 16, 45, 0, 0, true},    {8, 2, 256, 16, 129, 16, 48, false},
+  const Case cases[] = {{9, 3, 64, 16, 1, 0, 0, false},  {9, 3, 64, 16, 77, 0, 0, false},
+                        {9, 3, 64, 16, 77, 0, 0, true},  {4, 4, 128, 32, 300, 4, 36, true},
+                        {16, 1, 40, 16, 45, 0, 0, true}, {8, 2, 256, 16, 129, 16, 48, false},
                         {2, 1, 8, 16, 33, 0, 0, true}};
   std::normal_distribution<float> d(0.f, 1.f);
   for (const Case& c : cases) {

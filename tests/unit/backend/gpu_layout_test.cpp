@@ -91,7 +91,7 @@ std::vector<float> make_x(int64_t M, int64_t K, uint32_t seed) {
   for (auto& v : x) v = normal(rng);
   if (K >= 64) {
     for (int i = 0; i < 32; ++i) x[i] = 0.0f;  // an all-zero block (d = 0)
-    x[40] = 100.0f;                             // an outlier
+    x[40] = 100.0f;                            // an outlier
   }
   return x;
 }
@@ -118,9 +118,9 @@ TEST(GpuLayout, SplitBlocksDequantizeExactlyAsTheReference) {
     for (int64_t n = 0; n < N; ++n) {
       for (int64_t k = 0; k < K; ++k) {
         const int64_t gb = n * nb + k / 32;
-        const float v = gpu::dequant_elem(t, qs.data() + gb * gpu::quant_qs_bytes(t),
-                                          gpu::load_header(t, reinterpret_cast<uint8_t*>(sc.data()), gb),
-                                          static_cast<int>(k % 32));
+        const float v =
+            gpu::dequant_elem(t, qs.data() + gb * gpu::quant_qs_bytes(t),
+                              gpu::load_header(t, reinterpret_cast<uint8_t*>(sc.data()), gb), static_cast<int>(k % 32));
         ASSERT_EQ(v, ref[n * K + k]) << type_name(static_cast<uint32_t>(t)) << " n=" << n << " k=" << k;
       }
     }
@@ -249,7 +249,8 @@ TEST(GpuLayout, KvOffsetIsTheCpuLayout) {
       for (int32_t b : {0, 3, 9})
         for (int32_t h = 0; h < nkv; ++h)
           for (int32_t s : {0, 5, 15}) {
-            const int64_t cpu = l * 2 * be * nblocks + kv * be * nblocks + b * be + (static_cast<int64_t>(h) * bs + s) * hd;
+            const int64_t cpu =
+                l * 2 * be * nblocks + kv * be * nblocks + b * be + (static_cast<int64_t>(h) * bs + s) * hd;
             ASSERT_EQ(gpu::kv_offset(l, kv, b, h, s, nblocks, nkv, bs, hd), cpu);
           }
 }

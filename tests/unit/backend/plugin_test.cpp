@@ -13,7 +13,9 @@
 namespace ember {
 namespace {
 
-std::string fake(const char* mode) { return std::string(EMBER_FAKE_PLUGIN_DIR) + "/libember_fake_plugin_" + mode + ".so"; }
+std::string fake(const char* mode) {
+  return std::string(EMBER_FAKE_PLUGIN_DIR) + "/libember_fake_plugin_" + mode + ".so";
+}
 
 // Runs f, expects ember::Error with `code`; returns its message.
 template <class F>

@@ -151,7 +151,8 @@ std::string run_case(const ChatTemplate* parsed, const std::string& source, cons
   } catch (const ember::Error& e) {
     if (c.expect.ok) return std::string("unexpected error: ") + e.what();
     if (c.expect.kind == "raise") {
-      if (e.code() != ember::StatusCode::kInvalidArgument) return std::string("raise_exception gave wrong code: ") + e.what();
+      if (e.code() != ember::StatusCode::kInvalidArgument)
+        return std::string("raise_exception gave wrong code: ") + e.what();
       if (e.message() != c.expect.text) return "raise_exception message differs: got '" + e.message() + "'";
     }
     return {};

@@ -58,7 +58,8 @@ TEST(ChatTemplate, SmolLM2HandWritten) {
             "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
             "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
   opt.add_generation_prompt = false;
-  EXPECT_EQ(t.apply({{"system", "S"}, {"user", "U"}}, opt), "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n");
+  EXPECT_EQ(t.apply({{"system", "S"}, {"user", "U"}}, opt),
+            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n");
 }
 
 TEST(ChatTemplate, Llama3HandWritten) {
@@ -91,12 +92,14 @@ TEST(ChatTemplate, GemmaRaisesWithTemplateMessage) {
   // Gemma 3 merges the system prompt into the first user turn.
   ChatTemplateOptions opt;
   opt.bos_token = "<bos>";
-  EXPECT_EQ(ChatTemplate::parse(read_golden("gemma3.jinja")).apply({{"system", "S"}, {"user", "U"}, {"assistant", "A"}}, opt),
-            "<bos><start_of_turn>user\nS\n\nU<end_of_turn>\n<start_of_turn>model\nA<end_of_turn>\n<start_of_turn>model\n");
+  EXPECT_EQ(
+      ChatTemplate::parse(read_golden("gemma3.jinja")).apply({{"system", "S"}, {"user", "U"}, {"assistant", "A"}}, opt),
+      "<bos><start_of_turn>user\nS\n\nU<end_of_turn>\n<start_of_turn>model\nA<end_of_turn>\n<start_of_turn>model\n");
 }
 
 TEST(ChatTemplate, RaiseExceptionMessageIsExact) {
-  std::string msg = error_of("{{ raise_exception('Bad \"input\": ' ~ messages[0].role) }}", StatusCode::kInvalidArgument);
+  std::string msg =
+      error_of("{{ raise_exception('Bad \"input\": ' ~ messages[0].role) }}", StatusCode::kInvalidArgument);
   EXPECT_EQ(msg, "Bad \"input\": user");
 }
 
@@ -121,7 +124,8 @@ TEST(ChatTemplate, CopiesShareTheParsedTemplateAndApplyIsThreadSafe) {
 
 TEST(ChatTemplate, SelfReferencesDoNotLeak) {  // checked by the ASan build
   EXPECT_EQ(render("{% set ns = namespace() %}{% set ns.me = ns %}{% macro m() %}{{ ns.me is defined }}{% endmacro %}"
-                   "{% set ns.m = m %}{{ ns.m() }}{% for i in [1] %}{% macro inner() %}x{% endmacro %}{{ inner() }}{% endfor %}"),
+                   "{% set ns.m = m %}{{ ns.m() }}{% for i in [1] %}{% macro inner() %}x{% endmacro %}{{ inner() }}{% "
+                   "endfor %}"),
             "Truex");
 }
 
@@ -155,11 +159,34 @@ TEST(ChatTemplate, UnsupportedConstructsAreNamed) {
 
 TEST(ChatTemplate, SyntaxErrorsAreBadFormat) {
   const char* cases[] = {
-      "{{", "{%", "{#", "{{ x", "{% if x %}", "{% if x %}{% endfor %}", "{% for %}", "{{ 'abc }}", "{{ (1 }}",
-      "{{ [1, 2 }}", "{{ {'a': } }}", "{% set %}", "{% endif %}", "{{ 1 + }}", "{{ x | }}", "{{ x is }}",
-      "{% frobnicate %}", "{% break %}", "{{ ) }}", "{{ 'a' if }}", "{% macro m(a=1, b) %}{% endmacro %}",
-      "{% set 1 = 2 %}", "{{ '\\x4' }}", "{{ '\\u12' }}", "{{ x | no_such_filter }}", "{{ x is no_such_test }}",
-      "{% raw %}unterminated", "{% for x in [1] %}{% else %}",
+      "{{",
+      "{%",
+      "{#",
+      "{{ x",
+      "{% if x %}",
+      "{% if x %}{% endfor %}",
+      "{% for %}",
+      "{{ 'abc }}",
+      "{{ (1 }}",
+      "{{ [1, 2 }}",
+      "{{ {'a': } }}",
+      "{% set %}",
+      "{% endif %}",
+      "{{ 1 + }}",
+      "{{ x | }}",
+      "{{ x is }}",
+      "{% frobnicate %}",
+      "{% break %}",
+      "{{ ) }}",
+      "{{ 'a' if }}",
+      "{% macro m(a=1, b) %}{% endmacro %}",
+      "{% set 1 = 2 %}",
+      "{{ '\\x4' }}",
+      "{{ '\\u12' }}",
+      "{{ x | no_such_filter }}",
+      "{{ x is no_such_test }}",
+      "{% raw %}unterminated",
+      "{% for x in [1] %}{% else %}",
   };
   for (const char* src : cases) error_of(src, StatusCode::kBadFormat);
   // invalid UTF-8 in the template source
@@ -211,7 +238,8 @@ TEST(ChatTemplate, HostileNestingIsAnErrorNotACrash) {
 
 TEST(ChatTemplate, HostileWorkloadsHitLimits) {
   // loop iterations
-  error_of("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", StatusCode::kInvalidArgument);
+  error_of("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+           StatusCode::kInvalidArgument);
   // output size
   error_of("{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}", StatusCode::kInvalidArgument);
   // one huge string / list
@@ -221,10 +249,12 @@ TEST(ChatTemplate, HostileWorkloadsHitLimits) {
            StatusCode::kInvalidArgument);
   error_of("{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}{% endfor %}",
            StatusCode::kInvalidArgument);
-  error_of("{{ 'ab' | replace('', 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx') | replace('x', 'yyyyyyyyyyyyyyyyyyyyyyyyyyy') "
-           "| replace('y', 'zzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzz') | replace('z', 'wwwwwwwwwwwwwwwwwwwwwwwwwwwwww') "
-           "| replace('w', 'vvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvv') }}",
-           StatusCode::kInvalidArgument);
+  error_of(
+      "{{ 'ab' | replace('', 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx') | replace('x', "
+      "'yyyyyyyyyyyyyyyyyyyyyyyyyyy') "
+      "| replace('y', 'zzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzz') | replace('z', 'wwwwwwwwwwwwwwwwwwwwwwwwwwwwww') "
+      "| replace('w', 'vvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvv') }}",
+      StatusCode::kInvalidArgument);
   // unbounded recursion
   error_of("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", StatusCode::kInvalidArgument);
   error_of("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", StatusCode::kInvalidArgument);

@@ -1,5 +1,5 @@
-#include "cpu/cpu_backend.h"
 #include "core/kv_cache/kv_cache.h"
+#include "cpu/cpu_backend.h"
 
 #include <gtest/gtest.h>
 
@@ -97,7 +97,7 @@ TEST(KvCachePrefix, FullBlocksAreReusedAndCounted) {
   cache.release(a);
   s = cache.stats();
   EXPECT_EQ(s.blocks_used, 0u);
-  EXPECT_EQ(s.blocks_cached, 2u);  // still indexed, reusable
+  EXPECT_EQ(s.blocks_cached, 2u);                                         // still indexed, reusable
   EXPECT_EQ(cache.match_prefix(toks.data(), toks.size(), 1).size(), 1u);  // max_blocks honoured
 }
 

@@ -1,8 +1,8 @@
 // Window/sink cache policies without a model: the layout bookkeeping
 // (StreamingLayout), block eviction in the pool, the CPU backend's K-shift
 // and attention holes, and the scheduler's view of bounded sequences.
-#include "cpu/cpu_backend.h"
 #include "core/kv_cache/streaming.h"
+#include "cpu/cpu_backend.h"
 
 #include <gtest/gtest.h>
 
@@ -128,7 +128,7 @@ TEST(StreamingLayout, ChunkedAppendsUpToTheLimit) {
 
 TEST(StreamingLayout, FirstEvictionDropsTheHoleThenWholeBlocks) {
   StreamingLayout l(4, 60, 16);
-  auto e = l.plan(64, 1);  // 4 sinks + 60 window: the 65th token evicts
+  auto e = l.plan(64, 1);        // 4 sinks + 60 window: the 65th token evicts
   EXPECT_EQ(e.hole_tokens, 12);  // tokens 4..15 (the rest of block 0)
   EXPECT_EQ(e.dropped_blocks, 0);
   EXPECT_EQ(e.first_block, 1);
@@ -136,7 +136,7 @@ TEST(StreamingLayout, FirstEvictionDropsTheHoleThenWholeBlocks) {
   EXPECT_EQ(l.win_begin(), 16);
   EXPECT_EQ(l.hole_begin(), 4);
   EXPECT_EQ(l.hole_end(), 16);
-  EXPECT_EQ(l.position_of(16), 4);   // the first kept window token moves to S
+  EXPECT_EQ(l.position_of(16), 4);  // the first kept window token moves to S
   EXPECT_EQ(l.slot_of(16), 16);
   EXPECT_EQ(l.position_of(64), 52);
   // Next evictions drop the window's first block (table index 1).
@@ -168,7 +168,7 @@ TEST(StreamingLayout, RejectsBadShapesAndChunks) {
   EXPECT_THROW(StreamingLayout(4, 8, 16), Error);  // window smaller than a block
   EXPECT_THROW(StreamingLayout(-1, 64, 16), Error);
   StreamingLayout l(4, 60, 16);
-  EXPECT_EQ(l.chunk_limit(0), 64);   // nothing to evict before the cache is full
+  EXPECT_EQ(l.chunk_limit(0), 64);  // nothing to evict before the cache is full
   EXPECT_EQ(l.chunk_limit(60), 4);
   EXPECT_EQ(l.chunk_limit(64), 12);  // the first eviction frees the hole (12 tokens)
   EXPECT_EQ(l.max_slots(), 16 + 60);

@@ -53,9 +53,7 @@ void expect_bad(const std::vector<uint8_t>& img, const std::string& needle) {
   expect_error(img, StatusCode::kBadFormat, needle);
 }
 
-void expect_ok(const std::vector<uint8_t>& img) {
-  EXPECT_NO_THROW(parse_exact(img.data(), img.size()));
-}
+void expect_ok(const std::vector<uint8_t>& img) { EXPECT_NO_THROW(parse_exact(img.data(), img.size())); }
 
 // One F32 tensor [n] at `offset`, followed by `data_bytes` of data.
 std::vector<uint8_t> one_tensor(uint64_t n, uint32_t type, uint64_t offset, size_t data_bytes) {
@@ -321,8 +319,8 @@ TEST(GgufHostile, ByteFlipFuzz) {
   }
   std::mt19937_64 rng(0xE3BE5EEDull);
   int ok = 0, errors = 0;
-  const uint8_t interesting[] = {0x00, 0x01, 0x02, 0x04, 0x08, 0x09, 0x0C, 0x0D, 0x1F, 0x20,
-                                 0x3F, 0x40, 0x7F, 0x80, 0xFE, 0xFF};
+  const uint8_t interesting[] = {0x00, 0x01, 0x02, 0x04, 0x08, 0x09, 0x0C, 0x0D,
+                                 0x1F, 0x20, 0x3F, 0x40, 0x7F, 0x80, 0xFE, 0xFF};
   for (int iter = 0; iter < 5000; ++iter) {
     auto img = base;
     const int flips = 1 + static_cast<int>(rng() % 4);

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <functional>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -144,8 +144,8 @@ TEST_P(RoundTrip, ArraysOfEveryTypeAndNesting) {
   // [[["x"]], [["y","z"], []]]
   w.add_array("a.nested3", ValueType::ARRAY,
               {make_array(ValueType::ARRAY, {make_array(std::vector<std::string>{"x"})}),
-               make_array(ValueType::ARRAY, {make_array(std::vector<std::string>{"y", "z"}),
-                                             make_array(std::vector<std::string>{})})});
+               make_array(ValueType::ARRAY,
+                          {make_array(std::vector<std::string>{"y", "z"}), make_array(std::vector<std::string>{})})});
   // Array of arrays of different element types is legal GGUF.
   w.add_array("a.mixed", ValueType::ARRAY,
               {make_array(std::vector<float>{1.0f}), make_array(std::vector<std::string>{"s"})});
@@ -418,7 +418,9 @@ TEST(GgufWriter, RejectsMisuse) {
   EXPECT_EQ(code_of([&] { w.set_alignment(0); }), StatusCode::kInvalidArgument);
   EXPECT_EQ(code_of([&] { w.add_string("general.alignment", "x"); }), StatusCode::kInvalidArgument);
   // Heterogeneous arrays, out-of-range scalars and too-deep nesting.
-  EXPECT_EQ(code_of([&] { w.add_array("h", ValueType::INT32, {make_i32(1), make_u8(2)}); }),
+  EXPECT_EQ(code_of([&] {
+              w.add_array("h", ValueType::INT32, {make_i32(1), make_u8(2)});
+            }),
             StatusCode::kInvalidArgument);
   Value v = make_u8(1);
   v.u64 = 256;
@@ -437,8 +439,7 @@ TEST(GgufWriter, RejectsMisuse) {
   EXPECT_EQ(code_of([&] { w.add_tensor("u", DType::Q4_0, {16}, std::vector<uint8_t>(9)); }),
             StatusCode::kInvalidArgument);  // ne[0] % 32
   EXPECT_EQ(code_of([&] { w.add_tensor("u", static_cast<DType>(4), {16}, d); }), StatusCode::kInvalidArgument);
-  EXPECT_EQ(code_of([&] { w.add_tensor(std::string(65, 'n'), DType::F32, {16}, d); }),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(code_of([&] { w.add_tensor(std::string(65, 'n'), DType::F32, {16}, d); }), StatusCode::kInvalidArgument);
   EXPECT_EQ(code_of([&] { w.set_alignment(64); }), StatusCode::kInvalidArgument);  // after tensors
   EXPECT_EQ(code_of([&] { w.write_file("/nonexistent-dir/x.gguf"); }), StatusCode::kNotFound);
   // The writer is still usable after rejected calls.

@@ -90,8 +90,10 @@ inline std::vector<uint8_t> small_valid_file(uint32_t version = 3) {
                make_array(std::vector<int32_t>{3})});
   std::vector<uint8_t> q(2 * sizeof(BlockQ8_0));
   for (size_t i = 0; i < q.size(); ++i) q[i] = static_cast<uint8_t>(i * 7 + 1);
-  q[0] = 0x00; q[1] = 0x3C;  // d = 1.0 for both blocks
-  q[34] = 0x00; q[35] = 0x38;
+  q[0] = 0x00;
+  q[1] = 0x3C;  // d = 1.0 for both blocks
+  q[34] = 0x00;
+  q[35] = 0x38;
   w.add_tensor("token_embd.weight", DType::Q8_0, {32, 2}, q);
   std::vector<uint8_t> q4(sizeof(BlockQ4_0) * 2, 0x5A);
   w.add_tensor("blk.0.attn_q.weight", DType::Q4_0, {64}, q4);

@@ -38,7 +38,8 @@ std::vector<int32_t> iota_tokens(size_t n, int32_t first = 100) {
 class KvManagerTest : public ::testing::Test {
  protected:
   explicit KvManagerTest(int32_t blocks = 16) : backend_(make_cpu_backend(1)) {
-    kv_ = std::make_unique<KvManager>(*backend_, geometry(blocks), /*prefix_caching=*/true, KvManager::Rope{kHeadDim, 10000.0f});
+    kv_ = std::make_unique<KvManager>(*backend_, geometry(blocks), /*prefix_caching=*/true,
+                                      KvManager::Rope{kHeadDim, 10000.0f});
   }
   std::unique_ptr<KvSequence> full() { return kv_->create(CachePolicy{}, 1024, 1024); }
   std::unique_ptr<KvSequence> bounded(CachePolicyKind kind, int32_t sinks, int32_t window) {
@@ -180,7 +181,7 @@ TEST_F(KvManagerTest, SharedPrefixIsCopiedBeforeItIsWritten) {
   ASSERT_TRUE(kv_->grow(*b, 4));
   EXPECT_EQ(kv_->stats().cow_copies, 1u);
   EXPECT_NE(phys(*a, 5), phys(*b, 5));
-  EXPECT_EQ(phys(*a, 0), phys(*b, 0));  // the first block stays shared
+  EXPECT_EQ(phys(*a, 0), phys(*b, 0));      // the first block stays shared
   EXPECT_EQ(read_slot(*b, 5).first, 3.0f);  // the copy holds a's K/V
   write_slot(*b, 5, 9.0f);
   EXPECT_EQ(read_slot(*a, 5).first, 3.0f);  // a is untouched
@@ -358,8 +359,7 @@ TEST_F(KvManagerTest, SaveAndRestoreABoundedSequence) {
   // An inconsistent state is reported through `corrupt`.
   auto bad = bounded(CachePolicyKind::kSink, 2, 8);
   saved.n_computed = saved.tokens.size() + 1;
-  EXPECT_THROW(kv_->restore(*bad, saved, [&](const std::string& w) { throw Error(StatusCode::kBadFormat, w); }),
-               Error);
+  EXPECT_THROW(kv_->restore(*bad, saved, [&](const std::string& w) { throw Error(StatusCode::kBadFormat, w); }), Error);
   e.reset();
   kv_->release(*seq);
   kv_->release(*copy);

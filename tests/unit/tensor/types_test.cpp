@@ -37,16 +37,16 @@ struct Row {
 };
 
 const Row kRows[] = {
-    {DType::F32, "f32", 1, 4, true},       {DType::F16, "f16", 1, 2, true},
-    {DType::BF16, "bf16", 1, 2, true},     {DType::Q4_0, "q4_0", 32, 18, true},
-    {DType::Q4_1, "q4_1", 32, 20, true},   {DType::Q5_0, "q5_0", 32, 22, false},
-    {DType::Q5_1, "q5_1", 32, 24, false},  {DType::Q8_0, "q8_0", 32, 34, true},
-    {DType::Q8_1, "q8_1", 32, 36, false},  {DType::Q2_K, "q2_K", 256, 84, false},
+    {DType::F32, "f32", 1, 4, true},        {DType::F16, "f16", 1, 2, true},
+    {DType::BF16, "bf16", 1, 2, true},      {DType::Q4_0, "q4_0", 32, 18, true},
+    {DType::Q4_1, "q4_1", 32, 20, true},    {DType::Q5_0, "q5_0", 32, 22, false},
+    {DType::Q5_1, "q5_1", 32, 24, false},   {DType::Q8_0, "q8_0", 32, 34, true},
+    {DType::Q8_1, "q8_1", 32, 36, false},   {DType::Q2_K, "q2_K", 256, 84, false},
     {DType::Q3_K, "q3_K", 256, 110, false}, {DType::Q4_K, "q4_K", 256, 144, false},
     {DType::Q5_K, "q5_K", 256, 176, false}, {DType::Q6_K, "q6_K", 256, 210, false},
     {DType::Q8_K, "q8_K", 256, 292, false}, {DType::I8, "i8", 1, 1, false},
-    {DType::I16, "i16", 1, 2, false},      {DType::I32, "i32", 1, 4, false},
-    {DType::I64, "i64", 1, 8, false},      {DType::F64, "f64", 1, 8, false},
+    {DType::I16, "i16", 1, 2, false},       {DType::I32, "i32", 1, 4, false},
+    {DType::I64, "i64", 1, 8, false},       {DType::F64, "f64", 1, 8, false},
 };
 
 TEST(TypeTable, EveryTypeHasTheGgufGeometry) {
@@ -108,10 +108,10 @@ TEST(Fp16, KnownValues) {
   EXPECT_EQ(fp16_to_fp32(0x3555), 0.333251953125f);
   EXPECT_EQ(fp16_to_fp32(0x7BFF), 65504.0f);
   EXPECT_EQ(fp16_to_fp32(0xFBFF), -65504.0f);
-  EXPECT_EQ(fp16_to_fp32(0x0400), std::ldexp(1.0f, -14));      // smallest normal
-  EXPECT_EQ(fp16_to_fp32(0x0001), std::ldexp(1.0f, -24));      // smallest subnormal
+  EXPECT_EQ(fp16_to_fp32(0x0400), std::ldexp(1.0f, -14));  // smallest normal
+  EXPECT_EQ(fp16_to_fp32(0x0001), std::ldexp(1.0f, -24));  // smallest subnormal
   EXPECT_EQ(fp16_to_fp32(0x8001), -std::ldexp(1.0f, -24));
-  EXPECT_EQ(fp16_to_fp32(0x03FF), std::ldexp(1023.0f, -24));   // largest subnormal
+  EXPECT_EQ(fp16_to_fp32(0x03FF), std::ldexp(1023.0f, -24));  // largest subnormal
   EXPECT_EQ(fp16_to_fp32(0x0200), std::ldexp(1.0f, -15));
   EXPECT_EQ(fp16_to_fp32(0x7C00), std::numeric_limits<float>::infinity());
   EXPECT_EQ(fp16_to_fp32(0xFC00), -std::numeric_limits<float>::infinity());
@@ -128,7 +128,7 @@ TEST(Fp16, FromFloatRoundsToNearestEven) {
   EXPECT_EQ(fp32_to_fp16(-2.0f), 0xC000);
   EXPECT_EQ(fp32_to_fp16(65504.0f), 0x7BFF);
   EXPECT_EQ(fp32_to_fp16(std::nextafter(65520.0f, 0.0f)), 0x7BFF);  // just below the midpoint
-  EXPECT_EQ(fp32_to_fp16(65520.0f), 0x7C00);  // midpoint ties to even = inf
+  EXPECT_EQ(fp32_to_fp16(65520.0f), 0x7C00);                        // midpoint ties to even = inf
   EXPECT_EQ(fp32_to_fp16(-65520.0f), 0xFC00);
   EXPECT_EQ(fp32_to_fp16(1e10f), 0x7C00);
   EXPECT_EQ(fp32_to_fp16(std::numeric_limits<float>::max()), 0x7C00);
@@ -143,9 +143,9 @@ TEST(Fp16, FromFloatRoundsToNearestEven) {
   EXPECT_EQ(fp32_to_fp16(std::ldexp(1.0f, -25)), 0x0000);  // tie -> even zero
   EXPECT_EQ(fp32_to_fp16(-std::ldexp(1.0f, -25)), 0x8000);
   EXPECT_EQ(fp32_to_fp16(std::nextafter(std::ldexp(1.0f, -25), 1.0f)), 0x0001);
-  EXPECT_EQ(fp32_to_fp16(std::ldexp(1.5f, -24)), 0x0002);  // tie -> even
-  EXPECT_EQ(fp32_to_fp16(std::ldexp(2.5f, -24)), 0x0002);  // tie -> even
-  EXPECT_EQ(fp32_to_fp16(std::ldexp(3.0f, -26)), 0x0001);  // 0.75 units
+  EXPECT_EQ(fp32_to_fp16(std::ldexp(1.5f, -24)), 0x0002);     // tie -> even
+  EXPECT_EQ(fp32_to_fp16(std::ldexp(2.5f, -24)), 0x0002);     // tie -> even
+  EXPECT_EQ(fp32_to_fp16(std::ldexp(3.0f, -26)), 0x0001);     // 0.75 units
   EXPECT_EQ(fp32_to_fp16(std::ldexp(1023.5f, -24)), 0x0400);  // rounds up into the normal range
   EXPECT_EQ(fp32_to_fp16(std::ldexp(1.0f, -14)), 0x0400);
   EXPECT_EQ(fp32_to_fp16(1e-10f), 0x0000);

@@ -58,9 +58,30 @@ TEST(Pretokenize, Llama3) {
 
 // The words always cover the input exactly, in order (the BPE stage relies on it).
 TEST(Pretokenize, WordsCoverTheInput) {
-  const std::vector<std::string> pool = {"a", "Z", "7", " ", "  ", "\n", "\r", "\t", "'", "'s", "'LL", ".", "!", "$",
-                                         "\xC3\xA9", "\xCC\x81", "\xC2\xB2", "\xE4\xB8\xAD", "\xE3\x80\x80",
-                                         "\xC2\xA0", "\xF0\x9F\x98\x80", "\xE2\x80\x8D", "\x00", "\xEF\xBF\xBD"};
+  const std::vector<std::string> pool = {"a",
+                                         "Z",
+                                         "7",
+                                         " ",
+                                         "  ",
+                                         "\n",
+                                         "\r",
+                                         "\t",
+                                         "'",
+                                         "'s",
+                                         "'LL",
+                                         ".",
+                                         "!",
+                                         "$",
+                                         "\xC3\xA9",
+                                         "\xCC\x81",
+                                         "\xC2\xB2",
+                                         "\xE4\xB8\xAD",
+                                         "\xE3\x80\x80",
+                                         "\xC2\xA0",
+                                         "\xF0\x9F\x98\x80",
+                                         "\xE2\x80\x8D",
+                                         "\x00",
+                                         "\xEF\xBF\xBD"};
   std::mt19937 rng(42);
   for (int iter = 0; iter < 2000; ++iter) {
     std::string text;

@@ -23,7 +23,8 @@ using namespace tok_test;
 std::string from_hex(const std::string& hex) {
   std::string out;
   if (hex == "-") return out;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2) out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  for (size_t i = 0; i + 1 < hex.size(); i += 2)
+    out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
   return out;
 }
 
@@ -100,7 +101,10 @@ TEST(SmolLM2Tokenizer, InvalidUtf8IsRejected) {
   EMBER_REQUIRE_SMOLLM2(tok);
   // llama.cpp silently maps these to U+FFFD, accepts overlong forms and
   // surrogates, and aborts on F4 90.. (see tools/tokenizer_golden.py probe-invalid).
-  for (const char* bad : {"\xFF", "a\x80" "b", "ok\xC3", "\xC0\xAF", "\xED\xA0\x80", "\xF4\x90\x80\x80"}) {
+  for (const char* bad : {"\xFF",
+                          "a\x80"
+                          "b",
+                          "ok\xC3", "\xC0\xAF", "\xED\xA0\x80", "\xF4\x90\x80\x80"}) {
     try {
       tok->encode(bad, false, false);
       ADD_FAILURE() << testing::PrintToString(std::string(bad));
@@ -277,7 +281,8 @@ TEST(SmolLM2Tokenizer, UnicodeSweep) {
 TEST(SmolLM2Tokenizer, StreamingSplitsNoCharacter) {
   EMBER_REQUIRE_SMOLLM2(tok);
   const std::string text =
-      "Family: \xF0\x9F\x91\xA8\xE2\x80\x8D\xF0\x9F\x91\xA9\xE2\x80\x8D\xF0\x9F\x91\xA7 ok \xF0\x9F\x91\x8D\xF0\x9F\x8F\xBD! "
+      "Family: \xF0\x9F\x91\xA8\xE2\x80\x8D\xF0\x9F\x91\xA9\xE2\x80\x8D\xF0\x9F\x91\xA7 ok "
+      "\xF0\x9F\x91\x8D\xF0\x9F\x8F\xBD! "
       "\xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E\xE3\x81\xAE\xE3\x83\x86\xE3\x82\xAD\xE3\x82\xB9\xE3\x83\x88 "
       "\xED\x95\x9C\xEA\xB5\xAD\xEC\x96\xB4 \xF0\x9F\xAB\xA8 caf\xC3\xA9 \xD9\x85\xD8\xB1\xD8\xAD\xD8\xA8\xD8\xA7";
   const auto ids = tok->encode(text, false, false);

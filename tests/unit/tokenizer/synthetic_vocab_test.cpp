@@ -213,7 +213,9 @@ TEST(StreamingDetokenizerSynthetic, HoldsIncompleteAndReplacesInvalid) {
   EXPECT_EQ(s.feed(0x80), "\xF0\x9F\x98\x80");
   // A sequence that can never complete is replaced, and the stream goes on.
   EXPECT_EQ(s.feed(0xE2), "");
-  EXPECT_EQ(s.feed('a'), "\xEF\xBF\xBD" "a");
+  EXPECT_EQ(s.feed('a'),
+            "\xEF\xBF\xBD"
+            "a");
   EXPECT_EQ(s.feed(0xFF), "\xEF\xBF\xBD");
   EXPECT_EQ(s.feed(0xC0), "\xEF\xBF\xBD");
   EXPECT_EQ(s.feed(0xED), "");

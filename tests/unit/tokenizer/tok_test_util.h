@@ -89,8 +89,8 @@ inline const Tokenizer* smollm2() {
   return tok.get();
 }
 
-#define EMBER_REQUIRE_SMOLLM2(tok)                                                        \
-  const ::ember::Tokenizer* tok = ::ember::tok_test::smollm2();                           \
+#define EMBER_REQUIRE_SMOLLM2(tok)                              \
+  const ::ember::Tokenizer* tok = ::ember::tok_test::smollm2(); \
   if (!tok) GTEST_SKIP() << "model not found: " << ::ember::tok_test::model_path()
 
 // True when s is valid UTF-8.

@@ -83,16 +83,18 @@ extern "C" __attribute__((visibility("default"))) const ember_backend_plugin_v1*
 #endif
   static const ember_backend_plugin_v1 table = {
 #if defined(EMBER_FAKE_BADABI)
-      ember::kBackendPluginAbi + 41,
+    ember::kBackendPluginAbi + 41,
 #else
-      ember::kBackendPluginAbi,
+    ember::kBackendPluginAbi,
 #endif
 #if defined(EMBER_FAKE_BADPRINT)
-      ember::backend_interface_fingerprint() ^ 0x5A5A5A5Au,
+    ember::backend_interface_fingerprint() ^ 0x5A5A5A5Au,
 #else
-      ember::backend_interface_fingerprint(),
+    ember::backend_interface_fingerprint(),
 #endif
-      "fake", "fake plugin for tests", &create,
+    "fake",
+    "fake plugin for tests",
+    &create,
   };
   return &table;
 }
