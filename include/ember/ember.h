@@ -106,7 +106,15 @@ typedef void (*ember_log_callback)(int32_t level, const char* message, void* use
 
 /* Route the library's log messages to `callback` (NULL restores the default:
  * warnings and errors on stderr). The callback may be called from any thread,
- * one call at a time. Thread-safe. Never fails. */
+ * one call at a time, while the library holds internal locks; when this
+ * returns, no call of the previous callback is running. Thread-safe. Never
+ * fails.
+ * Inside the callback only ember_version, ember_version_number,
+ * ember_status_string and ember_last_error may be used. Since 1.1 every other
+ * fallible function called from inside it returns EMBER_ERR_BUSY (with a
+ * message saying why) instead of deadlocking, and ember_set_log_callback and
+ * the ember_*_destroy / ember_stream_release functions are ignored there (the
+ * handle stays valid): copy the message and act on it after the callback. */
 EMBER_API void ember_set_log_callback(ember_log_callback callback, void* user_data);
 
 /* CPU kernel variants (ember_capabilities_t.cpu_isa). */
