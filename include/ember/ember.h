@@ -161,7 +161,6 @@ typedef struct ember_model_params {
   int32_t use_mmap;     /* 1 (default): map the file; 0: read it into memory */
 } ember_model_params;
 
-/* Fills *params with defaults. NULL is ignored. Thread-safe. */
 /* Fills the first `size` bytes of *params with defaults and sets
  * params->size = size; never writes past `size` bytes. Bytes beyond what this
  * library knows (a caller built against a newer header) are zeroed. NULL or a
@@ -169,8 +168,9 @@ typedef struct ember_model_params {
 EMBER_API void ember_model_params_init_sized(ember_model_params* params, size_t size);
 /* The 1.0 entry point, kept for programs built against the 1.0 header: it
  * writes exactly the 1.0 struct's bytes whatever this library's struct has
- * grown to (a program built against 1.0 has no bigger struct). The macro below routes new callers
- * to the sized variant with their own sizeof. */
+ * grown to (such a program has no bigger struct). NULL is ignored. The macro
+ * below routes programs built against this header to the sized variant with
+ * their own sizeof; (ember_*_params_init)(p) still calls this one. */
 EMBER_API void(ember_model_params_init)(ember_model_params* params);
 #define ember_model_params_init(params) ember_model_params_init_sized((params), sizeof(ember_model_params))
 
@@ -261,8 +261,9 @@ typedef struct ember_engine_params {
 EMBER_API void ember_engine_params_init_sized(ember_engine_params* params, size_t size);
 /* The 1.0 entry point, kept for programs built against the 1.0 header: it
  * writes exactly the 1.0 struct's bytes whatever this library's struct has
- * grown to (a program built against 1.0 has no bigger struct). The macro below routes new callers
- * to the sized variant with their own sizeof. */
+ * grown to (such a program has no bigger struct). NULL is ignored. The macro
+ * below routes programs built against this header to the sized variant with
+ * their own sizeof; (ember_*_params_init)(p) still calls this one. */
 EMBER_API void(ember_engine_params_init)(ember_engine_params* params);
 #define ember_engine_params_init(params) ember_engine_params_init_sized((params), sizeof(ember_engine_params))
 
@@ -380,8 +381,9 @@ enum { EMBER_CACHE_FULL = 0, EMBER_CACHE_WINDOW = 1, EMBER_CACHE_SINK = 2 };
 EMBER_API void ember_session_params_init_sized(ember_session_params* params, size_t size);
 /* The 1.0 entry point, kept for programs built against the 1.0 header: it
  * writes exactly the 1.0 struct's bytes whatever this library's struct has
- * grown to (a program built against 1.0 has no bigger struct). The macro below routes new callers
- * to the sized variant with their own sizeof. */
+ * grown to (such a program has no bigger struct). NULL is ignored. The macro
+ * below routes programs built against this header to the sized variant with
+ * their own sizeof; (ember_*_params_init)(p) still calls this one. */
 EMBER_API void(ember_session_params_init)(ember_session_params* params);
 #define ember_session_params_init(params) ember_session_params_init_sized((params), sizeof(ember_session_params))
 
@@ -502,8 +504,9 @@ typedef struct ember_stream_params {
 EMBER_API void ember_stream_params_init_sized(ember_stream_params* params, size_t size);
 /* The 1.0 entry point, kept for programs built against the 1.0 header: it
  * writes exactly the 1.0 struct's bytes whatever this library's struct has
- * grown to (a program built against 1.0 has no bigger struct). The macro below routes new callers
- * to the sized variant with their own sizeof. */
+ * grown to (such a program has no bigger struct). NULL is ignored. The macro
+ * below routes programs built against this header to the sized variant with
+ * their own sizeof; (ember_*_params_init)(p) still calls this one. */
 EMBER_API void(ember_stream_params_init)(ember_stream_params* params);
 #define ember_stream_params_init(params) ember_stream_params_init_sized((params), sizeof(ember_stream_params))
 
