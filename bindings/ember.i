@@ -3,8 +3,9 @@
  * bindings. It exposes a whitelist: a few small C helpers (eb_*) over the C
  * ABI in include/ember/ember.h that turn its out-parameters and params
  * structs into plain arguments and return values, a handful of C ABI
- * functions as they are, and three small value types (eb_tokens, eb_event,
- * eb_sampling, ...). Nothing else in ember.h is wrapped.
+ * functions as they are, and small value types (eb_tokens, eb_floats,
+ * eb_event, eb_stats, eb_model_info, eb_sampling). Nothing else in ember.h is
+ * wrapped.
  *
  * Errors: every helper records a failed ember_status together with a copy of
  * ember_last_error(), taken inside the same native call (so it is right even
@@ -287,10 +288,6 @@ typedef struct ember_stream ember_stream;
 int32_t eb_last_status(void) { return eb_status_; }
 const char* eb_last_message(void) { return eb_status_ ? eb_message_ : ""; }
 
-/* Throws (records) `status` with `message`: for the language layers' own
- * argument checks, so their errors look like the library's. */
-void eb_raise_status(int32_t status, const char* message) { eb_fail(status, message); }
-
 /* A growable array of token ids. */
 typedef struct eb_tokens {
   int32_t* data;
@@ -511,9 +508,12 @@ eb_tokens* eb_tokenize(const ember_model* model, const char* text, int32_t add_s
 }
 char* eb_detokenize(const ember_model* model, const eb_tokens* tokens) {
   size_t len = 0;
+  char probe[1];
   if (!tokens) { eb_fail(EMBER_ERR_INVALID_ARGUMENT, "tokens is NULL"); return NULL; }
-  ember_status st = ember_detokenize(model, tokens->data, (size_t)tokens->n, NULL, 0, &len);
-  if (st != EMBER_OK && len == 0 && tokens->n > 0) { eb_check(st); return NULL; }
+  /* A 1-byte buffer: OK for "" (also from ids that render nothing); a failure
+   * with len > 0 only asks for a bigger buffer, with len == 0 it is real. */
+  ember_status st = ember_detokenize(model, tokens->data, (size_t)tokens->n, probe, sizeof probe, &len);
+  if (st != EMBER_OK && len == 0) { eb_check(st); return NULL; }
   char* text = (char*)malloc(len + 1);
   if (!text) { eb_fail(EMBER_ERR_OUT_OF_MEMORY, "out of memory"); return NULL; }
   if (eb_check(ember_detokenize(model, tokens->data, (size_t)tokens->n, text, len + 1, &len))) {

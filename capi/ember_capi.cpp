@@ -55,6 +55,13 @@ struct ember_stream {
 namespace {
 
 thread_local std::string t_last_error;
+// True while this thread runs the host's log callback: the core calls it with
+// its log mutex held (and often with engine locks held), so a call back into
+// the library could deadlock. Such calls fail with BUSY instead.
+thread_local bool t_in_log_callback = false;
+constexpr const char* kInLogCallback =
+    "called from inside the log callback: the callback must not call ember_* functions "
+    "(except ember_version, ember_version_number, ember_status_string, ember_last_error)";
 
 ember_status set_error(StatusCode code, const std::string& message) {
   t_last_error = message;
@@ -65,6 +72,10 @@ ember_status set_error(StatusCode code, const std::string& message) {
 template <typename F>
 ember_status guarded(F&& body) {
   t_last_error.clear();
+  if (t_in_log_callback) {
+    t_last_error = kInLogCallback;
+    return EMBER_ERR_BUSY;
+  }
   try {
     body();
     return EMBER_OK;
@@ -297,8 +308,36 @@ const char* ember_status_string(ember_status status) {
   }
 }
 
+namespace {
+struct LogHook {
+  ember_log_callback callback;
+  void* user_data;
+};
+std::mutex g_log_hook_mutex;  // serialises ember_set_log_callback (never held while logging)
+LogHook* g_log_hook = nullptr;
+
+void log_trampoline(int level, const char* message, void* hook) {
+  const auto* h = static_cast<const LogHook*>(hook);
+  const bool outer = t_in_log_callback;
+  t_in_log_callback = true;
+  try {
+    h->callback(level, message, h->user_data);
+  } catch (...) {
+  }
+  t_in_log_callback = outer;
+}
+}  // namespace
+
 void ember_set_log_callback(ember_log_callback callback, void* user_data) {
-  ember::set_log_callback(reinterpret_cast<ember::LogCallback>(callback), user_data);
+  if (t_in_log_callback) return;  // documented: ignored from inside the callback
+  std::lock_guard<std::mutex> lock(g_log_hook_mutex);
+  LogHook* fresh = callback ? new (std::nothrow) LogHook{callback, user_data} : nullptr;
+  if (callback && !fresh) return;  // out of memory: keep the current callback
+  ember::set_log_callback(fresh ? log_trampoline : nullptr, fresh);
+  // The core calls the callback with its log mutex held, which set_log_callback
+  // also takes: no call with the old hook is running any more.
+  delete g_log_hook;
+  g_log_hook = fresh;
 }
 
 ember_status ember_capabilities(ember_capabilities_t* caps) {
@@ -341,7 +380,10 @@ ember_status ember_model_load(const char* path, const ember_model_params* params
   });
 }
 
-void ember_model_destroy(ember_model* model) { delete model; }
+void ember_model_destroy(ember_model* model) {
+  if (t_in_log_callback) return;  // documented: ignored from inside the log callback
+  delete model;
+}
 
 ember_status ember_model_info(const ember_model* model, ember_model_info_t* info) {
   return guarded([&] {
@@ -443,6 +485,7 @@ ember_status ember_engine_create(ember_model* model, const ember_engine_params* 
 }
 
 void ember_engine_destroy(ember_engine* engine) {
+  if (t_in_log_callback) return;  // documented: ignored from inside the log callback
   try {
     delete engine;
   } catch (...) {}
@@ -564,7 +607,7 @@ ember_status ember_session_create(ember_engine* engine, const ember_session_para
 }
 
 void ember_session_destroy(ember_session* session) {
-  if (!session) return;
+  if (!session || t_in_log_callback) return;
   try {
     session->session->cancel_active();
     delete session;
@@ -753,7 +796,7 @@ ember_status ember_stream_stats(const ember_stream* stream, ember_stream_stats_t
 }
 
 void ember_stream_release(ember_stream* stream) {
-  if (!stream) return;
+  if (!stream || t_in_log_callback) return;
   try {
     stream->stream->cancel();  // an atomic flag: never blocks
     delete stream;             // the engine holds its own reference until the stream ends
@@ -761,7 +804,7 @@ void ember_stream_release(ember_stream* stream) {
 }
 
 void ember_stream_destroy(ember_stream* stream) {
-  if (!stream) return;
+  if (!stream || t_in_log_callback) return;
   try {
     stream->stream->cancel();
     stream->stream->wait();

@@ -4,10 +4,17 @@
  * that uses only ember.h.
  *
  *   greedy_ref MODEL MAX_TOKENS MESSAGE [SYSTEM_PROMPT]
+ *
+ * With EMBER_REF_TIMING set it also prints, on stderr, "decode_s T tokens N":
+ * the wall time from the first text event to the END event as this C
+ * consumer sees it (bindings/tools/bench_bindings.py compares the bindings'
+ * per-token cost with it).
  */
+#define _POSIX_C_SOURCE 199309L
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ember/ember.h"
 
@@ -39,22 +46,34 @@ int main(int argc, char** argv) {
   ember_stream_params_init(&p);
   p.max_tokens = atoi(argv[2]);
   p.temperature = 0.0f;
+  p.ignore_eos = getenv("EMBER_REF_IGNORE_EOS") ? 1 : 0; /* benchmarks: exactly MAX_TOKENS */
   ember_stream* stream = NULL;
   check(ember_stream_start(session, &p, &stream), "stream_start");
   int first = 1;
+  size_t n_tokens = 0;
+  double t_first = 0, t_end = 0;
   for (;;) {
     ember_event ev;
     memset(&ev, 0, sizeof ev);
     ev.size = sizeof ev;
     check(ember_stream_next(stream, &ev, -1), "stream_next");
     if (ev.type == EMBER_EVENT_ERROR) check(ev.status, "stream");
-    if (ev.type == EMBER_EVENT_END) break;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    const double now = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    if (ev.type == EMBER_EVENT_END) {
+      t_end = now;
+      break;
+    }
+    if (n_tokens == 0) t_first = now;
+    n_tokens += ev.n_tokens;
     for (size_t i = 0; i < ev.n_tokens; ++i) {
       printf(first ? "%d" : " %d", ev.tokens[i]);
       first = 0;
     }
   }
   printf("\n");
+  if (getenv("EMBER_REF_TIMING")) fprintf(stderr, "decode_s %.6f tokens %zu\n", t_end - t_first, n_tokens);
   ember_stream_destroy(stream);
   ember_session_destroy(session);
   ember_engine_destroy(engine);

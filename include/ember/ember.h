@@ -106,11 +106,15 @@ typedef void (*ember_log_callback)(int32_t level, const char* message, void* use
 
 /* Route the library's log messages to `callback` (NULL restores the default:
  * warnings and errors on stderr). The callback may be called from any thread,
- * one call at a time. It may call any Ember function, this one included (to
- * change or remove itself); a message Ember logs while the callback runs on
- * that thread goes to stderr instead of re-entering it. Once this function
- * returns (called outside the callback), no call of the previous callback is
- * still running, so its user_data may be freed. Thread-safe. Never fails. */
+ * one call at a time, while the library holds internal locks; when this
+ * returns, no call of the previous callback is running. Thread-safe. Never
+ * fails.
+ * Inside the callback only ember_version, ember_version_number,
+ * ember_status_string and ember_last_error may be used. Since 1.1 every other
+ * fallible function called from inside it returns EMBER_ERR_BUSY (with a
+ * message saying why) instead of deadlocking, and ember_set_log_callback and
+ * the ember_*_destroy / ember_stream_release functions are ignored there (the
+ * handle stays valid): copy the message and act on it after the callback. */
 EMBER_API void ember_set_log_callback(ember_log_callback callback, void* user_data);
 
 /* CPU kernel variants (ember_capabilities_t.cpu_isa). */
@@ -157,7 +161,6 @@ typedef struct ember_model_params {
   int32_t use_mmap; /* 1 (default): map the file; 0: read it into memory */
 } ember_model_params;
 
-/* Fills *params with defaults. NULL is ignored. Thread-safe. */
 /* Fills the first `size` bytes of *params with defaults and sets
  * params->size = size; never writes past `size` bytes. Bytes beyond what this
  * library knows (a caller built against a newer header) are zeroed. NULL or a
@@ -165,8 +168,9 @@ typedef struct ember_model_params {
 EMBER_API void ember_model_params_init_sized(ember_model_params* params, size_t size);
 /* The 1.0 entry point, kept for programs built against the 1.0 header: it
  * writes exactly the 1.0 struct's bytes whatever this library's struct has
- * grown to (a program built against 1.0 has no bigger struct). The macro below routes new callers
- * to the sized variant with their own sizeof. */
+ * grown to (such a program has no bigger struct). NULL is ignored. The macro
+ * below routes programs built against this header to the sized variant with
+ * their own sizeof; (ember_*_params_init)(p) still calls this one. */
 EMBER_API void(ember_model_params_init)(ember_model_params* params);
 #define ember_model_params_init(params) ember_model_params_init_sized((params), sizeof(ember_model_params))
 
@@ -254,8 +258,9 @@ typedef struct ember_engine_params {
 EMBER_API void ember_engine_params_init_sized(ember_engine_params* params, size_t size);
 /* The 1.0 entry point, kept for programs built against the 1.0 header: it
  * writes exactly the 1.0 struct's bytes whatever this library's struct has
- * grown to (a program built against 1.0 has no bigger struct). The macro below routes new callers
- * to the sized variant with their own sizeof. */
+ * grown to (such a program has no bigger struct). NULL is ignored. The macro
+ * below routes programs built against this header to the sized variant with
+ * their own sizeof; (ember_*_params_init)(p) still calls this one. */
 EMBER_API void(ember_engine_params_init)(ember_engine_params* params);
 #define ember_engine_params_init(params) ember_engine_params_init_sized((params), sizeof(ember_engine_params))
 
@@ -371,8 +376,9 @@ enum { EMBER_CACHE_FULL = 0, EMBER_CACHE_WINDOW = 1, EMBER_CACHE_SINK = 2 };
 EMBER_API void ember_session_params_init_sized(ember_session_params* params, size_t size);
 /* The 1.0 entry point, kept for programs built against the 1.0 header: it
  * writes exactly the 1.0 struct's bytes whatever this library's struct has
- * grown to (a program built against 1.0 has no bigger struct). The macro below routes new callers
- * to the sized variant with their own sizeof. */
+ * grown to (such a program has no bigger struct). NULL is ignored. The macro
+ * below routes programs built against this header to the sized variant with
+ * their own sizeof; (ember_*_params_init)(p) still calls this one. */
 EMBER_API void(ember_session_params_init)(ember_session_params* params);
 #define ember_session_params_init(params) ember_session_params_init_sized((params), sizeof(ember_session_params))
 
@@ -491,8 +497,9 @@ typedef struct ember_stream_params {
 EMBER_API void ember_stream_params_init_sized(ember_stream_params* params, size_t size);
 /* The 1.0 entry point, kept for programs built against the 1.0 header: it
  * writes exactly the 1.0 struct's bytes whatever this library's struct has
- * grown to (a program built against 1.0 has no bigger struct). The macro below routes new callers
- * to the sized variant with their own sizeof. */
+ * grown to (such a program has no bigger struct). NULL is ignored. The macro
+ * below routes programs built against this header to the sized variant with
+ * their own sizeof; (ember_*_params_init)(p) still calls this one. */
 EMBER_API void(ember_stream_params_init)(ember_stream_params* params);
 #define ember_stream_params_init(params) ember_stream_params_init_sized((params), sizeof(ember_stream_params))
 

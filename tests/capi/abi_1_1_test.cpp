@@ -232,3 +232,53 @@ TEST(CapiAbi11, StreamReleaseNeverBlocksNorRunsSteps) {
 }
 
 TEST(CapiAbi11, StreamReleaseNull) { ember_stream_release(nullptr); }
+
+// The log callback runs under the library's log lock (and engine locks): calls
+// back into the library from it must fail with BUSY, not deadlock.
+namespace {
+struct LogProbe {
+  int calls = 0;
+  ember_status reentrant_load = EMBER_OK;
+  std::string reentrant_message;
+  std::string version;
+};
+}  // namespace
+
+TEST(CapiAbi11, LogCallbackMayNotReenterButNeverDeadlocks) {
+  EMBER_REQUIRE_MODEL();
+  ember_model* m = nullptr;
+  ASSERT_OK(ember_model_load(ember::test::default_model_path().c_str(), nullptr, &m));
+  ModelPtr model(m);
+  ember_capabilities_t caps;
+  caps.size = sizeof caps;
+  ASSERT_OK(ember_capabilities(&caps));
+  if (caps.cuda_plugin == EMBER_PLUGIN_LOADABLE) GTEST_SKIP() << "an AUTO engine logs only when CUDA is unusable";
+  LogProbe probe;
+  ember_set_log_callback(
+      [](int32_t, const char*, void* ud) {
+        auto* p = static_cast<LogProbe*>(ud);
+        ++p->calls;
+        p->version = ember_version();  // allowed
+        ember_model* inner = nullptr;
+        p->reentrant_load = ember_model_load("/nonexistent.gguf", nullptr, &inner);
+        p->reentrant_message = ember_last_error();
+        ember_set_log_callback(nullptr, nullptr);  // ignored in here
+      },
+      &probe);
+  ember_engine_params ep;
+  ember_engine_params_init(&ep);
+  ep.device = EMBER_DEVICE_AUTO;  // falls back to the CPU and logs why
+  ep.kv_memory_bytes = kTestKvBytes;
+  ember_engine* e = nullptr;
+  const ember_status st = ember_engine_create(model.get(), &ep, &e);
+  EnginePtr engine(e);
+  ember_set_log_callback(nullptr, nullptr);
+  ASSERT_EQ(st, EMBER_OK) << ember_last_error();
+  ASSERT_GE(probe.calls, 1);
+  EXPECT_EQ(probe.version, ember_version());
+  EXPECT_EQ(probe.reentrant_load, EMBER_ERR_BUSY);
+  EXPECT_NE(probe.reentrant_message.find("log callback"), std::string::npos) << probe.reentrant_message;
+  // Outside the callback everything works again.
+  ember_model* again = nullptr;
+  EXPECT_STATUS(ember_model_load("/nonexistent.gguf", nullptr, &again), EMBER_ERR_NOT_FOUND);
+}

@@ -76,44 +76,6 @@ TEST(CapiBasics, LogCallbackCanBeSetAndCleared) {
   ember_set_log_callback(nullptr, nullptr);
 }
 
-// The log callback may call back into Ember: log through a call that logs,
-// and change or remove itself. None of it deadlocks.
-TEST(CapiBasics, LogCallbackMayCallBackIntoEmber) {
-  CAPI_REQUIRE_MODEL(model);
-  struct State {
-    ember_model* model;
-    int calls = 0;
-    bool reentered = false;
-  } state{model};
-  ember_log_callback cb = [](int32_t, const char*, void* ud) {
-    auto* st = static_cast<State*>(ud);
-    if (st->calls++ > 0) return;
-    // An engine on AUTO logs which device it chose: a log from inside the
-    // callback, on this thread.
-    ember_engine_params ep;
-    ember_engine_params_init(&ep);
-    ep.device = EMBER_DEVICE_AUTO;
-    ep.kv_memory_bytes = 8ull << 20;
-    ep.n_threads = 1;
-    ember_engine* e = nullptr;
-    st->reentered = ember_engine_create(st->model, &ep, &e) == EMBER_OK;
-    ember_engine_destroy(e);
-    ember_set_log_callback(nullptr, nullptr);  // removes itself
-  };
-  ember_set_log_callback(cb, &state);
-  ember_engine_params ep;
-  ember_engine_params_init(&ep);
-  ep.device = EMBER_DEVICE_AUTO;  // logs (no CUDA here: "running on the CPU"; with CUDA: the device)
-  ep.kv_memory_bytes = 8ull << 20;
-  ep.n_threads = 1;
-  ember_engine* e = nullptr;
-  ASSERT_OK(ember_engine_create(model, &ep, &e));
-  ember_engine_destroy(e);
-  ember_set_log_callback(nullptr, nullptr);
-  EXPECT_GE(state.calls, 1);
-  EXPECT_TRUE(state.reentered);
-}
-
 TEST(CapiNull, DestroyNullIsANoOp) {
   ember_model_destroy(nullptr);
   ember_engine_destroy(nullptr);
