@@ -59,12 +59,12 @@ def main():
             for name, (kind, key) in figures.items():
                 values[name][which].append(res[kind][key])
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
-    print(f"| figure | A median | B median | B/A (median of {args.rounds} paired rounds) |")
-    print("|---|---|---|---|")
+    print(f"| figure | A median | B median | B/A (median of {args.rounds} paired rounds) | B/A min - max |")
+    print("|---|---|---|---|---|")
     for name, v in values.items():
         ratios = [b / a for a, b in zip(v["A"], v["B"]) if a > 0]
         print(f"| {name} | {statistics.median(v['A']):.1f} | {statistics.median(v['B']):.1f} | "
-              f"{statistics.median(ratios):.3f} |")
+              f"{statistics.median(ratios):.3f} | {min(ratios):.3f} - {max(ratios):.3f} |")
 
 
 if __name__ == "__main__":

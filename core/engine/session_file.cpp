@@ -382,7 +382,14 @@ std::shared_ptr<Session> Session::load(std::shared_ptr<EngineOwner> owner, const
   if (n_blocks > r.left() / bpb || n_blocks * bpb != r.left()) r.corrupt("KV block data does not match its count");
   if (n_processed > n_tokens) r.corrupt("more tokens processed than in the history");
 
-  auto se = std::make_shared<Session>(owner, n_ctx, "", priority >= 0 ? priority : saved_priority, policy);
+  // The session validates its policy: for a file, an invalid one is corruption.
+  std::shared_ptr<Session> se;
+  try {
+    se = std::make_shared<Session>(owner, n_ctx, "", priority >= 0 ? priority : saved_priority, policy);
+  } catch (const Error& e) {
+    if (e.code() != StatusCode::kInvalidArgument) throw;
+    r.corrupt("invalid " + e.message());
+  }
   std::lock_guard<std::mutex> lock(se->kv_->mutex());
   if (se->kv_->bounded() && (se->kv_->policy().sink_tokens != policy.sink_tokens ||
                              se->kv_->policy().window_tokens != policy.window_tokens)) {
