@@ -33,6 +33,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"ember/internal/emberc"
 )
@@ -128,11 +129,12 @@ func (h *handle[T]) isClosed() bool {
 	return h.closed
 }
 
-func (h *handle[T]) close(how func(T)) {
+// close closes the handle; true when this call closed it.
+func (h *handle[T]) close(how func(T)) bool {
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
-		return
+		return false
 	}
 	h.closed = true
 	if how != nil {
@@ -140,13 +142,27 @@ func (h *handle[T]) close(how func(T)) {
 	}
 	if h.busy > 0 || !h.valid { // the last call in flight releases it
 		h.mu.Unlock()
-		return
+		return true
 	}
 	p, r := h.ptr, h.release
 	h.valid = false
 	h.mu.Unlock()
 	r(p)
+	return true
 }
+
+var gcReleased atomic.Int64
+
+// gcClose is the finalizers' path: it counts what it released.
+func gcClose[T any](h *handle[T], how func(T)) {
+	if h.close(how) {
+		gcReleased.Add(1)
+	}
+}
+
+// GCReleasedHandles is a diagnostic: how many handles finalizers have released
+// so far (handles dropped without Close; none of those releases waits for the engine).
+func GCReleasedHandles() int64 { return gcReleased.Load() }
 
 // use runs f with the native handle and returns f's result and recorded failure.
 func use[T any, R any](h *handle[T], f func(T) R) (R, error) {
@@ -224,7 +240,7 @@ func LoadModel(path string) (*Model, error) {
 		return nil, err
 	}
 	m := &Model{h: newHandle(p, emberc.Ember_model_destroy, "Model"), Path: path}
-	runtime.SetFinalizer(m, func(m *Model) { m.h.close(nil) })
+	runtime.SetFinalizer(m, func(m *Model) { gcClose(m.h, nil) })
 	return m, nil
 }
 
@@ -305,7 +321,7 @@ func NewEngine(model *Model, opts *EngineOptions) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{h: newHandle(p, emberc.Ember_engine_destroy, "Engine"), Model: model}
-	runtime.SetFinalizer(e, func(e *Engine) { e.h.close(nil) })
+	runtime.SetFinalizer(e, func(e *Engine) { gcClose(e.h, nil) })
 	return e, nil
 }
 
@@ -388,7 +404,7 @@ type Session struct {
 
 func newSession(e *Engine, p emberc.Struct_SS_ember_session) *Session {
 	s := &Session{h: newHandle(p, emberc.Ember_session_destroy, "Session"), Engine: e}
-	runtime.SetFinalizer(s, func(s *Session) { s.h.close(nil) })
+	runtime.SetFinalizer(s, func(s *Session) { gcClose(s.h, nil) })
 	return s
 }
 
@@ -487,7 +503,7 @@ func (s *Session) Generate(opts *Sampling) (*Stream, error) {
 	st := &Stream{h: newHandle(p, emberc.Ember_stream_destroy, "Stream"), Session: s, ev: emberc.NewEb_event()}
 	// The finalizer never waits for, or runs, engine steps: ember_stream_release.
 	runtime.SetFinalizer(st, func(st *Stream) {
-		st.h.close(emberc.Ember_stream_release)
+		gcClose(st.h, emberc.Ember_stream_release)
 		emberc.DeleteEb_event(st.ev)
 	})
 	return st, nil

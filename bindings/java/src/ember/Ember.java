@@ -35,6 +35,14 @@ public final class Ember {
     }
   }
 
+  /**
+   * Diagnostics: how many handles the garbage collector has released so far (handles dropped
+   * without close(); each release returned without waiting for the engine).
+   */
+  public static long gcReleasedHandles() {
+    return Native.GC_RELEASED.get();
+  }
+
   /** Why the CUDA plugin is absent or broken ("" when loadable). */
   public static String cudaPluginMessage() {
     return emberc.eb_cuda_plugin_message();

@@ -91,26 +91,31 @@ final class Native {
       close(null);
     }
 
-    void close(Consumer<T> how) {
+    /** Closes it; true when this call closed it (false: it was closed already). */
+    boolean close(Consumer<T> how) {
       T p;
       Consumer<T> r;
       synchronized (this) {
-        if (closed) return;
+        if (closed) return false;
         closed = true;
         if (how != null) releaser = how;
-        if (busy > 0) return; // the last call in flight releases it
+        if (busy > 0) return true; // the last call in flight releases it
         p = ptr;
         ptr = null;
         r = releaser;
       }
       if (p != null) r.accept(p);
+      return true;
     }
 
     @Override
     public void run() {
-      close(gcRelease);
+      if (close(gcRelease)) GC_RELEASED.incrementAndGet();
     }
   }
+
+  /** Handles released by the garbage collector (Cleaner) so far: Ember.gcReleasedHandles(). */
+  static final java.util.concurrent.atomic.AtomicLong GC_RELEASED = new java.util.concurrent.atomic.AtomicLong();
 
   static final java.lang.ref.Cleaner CLEANER = java.lang.ref.Cleaner.create();
 }
