@@ -275,7 +275,9 @@ void Engine::schedule(StepWork& w, int32_t token_budget) {
   }
   KvManager::StepBudget budget = kv_->step_budget(w.budget);
   w.plan = scheduler_->schedule(w.seqs, budget, token_budget);
-  for (const auto& [id, error] : budget.errors()) {
+  for (const auto& entry : budget.errors()) {
+    const auto id = entry.first;
+    const auto& error = entry.second;
     auto& run = w.plan.run;
     run.erase(std::remove_if(run.begin(), run.end(), [&](const auto& r) { return r.first->id == id; }), run.end());
     w.streams[id]->fail_with(error.code(), error.message());
