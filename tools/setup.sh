@@ -27,4 +27,5 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-bash "$here/fetch_model.sh"
+bash "$here/fetch_model.sh" >/dev/null
+bash "$here/fetch_model.sh" gemma3 >/dev/null
