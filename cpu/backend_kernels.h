@@ -30,6 +30,7 @@ struct AttendArgs {
   int32_t block_size;
   const int32_t* block_table;    // the sequence's blocks, by cache slot / block_size
   int32_t hole_begin, hole_end;  // skipped cache slots (empty when equal)
+  int32_t window_begin;          // slots below it are skipped too (sliding-window layers; else 0)
   const float* q;                // [rows][num_heads][head_dim]
   int32_t row, kvh, num_heads, num_kv_heads, head_dim, kv_len;
   bool vec_order;  // the one-token decode order (else the batched "tile" order)

@@ -32,6 +32,23 @@ const BackendKernels& backend_kernels() {
 
 namespace {
 
+// llama.cpp's ggml_table_gelu_f16: gelu (tanh approximation, libm tanhf) of
+// every f16 value, rounded to f16. 1 + a*x*x is one FMA, as the reference's
+// compiler contracts it (-march=native builds).
+const uint16_t* gelu_f16_table() {
+  static const std::vector<uint16_t> table = [] {
+    std::vector<uint16_t> t(1 << 16);
+    for (uint32_t i = 0; i < t.size(); ++i) {
+      const float x = fp16_to_fp32(static_cast<uint16_t>(i));
+      const float inner = std::fma(0.044715f * x, x, 1.0f);
+      const float y = 0.5f * x * (1.0f + std::tanh(0.79788456080286535587989211986876f * x * inner));
+      t[i] = fp32_to_fp16(y);
+    }
+    return t;
+  }();
+  return table.data();
+}
+
 class CpuWeight final : public DeviceWeight {};
 
 // Attention limits (per-thread stack state of the kernel).
@@ -56,6 +73,10 @@ class CpuBackend final : public Backend {
   void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
 
   std::unique_ptr<DeviceWeight> upload_weight(const WeightDesc& desc) override {
+    if (desc.type != DType::F32 && !cpu::matmul_supports(desc.type)) {
+      fail(StatusCode::kUnsupported,
+           std::string("cpu: weights of type ") + type_name(static_cast<uint32_t>(desc.type)) + " are not supported");
+    }
     auto w = std::make_unique<CpuWeight>();
     w->desc = desc;
     return w;
@@ -283,6 +304,66 @@ class CpuBackend final : public Backend {
     }
   }
 
+  // gelu(gate) * up as llama.cpp's CPU computes it (GGML_GELU_FP16): the
+  // f16-rounded gate looked up in a table of f16 gelu values, the tails
+  // below -10 and above 10 taken as 0 and the identity.
+  void geglu(const float* gate, const float* up, size_t n, float* out) override {
+    const uint16_t* table = gelu_f16_table();
+#pragma omp parallel for num_threads(n_threads_) if (n > 65536)
+    for (int64_t i = 0; i < static_cast<int64_t>(n); ++i) {
+      const float g = gate[i];
+      float y;
+      if (g <= -10.0f) {
+        y = 0.0f;
+      } else if (g >= 10.0f) {
+        y = g * up[i];
+      } else {
+        y = fp16_to_fp32(table[fp32_to_fp16(g)]) * up[i];
+      }
+      out[i] = y;
+    }
+  }
+
+  void scale(float* x, size_t n, float s) override {
+    for (size_t i = 0; i < n; ++i) x[i] *= s;
+  }
+
+  void add_bias(float* x, const DeviceWeight& bias, int32_t rows, int32_t dim) override {
+    if (bias.desc.type != DType::F32 || bias.desc.cols != dim) fail(StatusCode::kInternal, "add_bias: bad bias");
+    const float* b = static_cast<const float*>(bias.desc.host_data);
+    for (int32_t r = 0; r < rows; ++r) {
+      float* xr = x + static_cast<size_t>(r) * dim;
+      for (int32_t i = 0; i < dim; ++i) xr[i] += b[i];
+    }
+  }
+
+  // NEOX pairs, frequency scale and factors as llama.cpp's rope cache and
+  // rotate_pairs compute them (theta / factor, then * freq_scale; the same
+  // FMA contraction as rope()).
+  void rope_ext(float* x, const int32_t* positions, int32_t rows, int32_t num_heads, int32_t head_dim,
+                const RopeSpec& spec) override {
+    const int32_t half = spec.rot_dim / 2;
+    if (spec.rot_dim <= 0 || spec.rot_dim > head_dim || spec.rot_dim % 2 != 0) {
+      fail(StatusCode::kInternal, "rope_ext: bad rot_dim");
+    }
+    const float theta_scale = std::pow(spec.freq_base, -2.0f / static_cast<float>(spec.rot_dim));
+    const int32_t stride = spec.neox ? 1 : 2, offset = spec.neox ? half : 1;
+#pragma omp parallel for num_threads(n_threads_) if (rows > 8)
+    for (int32_t r = 0; r < rows; ++r) {
+      float theta = static_cast<float>(positions[r]);
+      for (int32_t i = 0; i < half; ++i, theta *= theta_scale) {
+        const float t = spec.freq_scale * (spec.freq_factors ? theta / spec.freq_factors[i] : theta);
+        const float c = std::cos(t), s = std::sin(t);
+        for (int32_t h = 0; h < num_heads; ++h) {
+          float* p = x + (static_cast<size_t>(r) * num_heads + h) * head_dim + stride * i;
+          const float x0 = p[0], x1 = p[offset];
+          p[0] = std::fma(x0, c, -(x1 * s));
+          p[offset] = std::fma(x0, s, x1 * c);
+        }
+      }
+    }
+  }
+
   void add(float* x, const float* y, size_t n) override {
     for (size_t i = 0; i < n; ++i) x[i] += y[i];
   }
@@ -324,6 +405,7 @@ class CpuBackend final : public Backend {
     a.block_table = seq.block_table;
     a.hole_begin = seq.hole_begin;
     a.hole_end = seq.hole_end;
+    a.window_begin = p.window > 0 ? std::max(0, kv_len - p.window) : 0;
     a.q = q;
     a.row = row;
     a.kvh = kvh;

@@ -73,11 +73,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32) attention_kernel(AttnLaunch a)
   const int t_end = min(t_begin + a.tiles_per_split, kv_tiles);
 
   float m[kMaxVecsPerWarp], l[kMaxVecsPerWarp], acc[kMaxVecsPerWarp][DPL];
-  int len[kMaxVecsPerWarp];
+  int len[kMaxVecsPerWarp], lo[kMaxVecsPerWarp];  // row's visible slots: [lo, len) minus the hole
 #pragma unroll
   for (int vi = 0; vi < kMaxVecsPerWarp; ++vi) {
     const int v = warp + vi * n_warps;
     len[vi] = v < QV ? a.kv_len[td.row0 + v / G] : 0;
+    lo[vi] = a.window > 0 ? max(0, len[vi] - a.window) : 0;
     m[vi] = -INFINITY;
     l[vi] = 0.0f;
 #pragma unroll
@@ -124,7 +125,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) attention_kernel(AttnLaunch a)
       if (v < QV && base_pos < len[vi]) {  // uniform per warp
         const int pos = base_pos + lane;
         float s = -INFINITY;
-        if (pos < len[vi] && (pos < hb || pos >= he)) {
+        if (pos < len[vi] && pos >= lo[vi] && (pos < hb || pos >= he)) {
           const float2* qv = reinterpret_cast<const float2*>(q_s + v * D);
           const __half2* kr = reinterpret_cast<const __half2*>(k_s + lane * kstride);
           float dot = 0.0f;

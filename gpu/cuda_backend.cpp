@@ -220,7 +220,29 @@ struct RopeOp {
   const int32_t* pos;
   float theta_scale;
   int32_t rows, heads, head_dim, rot_dim;
+  float freq_scale = 1.0f;
+  const float* factors = nullptr;  // device (staged)
+  bool neox = false;
   bool operator==(const RopeOp&) const = default;
+};
+struct GegluOp {
+  const float* gate;
+  const float* up;
+  size_t n;
+  float* out;
+  bool operator==(const GegluOp&) const = default;
+};
+struct ScaleOp {
+  float* x;
+  size_t n;
+  float s;
+  bool operator==(const ScaleOp&) const = default;
+};
+struct AddBiasOp {
+  float* x;
+  const float* bias;
+  int32_t rows, dim;
+  bool operator==(const AddBiasOp&) const = default;
 };
 struct KvStoreOp {
   KvView kv;
@@ -273,7 +295,7 @@ struct KvCopyOp {
   bool operator==(const KvCopyOp&) const = default;
 };
 using Op = std::variant<EmbedOp, RmsNormOp, MatmulOp, RopeOp, KvStoreOp, AttentionOp, SwigluOp, AddOp, GatherOp,
-                        KvCopyOp, KvShiftOp>;
+                        KvCopyOp, KvShiftOp, GegluOp, ScaleOp, AddBiasOp>;
 
 // Kinds of staged host data (dedup of identical consecutive pieces).
 enum StageKind : int {
@@ -286,6 +308,7 @@ enum StageKind : int {
   kKvCopy,
   kKvShift,
   kSampling,
+  kRopeFactors,
   kNumKinds
 };
 
@@ -615,6 +638,38 @@ class CudaBackend final : public Backend, public BackendExtras {
     submit(RopeOp{x, p, theta_scale, rows, num_heads, head_dim, rot_dim});
   }
 
+  void rope_ext(float* x, const int32_t* positions, int32_t rows, int32_t num_heads, int32_t head_dim,
+                const RopeSpec& spec) override {
+    Lock lock(this, "rope");
+    if (spec.rot_dim <= 0 || spec.rot_dim > head_dim || spec.rot_dim % 2 != 0) {
+      fail(StatusCode::kInvalidArgument, "rope: rot_dim must be even and in (0, head_dim]");
+    }
+    if (rows <= 0) return;
+    const float theta_scale = std::pow(spec.freq_base, -2.0f / static_cast<float>(spec.rot_dim));
+    const auto* p = static_cast<const int32_t*>(stage(kPositions, positions, static_cast<size_t>(rows) * 4));
+    const float* f = spec.freq_factors ? static_cast<const float*>(stage(kRopeFactors, spec.freq_factors,
+                                                                         static_cast<size_t>(spec.rot_dim / 2) * 4))
+                                       : nullptr;
+    submit(RopeOp{x, p, theta_scale, rows, num_heads, head_dim, spec.rot_dim, spec.freq_scale, f, spec.neox});
+  }
+
+  void geglu(const float* gate, const float* up, size_t n, float* out) override {
+    Lock lock(this, "geglu");
+    if (n) submit(GegluOp{gate, up, n, out});
+  }
+  void scale(float* x, size_t n, float s) override {
+    Lock lock(this, "scale");
+    if (n) submit(ScaleOp{x, n, s});
+  }
+  void add_bias(float* x, const DeviceWeight& bias, int32_t rows, int32_t dim) override {
+    Lock lock(this, "add_bias");
+    const auto& w = view(bias);
+    if (w.type != DType::F32 || w.N * w.K < dim) {
+      fail(StatusCode::kInvalidArgument, "add_bias: the bias must be f32 with at least dim elements");
+    }
+    if (rows > 0 && dim > 0) submit(AddBiasOp{x, static_cast<const float*>(w.data), rows, dim});
+  }
+
   void kv_store(int32_t layer, const float* k, const float* v, const int32_t* slots, int32_t rows) override {
     Lock lock(this, "kv_store");
     if (layer < 0 || layer >= geom_.num_layers) fail(StatusCode::kInternal, "kv_store: layer out of range");
@@ -699,6 +754,7 @@ class CudaBackend final : public Backend, public BackendExtras {
     a.num_kv_heads = p.num_kv_heads;
     a.head_dim = p.head_dim;
     a.scale = p.scale;
+    a.window = p.window;
     a.n_rows = n_rows;
     const gpu::AttnSplit split = batch_invariant_
                                      ? gpu::plan_attention_split_invariant(max_len)
@@ -856,7 +912,7 @@ class CudaBackend final : public Backend, public BackendExtras {
     static bool recordable(const char* what) {
       // alloc: cudaMalloc is fine while recording (nothing is being captured).
       for (const char* ok : {"embed", "rms_norm", "matmul", "rope", "kv_store", "attention", "swiglu", "add",
-                             "gather_rows", "kv_copy_blocks", "kv_rope_shift", "alloc"}) {
+                             "gather_rows", "kv_copy_blocks", "kv_rope_shift", "alloc", "geglu", "scale", "add_bias"}) {
         if (std::strcmp(ok, what) == 0) return true;
       }
       return false;
@@ -1105,8 +1161,13 @@ class CudaBackend final : public Backend, public BackendExtras {
     }
   }
   void run(const RopeOp& op) {
-    ck(gpu::rope(op.x, op.pos, op.theta_scale, op.rows, op.heads, op.head_dim, op.rot_dim, stream_), "rope");
+    ck(gpu::rope(op.x, op.pos, op.theta_scale, op.rows, op.heads, op.head_dim, op.rot_dim, stream_, op.freq_scale,
+                 op.factors, op.neox),
+       "rope");
   }
+  void run(const GegluOp& op) { ck(gpu::geglu(op.gate, op.up, op.n, op.out, stream_), "geglu"); }
+  void run(const ScaleOp& op) { ck(gpu::scale(op.x, op.n, op.s, stream_), "scale"); }
+  void run(const AddBiasOp& op) { ck(gpu::add_bias(op.x, op.bias, op.rows, op.dim, stream_), "add_bias"); }
   void run(const KvStoreOp& op) {
     ck(gpu::kv_store(op.kv, op.layer, op.k, op.v, op.slots, op.rows, stream_), "kv_store");
   }

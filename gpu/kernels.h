@@ -62,8 +62,18 @@ cudaError_t rms_norm(const float* x, const float* w, int32_t rows, int32_t dim, 
                      cudaStream_t stream);
 // Pair i of a row at position p turns by theta_i, theta_0 = p, theta_{i+1} =
 // theta_i * theta_scale in f32 (as the CPU backend and ggml's rope cache).
+// freq_scale / factors / neox generalise it as Backend::rope_ext (theta_i
+// divided by factors[i] when given, then times freq_scale; NEOX pairs i and
+// i + rot_dim/2 instead of 2i and 2i+1).
 cudaError_t rope(float* x, const int32_t* positions, float theta_scale, int32_t rows, int32_t num_heads,
-                 int32_t head_dim, int32_t rot_dim, cudaStream_t stream);
+                 int32_t head_dim, int32_t rot_dim, cudaStream_t stream, float freq_scale = 1.0f,
+                 const float* factors = nullptr, bool neox = false);
+// out = gelu_tanh(gate) * up with the gate rounded to f16 and gelu's value
+// rounded to f16 (llama.cpp's CPU table), the identity above 10, 0 below -10.
+cudaError_t geglu(const float* gate, const float* up, size_t n, float* out, cudaStream_t stream);
+cudaError_t scale(float* x, size_t n, float s, cudaStream_t stream);
+// x[r, :] += bias[:], rows of dim.
+cudaError_t add_bias(float* x, const float* bias, int32_t rows, int32_t dim, cudaStream_t stream);
 cudaError_t swiglu(const float* gate, const float* up, size_t n, float* out, cudaStream_t stream);
 cudaError_t add(float* x, const float* y, size_t n, cudaStream_t stream);
 cudaError_t gather_rows(const float* x, const int32_t* rows, int32_t n, int32_t dim, float* out, cudaStream_t stream);
@@ -111,6 +121,7 @@ struct AttnLaunch {
   const int32_t* block_tables = nullptr;  // packed
   int32_t num_heads = 0, num_kv_heads = 0, head_dim = 0;
   float scale = 1.0f;
+  int32_t window = 0;  // sliding window: row r skips slots below kv_len[r] - window (0: none)
   int32_t n_splits = 1, tiles_per_split = 1;
   int32_t n_rows = 0;         // batch rows (partials are indexed by row * num_heads + head)
   float* part_acc = nullptr;  // [n_splits][n_rows * num_heads][head_dim] when n_splits > 1

@@ -73,9 +73,11 @@ __global__ void rms_norm_kernel(const float* x, const float* __restrict__ w, int
   for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = xr[i] * scale * w[i];
 }
 
-// One thread per (row, head, pair). GGUF "normal" RoPE: adjacent pairs.
+// One thread per (row, head, pair). GGUF "normal" RoPE: adjacent pairs; NEOX:
+// pairs (i, i + half).
 __global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ positions, float theta_scale,
-                            int32_t rows, int32_t num_heads, int32_t head_dim, int32_t half) {
+                            int32_t rows, int32_t num_heads, int32_t head_dim, int32_t half, float freq_scale,
+                            const float* __restrict__ factors, bool neox) {
   const int64_t total = static_cast<int64_t>(rows) * num_heads * half;
   for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
        t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -84,12 +86,14 @@ __global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ p
     const int64_t r = rh / num_heads;
     float theta = static_cast<float>(positions[r]);
     for (int32_t k = 0; k < i; ++k) theta *= theta_scale;  // the CPU's recurrence, rounding included
+    theta = freq_scale * (factors ? theta / factors[i] : theta);
     float s, c;
     sincosf(theta, &s, &c);
-    float* p = x + rh * head_dim + 2 * i;
-    const float x0 = p[0], x1 = p[1];
+    const int32_t off = neox ? half : 1;
+    float* p = x + rh * head_dim + (neox ? i : 2 * i);
+    const float x0 = p[0], x1 = p[off];
     p[0] = x0 * c - x1 * s;
-    p[1] = x0 * s + x1 * c;
+    p[off] = x0 * s + x1 * c;
   }
 }
 
@@ -98,6 +102,39 @@ __global__ void swiglu_kernel(const float* gate, const float* __restrict__ up, s
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const float g = gate[i];
     out[i] = g / (1.0f + expf(-g)) * up[i];
+  }
+}
+
+__global__ void geglu_kernel(const float* gate, const float* __restrict__ up, size_t n, float* out) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float g = gate[i];
+    float y;
+    if (g <= -10.0f) {
+      y = 0.0f;
+    } else if (g >= 10.0f) {
+      y = g * up[i];
+    } else {
+      const float xh = __half2float(__float2half_rn(g));
+      const float inner = fmaf(0.044715f * xh, xh, 1.0f);
+      const float gl = 0.5f * xh * (1.0f + tanhf(0.79788456080286535587989211986876f * xh * inner));
+      y = __half2float(__float2half_rn(gl)) * up[i];
+    }
+    out[i] = y;
+  }
+}
+
+__global__ void scale_kernel(float* x, size_t n, float s) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    x[i] *= s;
+  }
+}
+
+__global__ void add_bias_kernel(float* x, const float* __restrict__ bias, int64_t total, int32_t dim) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    x[i] += bias[i % dim];
   }
 }
 
@@ -470,11 +507,32 @@ cudaError_t rms_norm(const float* x, const float* w, int32_t rows, int32_t dim, 
 }
 
 cudaError_t rope(float* x, const int32_t* positions, float theta_scale, int32_t rows, int32_t num_heads,
-                 int32_t head_dim, int32_t rot_dim, cudaStream_t stream) {
+                 int32_t head_dim, int32_t rot_dim, cudaStream_t stream, float freq_scale, const float* factors,
+                 bool neox) {
   const int32_t half = rot_dim / 2;
   const int64_t total = static_cast<int64_t>(rows) * num_heads * half;
   if (total <= 0) return cudaSuccess;
-  rope_kernel<<<grid_for(total, 256), 256, 0, stream>>>(x, positions, theta_scale, rows, num_heads, head_dim, half);
+  rope_kernel<<<grid_for(total, 256), 256, 0, stream>>>(x, positions, theta_scale, rows, num_heads, head_dim, half,
+                                                        freq_scale, factors, neox);
+  return cudaGetLastError();
+}
+
+cudaError_t geglu(const float* gate, const float* up, size_t n, float* out, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  geglu_kernel<<<grid_for(static_cast<int64_t>(n), 256), 256, 0, stream>>>(gate, up, n, out);
+  return cudaGetLastError();
+}
+
+cudaError_t scale(float* x, size_t n, float s, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  scale_kernel<<<grid_for(static_cast<int64_t>(n), 256), 256, 0, stream>>>(x, n, s);
+  return cudaGetLastError();
+}
+
+cudaError_t add_bias(float* x, const float* bias, int32_t rows, int32_t dim, cudaStream_t stream) {
+  const int64_t total = static_cast<int64_t>(rows) * dim;
+  if (total <= 0) return cudaSuccess;
+  add_bias_kernel<<<grid_for(total, 256), 256, 0, stream>>>(x, bias, total, dim);
   return cudaGetLastError();
 }
 

@@ -55,6 +55,11 @@ struct Shape {
 
 struct Options {
   Shape shape;
+  // llama (also Mistral's layout), llama3 (+ rope_freqs: Llama 3.1 RoPE
+  // scaling), qwen2 (QKV biases, NEOX RoPE), gemma3 (QK norms, post norms,
+  // GeGLU, scaled embeddings, sliding-window layers of --window tokens).
+  std::string arch = "llama";
+  int64_t window = 64;
   DType type = DType::Q4_0;
   std::string out;
   uint64_t seed = 1234;
@@ -69,6 +74,7 @@ struct Options {
                "usage: make_synthetic_model --out PATH [--preset llama3-8b|smollm2-135m|tiny]\n"
                "         [--layers N] [--embd N] [--ff N] [--heads N] [--kv-heads N] [--vocab N] [--ctx N]\n"
                "         [--type q4_0|q4_1|q8_0|f16|bf16|f32] [--rope-base F] [--tied|--untied] [--seed N]\n"
+               "         [--arch llama|llama3|qwen2|gemma3] [--window N (gemma3's sliding window)]\n"
                "         [--verify] [--verify-device cuda[:N]] [--tolerance F]\n");
   std::exit(2);
 }
@@ -129,6 +135,13 @@ Options parse(int argc, char** argv) {
       o.type = parse_type(value());
     } else if (a == "--out") {
       o.out = value();
+    } else if (a == "--arch") {
+      o.arch = value();
+      if (o.arch != "llama" && o.arch != "llama3" && o.arch != "qwen2" && o.arch != "gemma3") {
+        usage(("unknown --arch '" + o.arch + "'").c_str());
+      }
+    } else if (a == "--window") {
+      o.window = std::strtoll(value().c_str(), nullptr, 10);
     } else if (a == "--seed") {
       o.seed = std::strtoull(value().c_str(), nullptr, 10);
     } else if (a == "--verify") {
@@ -367,20 +380,27 @@ void write_model(const Options& o) {
   const int64_t q_dim = s.heads * hd, kv_dim = s.kv_heads * hd;
   const Vocab vocab = make_vocab(s.vocab);
 
+  const std::string arch = o.arch == "llama3" ? "llama" : o.arch;
+  const std::string a = arch + ".";
   gguf::GgufWriter w;
-  w.add_string("general.architecture", "llama");
-  w.add_string("general.name", "synthetic " + s.name + " " + type_name(static_cast<uint32_t>(o.type)));
+  w.add_string("general.architecture", arch);
+  w.add_string("general.name", "synthetic " + s.name + " " + o.arch + " " + type_name(static_cast<uint32_t>(o.type)));
   w.add_u32("general.file_type", file_type(o.type));
-  w.add_u32("llama.context_length", static_cast<uint32_t>(s.ctx));
-  w.add_u32("llama.embedding_length", static_cast<uint32_t>(s.embd));
-  w.add_u32("llama.block_count", static_cast<uint32_t>(s.layers));
-  w.add_u32("llama.feed_forward_length", static_cast<uint32_t>(s.ff));
-  w.add_u32("llama.attention.head_count", static_cast<uint32_t>(s.heads));
-  w.add_u32("llama.attention.head_count_kv", static_cast<uint32_t>(s.kv_heads));
-  w.add_u32("llama.rope.dimension_count", static_cast<uint32_t>(hd));
-  w.add_f32("llama.rope.freq_base", static_cast<float>(s.rope_base));
-  w.add_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
-  w.add_u32("llama.vocab_size", static_cast<uint32_t>(s.vocab));
+  w.add_u32(a + "context_length", static_cast<uint32_t>(s.ctx));
+  w.add_u32(a + "embedding_length", static_cast<uint32_t>(s.embd));
+  w.add_u32(a + "block_count", static_cast<uint32_t>(s.layers));
+  w.add_u32(a + "feed_forward_length", static_cast<uint32_t>(s.ff));
+  w.add_u32(a + "attention.head_count", static_cast<uint32_t>(s.heads));
+  w.add_u32(a + "attention.head_count_kv", static_cast<uint32_t>(s.kv_heads));
+  w.add_u32(a + "rope.dimension_count", static_cast<uint32_t>(hd));
+  w.add_f32(a + "rope.freq_base", static_cast<float>(s.rope_base));
+  w.add_f32(a + "attention.layer_norm_rms_epsilon", 1e-5f);
+  w.add_u32(a + "vocab_size", static_cast<uint32_t>(s.vocab));
+  if (o.arch == "gemma3") {
+    w.add_u32(a + "attention.key_length", static_cast<uint32_t>(hd));
+    w.add_u32(a + "attention.value_length", static_cast<uint32_t>(hd));
+    w.add_u32(a + "attention.sliding_window", static_cast<uint32_t>(o.window));
+  }
   w.add_string("tokenizer.ggml.model", "gpt2");
   w.add_string("tokenizer.ggml.pre", "gpt-2");
   w.add_array("tokenizer.ggml.tokens", vocab.tokens);
@@ -398,17 +418,38 @@ void write_model(const Options& o) {
     const uint64_t seed = ++tensor_seed;
     w.add_tensor(name, t, {cols, rows}, [t, seed, vt](uint8_t* dst, size_t n) { fill_matrix(t, dst, n, seed, *vt); });
   };
-  auto norm = [&](const std::string& name) {
+  // F32 vectors: center +- spread (norm weights around 1, biases around 0).
+  auto vec = [&](const std::string& name, int64_t n, float center, float spread) {
     const uint64_t seed = ++tensor_seed;
-    const int64_t n = s.embd;
-    w.add_tensor(name, DType::F32, {n}, [seed](uint8_t* dst, size_t bytes) {
+    w.add_tensor(name, DType::F32, {n}, [seed, center, spread](uint8_t* dst, size_t bytes) {
       Rng rng(seed);
       for (size_t i = 0; i < bytes / 4; ++i) {
-        const float v = 1.0f + 0.1f * (static_cast<float>(rng.next() >> 40) / 16777216.0f * 2.0f - 1.0f);
+        const float v = center + spread * (static_cast<float>(rng.next() >> 40) / 16777216.0f * 2.0f - 1.0f);
         std::memcpy(dst + 4 * i, &v, 4);
       }
     });
   };
+  auto norm = [&](const std::string& name) { vec(name, s.embd, 1.0f, 0.1f); };
+  if (o.arch == "llama3") {
+    // Llama 3.1's scaling (factor 8, low/high frequency factors 1 and 4,
+    // original context 8192) as its converter writes rope_freqs.
+    std::vector<float> f(static_cast<size_t>(hd / 2));
+    const double factor = 8.0, low = 1.0, high = 4.0, orig = 8192.0;
+    for (size_t i = 0; i < f.size(); ++i) {
+      const double freq = 1.0 / std::pow(s.rope_base, 2.0 * static_cast<double>(i) / static_cast<double>(hd));
+      const double wavelen = 2.0 * M_PI / freq, low_wl = orig / low, high_wl = orig / high;
+      if (wavelen < high_wl) {
+        f[i] = 1.0f;
+      } else if (wavelen > low_wl) {
+        f[i] = static_cast<float>(factor);
+      } else {
+        const double smooth = (orig / wavelen - low) / (high - low);
+        f[i] = static_cast<float>(1.0 / ((1.0 - smooth) / factor + smooth));
+      }
+    }
+    w.add_tensor("rope_freqs.weight", DType::F32, {hd / 2},
+                 [f](uint8_t* dst, size_t bytes) { std::memcpy(dst, f.data(), std::min(bytes, f.size() * 4)); });
+  }
   matrix("token_embd.weight", s.embd, s.vocab);
   norm("output_norm.weight");
   if (!s.tied) matrix("output.weight", s.embd, s.vocab);
@@ -419,6 +460,17 @@ void write_model(const Options& o) {
     matrix(p + "attn_k.weight", s.embd, kv_dim);
     matrix(p + "attn_v.weight", s.embd, kv_dim);
     matrix(p + "attn_output.weight", q_dim, s.embd);
+    if (o.arch == "qwen2") {
+      vec(p + "attn_q.bias", q_dim, 0.0f, 0.5f);
+      vec(p + "attn_k.bias", kv_dim, 0.0f, 0.5f);
+      vec(p + "attn_v.bias", kv_dim, 0.0f, 0.5f);
+    }
+    if (o.arch == "gemma3") {
+      vec(p + "attn_q_norm.weight", hd, 1.0f, 0.1f);
+      vec(p + "attn_k_norm.weight", hd, 1.0f, 0.1f);
+      norm(p + "post_attention_norm.weight");
+      norm(p + "post_ffw_norm.weight");
+    }
     norm(p + "ffn_norm.weight");
     matrix(p + "ffn_gate.weight", s.embd, s.ff);
     matrix(p + "ffn_up.weight", s.embd, s.ff);

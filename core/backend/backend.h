@@ -75,6 +75,20 @@ struct AttentionParams {
   // last bits, so that each kind of row equals the reference's to the bit.
   // A row's result never depends on the other rows or sequences of the step.
   const uint8_t* decode_rows = nullptr;
+  // Sliding-window (local) attention: row r also skips the slots below
+  // kv_len[r] - window, so it sees at most `window` slots (itself included).
+  // 0: no window.
+  int32_t window = 0;
+};
+
+// How rope_ext rotates: llama.cpp's ggml_rope_ext without YaRN
+// (ext_factor 0, attn_factor 1). theta_i = freq_scale * (pos * freq_base^(-2i/rot_dim) / freq_factors[i]).
+struct RopeSpec {
+  int32_t rot_dim = 0;  // the first rot_dim dims of each head rotate
+  float freq_base = 10000.0f;
+  float freq_scale = 1.0f;
+  bool neox = false;                    // pairs (i, i + rot_dim/2) instead of (2i, 2i+1)
+  const float* freq_factors = nullptr;  // host, rot_dim/2 divisors, or null
 };
 
 // What a backend's kernels support; the engine checks a model against it
@@ -148,6 +162,31 @@ class Backend {
   }
   // out = silu(gate) * up, n elements.
   virtual void swiglu(const float* gate, const float* up, size_t n, float* out) = 0;
+
+  // ---- Operations of architectures beyond Llama (plugin ABI 4) ----
+  // rope() generalised (NEOX pairs, frequency scale and factors). The default
+  // serves the plain case through rope().
+  virtual void rope_ext(float* x, const int32_t* positions, int32_t rows, int32_t num_heads, int32_t head_dim,
+                        const RopeSpec& spec) {
+    if (spec.neox || spec.freq_scale != 1.0f || spec.freq_factors) unsupported("rope_ext");
+    rope(x, positions, rows, num_heads, head_dim, spec.rot_dim, spec.freq_base);
+  }
+  // out = gelu(gate) * up, n elements; gelu's tanh approximation as llama.cpp
+  // computes it (on the CPU through its f16 table).
+  virtual void geglu(const float* gate, const float* up, size_t n, float* out) {
+    (void)gate, (void)up, (void)n, (void)out;
+    unsupported("geglu");
+  }
+  // x *= s, n elements.
+  virtual void scale(float* x, size_t n, float s) {
+    (void)x, (void)n, (void)s;
+    unsupported("scale");
+  }
+  // x[r, :] += bias[:] for `rows` rows of `dim` (bias: an F32 weight of dim).
+  virtual void add_bias(float* x, const DeviceWeight& bias, int32_t rows, int32_t dim) {
+    (void)x, (void)bias, (void)rows, (void)dim;
+    unsupported("add_bias");
+  }
   // x += y, n elements.
   virtual void add(float* x, const float* y, size_t n) = 0;
   // Gathers rows: out[i] = x[rows[i]] (rows of `dim`).

@@ -120,7 +120,8 @@ class BackendExtras {
 
 // Bump on any change to Backend, BackendExtras or the structs they take.
 inline constexpr uint32_t kBackendPluginAbi =
-    3;  // 2: kv_rope_shift, kv_read/write_block, AttentionSeq holes; 3: Backend::limits
+    4;  // 2: kv_rope_shift, kv_read/write_block, AttentionSeq holes; 3: Backend::limits;
+        // 4: rope_ext, geglu, scale, add_bias, AttentionParams::window
 
 // A hash of what both sides must agree on: the sizes of the interface
 // structs and the C++ library ABI. Computed from the headers each side was

@@ -23,6 +23,11 @@ std::unique_ptr<KvSequence> KvManager::create(CachePolicy policy, int32_t n_ctx,
       fail(StatusCode::kUnsupported,
            "session: the " + pool_.backend_name() + " backend does not support window/sink cache policies yet");
     }
+    if (!rope_.shiftable) {
+      fail(StatusCode::kUnsupported,
+           "session: window/sink cache policies need a K-shift this model's RoPE does not have yet (NEOX pairs, "
+           "per-layer bases or scaled frequencies)");
+    }
     if (policy.kind == CachePolicyKind::kWindow) policy.sink_tokens = 0;
     if (policy.window_tokens == 0) policy.window_tokens = n_ctx - policy.sink_tokens;
     policy.validate(pool_.block_size(), n_ctx_train);

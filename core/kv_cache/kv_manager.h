@@ -91,6 +91,10 @@ class KvManager {
   struct Rope {
     int32_t rot_dim = 0;
     float freq_base = 10000.0f;
+    // False when the model's keys cannot be K-shifted by kv_rope_shift (NEOX
+    // pairs, per-layer bases, scaled frequencies): window/sink policies are
+    // then refused.
+    bool shiftable = true;
   };
   KvManager(Backend& backend, const KvGeometry& geometry, bool prefix_caching, Rope rope);
 

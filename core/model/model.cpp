@@ -1,5 +1,6 @@
 #include "core/model/model.h"
 
+#include <cmath>
 #include <fstream>
 
 #include "core/chat/chat_template.h"
@@ -37,6 +38,11 @@ std::shared_ptr<Model> Model::load(const std::string& path, bool use_mmap) {
       m->chat_template_error_ = std::string("the model's chat template cannot be applied: ") + e.what();
       log(LogLevel::kWarn, "%s", m->chat_template_error_.c_str());
     }
+  } else if (const char* builtin = find_architecture(m->architecture_)->default_chat_template) {
+    // As llama.cpp does for a file without one: the architecture's known template.
+    m->chat_template_ = std::make_unique<ChatTemplate>(ChatTemplate::parse(builtin));
+    log(LogLevel::kInfo, "model: no tokenizer.chat_template in the file; using the %s template",
+        m->architecture_.c_str());
   } else {
     m->chat_template_error_ = "the model has no chat template (tokenizer.chat_template)";
   }
@@ -83,25 +89,27 @@ void Model::load_config() {
   if (!(c.rope_freq_base > 0.0f) || !(c.rms_eps > 0.0f) || c.rms_eps > 1.0f) {
     fail(StatusCode::kBadFormat, "model: rope.freq_base / layer_norm_rms_epsilon out of range");
   }
-  if (auto scaling = f.get_string(a + "rope.scaling.type"); scaling && *scaling != "none") {
-    fail(StatusCode::kUnsupported, "model: rope scaling '" + *scaling + "' is not supported yet");
+  // RoPE scaling: linear (a frequency scale) is what llama.cpp applies for
+  // "none"/"linear"; Llama 3.1's scaling comes as the rope_freqs tensor.
+  const std::string scaling = f.get_string(a + "rope.scaling.type").value_or("none");
+  if (scaling != "none" && scaling != "linear") {
+    fail(StatusCode::kUnsupported, "model: rope scaling '" + scaling + "' is not supported yet");
   }
+  const double factor = f.get_float(a + "rope.scaling.factor").value_or(0.0);
+  if (!(factor >= 0.0) || factor > 1e6) fail(StatusCode::kBadFormat, "model: rope.scaling.factor out of range");
+  c.rope_freq_scale = factor == 0.0 ? 1.0f : static_cast<float>(1.0 / factor);
+  find_architecture(architecture_)->load_hparams(f, a, c);
   // What each backend supports is checked when an engine loads the model
   // (Backend::limits).
 }
 
 namespace {
 
+// Any type with a reference dequantizer; whether a backend's kernels take it
+// is checked when the weights are uploaded (Backend::upload_weight).
 bool computable(DType t) {
-  switch (t) {
-    case DType::F32:
-    case DType::F16:
-    case DType::BF16:
-    case DType::Q8_0:
-    case DType::Q4_0:
-    case DType::Q4_1: return true;
-    default: return false;
-  }
+  const TypeTraits* tt = type_traits(t);
+  return tt && tt->dequantize_row;
 }
 
 }  // namespace
@@ -134,6 +142,14 @@ void Model::load_weights() {
   } else {
     output_ = token_embd_;  // tied embeddings
   }
+  if (file_->find_tensor("rope_freqs.weight")) {
+    rope_freqs_ = get("rope_freqs.weight", c.rope_dim / 2, 1, true);
+    for (int64_t i = 0; i < c.rope_dim / 2; ++i) {
+      const float v = static_cast<const float*>(rope_freqs_.host_data)[i];
+      if (!(v > 0.0f) || !std::isfinite(v)) fail(StatusCode::kBadFormat, "model: rope_freqs.weight must be positive");
+    }
+    config_.rope_freqs = true;
+  }
   const int64_t q_dim = static_cast<int64_t>(c.n_heads) * c.head_dim;
   const int64_t kv_dim = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
   layers_.resize(c.n_layers);
@@ -149,6 +165,19 @@ void Model::load_weights() {
     l.w_gate = get(p + "ffn_gate.weight", c.n_embd, c.n_ff, false);
     l.w_up = get(p + "ffn_up.weight", c.n_embd, c.n_ff, false);
     l.w_down = get(p + "ffn_down.weight", c.n_ff, c.n_embd, false);
+    if (c.qkv_bias) {
+      l.bq = get(p + "attn_q.bias", q_dim, 1, true);
+      l.bk = get(p + "attn_k.bias", kv_dim, 1, true);
+      l.bv = get(p + "attn_v.bias", kv_dim, 1, true);
+    }
+    if (c.qk_norm) {
+      l.q_norm = get(p + "attn_q_norm.weight", c.head_dim, 1, true);
+      l.k_norm = get(p + "attn_k_norm.weight", c.head_dim, 1, true);
+    }
+    if (c.post_norms) {
+      l.post_attn_norm = get(p + "post_attention_norm.weight", c.n_embd, 1, true);
+      l.post_ffn_norm = get(p + "post_ffw_norm.weight", c.n_embd, 1, true);
+    }
   }
 }
 

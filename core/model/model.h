@@ -18,8 +18,20 @@ class GgufFile;
 class Tokenizer;
 class ChatTemplate;
 
-// Hyperparameters of a Llama-architecture model, all read from GGUF metadata.
-struct LlamaConfig {
+// How RoPE pairs the dimensions of a head (llama.cpp's rope types).
+enum class RopeStyle : uint8_t {
+  kNorm,  // adjacent pairs (2i, 2i+1): Llama, Mistral
+  kNeox,  // halves (i, i + rot_dim/2): Qwen2, Gemma
+};
+enum class FfnActivation : uint8_t {
+  kSilu,  // SwiGLU: silu(gate) * up
+  kGelu,  // GeGLU: gelu_tanh(gate) * up (llama.cpp's f16 table)
+};
+
+// Hyperparameters of a decoder-only transformer of the Llama family (Llama,
+// Mistral, Qwen2, Gemma 3 are variations of it), read from GGUF metadata by
+// the generic loader and the architecture's own hook (core/model/arch/).
+struct ModelConfig {
   int32_t n_vocab = 0;
   int32_t n_ctx_train = 0;
   int32_t n_embd = 0;
@@ -31,10 +43,42 @@ struct LlamaConfig {
   int32_t rope_dim = 0;
   float rope_freq_base = 10000.0f;
   float rms_eps = 1e-5f;
-};
 
+  // Variations (defaults are Llama's).
+  RopeStyle rope_style = RopeStyle::kNorm;
+  float rope_freq_scale = 1.0f;  // linear RoPE scaling (1 / rope.scaling.factor)
+  FfnActivation ffn_act = FfnActivation::kSilu;
+  float embd_scale = 0.0f;       // token embeddings multiplied by this (0: not scaled; Gemma: sqrt(n_embd))
+  float attention_scale = 0.0f;  // queries multiplied by this before attention (0: 1/sqrt(head_dim) in the softmax)
+  bool qkv_bias = false;         // attn_{q,k,v}.bias (Qwen2)
+  bool qk_norm = false;          // attn_{q,k}_norm: RMS norm of each head (Gemma 3)
+  bool post_norms = false;       // post_attention_norm, post_ffw_norm (Gemma 2/3)
+  bool rope_freqs = false;       // rope_freqs.weight: per-dimension frequency divisors (Llama 3.1 scaling)
+  // Sliding-window (local) attention: a layer with is_swa[il] attends to the
+  // last `sliding_window` positions only and rotates with rope_freq_base_swa.
+  int32_t sliding_window = 0;  // 0: every layer is global
+  float rope_freq_base_swa = 10000.0f;
+  std::vector<uint8_t> is_swa;  // n_layers entries (empty: none)
+
+  bool layer_is_swa(int32_t il) const {
+    return sliding_window > 0 && il < static_cast<int32_t>(is_swa.size()) && is_swa[il];
+  }
+  float layer_rope_base(int32_t il) const { return layer_is_swa(il) ? rope_freq_base_swa : rope_freq_base; }
+  // True when K-shift (sink/window sessions) can move this model's keys: one
+  // RoPE base and style for every layer, the layout Backend::kv_rope_shift rotates.
+  bool plain_rope() const {
+    return rope_style == RopeStyle::kNorm && rope_freq_scale == 1.0f && !rope_freqs && sliding_window == 0;
+  }
+};
+using LlamaConfig = ModelConfig;  // (the name before other architectures)
+
+// A layer's weights; the optional ones have host_data == nullptr when the
+// architecture does not use them.
 struct LayerWeightDescs {
   WeightDesc attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
+  WeightDesc bq, bk, bv;                     // qkv_bias
+  WeightDesc q_norm, k_norm;                 // qk_norm
+  WeightDesc post_attn_norm, post_ffn_norm;  // post_norms
 };
 
 class Model {
@@ -45,7 +89,7 @@ class Model {
 
   const std::string& architecture() const { return architecture_; }
   const std::string& name() const { return name_; }
-  const LlamaConfig& config() const { return config_; }
+  const ModelConfig& config() const { return config_; }
   uint64_t n_params() const { return n_params_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   // nullptr when the model has no template or it cannot be parsed;
@@ -57,6 +101,7 @@ class Model {
   const WeightDesc& output_norm() const { return output_norm_; }
   const WeightDesc& output() const { return output_; }  // token_embd when tied
   const std::vector<LayerWeightDescs>& layers() const { return layers_; }
+  const WeightDesc& rope_freqs() const { return rope_freqs_; }  // config().rope_freqs
 
  private:
   Model() = default;
@@ -66,12 +111,12 @@ class Model {
   std::unique_ptr<gguf::GgufFile> file_;
   std::vector<uint8_t> owned_bytes_;  // when not memory-mapped
   std::string architecture_, name_;
-  LlamaConfig config_;
+  ModelConfig config_;
   uint64_t n_params_ = 0;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<ChatTemplate> chat_template_;
   std::string chat_template_error_;
-  WeightDesc token_embd_, output_norm_, output_;
+  WeightDesc token_embd_, output_norm_, output_, rope_freqs_;
   std::vector<LayerWeightDescs> layers_;
 };
 

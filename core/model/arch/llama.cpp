@@ -1,10 +1,17 @@
 #include "core/model/arch/llama.h"
 
 #include <cmath>
+#include <cstring>
 
+#include "core/model/arch/registry.h"
 #include "core/util/status.h"
 
 namespace ember {
+
+// Llama (and Mistral, SmolLM, TinyLlama...): the defaults of ModelConfig.
+// Llama 3.1/3.2 RoPE scaling is the optional rope_freqs tensor, which the
+// generic loader reads.
+void load_llama_hparams(const gguf::GgufFile&, const std::string&, ModelConfig&) {}
 
 LlamaForward::LlamaForward(std::shared_ptr<const Model> model, Backend& backend, int32_t block_size)
     : model_(std::move(model)), backend_(backend), block_size_(block_size) {
@@ -22,7 +29,20 @@ LlamaForward::LlamaForward(std::shared_ptr<const Model> model, Backend& backend,
     w.w_gate = backend_.upload_weight(l.w_gate);
     w.w_up = backend_.upload_weight(l.w_up);
     w.w_down = backend_.upload_weight(l.w_down);
+    auto optional = [&](const WeightDesc& d) { return d.host_data ? backend_.upload_weight(d) : nullptr; };
+    w.bq = optional(l.bq);
+    w.bk = optional(l.bk);
+    w.bv = optional(l.bv);
+    w.q_norm = optional(l.q_norm);
+    w.k_norm = optional(l.k_norm);
+    w.post_attn_norm = optional(l.post_attn_norm);
+    w.post_ffn_norm = optional(l.post_ffn_norm);
     layers_.push_back(std::move(w));
+  }
+  if (model_->config().rope_freqs) {
+    const WeightDesc& f = model_->rope_freqs();
+    rope_freqs_.resize(static_cast<size_t>(f.cols));
+    std::memcpy(rope_freqs_.data(), f.host_data, rope_freqs_.size() * sizeof(float));
   }
 }
 
@@ -89,9 +109,16 @@ void LlamaForward::forward(const Batch& batch, float* logits) {
   ap.num_heads = c.n_heads;
   ap.num_kv_heads = c.n_kv_heads;
   ap.head_dim = c.head_dim;
-  ap.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  // With attention_scale the queries are scaled before attention (as
+  // llama.cpp's graph does for Gemma) and the softmax takes them as they are.
+  ap.scale = c.attention_scale > 0.0f ? 1.0f : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   ap.kv_len = batch.kv_len.data();
   ap.decode_rows = batch.decode_rows.size() == static_cast<size_t>(n) ? batch.decode_rows.data() : nullptr;
+  RopeSpec rope;
+  rope.rot_dim = c.rope_dim;
+  rope.neox = c.rope_style == RopeStyle::kNeox;
+  rope.freq_factors = rope_freqs_.empty() ? nullptr : rope_freqs_.data();
+  const bool plain_rope = c.plain_rope();
 
   // Matmuls run per segment: single-token rows (decodes) together, each
   // multi-token run (a prefill chunk) alone. A row's result then depends only
@@ -119,25 +146,53 @@ void LlamaForward::forward(const Batch& batch, float* logits) {
     }
   };
 
+  const size_t n_embd_all = static_cast<size_t>(n) * c.n_embd;
   backend_.embed(*token_embd_, batch.tokens.data(), n, x_);
+  if (c.embd_scale > 0.0f) backend_.scale(x_, n_embd_all, c.embd_scale);
   for (int32_t il = 0; il < c.n_layers; ++il) {
     const auto& w = layers_[il];
+    const bool swa = c.layer_is_swa(il);
     backend_.rms_norm(x_, *w.attn_norm, n, c.n_embd, c.rms_eps, h_);
     matmul(*w.wq, h_, q_);
     matmul(*w.wk, h_, k_);
     matmul(*w.wv, h_, v_);
-    backend_.rope(q_, batch.positions.data(), n, c.n_heads, c.head_dim, c.rope_dim, c.rope_freq_base);
-    backend_.rope(k_, batch.positions.data(), n, c.n_kv_heads, c.head_dim, c.rope_dim, c.rope_freq_base);
+    if (w.bq) {
+      backend_.add_bias(q_, *w.bq, n, c.n_heads * c.head_dim);
+      backend_.add_bias(k_, *w.bk, n, c.n_kv_heads * c.head_dim);
+      backend_.add_bias(v_, *w.bv, n, c.n_kv_heads * c.head_dim);
+    }
+    if (w.q_norm) {  // every head's vector is a row of head_dim
+      backend_.rms_norm(q_, *w.q_norm, n * c.n_heads, c.head_dim, c.rms_eps, q_);
+      backend_.rms_norm(k_, *w.k_norm, n * c.n_kv_heads, c.head_dim, c.rms_eps, k_);
+    }
+    if (plain_rope) {
+      backend_.rope(q_, batch.positions.data(), n, c.n_heads, c.head_dim, c.rope_dim, c.rope_freq_base);
+      backend_.rope(k_, batch.positions.data(), n, c.n_kv_heads, c.head_dim, c.rope_dim, c.rope_freq_base);
+    } else {
+      rope.freq_base = c.layer_rope_base(il);
+      rope.freq_scale = swa ? 1.0f : c.rope_freq_scale;
+      backend_.rope_ext(q_, batch.positions.data(), n, c.n_heads, c.head_dim, rope);
+      backend_.rope_ext(k_, batch.positions.data(), n, c.n_kv_heads, c.head_dim, rope);
+    }
+    if (c.attention_scale > 0.0f)
+      backend_.scale(q_, static_cast<size_t>(n) * c.n_heads * c.head_dim, c.attention_scale);
     backend_.kv_store(il, k_, v_, phys_slots.data(), n);
+    ap.window = swa ? c.sliding_window : 0;
     backend_.attention(il, q_, seqs.data(), static_cast<int32_t>(seqs.size()), ap, attn_);
     matmul(*w.wo, attn_, h_);
-    backend_.add(x_, h_, static_cast<size_t>(n) * c.n_embd);
+    if (w.post_attn_norm) backend_.rms_norm(h_, *w.post_attn_norm, n, c.n_embd, c.rms_eps, h_);
+    backend_.add(x_, h_, n_embd_all);
     backend_.rms_norm(x_, *w.ffn_norm, n, c.n_embd, c.rms_eps, h_);
     matmul(*w.w_gate, h_, gate_);
     matmul(*w.w_up, h_, up_);
-    backend_.swiglu(gate_, up_, static_cast<size_t>(n) * c.n_ff, gate_);
+    if (c.ffn_act == FfnActivation::kGelu) {
+      backend_.geglu(gate_, up_, static_cast<size_t>(n) * c.n_ff, gate_);
+    } else {
+      backend_.swiglu(gate_, up_, static_cast<size_t>(n) * c.n_ff, gate_);
+    }
     matmul(*w.w_down, gate_, h_);
-    backend_.add(x_, h_, static_cast<size_t>(n) * c.n_embd);
+    if (w.post_ffn_norm) backend_.rms_norm(h_, *w.post_ffn_norm, n, c.n_embd, c.rms_eps, h_);
+    backend_.add(x_, h_, n_embd_all);
   }
   if (n_out == 0) return;
   backend_.gather_rows(x_, batch.logit_rows.data(), n_out, c.n_embd, sel_);

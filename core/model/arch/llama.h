@@ -1,4 +1,7 @@
-// The Llama-architecture forward pass over a Batch, on any Backend.
+// The decoder forward pass over a Batch, on any Backend: Llama, and the
+// variations ModelConfig describes (Mistral, Qwen2's QKV bias, Gemma 3's
+// norms, GeGLU and interleaved sliding-window layers). Each step is the op
+// llama.cpp's graph applies, in its order, so the CPU's results follow it.
 #pragma once
 
 #include <memory>
@@ -28,12 +31,14 @@ class LlamaForward final : public Forward {
 
   struct LayerWeights {
     std::unique_ptr<DeviceWeight> attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
+    std::unique_ptr<DeviceWeight> bq, bk, bv, q_norm, k_norm, post_attn_norm, post_ffn_norm;  // when used
   };
   std::shared_ptr<const Model> model_;
   Backend& backend_;
   int32_t block_size_;
   std::unique_ptr<DeviceWeight> token_embd_, output_norm_, output_;
   std::vector<LayerWeights> layers_;
+  std::vector<float> rope_freqs_;  // host copy of rope_freqs.weight (config().rope_freqs)
 
   int32_t capacity_rows_ = 0, capacity_logits_ = 0;
   float *x_ = nullptr, *h_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_ = nullptr, *gate_ = nullptr,

@@ -5,13 +5,16 @@
 namespace ember {
 
 namespace {
-template <typename F>
-std::unique_ptr<Forward> make(std::shared_ptr<const Model> model, Backend& backend, int32_t block_size) {
-  return std::make_unique<F>(std::move(model), backend, block_size);
+std::unique_ptr<Forward> make_decoder(std::shared_ptr<const Model> model, Backend& backend, int32_t block_size) {
+  return std::make_unique<LlamaForward>(std::move(model), backend, block_size);
 }
 
-constexpr Architecture kArchitectures[] = {
-    {"llama", make<LlamaForward>},
+// Mistral's GGUF files are "llama" (llama.cpp, like Hugging Face for v0.2
+// and later, attends over the whole context: no sliding window).
+const Architecture kArchitectures[] = {
+    {"llama", load_llama_hparams, make_decoder, nullptr},
+    {"qwen2", load_qwen2_hparams, make_decoder, nullptr},
+    {"gemma3", load_gemma3_hparams, make_decoder, kGemmaChatTemplate},
 };
 }  // namespace
 
