@@ -25,6 +25,8 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 #include "ember/ember.h"
 
 namespace {
@@ -223,7 +225,10 @@ int cmd_generate(int argc, char** argv) {
     check(ember_session_add_text(h.session, prompt.c_str(), 0), "adding the prompt");
   }
   run_stream(h.session, sp);
-  std::fputc('\n', stdout);
+  // stdout holds exactly the generated text; a terminal gets its line ended
+  // on stderr so the shell prompt starts on a new line.
+  std::fflush(stdout);
+  if (isatty(fileno(stdout))) std::fputc('\n', stderr);
   return 0;
 }
 

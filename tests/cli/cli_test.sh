@@ -38,6 +38,10 @@ a="$("$ember" generate -p "The capital of France is" -n 8 --temp 0 2>/dev/null)"
 b="$("$ember" generate -p "The capital of France is" -n 8 --temp 0 2>/dev/null)"
 if [ -n "$a" ] && [ "$a" = "$b" ]; then ok; else bad "greedy generate not deterministic: '$a' vs '$b'"; fi
 c="$("$ember" generate -p "Say hello." --chat -n 16 --seed 3 2>/dev/null)"; [ -n "$c" ] && ok || bad "chat generate empty"
+# ... exactly the generated text: no newline of its own (one greedy token: " Paris").
+"$ember" generate -p "The capital of France is" -n 1 --temp 0 > "$tmp/g1.txt" 2>/dev/null
+[ "$(od -An -tx1 "$tmp/g1.txt" | tr -d ' \n')" = "$(printf ' Paris' | od -An -tx1 | tr -d ' \n')" ] && ok ||
+  bad "generate -n 1 wrote '$(cat "$tmp/g1.txt")' (bytes: $(od -An -tx1 "$tmp/g1.txt"))"
 # tokenize: ids only.
 ids="$("$ember" tokenize -p "Hello world")"
 [ "$ids" = "19556 905" ] && ok || bad "tokenize gave '$ids'"
