@@ -355,10 +355,21 @@ PROMPTS: list[tuple[str, str, str]] = [
 def render_chat(llm, user: str) -> str:
     import jinja2
 
-    tmpl = llm.metadata["tokenizer.chat_template"]
+    tmpl = llm.metadata.get("tokenizer.chat_template")
+    bos, eos = "<|im_start|>", "<|im_end|>"
+    if tmpl is None:  # as Ember (and llama.cpp): the architecture's known template
+        arch = llm.metadata.get("general.architecture", "")
+        with open(os.path.join(ROOT, "tests", "golden", "chat", f"{arch}.jinja"), encoding="utf-8") as f:
+            tmpl = f.read()
+        bos = llm.detokenize([llm.token_bos()], special=True).decode("utf-8")
+        eos = llm.detokenize([llm.token_eos()], special=True).decode("utf-8")
     env = jinja2.Environment(loader=jinja2.BaseLoader(), trim_blocks=False, lstrip_blocks=False)
-    return env.from_string(tmpl).render(messages=[{"role": "user", "content": user}], add_generation_prompt=True,
-                                        bos_token="<|im_start|>", eos_token="<|im_end|>")
+    rendered = env.from_string(tmpl).render(messages=[{"role": "user", "content": user}], add_generation_prompt=True,
+                                            bos_token=bos, eos_token=eos)
+    # The BOS the template writes is the one tokenize(add_bos) adds: keep one.
+    if bos and rendered.startswith(bos) and llm.metadata.get("tokenizer.ggml.add_bos_token") in ("true", True):
+        rendered = rendered[len(bos):]
+    return rendered
 
 
 def prompt_ids(llm) -> list[tuple[str, list[int]]]:
@@ -566,7 +577,7 @@ def cmd_golden(args) -> None:
         lines.append(f"G {name} {len(ref)} " + " ".join(map(str, ref)))
         lines.append(f"M {name} {len(gaps)} " + " ".join(f"{g:.3f}" for g in gaps))
         print(f"  {name}: {len(ids)} prompt ids -> {llm.detokenize(ref).decode('utf-8', 'replace')[:60]!r}")
-    path = os.path.join(GOLDEN_DIR, "greedy.txt")
+    path = os.path.join(GOLDEN_DIR, f"{args.prefix}greedy.txt")
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
     print(f"wrote {path} ({os.path.getsize(path)} bytes)")
@@ -581,7 +592,7 @@ def cmd_golden(args) -> None:
     for i in range(len(ids)):
         top = np.argsort(-lp[i], kind="stable")[:5]
         lines.append(f"R {i} {int(top[0])} " + " ".join(f"{int(t)} {lp[i, t]:.5f}" for t in top))
-    path = os.path.join(GOLDEN_DIR, "positions.txt")
+    path = os.path.join(GOLDEN_DIR, f"{args.prefix}positions.txt")
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
     print(f"wrote {path} ({os.path.getsize(path)} bytes)")
@@ -665,6 +676,7 @@ def main() -> None:
     p.add_argument("--golden-offset", type=int, default=300000)
     p.add_argument("--decisive", type=float, default=0.5, help="llama top1-top2 gap that must not flip")
     p.add_argument("--near-tie", type=float, default=1.0, help="greedy may diverge only below this llama gap")
+    p.add_argument("--prefix", default="", help="file name prefix: <prefix>greedy.txt, <prefix>positions.txt")
     args = ap.parse_args()
     {"logits": cmd_logits, "greedy": cmd_greedy, "selfcheck": cmd_selfcheck, "perplexity": cmd_perplexity, "golden": cmd_golden}[args.cmd](args)
 

@@ -9,6 +9,8 @@
 #include <bit>
 #include <cmath>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -42,6 +44,20 @@ constexpr double kMinRawGreedyAgreement = 1.0;  // free-running greedy, position
 constexpr double kMaxTop1LogprobDiff = 1e-4;    // |ours - llama.cpp|: the golden file's rounding (5 decimals)
 constexpr double kMaxMeanTop1LogprobDiff = 1e-5;
 
+// One model and its llama.cpp goldens (tests/golden/reference/<prefix>*.txt)
+// with the agreement required of it.
+struct RefSet {
+  std::string name, model, prefix;
+  double min_greedy = kMinRawGreedyAgreement;
+  double min_teacher_forced = kMinTeacherForcedDecisive;
+  double min_top1 = kMinRawTop1Agreement;
+  double min_decisive = kMinDecisiveAgreement;
+  double max_lp_diff = kMaxTop1LogprobDiff;
+  double max_mean_lp_diff = kMaxMeanTop1LogprobDiff;
+};
+
+RefSet smollm2_set() { return RefSet{"smollm2", test::default_model_path(), ""}; }
+
 // The kernels whose order is llama.cpp's AVX2 order, for the test's duration.
 struct Avx2Kernels {
   Avx2Kernels() { cpu::force_isa(cpu::Isa::kAvx2); }
@@ -65,8 +81,8 @@ std::vector<T> read_list(std::istringstream& in) {
   return v;
 }
 
-std::vector<GreedyCase> load_greedy() {
-  std::ifstream f(golden_path("greedy.txt"));
+std::vector<GreedyCase> load_greedy(const std::string& prefix = "") {
+  std::ifstream f(golden_path(prefix + "greedy.txt"));
   std::vector<GreedyCase> cases;
   std::string line;
   while (std::getline(f, line)) {
@@ -91,8 +107,8 @@ struct PositionsGolden {
   std::vector<std::vector<std::pair<int32_t, float>>> top5;
 };
 
-PositionsGolden load_positions() {
-  std::ifstream f(golden_path("positions.txt"));
+PositionsGolden load_positions(const std::string& prefix = "") {
+  std::ifstream f(golden_path(prefix + "positions.txt"));
   PositionsGolden g;
   std::string line;
   while (std::getline(f, line)) {
@@ -116,8 +132,12 @@ PositionsGolden load_positions() {
   return g;
 }
 
-std::shared_ptr<Model> shared_model() {
-  static std::shared_ptr<Model> m = Model::load(test::default_model_path());
+std::shared_ptr<Model> shared_model(const std::string& path = test::default_model_path()) {
+  static std::mutex mu;
+  static std::map<std::string, std::shared_ptr<Model>> models;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& m = models[path];
+  if (!m) m = Model::load(path);
   return m;
 }
 
@@ -152,12 +172,11 @@ TEST(Reference, GoldenFilesParse) {
 // llama.cpp. All prompts run at once on one engine (the scheduler batches them;
 // a row's result never depends on what it is batched with, so each stream
 // computes what it would alone, as tools/ref_llamacpp.py measures it).
-TEST(Reference, GreedyContinuationsMatchLlamaCpp) {
-  EMBER_REQUIRE_MODEL();
+void check_greedy(const RefSet& set) {
   Avx2Kernels avx2;
-  const auto cases = load_greedy();
+  const auto cases = load_greedy(set.prefix);
   ASSERT_FALSE(cases.empty());
-  auto engine = Engine::create(shared_model(), EngineParams{});
+  auto engine = Engine::create(shared_model(set.model), EngineParams{});
   std::vector<std::shared_ptr<Session>> sessions;
   std::vector<std::shared_ptr<Stream>> streams;
   for (const auto& c : cases) {
@@ -192,21 +211,25 @@ TEST(Reference, GreedyContinuationsMatchLlamaCpp) {
   }
   const double agreement = static_cast<double>(matched) / static_cast<double>(total);
   std::printf(
-      "[ reference] greedy: %zu/%zu continuations identical to llama.cpp's; position-wise agreement %zu/%zu = "
+      "[ reference] %s greedy: %zu/%zu continuations identical to llama.cpp's; position-wise agreement %zu/%zu = "
       "%.2f%%\n",
-      cases.size() - diverged, cases.size(), matched, total, 100.0 * agreement);
-  EXPECT_GE(agreement, kMinRawGreedyAgreement);
+      set.name.c_str(), cases.size() - diverged, cases.size(), matched, total, 100.0 * agreement);
+  EXPECT_GE(agreement, set.min_greedy);
+}
+
+TEST(Reference, GreedyContinuationsMatchLlamaCpp) {
+  EMBER_REQUIRE_MODEL();
+  check_greedy(smollm2_set());
 }
 
 // Teacher-forced: at every step of llama.cpp's greedy continuation, our argmax
 // (one batched score call) must be llama.cpp's choice unless llama.cpp itself
 // had a near-tie.
-TEST(Reference, TeacherForcedArgmaxMatchesLlamaCpp) {
-  EMBER_REQUIRE_MODEL();
+void check_teacher_forced(const RefSet& set) {
   Avx2Kernels avx2;
-  const auto cases = load_greedy();
+  const auto cases = load_greedy(set.prefix);
   ASSERT_FALSE(cases.empty());
-  auto model = shared_model();
+  auto model = shared_model(set.model);
   auto engine = Engine::create(model, EngineParams{});
   const int32_t vocab = model->config().n_vocab;
   size_t checked = 0, agreed = 0;
@@ -229,19 +252,23 @@ TEST(Reference, TeacherForcedArgmaxMatchesLlamaCpp) {
   }
   ASSERT_GT(checked, 0u);
   const double agreement = static_cast<double>(agreed) / static_cast<double>(checked);
-  std::printf("[ reference] teacher-forced argmax agreement where llama.cpp is decisive: %zu/%zu = %.2f%%\n", agreed,
-              checked, 100.0 * agreement);
-  EXPECT_GE(agreement, kMinTeacherForcedDecisive);
+  std::printf("[ reference] %s teacher-forced argmax agreement where llama.cpp is decisive: %zu/%zu = %.2f%%\n",
+              set.name.c_str(), agreed, checked, 100.0 * agreement);
+  EXPECT_GE(agreement, set.min_teacher_forced);
+}
+
+TEST(Reference, TeacherForcedArgmaxMatchesLlamaCpp) {
+  EMBER_REQUIRE_MODEL();
+  check_teacher_forced(smollm2_set());
 }
 
 // Next-token distributions at every position of real text.
-TEST(Reference, PerPositionTop1AndLogprobsMatchLlamaCpp) {
-  EMBER_REQUIRE_MODEL();
+void check_positions(const RefSet& set) {
   Avx2Kernels avx2;
-  const auto g = load_positions();
+  const auto g = load_positions(set.prefix);
   ASSERT_FALSE(g.ids.empty());
   ASSERT_EQ(g.top1.size(), g.ids.size());
-  auto model = shared_model();
+  auto model = shared_model(set.model);
   auto engine = Engine::create(model, EngineParams{});
   const int32_t vocab = model->config().n_vocab;
   const size_t n = g.ids.size();
@@ -275,17 +302,42 @@ TEST(Reference, PerPositionTop1AndLogprobsMatchLlamaCpp) {
     }
   }
   const double agreement = static_cast<double>(agree) / static_cast<double>(n);
+  // (A random-weight model's distributions are flat: it may have no decisive position.)
   const double decisive_agreement =
-      static_cast<double>(decisive_agree) / static_cast<double>(std::max<size_t>(1, decisive));
+      decisive == 0 ? 1.0 : static_cast<double>(decisive_agree) / static_cast<double>(decisive);
   std::printf(
-      "[ reference] top-1 agreement %zu/%zu = %.2f%% (where llama.cpp is decisive: %zu/%zu); "
+      "[ reference] %s top-1 agreement %zu/%zu = %.2f%% (where llama.cpp is decisive: %zu/%zu); "
       "|logprob(top-1) diff| mean %.5f max %.5f (position %zu)\n",
-      agree, n, 100.0 * agreement, decisive_agree, decisive, sum_diff / static_cast<double>(n), max_diff, max_pos);
-  EXPECT_GE(agreement, kMinRawTop1Agreement);
-  EXPECT_GE(decisive_agreement, kMinDecisiveAgreement);
-  EXPECT_LE(max_diff, kMaxTop1LogprobDiff) << "at position " << max_pos;
-  EXPECT_LE(sum_diff / static_cast<double>(n), kMaxMeanTop1LogprobDiff);
+      set.name.c_str(), agree, n, 100.0 * agreement, decisive_agree, decisive, sum_diff / static_cast<double>(n),
+      max_diff, max_pos);
+  EXPECT_GE(agreement, set.min_top1);
+  EXPECT_GE(decisive_agreement, set.min_decisive);
+  EXPECT_LE(max_diff, set.max_lp_diff) << "at position " << max_pos;
+  EXPECT_LE(sum_diff / static_cast<double>(n), set.max_mean_lp_diff);
 }
+
+TEST(Reference, PerPositionTop1AndLogprobsMatchLlamaCpp) {
+  EMBER_REQUIRE_MODEL();
+  check_positions(smollm2_set());
+}
+
+// The other architectures on synthetic files of each (tools/make_synthetic_model,
+// written at build time by tests/CMakeLists.txt with the arguments in the
+// goldens' headers), which llama.cpp loads too: the same exactness as SmolLM2.
+// (No teacher-forced test: a random-weight model has no decisive steps.)
+class ArchReference : public ::testing::TestWithParam<const char*> {
+ protected:
+  RefSet set() const {
+    const std::string arch = GetParam();
+    return RefSet{arch, std::string(EMBER_SYNTHETIC_DIR) + "/" + arch + ".gguf", "synthetic_" + arch + "_"};
+  }
+};
+
+TEST_P(ArchReference, GreedyContinuationsMatchLlamaCpp) { check_greedy(set()); }
+TEST_P(ArchReference, PerPositionTop1AndLogprobsMatchLlamaCpp) { check_positions(set()); }
+
+INSTANTIATE_TEST_SUITE_P(Synthetic, ArchReference, ::testing::Values("llama3", "qwen2", "gemma3"),
+                         [](const auto& info) { return std::string(info.param); });
 
 }  // namespace
 }  // namespace ember
