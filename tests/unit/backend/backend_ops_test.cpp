@@ -329,6 +329,76 @@ TEST_P(BackendOps, RopeAdjacentPairs) {
   }
 }
 
+TEST_P(BackendOps, RopeExtNeoxScaledWithFactors) {
+  const int32_t rows = 3, heads = 4, hd = 16;
+  const std::vector<int32_t> pos = {0, 7, 1000};
+  for (bool neox : {true, false}) {
+    for (int32_t rot : {16, 8}) {
+      std::vector<float> factors(rot / 2);
+      for (int32_t i = 0; i < rot / 2; ++i) factors[i] = 1.0f + 0.5f * static_cast<float>(i);
+      RopeSpec spec;
+      spec.rot_dim = rot;
+      spec.freq_base = 500000.0f;
+      spec.freq_scale = 0.25f;
+      spec.neox = neox;
+      spec.freq_factors = factors.data();
+      const auto x = randn(static_cast<size_t>(rows) * heads * hd, 19);
+      Buf bx(b(), x);
+      b().rope_ext(bx.f(), pos.data(), rows, heads, hd, spec);
+      const auto got = bx.get();
+      for (int32_t r = 0; r < rows; ++r)
+        for (int32_t h = 0; h < heads; ++h) {
+          const size_t base = (static_cast<size_t>(r) * heads + h) * hd;
+          std::vector<double> want(x.begin() + base, x.begin() + base + hd);
+          for (int32_t i = 0; i < rot / 2; ++i) {
+            const double th = 0.25 * pos[r] * std::pow(500000.0, -2.0 * i / rot) / factors[i];
+            const int32_t a = neox ? i : 2 * i, c = neox ? i + rot / 2 : 2 * i + 1;
+            want[a] = x[base + a] * std::cos(th) - x[base + c] * std::sin(th);
+            want[c] = x[base + a] * std::sin(th) + x[base + c] * std::cos(th);
+          }
+          for (int32_t i = 0; i < hd; ++i)
+            ASSERT_NEAR(got[base + i], want[i], 5e-5) << "neox " << neox << " rot " << rot << " row " << r << " " << i;
+        }
+    }
+  }
+}
+
+TEST_P(BackendOps, GegluScaleAndBias) {
+  const size_t n = 4000;
+  auto g = randn(n, 3, 4.0f);
+  g[0] = -12.0f, g[1] = 11.0f, g[2] = -10.0f, g[3] = 10.0f, g[4] = 0.0f;  // the tails and their edges
+  const auto u = randn(n, 4);
+  Buf bg(b(), g), bu(b(), u), out(b(), n * 4);
+  b().geglu(bg.f(), bu.f(), n, out.f());
+  const auto y = out.get();
+  for (size_t i = 0; i < n; ++i) {
+    // llama.cpp: the f16-rounded gate's gelu, rounded to f16 (one f16 ulp of slack).
+    double want;
+    if (g[i] <= -10.0f) {
+      want = 0.0;
+    } else if (g[i] >= 10.0f) {
+      want = static_cast<double>(g[i]) * u[i];
+    } else {
+      const double x = f16_round(g[i]);
+      want = 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * x * (1.0 + 0.044715 * x * x))) * u[i];
+    }
+    ASSERT_NEAR(y[i], want, 1.1e-3 * std::fabs(want) + 1e-6) << i << ": gate " << g[i];
+  }
+  b().scale(bu.f(), n, 0.0625f);
+  const auto su = bu.get();
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(su[i], u[i] * 0.0625f);
+  const int32_t rows = 5, dim = 24;
+  const auto bias = randn(dim, 6);
+  WeightDesc d{DType::F32, 1, dim, bias.data()};
+  auto wb = b().upload_weight(d);
+  const auto x = randn(static_cast<size_t>(rows) * dim, 7);
+  Buf bx(b(), x);
+  b().add_bias(bx.f(), *wb, rows, dim);
+  const auto xb = bx.get();
+  for (int32_t r = 0; r < rows; ++r)
+    for (int32_t i = 0; i < dim; ++i) ASSERT_EQ(xb[r * dim + i], x[r * dim + i] + bias[i]);
+}
+
 TEST_P(BackendOps, ElementwiseAndGather) {
   const size_t n = 1000;
   const auto g = randn(n, 1, 4.0f), u = randn(n, 2);
@@ -453,7 +523,7 @@ std::vector<float> attention_llamacpp_order(const float* q_in, const std::vector
 // Fills the cache of `layer` for every sequence (past + new tokens), runs
 // attention for the new rows and compares with a double-precision reference.
 void check_attention(Backend& be, int32_t heads, int32_t kv_heads, int32_t hd, int32_t bs,
-                     const std::vector<SeqSpec>& specs, uint32_t seed) {
+                     const std::vector<SeqSpec>& specs, uint32_t seed, int32_t window = 0) {
   const int32_t layers = 2, layer = 1, G = heads / kv_heads;
   int32_t blocks_needed = 0;
   for (const auto& s : specs) blocks_needed += (s.n_past + s.n_new + bs - 1) / bs;
@@ -510,6 +580,7 @@ void check_attention(Backend& be, int32_t heads, int32_t kv_heads, int32_t hd, i
   p.head_dim = hd;
   p.scale = 1.0f / std::sqrt(static_cast<float>(hd));
   p.kv_len = kv_len.data();
+  p.window = window;
   // Single-row sequences are decodes (a generated token fed back), the rest
   // prompt rows: both summation orders of the CPU backend are checked.
   std::vector<uint8_t> decode_rows;
@@ -527,7 +598,9 @@ void check_attention(Backend& be, int32_t heads, int32_t kv_heads, int32_t hd, i
         const int32_t kvh = h / G;
         const float* qh = q.data() + (static_cast<size_t>(r) * heads + h) * hd;
         const float* o_got = got.data() + (static_cast<size_t>(r) * heads + h) * hd;
-        auto in_hole = [&](int32_t t) { return t >= specs[s].hole_begin && t < specs[s].hole_end; };
+        auto in_hole = [&](int32_t t) {
+          return (t >= specs[s].hole_begin && t < specs[s].hole_end) || (window > 0 && t < kv_len[r] - window);
+        };
         if (exact) {
           std::vector<const float*> kr, vr;
           std::vector<bool> skip;
@@ -587,6 +660,15 @@ TEST_P(BackendOps, AttentionSkipsTheHole) {
   // tiles, covering whole 32-slot tiles, and with long caches (split-K).
   check_attention(b(), 8, 2, 64, 16, {{100, 1, 4, 60}, {40, 3, 4, 20}, {300, 1, 4, 200}, {20, 2}}, 21);
   check_attention(b(), 4, 4, 32, 16, {{2000, 1, 4, 1900}, {70, 8, 10, 11}}, 22);
+}
+
+TEST_P(BackendOps, AttentionSlidingWindow) {
+  // Local layers (Gemma 3): each row sees its last `window` slots only; rows
+  // of one chunk have windows that start at different slots; with a hole too.
+  check_attention(b(), 8, 2, 64, 16, {{100, 1}, {40, 30}, {300, 1}, {5, 3}}, 31, 37);
+  check_attention(b(), 4, 1, 256, 16, {{600, 1}, {0, 70}, {520, 8}}, 32, 512);
+  check_attention(b(), 4, 4, 32, 16, {{2000, 1}, {70, 8}}, 33, 64);
+  if (b().supports_cache_policies()) check_attention(b(), 8, 2, 64, 16, {{100, 1, 4, 60}, {40, 3, 4, 20}}, 34, 50);
 }
 
 TEST_P(BackendOps, AttentionLongContextDecodes) {
