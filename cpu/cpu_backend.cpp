@@ -119,23 +119,43 @@ class CpuBackend final : public Backend {
   }
 
   void kv_rope_shift(const int32_t* blocks, int32_t n, int32_t delta, int32_t rot_dim, float freq_base) override {
+    RopeSpec spec;
+    spec.rot_dim = rot_dim;
+    spec.freq_base = freq_base;
+    const std::vector<RopeSpec> layers(static_cast<size_t>(geom_.num_layers), spec);
+    kv_rope_shift_layers(blocks, n, delta, layers.data(), geom_.num_layers);
+  }
+
+  void kv_rope_shift_layers(const int32_t* blocks, int32_t n, int32_t delta, const RopeSpec* specs,
+                            int32_t n_layers) override {
     // One rotation by `delta` for every slot (RoPE(p+d) = R(d) RoPE(p)); the
     // angles in double so that repeated shifts add only the f16 rounding.
-    const int32_t half = rot_dim / 2, hd = geom_.head_dim;
-    if (hd > 512 || rot_dim > hd) fail(StatusCode::kInternal, "kv_rope_shift: unsupported head_dim");
-    // Per element: out = x * c + swap_pairs(x) * s, with c = (cos, cos) and
-    // s = (-sin, +sin) per pair; dims past rot_dim are left as they are.
-    alignas(32) float cs[512], sn[512];
-    for (int32_t i = 0; i < hd / 2; ++i) {
-      double c = 1.0, s = 0.0;
-      if (i < half) {
-        const double theta = delta * std::pow(static_cast<double>(freq_base), -2.0 * i / rot_dim);
-        c = std::cos(theta);
-        s = std::sin(theta);
+    const int32_t hd = geom_.head_dim;
+    if (n_layers != geom_.num_layers) fail(StatusCode::kInternal, "kv_rope_shift: one spec per layer needed");
+    for (int32_t l = 0; l < n_layers; ++l) {
+      if (hd > 512 || specs[l].rot_dim > hd || specs[l].rot_dim <= 0 || specs[l].rot_dim % 2 != 0) {
+        fail(StatusCode::kInternal, "kv_rope_shift: unsupported head_dim / rot_dim");
       }
-      cs[2 * i] = cs[2 * i + 1] = static_cast<float>(c);
-      sn[2 * i] = static_cast<float>(-s);
-      sn[2 * i + 1] = static_cast<float>(s);
+    }
+    // Per layer and element: out = x * c + partner(x) * s. Adjacent pairs:
+    // c = (cos, cos), s = (-sin, +sin), partner = swap_pairs (the vector
+    // kernel). NEOX: element i and i + half, the same products.
+    std::vector<float> tables(static_cast<size_t>(n_layers) * 2 * hd);
+    for (int32_t l = 0; l < n_layers; ++l) {
+      const RopeSpec& r = specs[l];
+      float* cs = tables.data() + static_cast<size_t>(l) * 2 * hd;
+      float* sn = cs + hd;
+      const int32_t half = r.rot_dim / 2;
+      for (int32_t i = 0; i < hd; ++i) cs[i] = 1.0f, sn[i] = 0.0f;
+      for (int32_t i = 0; i < half; ++i) {
+        double theta = delta * std::pow(static_cast<double>(r.freq_base), -2.0 * i / r.rot_dim) * r.freq_scale;
+        if (r.freq_factors) theta /= r.freq_factors[i];
+        const float c = static_cast<float>(std::cos(theta)), s = static_cast<float>(std::sin(theta));
+        const int32_t a = r.neox ? i : 2 * i, b = r.neox ? i + half : 2 * i + 1;
+        cs[a] = cs[b] = c;
+        sn[a] = -s;
+        sn[b] = s;
+      }
     }
     const int32_t items = geom_.num_layers * n;
     const size_t rows = static_cast<size_t>(geom_.num_kv_heads) * geom_.block_size;
@@ -144,7 +164,22 @@ class CpuBackend final : public Backend {
     for (int32_t it = 0; it < items; ++it) {
       const int32_t layer = it / n, block = blocks[it % n];
       if (block < 0 || block >= geom_.num_blocks) continue;
-      kernels.rope_shift_rows(block_ptr(layer, 0, block), rows, hd, cs, sn);
+      const float* cs = tables.data() + static_cast<size_t>(layer) * 2 * hd;
+      const float* sn = cs + hd;
+      if (!specs[layer].neox) {
+        kernels.rope_shift_rows(block_ptr(layer, 0, block), rows, hd, cs, sn);
+        continue;
+      }
+      const int32_t half = specs[layer].rot_dim / 2;
+      uint16_t* k = block_ptr(layer, 0, block);
+      for (size_t row = 0; row < rows; ++row) {
+        uint16_t* kr = k + row * hd;
+        for (int32_t i = 0; i < half; ++i) {
+          const float x0 = fp16_to_fp32(kr[i]), x1 = fp16_to_fp32(kr[i + half]);
+          kr[i] = fp32_to_fp16(std::fma(x1, sn[i], x0 * cs[i]));
+          kr[i + half] = fp32_to_fp16(std::fma(x0, sn[i + half], x1 * cs[i + half]));
+        }
+      }
     }
   }
 

@@ -284,6 +284,8 @@ struct KvShiftOp {
   const float* cs;
   const float* sn;
   int32_t rot_dim;
+  int32_t layer_stride = 0;
+  bool neox = false;
   bool operator==(const KvShiftOp&) const = default;
 };
 struct KvCopyOp {
@@ -536,6 +538,36 @@ class CudaBackend final : public Backend, public BackendExtras {
     const auto* b = static_cast<const int32_t*>(stage(kKvShift, ids.data(), ids.size() * 4));
     const auto* t = static_cast<const float*>(stage(kInvFreq, table.data(), table.size() * 4));
     submit(KvShiftOp{kv_view(), b, n, t, t + half, rot_dim});
+  }
+
+  // Per-layer tables [layer][cos x half, sin x half] (angles in double as above).
+  void kv_rope_shift_layers(const int32_t* blocks, int32_t n, int32_t delta, const RopeSpec* specs,
+                            int32_t n_layers) override {
+    Lock lock(this, "kv_rope_shift");
+    if (n_layers != geom_.num_layers || n_layers <= 0) fail(StatusCode::kInternal, "kv_rope_shift: specs per layer");
+    const int32_t rot_dim = specs[0].rot_dim;
+    for (int32_t l = 0; l < n_layers; ++l) {
+      if (specs[l].rot_dim != rot_dim || specs[l].neox != specs[0].neox || rot_dim <= 0 ||
+          rot_dim > geom_.head_dim || rot_dim % 2 != 0) {
+        fail(StatusCode::kInternal, "kv_rope_shift: unsupported rot_dim / mixed RoPE styles");
+      }
+    }
+    if (n <= 0) return;
+    const int32_t half = rot_dim / 2;
+    std::vector<float> table(static_cast<size_t>(n_layers) * 2 * half);
+    for (int32_t l = 0; l < n_layers; ++l) {
+      const RopeSpec& r = specs[l];
+      for (int32_t i = 0; i < half; ++i) {
+        double theta = delta * std::pow(static_cast<double>(r.freq_base), -2.0 * i / rot_dim) * r.freq_scale;
+        if (r.freq_factors) theta /= r.freq_factors[i];
+        table[static_cast<size_t>(l) * 2 * half + i] = static_cast<float>(std::cos(theta));
+        table[static_cast<size_t>(l) * 2 * half + half + i] = static_cast<float>(std::sin(theta));
+      }
+    }
+    std::vector<int32_t> ids(blocks, blocks + n);
+    const auto* b = static_cast<const int32_t*>(stage(kKvShift, ids.data(), ids.size() * 4));
+    const auto* t = static_cast<const float*>(stage(kInvFreq, table.data(), table.size() * 4));
+    submit(KvShiftOp{kv_view(), b, n, t, t + half, rot_dim, 2 * half, specs[0].neox});
   }
 
   // Block `block` of every layer, K then V, to / from host memory
@@ -1176,7 +1208,8 @@ class CudaBackend final : public Backend, public BackendExtras {
   void run(const AddOp& op) { ck(gpu::add(op.x, op.y, op.n, stream_), "add"); }
   void run(const GatherOp& op) { ck(gpu::gather_rows(op.x, op.rows, op.n, op.dim, op.out, stream_), "gather_rows"); }
   void run(const KvShiftOp& op) {
-    ck(gpu::kv_rope_shift(op.kv, op.blocks, op.n, op.cs, op.sn, op.rot_dim, stream_), "kv_rope_shift");
+    ck(gpu::kv_rope_shift(op.kv, op.blocks, op.n, op.cs, op.sn, op.rot_dim, stream_, op.layer_stride, op.neox),
+       "kv_rope_shift");
   }
   void run(const KvCopyOp& op) {
     if (!op.one_at_a_time) {

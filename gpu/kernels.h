@@ -86,8 +86,10 @@ cudaError_t kv_copy_blocks(const KvView& kv, const int32_t* src, const int32_t* 
 // Rotates the keys of n whole blocks (every layer) by the angles cs/sn
 // (rot_dim / 2 each): RoPE(p) k -> RoPE(p + delta) k. Block ids outside the
 // pool are skipped.
+// cs/sn: per layer (layer_stride floats apart; 0: one table for all) the
+// pairs' cos and sin; NEOX pairs i and i + rot_dim/2.
 cudaError_t kv_rope_shift(const KvView& kv, const int32_t* blocks, int32_t n, const float* cs, const float* sn,
-                          int32_t rot_dim, cudaStream_t stream);
+                          int32_t rot_dim, cudaStream_t stream, int32_t layer_stride = 0, bool neox = false);
 
 // Sampling. out: device, rows entries.
 cudaError_t argmax_rows(const float* logits, int32_t rows, int32_t vocab, int32_t* out, cudaStream_t stream);

@@ -192,7 +192,8 @@ __global__ void kv_copy_kernel(KvView kv, const int32_t* __restrict__ src, const
 // One thread per (layer, block, kv head x slot, pair): as the CPU's
 // kv_rope_shift, the pair is read as f32, rotated, and stored back as f16.
 __global__ void kv_rope_shift_kernel(KvView kv, const int32_t* __restrict__ blocks, int32_t n,
-                                     const float* __restrict__ cs, const float* __restrict__ sn, int32_t half) {
+                                     const float* __restrict__ cs, const float* __restrict__ sn, int32_t half,
+                                     int32_t layer_stride, bool neox) {
   const int64_t rows = static_cast<int64_t>(kv.num_kv_heads) * kv.block_size;  // per block and layer
   const int64_t total = static_cast<int64_t>(kv.num_layers) * n * rows * half;
   for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
@@ -205,14 +206,17 @@ __global__ void kv_rope_shift_kernel(KvView kv, const int32_t* __restrict__ bloc
     const int32_t layer = static_cast<int32_t>(rest / n);
     const int32_t block = blocks[b];
     if (block < 0 || block >= kv.num_blocks) continue;
+    const int32_t off = neox ? half : 1;
     uint16_t* k = kv.base +
                   kv_offset(layer, 0, block, 0, 0, kv.num_blocks, kv.num_kv_heads, kv.block_size, kv.head_dim) +
-                  r * kv.head_dim + 2 * i;
-    const float x0 = __half2float(__ushort_as_half(k[0])), x1 = __half2float(__ushort_as_half(k[1]));
-    const float y0 = __fmaf_rn(x0, cs[i], -__fmul_rn(x1, sn[i]));
-    const float y1 = __fmaf_rn(x0, sn[i], __fmul_rn(x1, cs[i]));
+                  r * kv.head_dim + (neox ? i : 2 * i);
+    const float c = cs[static_cast<int64_t>(layer) * layer_stride + i];
+    const float s = sn[static_cast<int64_t>(layer) * layer_stride + i];
+    const float x0 = __half2float(__ushort_as_half(k[0])), x1 = __half2float(__ushort_as_half(k[off]));
+    const float y0 = __fmaf_rn(x0, c, -__fmul_rn(x1, s));
+    const float y1 = __fmaf_rn(x0, s, __fmul_rn(x1, c));
     k[0] = __half_as_ushort(__float2half_rn(y0));
-    k[1] = __half_as_ushort(__float2half_rn(y1));
+    k[off] = __half_as_ushort(__float2half_rn(y1));
   }
 }
 
@@ -571,11 +575,11 @@ cudaError_t kv_copy_blocks(const KvView& kv, const int32_t* src, const int32_t* 
 }
 
 cudaError_t kv_rope_shift(const KvView& kv, const int32_t* blocks, int32_t n, const float* cs, const float* sn,
-                          int32_t rot_dim, cudaStream_t stream) {
+                          int32_t rot_dim, cudaStream_t stream, int32_t layer_stride, bool neox) {
   const int32_t half = rot_dim / 2;
   const int64_t total = static_cast<int64_t>(kv.num_layers) * n * kv.num_kv_heads * kv.block_size * half;
   if (total <= 0) return cudaSuccess;
-  kv_rope_shift_kernel<<<grid_for(total, 256), 256, 0, stream>>>(kv, blocks, n, cs, sn, half);
+  kv_rope_shift_kernel<<<grid_for(total, 256), 256, 0, stream>>>(kv, blocks, n, cs, sn, half, layer_stride, neox);
   return cudaGetLastError();
 }
 

@@ -150,6 +150,21 @@ class Backend {
     (void)blocks, (void)n, (void)delta, (void)rot_dim, (void)freq_base;
     unsupported("kv_rope_shift");
   }
+  // K-shift for any RoPE: layers[l] is layer l's (the base may differ by
+  // layer, NEOX pairs, scaled frequencies); rotation by delta positions, angles
+  // delta * freq_scale * base^(-2i/rot_dim) / factors[i]. The default serves
+  // the case kv_rope_shift handles (one plain spec for all layers).
+  virtual void kv_rope_shift_layers(const int32_t* blocks, int32_t n, int32_t delta, const RopeSpec* layers,
+                                    int32_t n_layers) {
+    for (int32_t l = 0; l < n_layers; ++l) {
+      const RopeSpec& r = layers[l];
+      if (r.neox || r.freq_scale != 1.0f || r.freq_factors || r.rot_dim != layers[0].rot_dim ||
+          r.freq_base != layers[0].freq_base) {
+        unsupported("kv_rope_shift_layers");
+      }
+    }
+    if (n_layers > 0) kv_rope_shift(blocks, n, delta, layers[0].rot_dim, layers[0].freq_base);
+  }
   // Copies one block (every layer, K then V: KvGeometry::bytes_per_block()
   // bytes, host memory) out of or into the pool: session save and restore.
   virtual void kv_read_block(int32_t block, void* dst) {

@@ -227,7 +227,7 @@ void KvCache::drop_blocks(std::vector<int32_t>& block_table, size_t first, size_
                     block_table.begin() + static_cast<std::ptrdiff_t>(first + count));
 }
 
-void KvCache::shift_keys(const std::vector<int32_t>& blocks, int32_t delta, int32_t rot_dim, float freq_base) {
+void KvCache::shift_keys(const std::vector<int32_t>& blocks, int32_t delta, const std::vector<RopeSpec>& layers) {
   if (blocks.empty() || delta == 0) return;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -237,7 +237,11 @@ void KvCache::shift_keys(const std::vector<int32_t>& blocks, int32_t delta, int3
       }
     }
   }
-  backend_.kv_rope_shift(blocks.data(), static_cast<int32_t>(blocks.size()), delta, rot_dim, freq_base);
+  if (static_cast<int32_t>(layers.size()) != geometry_.num_layers) {
+    fail(StatusCode::kInternal, "kv cache: K-shift needs one RoPE spec per layer");
+  }
+  backend_.kv_rope_shift_layers(blocks.data(), static_cast<int32_t>(blocks.size()), delta, layers.data(),
+                                static_cast<int32_t>(layers.size()));
 }
 
 size_t KvCache::available_blocks() const {

@@ -72,7 +72,8 @@ class KvCache {
   void drop_blocks(std::vector<int32_t>& block_table, size_t first, size_t count);
   // K-shift of whole blocks (Backend::kv_rope_shift). The caller holds them
   // privately (prepare_write) and none of them is in the prefix index.
-  void shift_keys(const std::vector<int32_t>& blocks, int32_t delta, int32_t rot_dim, float freq_base);
+  // layers: one RopeSpec per layer (Backend::kv_rope_shift_layers).
+  void shift_keys(const std::vector<int32_t>& blocks, int32_t delta, const std::vector<RopeSpec>& layers);
   bool supports_cache_policies() const { return backend_.supports_cache_policies(); }
   std::string backend_name() const { return backend_.name(); }
   // Raw block contents (KvGeometry::bytes_per_block() bytes): save/restore.

@@ -12,7 +12,7 @@ size_t KvSequence::resident() const {
 }
 
 KvManager::KvManager(Backend& backend, const KvGeometry& geometry, bool prefix_caching, Rope rope)
-    : pool_(backend, geometry, prefix_caching), rope_(rope) {}
+    : pool_(backend, geometry, prefix_caching), rope_(std::move(rope)) {}
 
 // ------------------------------------------------------------------ sequences
 
@@ -22,11 +22,6 @@ std::unique_ptr<KvSequence> KvManager::create(CachePolicy policy, int32_t n_ctx,
     if (!pool_.supports_cache_policies()) {
       fail(StatusCode::kUnsupported,
            "session: the " + pool_.backend_name() + " backend does not support window/sink cache policies yet");
-    }
-    if (!rope_.shiftable) {
-      fail(StatusCode::kUnsupported,
-           "session: window/sink cache policies need a K-shift this model's RoPE does not have yet (NEOX pairs, "
-           "per-layer bases or scaled frequencies)");
     }
     if (policy.kind == CachePolicyKind::kWindow) policy.sink_tokens = 0;
     if (policy.window_tokens == 0) policy.window_tokens = n_ctx - policy.sink_tokens;
@@ -118,7 +113,7 @@ bool KvManager::grow(KvSequence& seq, size_t n_new) {
          i < std::min(used, seq.block_table_.size()); ++i) {
       window.push_back(seq.block_table_[i]);
     }
-    pool_.shift_keys(window, -ev.shift, rope_.rot_dim, rope_.freq_base);
+    pool_.shift_keys(window, -ev.shift, rope_.layers);
     pool_.drop_blocks(seq.block_table_, static_cast<size_t>(ev.first_block), static_cast<size_t>(ev.dropped_blocks));
     seq.layout_.apply(ev);
   }

@@ -88,13 +88,10 @@ class KvSequence {
 class KvManager {
  public:
   // The pool's K-shift needs the model's RoPE (window/sink policies).
+  // How each layer's keys were rotated (K-shift re-rotates them), one per
+  // layer; the factors pointer must outlive the manager (the model's).
   struct Rope {
-    int32_t rot_dim = 0;
-    float freq_base = 10000.0f;
-    // False when the model's keys cannot be K-shifted by kv_rope_shift (NEOX
-    // pairs, per-layer bases, scaled frequencies): window/sink policies are
-    // then refused.
-    bool shiftable = true;
+    std::vector<RopeSpec> layers;
   };
   KvManager(Backend& backend, const KvGeometry& geometry, bool prefix_caching, Rope rope);
 

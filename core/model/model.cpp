@@ -49,6 +49,17 @@ std::shared_ptr<Model> Model::load(const std::string& path, bool use_mmap) {
   return m;
 }
 
+RopeSpec Model::rope_spec(int32_t il) const {
+  const ModelConfig& c = config_;
+  RopeSpec r;
+  r.rot_dim = c.rope_dim;
+  r.freq_base = c.layer_rope_base(il);
+  r.freq_scale = c.layer_is_swa(il) ? 1.0f : c.rope_freq_scale;
+  r.neox = c.rope_style == RopeStyle::kNeox;
+  r.freq_factors = c.rope_freqs ? static_cast<const float*>(rope_freqs_.host_data) : nullptr;
+  return r;
+}
+
 void Model::load_config() {
   const auto& f = *file_;
   architecture_ = f.get_string("general.architecture").value_or("");

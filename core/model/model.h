@@ -102,6 +102,9 @@ class Model {
   const WeightDesc& output() const { return output_; }  // token_embd when tied
   const std::vector<LayerWeightDescs>& layers() const { return layers_; }
   const WeightDesc& rope_freqs() const { return rope_freqs_; }  // config().rope_freqs
+  // How layer il's queries and keys are rotated (its base, NEOX pairs,
+  // scaling; the factors point into the model).
+  RopeSpec rope_spec(int32_t il) const;
 
  private:
   Model() = default;

@@ -170,7 +170,7 @@ void LlamaForward::forward(const Batch& batch, float* logits) {
       backend_.rope(k_, batch.positions.data(), n, c.n_kv_heads, c.head_dim, c.rope_dim, c.rope_freq_base);
     } else {
       rope.freq_base = c.layer_rope_base(il);
-      rope.freq_scale = swa ? 1.0f : c.rope_freq_scale;
+      rope.freq_scale = swa ? 1.0f : c.rope_freq_scale;  // (as Model::rope_spec, which K-shift uses)
       backend_.rope_ext(q_, batch.positions.data(), n, c.n_heads, c.head_dim, rope);
       backend_.rope_ext(k_, batch.positions.data(), n, c.n_kv_heads, c.head_dim, rope);
     }

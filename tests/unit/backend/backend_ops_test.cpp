@@ -752,6 +752,58 @@ TEST_P(BackendOps, KvBlockReadWriteAndRopeShift) {
   }
 }
 
+// K-shift for other architectures: NEOX pairs, a base per layer (Gemma 3's
+// local and global layers), scaled frequencies with factors.
+TEST_P(BackendOps, KvRopeShiftPerLayerNeox) {
+  if (!b().supports_cache_policies()) GTEST_SKIP() << "no cache policies";
+  const int32_t layers = 3, kv_heads = 2, hd = 64, bs = 16;
+  KvGeometry g{layers, kv_heads, hd, bs, 6};
+  b().kv_init(g);
+  const size_t bytes = g.bytes_per_block();
+  std::vector<uint16_t> img(bytes / 2), back(bytes / 2);
+  std::mt19937 rng(2);
+  std::normal_distribution<float> d(0.f, 1.f);
+  for (auto& h : img) h = fp32_to_fp16(d(rng));
+  b().kv_write_block(2, img.data());
+  const int32_t delta = -29, rot = 64;
+  std::vector<float> factors(rot / 2);
+  for (int32_t i = 0; i < rot / 2; ++i) factors[i] = 1.0f + 0.25f * static_cast<float>(i % 5);
+  std::vector<RopeSpec> specs(layers);
+  for (int32_t l = 0; l < layers; ++l) {
+    specs[l].rot_dim = rot;
+    specs[l].neox = true;
+    specs[l].freq_base = l == 1 ? 1000000.0f : 10000.0f;
+    specs[l].freq_scale = l == 2 ? 0.5f : 1.0f;
+    specs[l].freq_factors = l == 2 ? factors.data() : nullptr;
+  }
+  const int32_t blocks[1] = {2};
+  b().kv_rope_shift_layers(blocks, 1, delta, specs.data(), layers);
+  b().kv_read_block(2, back.data());
+  const size_t per = static_cast<size_t>(kv_heads) * bs * hd;
+  for (int32_t l = 0; l < layers; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      const uint16_t* a = img.data() + (static_cast<size_t>(l) * 2 + kv) * per;
+      const uint16_t* c = back.data() + (static_cast<size_t>(l) * 2 + kv) * per;
+      for (size_t row = 0; row < static_cast<size_t>(kv_heads) * bs; ++row) {
+        std::vector<double> want(hd);
+        for (int32_t i = 0; i < hd; ++i) want[i] = fp16_to_fp32(a[row * hd + i]);
+        if (kv == 0) {
+          for (int32_t i = 0; i < rot / 2; ++i) {
+            double th = delta * std::pow(static_cast<double>(specs[l].freq_base), -2.0 * i / rot) * specs[l].freq_scale;
+            if (specs[l].freq_factors) th /= specs[l].freq_factors[i];
+            const double x0 = want[i], x1 = want[i + rot / 2];
+            want[i] = x0 * std::cos(th) - x1 * std::sin(th);
+            want[i + rot / 2] = x0 * std::sin(th) + x1 * std::cos(th);
+          }
+        }
+        for (int32_t i = 0; i < hd; ++i)
+          ASSERT_NEAR(fp16_to_fp32(c[row * hd + i]), want[i], 2e-3 * (1 + std::fabs(want[i])))
+              << "layer " << l << " kv " << kv << " row " << row << " dim " << i;
+      }
+    }
+  }
+}
+
 // The engine's default batch_invariant mode (the CPU backend's default; the
 // CUDA backend's through BackendExtras::set_batch_invariant): a row gives the
 // same bits whatever else is in the batch.

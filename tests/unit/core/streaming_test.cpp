@@ -228,9 +228,12 @@ TEST(StreamingPool, KShiftRefusesSharedOrIndexedBlocks) {
   const std::vector<int32_t> toks = {1, 2, 3, 4, 5, 6, 7, 8};
   ASSERT_TRUE(cache.reserve(a, 8));
   cache.commit(a, toks.data(), 8);  // both blocks indexed
-  EXPECT_THROW(cache.shift_keys(a, -4, 16, 10000.0f), Error);
+  RopeSpec spec;
+  spec.rot_dim = 16;
+  const std::vector<RopeSpec> layers(static_cast<size_t>(geometry(8).num_layers), spec);
+  EXPECT_THROW(cache.shift_keys(a, -4, layers), Error);
   ASSERT_TRUE(cache.prepare_write(a, 0));  // private again, out of the index
-  EXPECT_NO_THROW(cache.shift_keys(a, -4, 16, 10000.0f));
+  EXPECT_NO_THROW(cache.shift_keys(a, -4, layers));
   std::vector<int32_t> b = cache.match_prefix(toks.data(), 8, 2);
   EXPECT_TRUE(b.empty());  // the shifted blocks are no longer found
   cache.release(a);

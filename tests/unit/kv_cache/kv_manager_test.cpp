@@ -39,7 +39,7 @@ class KvManagerTest : public ::testing::Test {
  protected:
   explicit KvManagerTest(int32_t blocks = 16) : backend_(make_cpu_backend(1)) {
     kv_ = std::make_unique<KvManager>(*backend_, geometry(blocks), /*prefix_caching=*/true,
-                                      KvManager::Rope{kHeadDim, 10000.0f});
+                                      KvManager::Rope{std::vector<RopeSpec>(kLayers, RopeSpec{kHeadDim})});
   }
   std::unique_ptr<KvSequence> full() { return kv_->create(CachePolicy{}, 1024, 1024); }
   std::unique_ptr<KvSequence> bounded(CachePolicyKind kind, int32_t sinks, int32_t window) {
