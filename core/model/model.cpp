@@ -99,7 +99,12 @@ bool computable(DType t) {
     case DType::BF16:
     case DType::Q8_0:
     case DType::Q4_0:
-    case DType::Q4_1: return true;
+    case DType::Q4_1:
+    case DType::Q5_0:
+    case DType::Q5_1:
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K: return true;
     default: return false;
   }
 }
