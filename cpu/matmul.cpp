@@ -21,9 +21,11 @@ std::atomic<int> g_forced_isa{-1};
 std::atomic<int64_t> g_decode_max_m{-1};  // < 0: per-type defaults
 std::atomic<int> g_prefill_precision{static_cast<int>(PrefillPrecision::kAuto)};
 
-const detail::IsaImpl& isa_impl(Isa isa) {
+// The variant computing `type` on `isa`: the AVX-512 variant has no kernels
+// for Q5_0 / Q5_1 / K-quants; those run the AVX2 kernels on AVX-512 CPUs.
+const detail::IsaImpl& isa_impl(Isa isa, DType type) {
   switch (isa) {
-    case Isa::kAvx512Vnni: return detail::avx512_impl();
+    case Isa::kAvx512Vnni: return detail::uses_avx512_kernels(type) ? detail::avx512_impl() : detail::avx2_impl();
     case Isa::kAvx2: return detail::avx2_impl();
     case Isa::kScalar: break;
   }
@@ -80,9 +82,10 @@ void check_weight(const WeightView& w, const char* what) {
   if (w.rows < 0 || w.cols <= 0)
     fail(StatusCode::kInvalidArgument,
          std::string(what) + ": bad weight shape " + std::to_string(w.rows) + "x" + std::to_string(w.cols));
-  if (detail::is_quant(w.type) && w.cols % detail::kQK != 0)
-    fail(StatusCode::kInvalidArgument,
-         std::string(what) + ": K=" + std::to_string(w.cols) + " is not a multiple of the block size 32");
+  const int64_t block = detail::weight_block_elems(w.type);
+  if (w.cols % block != 0)
+    fail(StatusCode::kInvalidArgument, std::string(what) + ": K=" + std::to_string(w.cols) +
+                                           " is not a multiple of the block size " + std::to_string(block));
   if (!w.data && w.rows > 0) fail(StatusCode::kInvalidArgument, std::string(what) + ": null weight data");
 }
 
@@ -218,7 +221,12 @@ bool matmul_supports(DType type) {
   switch (type) {
     case DType::Q4_0:
     case DType::Q4_1:
+    case DType::Q5_0:
+    case DType::Q5_1:
     case DType::Q8_0:
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K:
     case DType::F16:
     case DType::BF16:
     case DType::F32: return true;
@@ -231,7 +239,7 @@ void matmul(const WeightView& w, const float* x, int64_t M, float* y, MatmulScra
   if (M < 0) fail(StatusCode::kInvalidArgument, "matmul: negative M");
   if (M == 0 || w.rows == 0) return;
   if (!x || !y) fail(StatusCode::kInvalidArgument, "matmul: null x or y");
-  const detail::IsaImpl& impl = isa_impl(active_isa());
+  const detail::IsaImpl& impl = isa_impl(active_isa(), w.type);
   const bool decode = path == MatmulPath::kRowInvariant || (path == MatmulPath::kAuto && M <= decode_max_m(w.type));
   if (decode)
     run_decode(impl, w, x, M, y, scratch.impl());
@@ -248,7 +256,7 @@ void dequantize_rows(const WeightView& w, int64_t row_begin, int64_t n_rows, flo
   if (n_rows == 0) return;
   if (!out) fail(StatusCode::kInvalidArgument, "dequantize_rows: null output");
   const size_t rb = detail::weight_row_bytes(w.type, w.cols);
-  isa_impl(active_isa())
+  isa_impl(active_isa(), w.type)
       .dequant_f32(w.type, static_cast<const uint8_t*>(w.data) + static_cast<size_t>(row_begin) * rb, out,
                    n_rows * w.cols);
 }
@@ -270,7 +278,7 @@ int64_t decode_max_m(DType type) {
   const int64_t forced = g_decode_max_m.load(std::memory_order_relaxed);
   if (forced >= 0) return forced;
   const bool bf16 = use_bf16_prefill();
-  return detail::is_quant(type) ? (bf16 ? 16 : 32) : (bf16 ? 8 : 16);
+  return detail::is_quant(type) || detail::is_kquant(type) ? (bf16 ? 16 : 32) : (bf16 ? 8 : 16);
 }
 int64_t decode_max_m() {
   int64_t m = std::numeric_limits<int64_t>::max();

@@ -11,6 +11,7 @@
 // activations in [-127, 127]; Q4_0/Q8_0 use |w| <= 128 with sign(a, w), two
 // products per s16 lane (<= 32512).
 //   Q4_0: w = dw*(q-8)   Q4_1: w = dw*q + mw (+ mw * s, s = dx*sum(a))   Q8_0: w = dw*q
+#include <cstddef>
 #include <cstring>
 #include <type_traits>
 
@@ -44,7 +45,9 @@ inline uint16_t load_u16(const uint8_t* p) {
 // Activations use the natural layout of matmul_internal.h (q8_natural_row):
 // per row K int8 values in element order, then the block scales d and the
 // Q4_1 sum terms s as f32.
-size_t act_row_bytes(DType type, int64_t K) { return is_quant(type) ? q8_natural_row_bytes(K) : 0; }
+size_t act_row_bytes(DType type, int64_t K) {
+  return is_kquant(type) ? q8k_row_bytes(K) : is_quant(type) ? q8_natural_row_bytes(K) : 0;
+}
 
 // Quantizes one block of 32 floats: returns the 32 int8 values in element
 // order, amax and sum(q) (scales: act_block_scales).
@@ -76,6 +79,12 @@ inline __m256i quantize_block(const float* xb, float* amax_out, int* sum_out) {
 }
 
 void prepare_acts(DType type, const float* x, int64_t M, int64_t K, uint8_t* act) {
+  if (is_kquant(type)) {  // Q8_K: the scalar quantizer (llama.cpp's x86 build uses its reference too)
+    const size_t rb = q8k_row_bytes(K);
+    for (int64_t m = 0; m < M; ++m)
+      quantize_row_q8k(x + m * K, K, reinterpret_cast<Q8KBlock*>(act + static_cast<size_t>(m) * rb));
+    return;
+  }
   if (!is_quant(type)) return;
   const size_t rb = q8_natural_row_bytes(K);
   const int64_t nb = K / kQK;
@@ -120,6 +129,29 @@ struct QInfo<DType::Q8_0> {
   static constexpr size_t kBytes = sizeof(BlockQ8_0);
   static constexpr size_t kQs = 2;
 };
+template <>
+struct QInfo<DType::Q5_0> {
+  static constexpr size_t kBytes = sizeof(BlockQ5_0);
+  static constexpr size_t kQs = 6;
+};
+template <>
+struct QInfo<DType::Q5_1> {
+  static constexpr size_t kBytes = sizeof(BlockQ5_1);
+  static constexpr size_t kQs = 8;
+};
+// Unsigned weight values (and a min term): Q4_1, Q5_1.
+template <DType T>
+inline constexpr bool kUnsignedW = T == DType::Q4_1 || T == DType::Q5_1;
+
+// 4 bytes of bits -> 32 bytes, byte j = 0xFF if bit j is set, else 0.
+inline __m256i bits_to_bytes(const uint8_t* p) {
+  uint32_t x;
+  std::memcpy(&x, p, 4);
+  const __m256i shuf = _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303);
+  __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(x)), shuf);
+  bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+  return _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
+}
 
 // 16 bytes of packed nibbles -> 32 bytes 0..15 in element order
 // (low nibbles are elements 0..15, high nibbles 16..31).
@@ -130,10 +162,15 @@ inline __m256i unpack_q4(const uint8_t* qs) {
 }
 
 // A weight block's 32 values in element order: Q4_1 unsigned nibbles,
-// Q4_0 nibbles - 8, Q8_0 the signed values.
+// Q4_0 nibbles - 8, Q8_0 the signed values, Q5_1 unsigned 5-bit values,
+// Q5_0 5-bit values - 16.
 template <DType T>
 inline __m256i load_wblock(const uint8_t* blk) {
-  if constexpr (T == DType::Q8_0) {
+  if constexpr (T == DType::Q5_0 || T == DType::Q5_1) {
+    const __m256i hi = _mm256_and_si256(bits_to_bytes(blk + QInfo<T>::kQs - 4), _mm256_set1_epi8(0x10));
+    const __m256i v = _mm256_or_si256(unpack_q4(blk + QInfo<T>::kQs), hi);
+    return T == DType::Q5_0 ? _mm256_sub_epi8(v, _mm256_set1_epi8(16)) : v;
+  } else if constexpr (T == DType::Q8_0) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
   } else if constexpr (T == DType::Q4_0) {
     return _mm256_sub_epi8(unpack_q4(blk + QInfo<T>::kQs), _mm256_set1_epi8(8));
@@ -147,8 +184,7 @@ inline __m256i load_wblock(const uint8_t* blk) {
 // Q4_1's nibbles are unsigned already (2 * 15 * 127).
 template <DType T>
 inline __m256 lane_dot(__m256i w, __m256i wabs, __m256i a) {
-  const __m256i p16 =
-      T == DType::Q4_1 ? _mm256_maddubs_epi16(w, a) : _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(a, w));
+  const __m256i p16 = kUnsignedW<T> ? _mm256_maddubs_epi16(w, a) : _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(a, w));
   return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
 }
 
@@ -188,7 +224,7 @@ inline void qtile(const DecodeCtx& c, int64_t n, int64_t m0) {
       const uint8_t* blk = wr[r] + static_cast<size_t>(b) * I::kBytes;
       prefetch(blk + pf_dist);
       w[r] = load_wblock<T>(blk);
-      wabs[r] = T == DType::Q4_1 ? w[r] : _mm256_sign_epi8(w[r], w[r]);
+      wabs[r] = kUnsignedW<T> ? w[r] : _mm256_sign_epi8(w[r], w[r]);
       dw[r] = _mm256_set1_ps(h2f(load_u16(blk)));
     }
     for (int m = 0; m < MT; ++m) {
@@ -197,8 +233,8 @@ inline void qtile(const DecodeCtx& c, int64_t n, int64_t m0) {
       for (int r = 0; r < R; ++r)
         acc[r][m] = _mm256_fmadd_ps(_mm256_mul_ps(dw[r], dx), lane_dot<T>(w[r], wabs[r], av), acc[r][m]);
     }
-    if constexpr (T == DType::Q4_1) {  // (mw * s: exact products of two fp16 values)
-      if constexpr (MT == 4) {         // the 4 rows' sums in one register per weight row
+    if constexpr (kUnsignedW<T>) {  // (mw * s: exact products of two fp16 values)
+      if constexpr (MT == 4) {      // the 4 rows' sums in one register per weight row
         const __m128 sv = _mm_setr_ps(a[0].s[b], a[1].s[b], a[2].s[b], a[3].s[b]);
         for (int r = 0; r < R; ++r) {
           const __m128 mw = _mm_set1_ps(h2f(load_u16(wr[r] + static_cast<size_t>(b) * I::kBytes + 2)));
@@ -212,12 +248,12 @@ inline void qtile(const DecodeCtx& c, int64_t n, int64_t m0) {
       }
     }
   }
-  if constexpr (T == DType::Q4_1 && MT == 4)
+  if constexpr (kUnsignedW<T> && MT == 4)
     for (int r = 0; r < R; ++r) _mm_storeu_ps(summs[r], summ4[r]);
   for (int r = 0; r < R; ++r)
     for (int m = 0; m < MT; ++m) {
       float v = hsum8(acc[r][m]);
-      if constexpr (T == DType::Q4_1) v += summs[r][m];
+      if constexpr (kUnsignedW<T>) v += summs[r][m];
       c.y[(m0 + m) * c.ldy + n + r] = v;
     }
 }
@@ -257,6 +293,154 @@ void qkernel(const DecodeCtx& c, int64_t n0, int64_t n1) {
   int64_t n = n0;
   for (; n + 4 <= n1; n += 4) qgroup4<T>(c, n);
   for (; n < n1; ++n) qgroup1<T>(c, n);
+}
+
+// ---------------------------------------------------------------- K-quant kernels
+//
+// Q4_K / Q5_K / Q6_K against Q8_K activations, in the order of
+// kquant_dot_reference (llama.cpp's AVX2 ggml_vec_dot_q{4,5,6}_K_q8_K):
+// bit-identical to the scalar variant. A super-block is unpacked once per
+// group of up to 4 activation rows into 8 registers of 32 unsigned values
+// (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63; maddubs pairs <= 2*63*127, no
+// saturation) plus per-group s16 scale vectors.
+
+template <DType T>
+struct KBlockRegs {
+  __m256i q[8];   // groups of 32 elements
+  __m256i sc[8];  // s16 scale per element pair, per group
+  __m256i sc16;   // Q6_K: the 16 scales as s16 (for the -32 offset term)
+  __m128i mins;   // Q4_K / Q5_K: the 8 mins as s16
+  float d, dmin;
+};
+
+template <DType T>
+inline void kblock_load(const uint8_t* blk, KBlockRegs<T>& r) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  if constexpr (T == DType::Q6_K) {
+    const auto* b = reinterpret_cast<const BlockQ6_K*>(blk);
+    r.d = h2f(load_u16(blk + offsetof(BlockQ6_K, d)));
+    const __m256i m3 = _mm256_set1_epi8(3);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->ql + 64 * h));
+      const __m256i b2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->ql + 64 * h + 32));
+      const __m256i bh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qh + 32 * h));
+      const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(bh, m3), 4);
+      const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(bh, 2), m3), 4);
+      const __m256i h2 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(bh, 4), m3), 4);
+      const __m256i h3 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(bh, 6), m3), 4);
+      r.q[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(b1, m4), h0);
+      r.q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(b2, m4), h1);
+      r.q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m4), h2);
+      r.q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b2, 4), m4), h3);
+    }
+    const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales));
+    r.sc16 = _mm256_cvtepi8_epi16(sc8);
+    for (int g = 0; g < 8; ++g)
+      r.sc[g] = _mm256_set_m128i(_mm_set1_epi16(b->scales[2 * g + 1]), _mm_set1_epi16(b->scales[2 * g]));
+  } else {
+    using B = std::conditional_t<T == DType::Q4_K, BlockQ4_K, BlockQ5_K>;
+    const auto* b = reinterpret_cast<const B*>(blk);
+    r.d = h2f(load_u16(blk));
+    r.dmin = h2f(load_u16(blk + 2));
+    alignas(16) int16_t mn[8];
+    for (int j = 0; j < 8; ++j) {
+      uint8_t sc, m;
+      kquant_scale_min(j, b->scales, &sc, &m);
+      r.sc[j] = _mm256_set1_epi16(sc);
+      mn[j] = m;
+    }
+    r.mins = _mm_load_si128(reinterpret_cast<const __m128i*>(mn));
+    __m256i hb = _mm256_setzero_si256();
+    if constexpr (T == DType::Q5_K) hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qh));
+    const __m256i one = _mm256_set1_epi8(1);
+    for (int j = 0; j < 4; ++j) {
+      const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b->qs + 32 * j));
+      __m256i lo = _mm256_and_si256(bits, m4);
+      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+      if constexpr (T == DType::Q5_K) {
+        const __m256i b0 = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * j)), one);
+        const __m256i b1 = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * j + 1)), one);
+        lo = _mm256_or_si256(lo, _mm256_slli_epi16(b0, 4));
+        hi = _mm256_or_si256(hi, _mm256_slli_epi16(b1, 4));
+      }
+      r.q[2 * j] = lo;
+      r.q[2 * j + 1] = hi;
+    }
+  }
+}
+
+// y[m0..m0+MT)[n] for weight row n.
+template <DType T, int MT>
+inline void ktile(const DecodeCtx& c, int64_t n, int64_t m0) {
+  const int64_t nbk = c.K / kQK_K;
+  constexpr size_t kBytes = kquant_block_bytes(T);
+  const uint8_t* wr = c.w + static_cast<size_t>(n) * c.w_row_bytes;
+  const Q8KBlock* a[MT];
+  for (int m = 0; m < MT; ++m) a[m] = q8k_row(c.act, c.act_row_bytes, m0 + m);
+  __m256 acc[MT];
+  __m128 accm[MT];
+  float summs[MT];
+  for (int m = 0; m < MT; ++m) {
+    acc[m] = _mm256_setzero_ps();
+    accm[m] = _mm_setzero_ps();
+    summs[m] = 0.f;
+  }
+  KBlockRegs<T> r;
+  for (int64_t i = 0; i < nbk; ++i) {
+    const uint8_t* blk = wr + static_cast<size_t>(i) * kBytes;
+    prefetch(blk + c.w_row_bytes);
+    kblock_load<T>(blk, r);
+    for (int m = 0; m < MT; ++m) {
+      const Q8KBlock& y = a[m][i];
+      __m256i sumi = _mm256_setzero_si256();
+      for (int g = 0; g < 8; ++g) {
+        const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.qs + 32 * g));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(r.sc[g], _mm256_maddubs_epi16(r.q[g], av)));
+      }
+      const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.bsums));
+      if constexpr (T == DType::Q6_K) {
+        sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(_mm256_madd_epi16(bsums, r.sc16), 5));
+      } else {
+        const float dmin = -y.d * r.dmin;
+        const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
+        const __m128i prod = _mm_madd_epi16(r.mins, q8s);
+        if constexpr (T == DType::Q4_K) {
+          accm[m] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), accm[m]);
+        } else {
+          __m128i t = _mm_add_epi32(prod, _mm_shuffle_epi32(prod, _MM_SHUFFLE(1, 0, 3, 2)));
+          t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1)));
+          const float isum = static_cast<float>(_mm_cvtsi128_si32(t));
+          summs[m] = kQ5KSummsFused ? __builtin_fmaf(dmin, isum, summs[m]) : summs[m] + dmin * isum;
+        }
+      }
+      acc[m] = _mm256_fmadd_ps(_mm256_set1_ps(y.d * r.d), _mm256_cvtepi32_ps(sumi), acc[m]);
+    }
+  }
+  for (int m = 0; m < MT; ++m) {
+    float v = hsum8(acc[m]);
+    if constexpr (T == DType::Q4_K) {
+      __m128 t = _mm_add_ps(accm[m], _mm_movehl_ps(accm[m], accm[m]));
+      t = _mm_add_ss(t, _mm_movehdup_ps(t));
+      v += _mm_cvtss_f32(t);
+    } else if constexpr (T == DType::Q5_K) {
+      v += summs[m];
+    }
+    c.y[(m0 + m) * c.ldy + n] = v;
+  }
+}
+
+template <DType T>
+void kkernel(const DecodeCtx& c, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n) {
+    int64_t m = 0;
+    for (; m + 4 <= c.M; m += 4) ktile<T, 4>(c, n, m);
+    switch (c.M - m) {
+      case 3: ktile<T, 3>(c, n, m); break;
+      case 2: ktile<T, 2>(c, n, m); break;
+      case 1: ktile<T, 1>(c, n, m); break;
+      default: break;
+    }
+  }
 }
 
 // ---------------------------------------------------------------- float kernels
@@ -356,6 +540,11 @@ DecodeKernel kernel(DType t) {
     case DType::Q4_0: return qkernel<DType::Q4_0>;
     case DType::Q4_1: return qkernel<DType::Q4_1>;
     case DType::Q8_0: return qkernel<DType::Q8_0>;
+    case DType::Q5_0: return qkernel<DType::Q5_0>;
+    case DType::Q5_1: return qkernel<DType::Q5_1>;
+    case DType::Q4_K: return kkernel<DType::Q4_K>;
+    case DType::Q5_K: return kkernel<DType::Q5_K>;
+    case DType::Q6_K: return kkernel<DType::Q6_K>;
     case DType::F16: return fkernel<DType::F16>;
     case DType::BF16: return fkernel<DType::BF16>;
     case DType::F32: return fkernel<DType::F32>;
@@ -432,6 +621,17 @@ void dequant_any(DType type, const uint8_t* p, int64_t n, Sink& out) {
         emit_block_i8<true>(unpack_q4(p + 4), d, m, out);
       }
       break;
+    case DType::Q5_0:
+      for (int64_t b = 0; b < n / kQK; ++b, p += sizeof(BlockQ5_0))
+        emit_block_i8<false>(load_wblock<DType::Q5_0>(p), _mm256_set1_ps(h2f(load_u16(p))), _mm256_setzero_ps(), out);
+      break;
+    case DType::Q5_1:
+      for (int64_t b = 0; b < n / kQK; ++b, p += sizeof(BlockQ5_1)) {
+        const __m256 d = _mm256_set1_ps(h2f(load_u16(p)));
+        const __m256 m = _mm256_set1_ps(h2f(load_u16(p + 2)));
+        emit_block_i8<true>(load_wblock<DType::Q5_1>(p), d, m, out);
+      }
+      break;
     case DType::Q8_0:
       for (int64_t b = 0; b < n / kQK; ++b, p += sizeof(BlockQ8_0)) {
         const __m256 d = _mm256_set1_ps(h2f(load_u16(p)));
@@ -464,6 +664,7 @@ void dequant_f32(DType type, const void* src, float* dst, int64_t n) {
     std::memcpy(dst, src, static_cast<size_t>(n) * 4);
     return;
   }
+  if (is_kquant(type)) return dequant_reference_f32(type, src, dst, n);
   F32Sink out{dst};
   dequant_any(type, p, n, out);
   if (!is_quant(type))
@@ -491,6 +692,7 @@ void dequant_bf16(DType type, const void* src, uint16_t* dst, int64_t n) {
     f32_to_bf16(static_cast<const float*>(src), dst, n);
     return;
   }
+  if (is_kquant(type)) return dequant_reference_bf16(type, src, dst, n);
   Bf16Sink out{dst, _mm256_setzero_si256()};
   if (is_quant(type)) {
     dequant_any(type, p, n, out);  // 32 per block: always an even number of put8

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/tensor/types.h"
 
@@ -46,7 +47,21 @@ inline float bf2f(uint16_t h) {
   return f;
 }
 
-inline bool is_quant(DType t) { return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0; }
+// Quantized types with blocks of 32 whose activations use the natural Q8
+// layout below (Q5_0 / Q5_1 only in the scalar and AVX2 variants; the
+// AVX-512 variant has kernels for Q4_0 / Q4_1 / Q8_0 only, matmul.cpp routes
+// the others to AVX2, see uses_avx512_kernels()).
+inline bool is_quant(DType t) {
+  return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0 || t == DType::Q5_0 || t == DType::Q5_1;
+}
+// K-quants (super-blocks of 256; activations quantized to Q8_K, see below).
+inline bool is_kquant(DType t) { return t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K; }
+// Types with Q8_1-style activations (the sum term s rounded to fp16).
+inline bool uses_q8_1(DType t) { return t == DType::Q4_1 || t == DType::Q5_1; }
+// Types the AVX-512 variant computes itself.
+inline bool uses_avx512_kernels(DType t) { return !is_kquant(t) && t != DType::Q5_0 && t != DType::Q5_1; }
+// Elements per weight block.
+inline int64_t weight_block_elems(DType t) { return is_kquant(t) ? kQK_K : is_quant(t) ? kQK : 1; }
 
 // Bytes of one weight row of K elements (K a multiple of the block size).
 inline size_t weight_row_bytes(DType t, int64_t K) {
@@ -54,6 +69,11 @@ inline size_t weight_row_bytes(DType t, int64_t K) {
     case DType::Q4_0: return static_cast<size_t>(K / kQK) * sizeof(BlockQ4_0);
     case DType::Q4_1: return static_cast<size_t>(K / kQK) * sizeof(BlockQ4_1);
     case DType::Q8_0: return static_cast<size_t>(K / kQK) * sizeof(BlockQ8_0);
+    case DType::Q5_0: return static_cast<size_t>(K / kQK) * sizeof(BlockQ5_0);
+    case DType::Q5_1: return static_cast<size_t>(K / kQK) * sizeof(BlockQ5_1);
+    case DType::Q4_K: return static_cast<size_t>(K / kQK_K) * sizeof(BlockQ4_K);
+    case DType::Q5_K: return static_cast<size_t>(K / kQK_K) * sizeof(BlockQ5_K);
+    case DType::Q6_K: return static_cast<size_t>(K / kQK_K) * sizeof(BlockQ6_K);
     case DType::F16:
     case DType::BF16: return static_cast<size_t>(K) * 2;
     case DType::F32: return static_cast<size_t>(K) * 4;
@@ -143,23 +163,35 @@ inline float hsum8_reference(const float l[8]) {
   const float t0 = l[0] + l[4], t1 = l[1] + l[5], t2 = l[2] + l[6], t3 = l[3] + l[7];
   return (t0 + t2) + (t1 + t3);
 }
+// Q5_0 / Q5_1 follow the same order as Q4_0 / Q4_1 (llama.cpp's
+// ggml_vec_dot_q5_0_q8_0 / ggml_vec_dot_q5_1_q8_1 on AVX2).
 template <DType T>
 inline float quant_dot_reference(const uint8_t* wrow, const Q8Row& a, int64_t nb) {
-  static_assert(T == DType::Q4_0 || T == DType::Q4_1 || T == DType::Q8_0);
+  static_assert(T == DType::Q4_0 || T == DType::Q4_1 || T == DType::Q8_0 || T == DType::Q5_0 || T == DType::Q5_1);
+  constexpr bool kMin = T == DType::Q4_1 || T == DType::Q5_1;  // has a min (and the summs term)
   constexpr size_t kBytes = T == DType::Q4_0   ? sizeof(BlockQ4_0)
                             : T == DType::Q4_1 ? sizeof(BlockQ4_1)
+                            : T == DType::Q5_0 ? sizeof(BlockQ5_0)
+                            : T == DType::Q5_1 ? sizeof(BlockQ5_1)
                                                : sizeof(BlockQ8_0);
-  constexpr size_t kQs = T == DType::Q4_1 ? 4 : 2;  // offset of the values in a block
+  // offset of the values in a block (after d [, m] [, qh])
+  constexpr size_t kQs = T == DType::Q4_1 ? 4 : T == DType::Q5_0 ? 6 : T == DType::Q5_1 ? 8 : 2;
   float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   float summs = 0.f;
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = wrow + static_cast<size_t>(b) * kBytes;
     const int8_t* ab = a.qs + b * kQK;
     int w[kQK];
+    uint32_t qh = 0;
+    if constexpr (T == DType::Q5_0 || T == DType::Q5_1) __builtin_memcpy(&qh, blk + kQs - 4, 4);
     for (int i = 0; i < 16; ++i) {
       if constexpr (T == DType::Q8_0) {
         w[i] = static_cast<int8_t>(blk[kQs + i]);
         w[i + 16] = static_cast<int8_t>(blk[kQs + 16 + i]);
+      } else if constexpr (T == DType::Q5_0 || T == DType::Q5_1) {
+        const int off = T == DType::Q5_0 ? 16 : 0;
+        w[i] = ((blk[kQs + i] & 0x0F) | static_cast<int>(((qh >> i) & 1u) << 4)) - off;
+        w[i + 16] = ((blk[kQs + i] >> 4) | static_cast<int>(((qh >> (i + 16)) & 1u) << 4)) - off;
       } else {
         const int off = T == DType::Q4_0 ? 8 : 0;
         w[i] = (blk[kQs + i] & 0x0F) - off;
@@ -167,17 +199,17 @@ inline float quant_dot_reference(const uint8_t* wrow, const Q8Row& a, int64_t nb
       }
     }
     uint16_t h[2];
-    __builtin_memcpy(h, blk, T == DType::Q4_1 ? 4 : 2);
+    __builtin_memcpy(h, blk, kMin ? 4 : 2);
     const float dd = h2f(h[0]) * a.d[b];
     for (int k = 0; k < 8; ++k) {
       int sum = 0;
       for (int i = 4 * k; i < 4 * k + 4; ++i) sum += w[i] * ab[i];
       lanes[k] = __builtin_fmaf(dd, static_cast<float>(sum), lanes[k]);
     }
-    if constexpr (T == DType::Q4_1) summs += h2f(h[1]) * a.s[b];
+    if constexpr (kMin) summs += h2f(h[1]) * a.s[b];
   }
   const float r = hsum8_reference(lanes);
-  return T == DType::Q4_1 ? r + summs : r;
+  return kMin ? r + summs : r;
 }
 
 // An activation block's scale (and sum term) as llama.cpp keeps them: its
@@ -195,7 +227,7 @@ inline void act_block_scales(DType type, float amax, int sum, float* d_out, floa
   const float d32 = amax / 127.f;
   const float d = round_act_scale(d32);
   *d_out = d;
-  *s_out = type == DType::Q4_1 ? round_act_scale(d32 * static_cast<float>(sum)) : d * static_cast<float>(sum);
+  *s_out = uses_q8_1(type) ? round_act_scale(d32 * static_cast<float>(sum)) : d * static_cast<float>(sum);
 }
 
 // Scalar quantization of one block of 32 floats (Q8_0-style, symmetric,
@@ -217,6 +249,199 @@ inline void quantize_block_q8_scalar(DType type, const float* x, int8_t* q, floa
     sum += v;
   }
   act_block_scales(type, amax, sum, d_out, s_out);
+}
+
+// ---------------------------------------------------------------- K-quants
+//
+// Activations of K-quant weights are quantized per row to Q8_K blocks of
+// 256, exactly as llama.cpp's quantize_row_q8_K_ref (which its x86 build
+// uses): the element of largest |x| (first one on ties) gives
+// iscale = -127/max, q = min(127, round_half_even(iscale*x)), d = 1/iscale
+// (f32, not rounded to fp16; negative when max > 0), and bsums[g] = sum of
+// the 16 q of group g. An all-zero block gets d = 0, q = 0, bsums = 0.
+struct Q8KBlock {
+  float d;
+  int8_t qs[kQK_K];
+  int16_t bsums[kQK_K / 16];
+};
+static_assert(sizeof(Q8KBlock) == 292, "Q8_K block");
+
+inline size_t q8k_row_bytes(int64_t K) {
+  const size_t b = static_cast<size_t>(K / kQK_K) * sizeof(Q8KBlock);
+  return (b + 63) & ~size_t{63};
+}
+inline const Q8KBlock* q8k_row(const uint8_t* act, size_t row_bytes, int64_t m) {
+  return reinterpret_cast<const Q8KBlock*>(act + static_cast<size_t>(m) * row_bytes);
+}
+
+inline void quantize_row_q8k(const float* x, int64_t K, Q8KBlock* y) {
+  for (int64_t b = 0; b < K / kQK_K; ++b, x += kQK_K) {
+    Q8KBlock& o = y[b];
+    float mx = 0.f, amax = 0.f;
+    for (int j = 0; j < kQK_K; ++j) {
+      const float ax = __builtin_fabsf(x[j]);
+      if (ax > amax) {
+        amax = ax;
+        mx = x[j];
+      }
+    }
+    if (amax == 0.f) {
+      o.d = 0.f;
+      __builtin_memset(o.qs, 0, sizeof(o.qs));
+      __builtin_memset(o.bsums, 0, sizeof(o.bsums));
+      continue;
+    }
+    const float iscale = -127.f / mx;
+    for (int j = 0; j < kQK_K; ++j) {
+      float v = __builtin_nearbyintf(iscale * x[j]);
+      v = __builtin_fmaxf(-128.f, __builtin_fminf(127.f, v));  // also maps NaN (no UB)
+      o.qs[j] = static_cast<int8_t>(static_cast<int>(v));
+    }
+    for (int g = 0; g < kQK_K / 16; ++g) {
+      int sum = 0;
+      for (int i = 0; i < 16; ++i) sum += o.qs[16 * g + i];
+      o.bsums[g] = static_cast<int16_t>(sum);
+    }
+    o.d = 1.f / iscale;
+  }
+}
+
+// A K-quant super-block unpacked: q[256] unsigned values in element order,
+// per-element scale index groups (Q4_K/Q5_K: sc[8], mn[8] per 32 elements;
+// Q6_K: sc[16] per 16 elements, values biased by +32).
+template <DType T>
+struct KUnpacked {
+  uint8_t q[kQK_K];
+  int sc[16];
+  int mn[8];
+  float d, dmin;
+};
+
+template <DType T>
+inline void kquant_unpack(const uint8_t* blk, KUnpacked<T>& u) {
+  if constexpr (T == DType::Q6_K) {
+    BlockQ6_K b;
+    __builtin_memcpy(&b, blk, sizeof(b));
+    u.d = h2f(b.d);
+    u.dmin = 0.f;
+    for (int i = 0; i < 16; ++i) u.sc[i] = b.scales[i];
+    for (int h = 0; h < 2; ++h)
+      for (int l = 0; l < 32; ++l) {
+        const uint8_t* ql = b.ql + 64 * h;
+        const uint8_t qh = b.qh[32 * h + l];
+        uint8_t* q = u.q + 128 * h;
+        q[l] = static_cast<uint8_t>((ql[l] & 0xF) | ((qh & 3) << 4));
+        q[l + 32] = static_cast<uint8_t>((ql[l + 32] & 0xF) | (((qh >> 2) & 3) << 4));
+        q[l + 64] = static_cast<uint8_t>((ql[l] >> 4) | (((qh >> 4) & 3) << 4));
+        q[l + 96] = static_cast<uint8_t>((ql[l + 32] >> 4) | (((qh >> 6) & 3) << 4));
+      }
+  } else {
+    static_assert(T == DType::Q4_K || T == DType::Q5_K);
+    using B = std::conditional_t<T == DType::Q4_K, BlockQ4_K, BlockQ5_K>;
+    B b;
+    __builtin_memcpy(&b, blk, sizeof(b));
+    u.d = h2f(b.d);
+    u.dmin = h2f(b.dmin);
+    for (int j = 0; j < 8; ++j) {
+      uint8_t sc, m;
+      kquant_scale_min(j, b.scales, &sc, &m);
+      u.sc[j] = sc;
+      u.mn[j] = m;
+    }
+    for (int j = 0; j < 4; ++j)
+      for (int l = 0; l < 32; ++l) {
+        int lo = b.qs[32 * j + l] & 0xF, hi = b.qs[32 * j + l] >> 4;
+        if constexpr (T == DType::Q5_K) {
+          lo |= ((b.qh[l] >> (2 * j)) & 1) << 4;
+          hi |= ((b.qh[l] >> (2 * j + 1)) & 1) << 4;
+        }
+        u.q[64 * j + l] = static_cast<uint8_t>(lo);
+        u.q[64 * j + 32 + l] = static_cast<uint8_t>(hi);
+      }
+  }
+}
+
+inline constexpr size_t kquant_block_bytes(DType t) {
+  return t == DType::Q4_K ? sizeof(BlockQ4_K) : t == DType::Q5_K ? sizeof(BlockQ5_K) : sizeof(BlockQ6_K);
+}
+
+// Whether llama.cpp's AVX2 ggml_vec_dot_q5_K_q8_K's `summs += dmin * isum`
+// is a fused multiply-add: GCC contracts it (-ffp-contract=fast, the GNU C
+// default, with -mfma), which is how the reference build is compiled.
+inline constexpr bool kQ5KSummsFused = true;
+
+// One K-quant dot product (a weight row of nbk super-blocks against a Q8_K
+// activation row) in the order of llama.cpp's AVX2 kernels
+// (ggml_vec_dot_q{4,5,6}_K_q8_K); every variant returns exactly this value.
+// Per super-block, all integer (exact) into 8 s32 lanes, lane k collecting the
+// elements 4k..4k+3 of every group of 32, each times its sub-block scale:
+//   Q6_K additionally subtracts 32 * (bsums[2k]*sc[2k] + bsums[2k+1]*sc[2k+1])
+//   (the -32 offset); then lane_acc[k] = fma(d, float(lane_k), lane_acc[k]),
+//   d = dx * dw.
+// The min term (Q4_K / Q5_K): q8s[g] = bsums[2g] + bsums[2g+1],
+//   Q4_K: 4 f32 lanes, acc_m[k] = fma(dmin, float(mn[2k]*q8s[2k] + mn[2k+1]*q8s[2k+1]), acc_m[k]),
+//         summed at the end as (m0 + m2) + (m1 + m3);
+//   Q5_K: summs = fma(dmin, float(sum over g of mn[g]*q8s[g]), summs);
+//   dmin = -(dx * dmin_w).
+// result = hsum8_reference(lane_acc) + min term.
+template <DType T>
+inline float kquant_dot_reference(const uint8_t* wrow, const Q8KBlock* a, int64_t nbk) {
+  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  float accm[4] = {0, 0, 0, 0};
+  float summs = 0.f;
+  KUnpacked<T> u;
+  for (int64_t i = 0; i < nbk; ++i) {
+    kquant_unpack<T>(wrow + static_cast<size_t>(i) * kquant_block_bytes(T), u);
+    const Q8KBlock& y = a[i];
+    const float d = y.d * u.d;
+    int sumi[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int g = 0; g < 8; ++g)
+      for (int k = 0; k < 8; ++k) {
+        int s = 0;
+        for (int e = 32 * g + 4 * k; e < 32 * g + 4 * k + 4; ++e) s += u.q[e] * y.qs[e];
+        const int sc = T == DType::Q6_K ? u.sc[(32 * g + 4 * k) / 16] : u.sc[g];
+        sumi[k] += sc * s;
+      }
+    if constexpr (T == DType::Q6_K) {
+      for (int k = 0; k < 8; ++k) sumi[k] -= 32 * (y.bsums[2 * k] * u.sc[2 * k] + y.bsums[2 * k + 1] * u.sc[2 * k + 1]);
+    } else {
+      const float dmin = -y.d * u.dmin;
+      int q8s[8];
+      for (int g = 0; g < 8; ++g) q8s[g] = static_cast<int16_t>(y.bsums[2 * g] + y.bsums[2 * g + 1]);
+      if constexpr (T == DType::Q4_K) {
+        for (int k = 0; k < 4; ++k)
+          accm[k] = __builtin_fmaf(
+              dmin, static_cast<float>(u.mn[2 * k] * q8s[2 * k] + u.mn[2 * k + 1] * q8s[2 * k + 1]), accm[k]);
+      } else {
+        int isum = 0;
+        for (int g = 0; g < 8; ++g) isum += u.mn[g] * q8s[g];
+        summs = kQ5KSummsFused ? __builtin_fmaf(dmin, static_cast<float>(isum), summs)
+                               : summs + dmin * static_cast<float>(isum);
+      }
+    }
+    for (int k = 0; k < 8; ++k) lanes[k] = __builtin_fmaf(d, static_cast<float>(sumi[k]), lanes[k]);
+  }
+  const float r = hsum8_reference(lanes);
+  if constexpr (T == DType::Q4_K) return r + ((accm[0] + accm[2]) + (accm[1] + accm[3]));
+  if constexpr (T == DType::Q5_K) return r + summs;
+  return r;
+}
+
+// Reference dequantization through the type table (used by every variant
+// for the types it has no SIMD dequantizer for).
+inline void dequant_reference_f32(DType type, const void* src, float* dst, int64_t n) {
+  type_traits(type)->dequantize_row(src, dst, n);
+}
+inline void dequant_reference_bf16(DType type, const void* src, uint16_t* dst, int64_t n) {
+  const int64_t bs = weight_block_elems(type);
+  const int64_t step = bs >= 256 ? bs : 256;
+  float tmp[256];
+  const auto* p = static_cast<const uint8_t*>(src);
+  for (int64_t i = 0; i < n; i += step) {
+    const int64_t len = n - i < step ? n - i : step;
+    type_traits(type)->dequantize_row(p + weight_row_bytes(type, i), tmp, len);
+    for (int64_t j = 0; j < len; ++j) dst[i + j] = f2bf(tmp[j]);
+  }
 }
 
 }  // namespace

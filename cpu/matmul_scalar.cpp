@@ -9,9 +9,17 @@
 namespace ember::cpu::detail {
 namespace {
 
-size_t act_row_bytes(DType type, int64_t K) { return is_quant(type) ? q8_natural_row_bytes(K) : 0; }
+size_t act_row_bytes(DType type, int64_t K) {
+  return is_kquant(type) ? q8k_row_bytes(K) : is_quant(type) ? q8_natural_row_bytes(K) : 0;
+}
 
 void prepare_acts(DType type, const float* x, int64_t M, int64_t K, uint8_t* act) {
+  if (is_kquant(type)) {
+    const size_t rb = q8k_row_bytes(K);
+    for (int64_t m = 0; m < M; ++m)
+      quantize_row_q8k(x + m * K, K, reinterpret_cast<Q8KBlock*>(act + static_cast<size_t>(m) * rb));
+    return;
+  }
   if (!is_quant(type)) return;
   const size_t rb = q8_natural_row_bytes(K);
   const int64_t nb = K / kQK;
@@ -33,6 +41,16 @@ void quant_kernel(const DecodeCtx& c, int64_t n0, int64_t n1) {
       const Q8Row a = q8_natural_row(c.act, c.act_row_bytes, c.K, m);
       c.y[m * c.ldy + n] = quant_dot_reference<T>(wr, a, nb);
     }
+  }
+}
+
+template <DType T>
+void kquant_kernel(const DecodeCtx& c, int64_t n0, int64_t n1) {
+  const int64_t nbk = c.K / kQK_K;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* wr = c.w + static_cast<size_t>(n) * c.w_row_bytes;
+    for (int64_t m = 0; m < c.M; ++m)
+      c.y[m * c.ldy + n] = kquant_dot_reference<T>(wr, q8k_row(c.act, c.act_row_bytes, m), nbk);
   }
 }
 
@@ -74,6 +92,11 @@ DecodeKernel kernel(DType t) {
     case DType::Q4_0: return quant_kernel<DType::Q4_0>;
     case DType::Q4_1: return quant_kernel<DType::Q4_1>;
     case DType::Q8_0: return quant_kernel<DType::Q8_0>;
+    case DType::Q5_0: return quant_kernel<DType::Q5_0>;
+    case DType::Q5_1: return quant_kernel<DType::Q5_1>;
+    case DType::Q4_K: return kquant_kernel<DType::Q4_K>;
+    case DType::Q5_K: return kquant_kernel<DType::Q5_K>;
+    case DType::Q6_K: return kquant_kernel<DType::Q6_K>;
     case DType::F16: return float_kernel<DType::F16>;
     case DType::BF16: return float_kernel<DType::BF16>;
     case DType::F32: return float_kernel<DType::F32>;
@@ -128,10 +151,15 @@ void dequant_generic(DType type, const void* src, Out* dst, int64_t n, Cvt cvt) 
   }
 }
 
+// Types without a case above (Q5_0, Q5_1, K-quants): the reference dequantizer.
+bool dequant_by_reference(DType type) { return type == DType::Q5_0 || type == DType::Q5_1 || is_kquant(type); }
+
 void dequant_f32(DType type, const void* src, float* dst, int64_t n) {
+  if (dequant_by_reference(type)) return dequant_reference_f32(type, src, dst, n);
   dequant_generic(type, src, dst, n, [](float v) { return v; });
 }
 void dequant_bf16(DType type, const void* src, uint16_t* dst, int64_t n) {
+  if (dequant_by_reference(type)) return dequant_reference_bf16(type, src, dst, n);
   if (type == DType::BF16) {
     std::memcpy(dst, src, static_cast<size_t>(n) * 2);
     return;

@@ -61,6 +61,7 @@ struct Options {
   std::string arch = "llama";
   int64_t window = 64;
   DType type = DType::Q4_0;
+  bool q4_k_m = false;  // --type q4_k_m: the Q4_K_M-style mix (tensor_type())
   std::string out;
   uint64_t seed = 1234;
   bool verify = false;
@@ -73,8 +74,8 @@ struct Options {
   std::fprintf(stderr,
                "usage: make_synthetic_model --out PATH [--preset llama3-8b|smollm2-135m|tiny]\n"
                "         [--layers N] [--embd N] [--ff N] [--heads N] [--kv-heads N] [--vocab N] [--ctx N]\n"
-               "         [--type q4_0|q4_1|q8_0|f16|bf16|f32] [--rope-base F] [--tied|--untied] [--seed N]\n"
-               "         [--arch llama|llama3|qwen2|gemma3] [--window N (gemma3's sliding window)]\n"
+               "         [--type q4_0|q4_1|q5_0|q5_1|q8_0|q4_k|q5_k|q6_k|q4_k_m|f16|bf16|f32] [--rope-base F]\n"
+               "         [--tied|--untied] [--seed N] [--arch llama|llama3|qwen2|gemma3] [--window N]\n"
                "         [--verify] [--verify-device cuda[:N]] [--tolerance F]\n");
   std::exit(2);
 }
@@ -96,6 +97,11 @@ DType parse_type(const std::string& t) {
   if (t == "q4_0") return DType::Q4_0;
   if (t == "q4_1") return DType::Q4_1;
   if (t == "q8_0") return DType::Q8_0;
+  if (t == "q5_0") return DType::Q5_0;
+  if (t == "q5_1") return DType::Q5_1;
+  if (t == "q4_k" || t == "q4_k_m") return DType::Q4_K;
+  if (t == "q5_k") return DType::Q5_K;
+  if (t == "q6_k") return DType::Q6_K;
   if (t == "f16") return DType::F16;
   if (t == "bf16") return DType::BF16;
   if (t == "f32") return DType::F32;
@@ -110,6 +116,11 @@ uint32_t file_type(DType t) {
     case DType::Q4_0: return 2;
     case DType::Q4_1: return 3;
     case DType::Q8_0: return 7;
+    case DType::Q5_0: return 8;
+    case DType::Q5_1: return 9;
+    case DType::Q4_K: return 14;  // Q4_K_S (15, Q4_K_M, for the mix: write_model)
+    case DType::Q5_K: return 16;  // Q5_K_S
+    case DType::Q6_K: return 18;
     case DType::BF16: return 32;
     default: return 0;
   }
@@ -132,7 +143,9 @@ Options parse(int argc, char** argv) {
     } else if (a == "--tied" || a == "--untied") {
       overrides.emplace_back(a, "");
     } else if (a == "--type") {
-      o.type = parse_type(value());
+      const std::string t = value();
+      o.type = parse_type(t);
+      o.q4_k_m = t == "q4_k_m";
     } else if (a == "--out") {
       o.out = value();
     } else if (a == "--arch") {
@@ -286,6 +299,161 @@ struct ValueTables {
 constexpr float kSigma = 0.02f;             // weight standard deviation
 const float kA = kSigma * std::sqrt(3.0f);  // uniform half-width with that deviation
 
+// ---------------------------------------------------------------- reference quantizers
+//
+// Plain round-to-nearest quantizers for the types written from f32 values
+// (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), one block at a time, in GGUF's layouts
+// (core/tensor/types.h). Simple min/max scaling, not llama.cpp's
+// error-minimizing search: any valid quantization loads the same in both.
+
+int round_clamp(float v, int lo, int hi) {
+  const int q = static_cast<int>(std::lrintf(v));
+  return q < lo ? lo : q > hi ? hi : q;
+}
+
+void quantize_q5_0(const float* x, uint8_t* out) {  // 32 values
+  float amax = 0.f, mx = 0.f;
+  for (int i = 0; i < 32; ++i)
+    if (std::fabs(x[i]) > amax) {
+      amax = std::fabs(x[i]);
+      mx = x[i];
+    }
+  BlockQ5_0 b{};
+  b.d = fp32_to_fp16(mx / -16.f);
+  const float d = fp16_to_fp32(b.d), id = d != 0.f ? 1.f / d : 0.f;
+  uint32_t qh = 0;
+  for (int j = 0; j < 16; ++j) {
+    const int q0 = round_clamp(x[j] * id + 16.f, 0, 31), q1 = round_clamp(x[j + 16] * id + 16.f, 0, 31);
+    b.qs[j] = static_cast<uint8_t>((q0 & 0xF) | ((q1 & 0xF) << 4));
+    qh |= static_cast<uint32_t>(q0 >> 4) << j;
+    qh |= static_cast<uint32_t>(q1 >> 4) << (j + 16);
+  }
+  std::memcpy(b.qh, &qh, 4);
+  std::memcpy(out, &b, sizeof(b));
+}
+
+void quantize_q5_1(const float* x, uint8_t* out) {  // 32 values
+  float lo = x[0], hi = x[0];
+  for (int i = 1; i < 32; ++i) {
+    lo = std::min(lo, x[i]);
+    hi = std::max(hi, x[i]);
+  }
+  BlockQ5_1 b{};
+  b.d = fp32_to_fp16((hi - lo) / 31.f);
+  b.m = fp32_to_fp16(lo);
+  const float d = fp16_to_fp32(b.d), m = fp16_to_fp32(b.m), id = d != 0.f ? 1.f / d : 0.f;
+  uint32_t qh = 0;
+  for (int j = 0; j < 16; ++j) {
+    const int q0 = round_clamp((x[j] - m) * id, 0, 31), q1 = round_clamp((x[j + 16] - m) * id, 0, 31);
+    b.qs[j] = static_cast<uint8_t>((q0 & 0xF) | ((q1 & 0xF) << 4));
+    qh |= static_cast<uint32_t>(q0 >> 4) << j;
+    qh |= static_cast<uint32_t>(q1 >> 4) << (j + 16);
+  }
+  std::memcpy(b.qh, &qh, 4);
+  std::memcpy(out, &b, sizeof(b));
+}
+
+// The inverse of kquant_scale_min: 6-bit scale and min of sub-block j.
+void pack_scale_min(uint8_t* s, int j, int sc, int m) {
+  if (j < 4) {
+    s[j] = static_cast<uint8_t>((s[j] & 0xC0) | sc);
+    s[j + 4] = static_cast<uint8_t>((s[j + 4] & 0xC0) | m);
+  } else {
+    s[j + 4] = static_cast<uint8_t>((sc & 0xF) | ((m & 0xF) << 4));
+    s[j - 4] = static_cast<uint8_t>((s[j - 4] & 0x3F) | ((sc >> 4) << 6));
+    s[j] = static_cast<uint8_t>((s[j] & 0x3F) | ((m >> 4) << 6));
+  }
+}
+
+// Q4_K (kMaxQ 15) / Q5_K (31): x = d*sc*q - dmin*m per sub-block of 32.
+template <int kMaxQ>
+void quantize_q45_k(const float* x, uint8_t* out) {  // 256 values
+  float scale[8], minv[8], max_scale = 0.f, max_min = 0.f;
+  for (int j = 0; j < 8; ++j) {
+    float lo = 0.f, hi = x[32 * j];
+    for (int i = 0; i < 32; ++i) {
+      lo = std::min(lo, x[32 * j + i]);
+      hi = std::max(hi, x[32 * j + i]);
+    }
+    scale[j] = (hi - lo) / kMaxQ;
+    minv[j] = -lo;
+    max_scale = std::max(max_scale, scale[j]);
+    max_min = std::max(max_min, minv[j]);
+  }
+  const uint16_t d16 = fp32_to_fp16(max_scale / 63.f), dmin16 = fp32_to_fp16(max_min / 63.f);
+  const float d = fp16_to_fp32(d16), dmin = fp16_to_fp32(dmin16);
+  uint8_t scales[12] = {};
+  uint8_t q[256];
+  for (int j = 0; j < 8; ++j) {
+    const int ls = d > 0.f ? round_clamp(scale[j] / d, 0, 63) : 0;
+    const int lm = dmin > 0.f ? round_clamp(minv[j] / dmin, 0, 63) : 0;
+    pack_scale_min(scales, j, ls, lm);
+    const float dl = d * static_cast<float>(ls), ml = dmin * static_cast<float>(lm);
+    for (int i = 0; i < 32; ++i)
+      q[32 * j + i] = static_cast<uint8_t>(dl > 0.f ? round_clamp((x[32 * j + i] + ml) / dl, 0, kMaxQ) : 0);
+  }
+  if constexpr (kMaxQ == 15) {
+    BlockQ4_K b{};
+    b.d = d16;
+    b.dmin = dmin16;
+    std::memcpy(b.scales, scales, 12);
+    for (int j = 0; j < 4; ++j)
+      for (int l = 0; l < 32; ++l) b.qs[32 * j + l] = static_cast<uint8_t>(q[64 * j + l] | (q[64 * j + 32 + l] << 4));
+    std::memcpy(out, &b, sizeof(b));
+  } else {
+    BlockQ5_K b{};
+    b.d = d16;
+    b.dmin = dmin16;
+    std::memcpy(b.scales, scales, 12);
+    for (int j = 0; j < 4; ++j)
+      for (int l = 0; l < 32; ++l) {
+        const int lo = q[64 * j + l], hi = q[64 * j + 32 + l];
+        b.qs[32 * j + l] = static_cast<uint8_t>((lo & 0xF) | ((hi & 0xF) << 4));
+        b.qh[l] = static_cast<uint8_t>(b.qh[l] | ((lo >> 4) << (2 * j)) | ((hi >> 4) << (2 * j + 1)));
+      }
+    std::memcpy(out, &b, sizeof(b));
+  }
+}
+
+// Q6_K: x = d*sc*(q - 32) per sub-block of 16, int8 sc.
+void quantize_q6_k(const float* x, uint8_t* out) {  // 256 values
+  float scale[16], max_abs_scale = 0.f;
+  for (int j = 0; j < 16; ++j) {
+    float amax = 0.f, mx = 0.f;
+    for (int i = 0; i < 16; ++i)
+      if (std::fabs(x[16 * j + i]) > amax) {
+        amax = std::fabs(x[16 * j + i]);
+        mx = x[16 * j + i];
+      }
+    scale[j] = mx / -32.f;
+    max_abs_scale = std::max(max_abs_scale, std::fabs(scale[j]));
+  }
+  BlockQ6_K b{};
+  b.d = fp32_to_fp16(max_abs_scale / 127.f);
+  const float d = fp16_to_fp32(b.d);
+  for (int j = 0; j < 16; ++j) b.scales[j] = static_cast<int8_t>(d > 0.f ? round_clamp(scale[j] / d, -128, 127) : 0);
+  for (int e = 0; e < 256; ++e) {
+    const float dl = d * static_cast<float>(b.scales[e / 16]);
+    const int q = dl != 0.f ? round_clamp(x[e] / dl + 32.f, 0, 63) : 32;
+    const int h = e / 128, r = e % 128, quarter = r / 32, l = r % 32;
+    const int qli = 64 * h + l + 32 * (quarter & 1);
+    b.ql[qli] = static_cast<uint8_t>(b.ql[qli] | ((q & 0xF) << (4 * (quarter >> 1))));
+    b.qh[32 * h + l] = static_cast<uint8_t>(b.qh[32 * h + l] | ((q >> 4) << (2 * quarter)));
+  }
+  std::memcpy(out, &b, sizeof(b));
+}
+
+// The Q4_K_M-style mix of --type q4_k_m, a documented simplification of
+// llama.cpp's (which gives Q6_K to attn_v / ffn_down in only some layers
+// and may fall back per tensor): attn_v, ffn_down, token_embd and output in
+// Q6_K, every other matrix Q4_K.
+DType tensor_type(const Options& o, const std::string& name) {
+  if (!o.q4_k_m) return o.type;
+  const bool six = name.find("attn_v.") != std::string::npos || name.find("ffn_down.") != std::string::npos ||
+                   name == "token_embd.weight" || name == "output.weight";
+  return six ? DType::Q6_K : DType::Q4_K;
+}
+
 // Fills a matrix of `type` (n bytes) with random values.
 void fill_matrix(DType type, uint8_t* dst, size_t n, uint64_t seed, const ValueTables& vt) {
   Rng rng(seed);
@@ -351,6 +519,28 @@ void fill_matrix(DType type, uint8_t* dst, size_t n, uint64_t seed, const ValueT
       }
       break;
     }
+    case DType::Q5_0:
+    case DType::Q5_1:
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K: {  // uniform f32 values through the reference quantizers
+      const TypeTraits* tt = type_traits(type);
+      float x[256];
+      for (size_t off = 0; off + tt->type_size <= n; off += tt->type_size) {
+        for (uint32_t i = 0; i < tt->block_size; i += 4) {
+          const uint64_t r = rng.next();
+          for (uint32_t j = 0; j < 4; ++j) x[i + j] = vt.f32[(r >> (16 * j)) & 0xFFFF];
+        }
+        switch (type) {
+          case DType::Q5_0: quantize_q5_0(x, dst + off); break;
+          case DType::Q5_1: quantize_q5_1(x, dst + off); break;
+          case DType::Q4_K: quantize_q45_k<15>(x, dst + off); break;
+          case DType::Q5_K: quantize_q45_k<31>(x, dst + off); break;
+          default: quantize_q6_k(x, dst + off); break;
+        }
+      }
+      break;
+    }
     default: fail(StatusCode::kUnsupported, "unsupported tensor type");
   }
 }
@@ -385,7 +575,7 @@ void write_model(const Options& o) {
   gguf::GgufWriter w;
   w.add_string("general.architecture", arch);
   w.add_string("general.name", "synthetic " + s.name + " " + o.arch + " " + type_name(static_cast<uint32_t>(o.type)));
-  w.add_u32("general.file_type", file_type(o.type));
+  w.add_u32("general.file_type", o.q4_k_m ? 15 : file_type(o.type));  // 15: LLAMA_FTYPE_MOSTLY_Q4_K_M
   w.add_u32(a + "context_length", static_cast<uint32_t>(s.ctx));
   w.add_u32(a + "embedding_length", static_cast<uint32_t>(s.embd));
   w.add_u32(a + "block_count", static_cast<uint32_t>(s.layers));
@@ -414,7 +604,7 @@ void write_model(const Options& o) {
   auto vt = std::make_shared<ValueTables>(kA);
   uint64_t tensor_seed = o.seed * 1000003ull;
   auto matrix = [&](const std::string& name, int64_t cols, int64_t rows) {
-    const DType t = o.type;
+    const DType t = tensor_type(o, name);
     const uint64_t seed = ++tensor_seed;
     w.add_tensor(name, t, {cols, rows}, [t, seed, vt](uint8_t* dst, size_t n) { fill_matrix(t, dst, n, seed, *vt); });
   };

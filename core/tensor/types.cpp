@@ -94,6 +94,123 @@ void dequantize_row_q4_1(const void* src, float* dst, int64_t n) {
   }
 }
 
+void dequantize_row_q5_0(const void* src, float* dst, int64_t n) {
+  const auto* p = static_cast<const uint8_t*>(src);
+  const int64_t nb = n / 32;
+  for (int64_t b = 0; b < nb; ++b) {
+    BlockQ5_0 blk;
+    std::memcpy(&blk, p + b * sizeof(BlockQ5_0), sizeof(blk));
+    const float d = fp16_to_fp32(blk.d);
+    uint32_t qh;
+    std::memcpy(&qh, blk.qh, 4);
+    float* y = dst + b * 32;
+    for (int j = 0; j < 16; ++j) {
+      const int x0 = ((blk.qs[j] & 0x0F) | (((qh >> j) & 1u) << 4)) - 16;
+      const int x1 = ((blk.qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4)) - 16;
+      y[j] = static_cast<float>(x0) * d;
+      y[j + 16] = static_cast<float>(x1) * d;
+    }
+  }
+}
+
+void dequantize_row_q5_1(const void* src, float* dst, int64_t n) {
+  const auto* p = static_cast<const uint8_t*>(src);
+  const int64_t nb = n / 32;
+  for (int64_t b = 0; b < nb; ++b) {
+    BlockQ5_1 blk;
+    std::memcpy(&blk, p + b * sizeof(BlockQ5_1), sizeof(blk));
+    const float d = fp16_to_fp32(blk.d);
+    const float m = fp16_to_fp32(blk.m);
+    uint32_t qh;
+    std::memcpy(&qh, blk.qh, 4);
+    float* y = dst + b * 32;
+    for (int j = 0; j < 16; ++j) {
+      const int x0 = (blk.qs[j] & 0x0F) | (((qh >> j) & 1u) << 4);
+      const int x1 = (blk.qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4);
+      y[j] = static_cast<float>(x0) * d + m;
+      y[j + 16] = static_cast<float>(x1) * d + m;
+    }
+  }
+}
+
+// Q4_K / Q5_K: x = (d*sc) * q - (dmin*m), the two products rounded first
+// (ggml's dequantize_row_q4_K order).
+void dequantize_row_q4_K(const void* src, float* dst, int64_t n) {
+  const auto* p = static_cast<const uint8_t*>(src);
+  const int64_t nb = n / kQK_K;
+  for (int64_t b = 0; b < nb; ++b) {
+    BlockQ4_K blk;
+    std::memcpy(&blk, p + b * sizeof(BlockQ4_K), sizeof(blk));
+    const float d = fp16_to_fp32(blk.d), dmin = fp16_to_fp32(blk.dmin);
+    float* y = dst + b * kQK_K;
+    for (int j = 0; j < 4; ++j) {
+      uint8_t sc, m;
+      kquant_scale_min(2 * j, blk.scales, &sc, &m);
+      const float d1 = d * sc, m1 = dmin * m;
+      kquant_scale_min(2 * j + 1, blk.scales, &sc, &m);
+      const float d2 = d * sc, m2 = dmin * m;
+      const uint8_t* q = blk.qs + 32 * j;
+      for (int l = 0; l < 32; ++l) y[64 * j + l] = d1 * static_cast<float>(q[l] & 0xF) - m1;
+      for (int l = 0; l < 32; ++l) y[64 * j + 32 + l] = d2 * static_cast<float>(q[l] >> 4) - m2;
+    }
+  }
+}
+
+void dequantize_row_q5_K(const void* src, float* dst, int64_t n) {
+  const auto* p = static_cast<const uint8_t*>(src);
+  const int64_t nb = n / kQK_K;
+  for (int64_t b = 0; b < nb; ++b) {
+    BlockQ5_K blk;
+    std::memcpy(&blk, p + b * sizeof(BlockQ5_K), sizeof(blk));
+    const float d = fp16_to_fp32(blk.d), dmin = fp16_to_fp32(blk.dmin);
+    float* y = dst + b * kQK_K;
+    for (int j = 0; j < 4; ++j) {
+      uint8_t sc, m;
+      kquant_scale_min(2 * j, blk.scales, &sc, &m);
+      const float d1 = d * sc, m1 = dmin * m;
+      kquant_scale_min(2 * j + 1, blk.scales, &sc, &m);
+      const float d2 = d * sc, m2 = dmin * m;
+      const uint8_t* q = blk.qs + 32 * j;
+      for (int l = 0; l < 32; ++l) {
+        const int v = (q[l] & 0xF) | (((blk.qh[l] >> (2 * j)) & 1) << 4);
+        y[64 * j + l] = d1 * static_cast<float>(v) - m1;
+      }
+      for (int l = 0; l < 32; ++l) {
+        const int v = (q[l] >> 4) | (((blk.qh[l] >> (2 * j + 1)) & 1) << 4);
+        y[64 * j + 32 + l] = d2 * static_cast<float>(v) - m2;
+      }
+    }
+  }
+}
+
+// Q6_K: x = (d*sc) * (q - 32), as ggml's dequantize_row_q6_K.
+void dequantize_row_q6_K(const void* src, float* dst, int64_t n) {
+  const auto* p = static_cast<const uint8_t*>(src);
+  const int64_t nb = n / kQK_K;
+  for (int64_t b = 0; b < nb; ++b) {
+    BlockQ6_K blk;
+    std::memcpy(&blk, p + b * sizeof(BlockQ6_K), sizeof(blk));
+    const float d = fp16_to_fp32(blk.d);
+    float* y = dst + b * kQK_K;
+    for (int h = 0; h < 2; ++h) {  // halves of 128 elements
+      const uint8_t* ql = blk.ql + 64 * h;
+      const uint8_t* qh = blk.qh + 32 * h;
+      const int8_t* sc = blk.scales + 8 * h;
+      for (int l = 0; l < 32; ++l) {
+        const int is = l / 16;
+        const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+        const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+        const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+        y[128 * h + l] = d * static_cast<float>(sc[is + 0]) * static_cast<float>(q1);
+        y[128 * h + l + 32] = d * static_cast<float>(sc[is + 2]) * static_cast<float>(q2);
+        y[128 * h + l + 64] = d * static_cast<float>(sc[is + 4]) * static_cast<float>(q3);
+        y[128 * h + l + 96] = d * static_cast<float>(sc[is + 6]) * static_cast<float>(q4);
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------
 // The type table, indexed by GGUF ggml_type id. Ids GGUF does not define
 // (4, 5: removed Q4_2/Q4_3; 16..23, 29: IQ* types Ember does not know) have
@@ -120,15 +237,15 @@ constexpr Table make_table() {
   t.set(DType::F16, "f16", 1, 2, dequantize_row_f16);
   t.set(DType::Q4_0, "q4_0", 32, 18, dequantize_row_q4_0);
   t.set(DType::Q4_1, "q4_1", 32, 20, dequantize_row_q4_1);
-  t.set(DType::Q5_0, "q5_0", 32, 22, nullptr);
-  t.set(DType::Q5_1, "q5_1", 32, 24, nullptr);
+  t.set(DType::Q5_0, "q5_0", 32, 22, dequantize_row_q5_0);
+  t.set(DType::Q5_1, "q5_1", 32, 24, dequantize_row_q5_1);
   t.set(DType::Q8_0, "q8_0", 32, 34, dequantize_row_q8_0);
   t.set(DType::Q8_1, "q8_1", 32, 36, nullptr);
   t.set(DType::Q2_K, "q2_K", 256, 84, nullptr);
   t.set(DType::Q3_K, "q3_K", 256, 110, nullptr);
-  t.set(DType::Q4_K, "q4_K", 256, 144, nullptr);  // TODO: BlockQ4_K + dequantize_row_q4_K
-  t.set(DType::Q5_K, "q5_K", 256, 176, nullptr);
-  t.set(DType::Q6_K, "q6_K", 256, 210, nullptr);  // TODO: BlockQ6_K + dequantize_row_q6_K
+  t.set(DType::Q4_K, "q4_K", 256, 144, dequantize_row_q4_K);
+  t.set(DType::Q5_K, "q5_K", 256, 176, dequantize_row_q5_K);
+  t.set(DType::Q6_K, "q6_K", 256, 210, dequantize_row_q6_K);
   t.set(DType::Q8_K, "q8_K", 256, 292, nullptr);
   t.set(DType::I8, "i8", 1, 1, nullptr);
   t.set(DType::I16, "i16", 1, 2, nullptr);

@@ -81,9 +81,62 @@ struct BlockQ8_0 {
   uint16_t d;
   int8_t qs[32];
 };
+struct BlockQ5_0 {
+  uint16_t d;      // f16 scale
+  uint8_t qh[4];   // 5th bits: bit j of the little-endian u32 = element j
+  uint8_t qs[16];  // low 4 bits, as Q4_0
+};
+struct BlockQ5_1 {
+  uint16_t d;  // f16 scale
+  uint16_t m;  // f16 min
+  uint8_t qh[4];
+  uint8_t qs[16];
+};
+
+// K-quants: super-blocks of 256 elements.
+inline constexpr int kQK_K = 256;
+// Q4_K / Q5_K: 8 sub-blocks of 32, each with a 6-bit scale and a 6-bit min
+// packed in scales[12] (ggml's get_scale_min_k4); x = d*sc*q - dmin*m.
+struct BlockQ4_K {
+  uint16_t d;          // f16 super-block scale of the scales
+  uint16_t dmin;       // f16 super-block scale of the mins
+  uint8_t scales[12];  // 6-bit scales and mins
+  uint8_t qs[128];     // per 64 elements: 32 bytes, low nibbles first 32, high nibbles next 32
+};
+struct BlockQ5_K {
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[12];
+  uint8_t qh[32];   // 5th bit: element 64j+l -> bit 2j of qh[l], 64j+32+l -> bit 2j+1
+  uint8_t qs[128];  // low 4 bits, as Q4_K
+};
+// Q6_K: 16 sub-blocks of 16 with int8 scales; x = d*sc*(q - 32), q 6 bits.
+struct BlockQ6_K {
+  uint8_t ql[128];  // low 4 bits
+  uint8_t qh[64];   // high 2 bits
+  int8_t scales[16];
+  uint16_t d;  // f16 super-block scale
+};
 #pragma pack(pop)
 static_assert(sizeof(BlockQ4_0) == 18, "GGUF Q4_0 block");
 static_assert(sizeof(BlockQ4_1) == 20, "GGUF Q4_1 block");
 static_assert(sizeof(BlockQ8_0) == 34, "GGUF Q8_0 block");
+static_assert(sizeof(BlockQ5_0) == 22, "GGUF Q5_0 block");
+static_assert(sizeof(BlockQ5_1) == 24, "GGUF Q5_1 block");
+static_assert(sizeof(BlockQ4_K) == 144, "GGUF Q4_K block");
+static_assert(sizeof(BlockQ5_K) == 176, "GGUF Q5_K block");
+static_assert(sizeof(BlockQ6_K) == 210, "GGUF Q6_K block");
+
+// Unpacks the 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K
+// block's scales[12] (ggml's get_scale_min_k4).
+inline void kquant_scale_min(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = static_cast<uint8_t>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+    *m = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
 
 }  // namespace ember

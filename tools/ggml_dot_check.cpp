@@ -1,0 +1,150 @@
+// ggml_dot_check: Ember's quantized decode kernels against llama.cpp's own
+// CPU dot products, bit for bit.
+//
+// Loads libggml-cpu.so (the llama.cpp build of the reference venv,
+// tools/setup_reference.sh) with dlopen, and for each weight type quantizes
+// the same activations with ggml's from_float (its vec_dot_type: Q8_0, Q8_1,
+// Q8_K) and calls ggml's vec_dot on the same weight rows. Ember computes the
+// same outputs with cpu::matmul on the decode path, on every ISA variant
+// this CPU can run. Prints per type and variant the number of outputs whose
+// f32 bits differ; exit 0 when all are identical, 1 otherwise, 77 when the
+// library cannot be loaded.
+//
+//   ggml_dot_check [path/to/libggml-cpu.so]
+//   (default: $EMBER_GGML_CPU_LIB, else the reference venv's copy)
+#include <dlfcn.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/tensor/types.h"
+#include "cpu/cpu_features.h"
+#include "cpu/matmul.h"
+
+namespace {
+
+using namespace ember;
+
+// ggml-cpu.h's declarations (C ABI).
+using ggml_from_float_t = void (*)(const float* x, void* y, int64_t k);
+using ggml_vec_dot_t = void (*)(int n, float* s, size_t bs, const void* x, size_t bx, const void* y, size_t by,
+                                int nrc);
+struct ggml_type_traits_cpu {
+  ggml_from_float_t from_float;
+  ggml_vec_dot_t vec_dot;
+  int vec_dot_type;
+  int64_t nrows;
+};
+using get_traits_t = const ggml_type_traits_cpu* (*)(int type);
+using cpu_init_t = void (*)();
+
+std::vector<uint8_t> make_weight(DType t, int64_t N, int64_t K, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> scale(0.0005f, 0.02f);
+  const size_t bytes = row_bytes(t, K) * static_cast<size_t>(N);
+  std::vector<uint8_t> w(bytes);
+  for (auto& b : w) b = static_cast<uint8_t>(byte(rng));
+  const size_t bs = type_traits(t)->type_size;
+  for (size_t off = 0; off < bytes; off += bs) {
+    uint8_t* p = w.data() + off;
+    auto put = [&](size_t at, float v) {
+      const uint16_t h = fp32_to_fp16(v);
+      std::memcpy(p + at, &h, 2);
+    };
+    switch (t) {
+      case DType::Q4_0:
+      case DType::Q5_0:
+      case DType::Q8_0: put(0, scale(rng)); break;
+      case DType::Q4_1:
+      case DType::Q5_1:
+        put(0, scale(rng));
+        put(2, -16.f * scale(rng));
+        break;
+      case DType::Q4_K:
+      case DType::Q5_K:
+        put(0, scale(rng) / 8.f);
+        put(2, scale(rng) / 8.f);
+        break;
+      case DType::Q6_K: put(offsetof(BlockQ6_K, d), scale(rng) / 16.f); break;
+      default: break;
+    }
+  }
+  return w;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string lib = argc > 1 ? argv[1] : "";
+  if (lib.empty() && std::getenv("EMBER_GGML_CPU_LIB")) lib = std::getenv("EMBER_GGML_CPU_LIB");
+  if (lib.empty()) lib = "/root/.cache/ember/refvenv/lib/python3.11/site-packages/llama_cpp/lib/libggml-cpu.so";
+  void* h = dlopen(lib.c_str(), RTLD_NOW | RTLD_GLOBAL);
+  if (!h) {
+    std::fprintf(stderr, "ggml_dot_check: cannot load %s: %s\n", lib.c_str(), dlerror());
+    return 77;
+  }
+  auto get_traits = reinterpret_cast<get_traits_t>(dlsym(h, "ggml_get_type_traits_cpu"));
+  auto cpu_init = reinterpret_cast<cpu_init_t>(dlsym(h, "ggml_cpu_init"));
+  if (!get_traits || !cpu_init) {
+    std::fprintf(stderr, "ggml_dot_check: %s lacks ggml_get_type_traits_cpu\n", lib.c_str());
+    return 77;
+  }
+  cpu_init();
+  int total_bad = 0;
+  const DType types[] = {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_0,
+                         DType::Q5_1, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+  const int64_t N = 67, M = 5;
+  cpu::set_decode_max_m(std::numeric_limits<int64_t>::max());
+  for (DType t : types) {
+    const bool kq = t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K;
+    for (int64_t K : {kq ? int64_t{512} : int64_t{640}, int64_t{2048}}) {  // 640: Gemma 3 270M's width
+      const auto w = make_weight(t, N, K, static_cast<uint32_t>(K + static_cast<int>(t)));
+      std::mt19937 rng(static_cast<uint32_t>(K * 3 + static_cast<int>(t)));
+      std::normal_distribution<float> normal(0.f, 1.f);
+      std::vector<float> x(static_cast<size_t>(M * K));
+      for (auto& v : x) v = normal(rng);
+      for (int k = 0; k < 32; ++k) x[static_cast<size_t>(K + k)] = 0.f;  // an all-zero block in row 1
+      // llama.cpp
+      const ggml_type_traits_cpu* tr = get_traits(static_cast<int>(t));
+      const TypeTraits* vt = type_traits(static_cast<uint32_t>(tr->vec_dot_type));
+      std::vector<float> yg(static_cast<size_t>(M * N));
+      std::vector<uint8_t> xq(row_bytes(vt->type, K) + 64);
+      const ggml_type_traits_cpu* vtr = get_traits(tr->vec_dot_type);
+      for (int64_t m = 0; m < M; ++m) {
+        vtr->from_float(x.data() + m * K, xq.data(), K);
+        for (int64_t n = 0; n < N; ++n)
+          tr->vec_dot(static_cast<int>(K), &yg[static_cast<size_t>(m * N + n)], 0,
+                      w.data() + static_cast<size_t>(n) * row_bytes(t, K), 0, xq.data(), 0, 1);
+      }
+      // Ember
+      for (cpu::Isa isa : {cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512Vnni}) {
+        if (!cpu::isa_supported(isa)) continue;
+        cpu::force_isa(isa);
+        std::vector<float> ye(static_cast<size_t>(M * N));
+        cpu::MatmulScratch scratch;
+        cpu::matmul({t, N, K, w.data()}, x.data(), M, ye.data(), scratch);
+        int bad = 0;
+        double maxrel = 0;
+        for (size_t i = 0; i < ye.size(); ++i)
+          if (std::memcmp(&ye[i], &yg[i], 4) != 0) {
+            ++bad;
+            const double rel = std::abs(static_cast<double>(ye[i]) - yg[i]) / (std::abs(yg[i]) + 1e-30);
+            maxrel = rel > maxrel ? rel : maxrel;
+          }
+        std::printf("%-5s K=%-5lld %-12s %4d of %zu outputs differ from llama.cpp%s\n",
+                    type_name(static_cast<uint32_t>(t)), static_cast<long long>(K), cpu::isa_to_string(isa), bad,
+                    ye.size(), bad ? (" (max rel " + std::to_string(maxrel) + ")").c_str() : "");
+        total_bad += bad;
+      }
+      cpu::reset_isa();
+    }
+  }
+  return total_bad == 0 ? 0 : 1;
+}
