@@ -75,7 +75,7 @@ struct Options {
                "usage: make_synthetic_model --out PATH [--preset llama3-8b|smollm2-135m|tiny]\n"
                "         [--layers N] [--embd N] [--ff N] [--heads N] [--kv-heads N] [--vocab N] [--ctx N]\n"
                "         [--type q4_0|q4_1|q5_0|q5_1|q8_0|q4_k|q5_k|q6_k|q4_k_m|f16|bf16|f32] [--rope-base F]\n"
-               "         [--tied|--untied] [--seed N] [--arch llama|llama3|qwen2|gemma3] [--window N]\n"
+               "         [--tied|--untied] [--seed N] [--arch llama|llama3|qwen2|gemma3|mistral] [--window N]\n"
                "         [--verify] [--verify-device cuda[:N]] [--tolerance F]\n");
   std::exit(2);
 }
@@ -150,7 +150,7 @@ Options parse(int argc, char** argv) {
       o.out = value();
     } else if (a == "--arch") {
       o.arch = value();
-      if (o.arch != "llama" && o.arch != "llama3" && o.arch != "qwen2" && o.arch != "gemma3") {
+      if (o.arch != "llama" && o.arch != "llama3" && o.arch != "qwen2" && o.arch != "gemma3" && o.arch != "mistral") {
         usage(("unknown --arch '" + o.arch + "'").c_str());
       }
     } else if (a == "--window") {
@@ -570,7 +570,9 @@ void write_model(const Options& o) {
   const int64_t q_dim = s.heads * hd, kv_dim = s.kv_heads * hd;
   const Vocab vocab = make_vocab(s.vocab);
 
-  const std::string arch = o.arch == "llama3" ? "llama" : o.arch;
+  // Mistral's files are "llama" with a sliding_window key (v0.1: 4096) that
+  // llama.cpp does not apply to this architecture, and neither does Ember.
+  const std::string arch = o.arch == "llama3" || o.arch == "mistral" ? "llama" : o.arch;
   const std::string a = arch + ".";
   gguf::GgufWriter w;
   w.add_string("general.architecture", arch);
@@ -586,6 +588,7 @@ void write_model(const Options& o) {
   w.add_f32(a + "rope.freq_base", static_cast<float>(s.rope_base));
   w.add_f32(a + "attention.layer_norm_rms_epsilon", 1e-5f);
   w.add_u32(a + "vocab_size", static_cast<uint32_t>(s.vocab));
+  if (o.arch == "mistral") w.add_u32(a + "attention.sliding_window", 4096);
   if (o.arch == "gemma3") {
     w.add_u32(a + "attention.key_length", static_cast<uint32_t>(hd));
     w.add_u32(a + "attention.value_length", static_cast<uint32_t>(hd));

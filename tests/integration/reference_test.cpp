@@ -54,6 +54,9 @@ struct RefSet {
   double min_decisive = kMinDecisiveAgreement;
   double max_lp_diff = kMaxTop1LogprobDiff;
   double max_mean_lp_diff = kMaxMeanTop1LogprobDiff;
+  // Greedy may diverge from llama.cpp only where llama.cpp's own top1-top2
+  // gap at the divergence is below this (a near-tie).
+  double max_divergence_gap = 1e30;
 };
 
 RefSet smollm2_set() { return RefSet{"smollm2", test::default_model_path(), ""}; }
@@ -189,6 +192,7 @@ void check_greedy(const RefSet& set) {
     streams.push_back(sessions.back()->start(p));
   }
   size_t total = 0, matched = 0, diverged = 0;
+  float worst_gap = 0.0f;
   for (size_t i = 0; i < cases.size(); ++i) {
     const auto& c = cases[i];
     const std::vector<int32_t> got = drain_tokens(streams[i]);
@@ -205,6 +209,7 @@ void check_greedy(const RefSet& set) {
           "[ reference] %-16s diverges at %zu: llama.cpp %d (its top1-top2 gap %.3f), ember %d; %zu/%zu match\n",
           c.name.c_str(), prefix, c.expected[prefix], c.gaps[prefix], prefix < got.size() ? got[prefix] : -1, same, n);
       ++diverged;
+      if (prefix < c.gaps.size()) worst_gap = std::max(worst_gap, c.gaps[prefix]);
     }
     total += n;
     matched += same;
@@ -215,6 +220,7 @@ void check_greedy(const RefSet& set) {
       "%.2f%%\n",
       set.name.c_str(), cases.size() - diverged, cases.size(), matched, total, 100.0 * agreement);
   EXPECT_GE(agreement, set.min_greedy);
+  EXPECT_LT(worst_gap, set.max_divergence_gap) << "a divergence where llama.cpp was decisive";
 }
 
 TEST(Reference, GreedyContinuationsMatchLlamaCpp) {
@@ -336,7 +342,31 @@ class ArchReference : public ::testing::TestWithParam<const char*> {
 TEST_P(ArchReference, GreedyContinuationsMatchLlamaCpp) { check_greedy(set()); }
 TEST_P(ArchReference, PerPositionTop1AndLogprobsMatchLlamaCpp) { check_positions(set()); }
 
-INSTANTIATE_TEST_SUITE_P(Synthetic, ArchReference, ::testing::Values("llama3", "qwen2", "gemma3"),
+INSTANTIATE_TEST_SUITE_P(Synthetic, ArchReference, ::testing::Values("llama3", "qwen2", "gemma3", "mistral"),
+                         [](const auto& info) { return std::string(info.param); });
+
+// The same architectures in a Q4_K_M-style mix (Q4_K, Q6_K): not bit for bit
+// (llama.cpp repacks Q4_K weights for its AVX2 GEMM/GEMV, which sum in
+// another order than its vec_dot, Ember's reference): logprobs within the
+// quantized activations' noise, and greedy diverging only at near-ties of
+// these random-weight models (measured: mean |dlogprob| <= 0.004, KL ~1e-5).
+class KquantReference : public ArchReference {
+ protected:
+  RefSet set() const {
+    RefSet s = ArchReference::set();
+    s.min_greedy = 0.0;
+    s.max_divergence_gap = 0.1;
+    s.min_top1 = 0.97;
+    s.max_lp_diff = 0.03;
+    s.max_mean_lp_diff = 0.006;
+    return s;
+  }
+};
+TEST_P(KquantReference, GreedyDivergesOnlyAtNearTies) { check_greedy(set()); }
+TEST_P(KquantReference, PerPositionTop1AndLogprobsCloseToLlamaCpp) { check_positions(set()); }
+
+INSTANTIATE_TEST_SUITE_P(SyntheticQ4KM, KquantReference,
+                         ::testing::Values("llama_q4_k_m", "qwen2_q4_k_m", "gemma3_q4_k_m"),
                          [](const auto& info) { return std::string(info.param); });
 
 }  // namespace
