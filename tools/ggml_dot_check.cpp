@@ -42,6 +42,16 @@ struct ggml_type_traits_cpu {
   int64_t nrows;
 };
 using get_traits_t = const ggml_type_traits_cpu* (*)(int type);
+struct ggml_type_traits {  // ggml.h
+  const char* type_name;
+  int64_t blck_size;
+  int64_t blck_size_interleave;
+  size_t type_size;
+  bool is_quantized;
+  void (*to_float)(const void* x, float* y, int64_t k);
+  ggml_from_float_t from_float_ref;
+};
+using get_base_traits_t = const ggml_type_traits* (*)(int type);
 using cpu_init_t = void (*)();
 
 std::vector<uint8_t> make_weight(DType t, int64_t N, int64_t K, uint32_t seed) {
@@ -97,6 +107,7 @@ int main(int argc, char** argv) {
     return 77;
   }
   cpu_init();
+  auto get_base_traits = reinterpret_cast<get_base_traits_t>(dlsym(RTLD_DEFAULT, "ggml_get_type_traits"));
   int total_bad = 0;
   const DType types[] = {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_0,
                          DType::Q5_1, DType::Q4_K, DType::Q5_K, DType::Q6_K};
@@ -122,6 +133,23 @@ int main(int argc, char** argv) {
         for (int64_t n = 0; n < N; ++n)
           tr->vec_dot(static_cast<int>(K), &yg[static_cast<size_t>(m * N + n)], 0,
                       w.data() + static_cast<size_t>(n) * row_bytes(t, K), 0, xq.data(), 0, 1);
+      }
+      // Dequantization (embedding lookup) against ggml's to_float.
+      if (get_base_traits) {
+        std::vector<float> dg(static_cast<size_t>(N * K));
+        get_base_traits(static_cast<int>(t))->to_float(w.data(), dg.data(), N * K);
+        for (cpu::Isa isa : {cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512Vnni}) {
+          if (!cpu::isa_supported(isa)) continue;
+          cpu::force_isa(isa);
+          std::vector<float> de(dg.size());
+          cpu::dequantize_rows({t, N, K, w.data()}, 0, N, de.data());
+          int bad = 0;
+          for (size_t i = 0; i < de.size(); ++i) bad += std::memcmp(&de[i], &dg[i], 4) != 0;
+          std::printf("%-5s K=%-5lld %-12s %4d of %zu dequantized values differ from llama.cpp's to_float\n",
+                      type_name(static_cast<uint32_t>(t)), static_cast<long long>(K), cpu::isa_to_string(isa), bad,
+                      de.size());
+          total_bad += bad;
+        }
       }
       // Ember
       for (cpu::Isa isa : {cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512Vnni}) {
