@@ -221,7 +221,8 @@ int main(int argc, char** argv) {
   if (sweep) {
     std::printf("\n%-5s %-11s %4s %12s %12s %s\n", "type", "NxK", "M", "decode us", "oneDNN us", "faster");
     for (DType t : types)
-      for (auto [N, K] : sweep_shapes) {
+      for (const auto& shape : sweep_shapes) {
+        const int64_t N = shape.first, K = shape.second;    // (clang 14: lambdas cannot capture structured bindings)
         if (K % type_traits(t)->block_size != 0) continue;  // K-quants: K % 256
         Weights w = make_weights(t, N, K, hot);
         size_t ci = 0;
@@ -247,7 +248,8 @@ int main(int argc, char** argv) {
   if (gemm) std::printf(" %12s %9s", ("M=" + std::to_string(gemm_m) + " ms").c_str(), "GFLOP/s");
   std::printf("\n");
   for (DType t : types) {
-    for (auto [N, K] : shapes) {
+    for (const auto& shape : shapes) {
+      const int64_t N = shape.first, K = shape.second;
       if (K % type_traits(t)->block_size != 0) continue;  // K-quants: K % 256
       Weights w = make_weights(t, N, K, hot);
       size_t ci = 0;
