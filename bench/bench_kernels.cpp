@@ -82,6 +82,22 @@ Weights make_weights(DType t, int64_t N, int64_t K, bool hot) {
       case DType::Q8_0:
         for (int64_t b = 0; b < nb; ++b) fix16(row + b * 34, 0.001f, false);
         break;
+      case DType::Q5_0:
+      case DType::Q5_1:
+      case DType::Q4_K:
+      case DType::Q5_K:
+      case DType::Q6_K: {  // finite f16 scales (and mins) in every block
+        const size_t bs = type_traits(t)->type_size;
+        for (size_t o = 0; o + bs <= row_bytes(t, K); o += bs) {
+          if (t == DType::Q6_K) {
+            fix16(row + o + 208, 0.0005f, false);
+          } else {
+            fix16(row + o, t == DType::Q5_0 || t == DType::Q5_1 ? 0.005f : 0.001f, false);
+            if (t != DType::Q5_0) fix16(row + o + 2, t == DType::Q5_1 ? -0.08f : 0.001f, false);
+          }
+        }
+        break;
+      }
       case DType::F16:
       case DType::BF16:
         for (int64_t k = 0; k < K; ++k) fix16(row + 2 * k, nd(rng), t == DType::BF16);
@@ -179,7 +195,8 @@ int main(int argc, char** argv) {
       while (pos <= v.size()) {
         const size_t end = std::min(v.find(',', pos), v.size());
         const std::string n = v.substr(pos, end - pos);
-        for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::F16, DType::BF16, DType::F32})
+        for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_0, DType::Q5_1, DType::Q4_K, DType::Q5_K,
+                        DType::Q6_K, DType::F16, DType::BF16, DType::F32})
           if (n == tname(t)) types.push_back(t);
         pos = end + 1;
       }
@@ -197,13 +214,16 @@ int main(int argc, char** argv) {
       prefill_precision_name(), static_cast<long long>(decode_max_m(DType::Q4_0)),
       static_cast<long long>(decode_max_m(DType::F32)));
 
-  const std::pair<int64_t, int64_t> shapes[] = {{576, 576}, {1536, 576}, {576, 1536}, {49152, 576}, {4096, 4096}};
+  const std::pair<int64_t, int64_t> shapes[] = {{576, 576},   {1536, 576},  {576, 1536}, {49152, 576},
+                                                {4096, 4096}, {8192, 2048}, {2048, 8192}};
   MatmulScratch scratch;
 
   if (sweep) {
     std::printf("\n%-5s %-11s %4s %12s %12s %s\n", "type", "NxK", "M", "decode us", "oneDNN us", "faster");
     for (DType t : types)
-      for (auto [N, K] : sweep_shapes) {
+      for (const auto& shape : sweep_shapes) {
+        const int64_t N = shape.first, K = shape.second;    // (clang 14: lambdas cannot capture structured bindings)
+        if (K % type_traits(t)->block_size != 0) continue;  // K-quants: K % 256
         Weights w = make_weights(t, N, K, hot);
         size_t ci = 0;
         for (int64_t M : sweep_ms) {
@@ -228,7 +248,9 @@ int main(int argc, char** argv) {
   if (gemm) std::printf(" %12s %9s", ("M=" + std::to_string(gemm_m) + " ms").c_str(), "GFLOP/s");
   std::printf("\n");
   for (DType t : types) {
-    for (auto [N, K] : shapes) {
+    for (const auto& shape : shapes) {
+      const int64_t N = shape.first, K = shape.second;
+      if (K % type_traits(t)->block_size != 0) continue;  // K-quants: K % 256
       Weights w = make_weights(t, N, K, hot);
       size_t ci = 0;
       std::vector<float> x(static_cast<size_t>(K), 0.25f), y(static_cast<size_t>(N));

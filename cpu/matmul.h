@@ -1,15 +1,18 @@
 // CPU matmul for linear layers: y[M, N] = x[M, K] · W[N, K]^T.
 //
 // W is a GGUF weight (N rows of K elements, row-major, in its on-disk block
-// format: Q4_0, Q4_1, Q8_0, F16, BF16 or F32); x and y are f32 row-major.
+// format: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16 or F32);
+// x and y are f32 row-major.
 //
 // Two paths, chosen by M:
 //  * decode (M <= decode_max_m()): Ember's own SIMD kernels read the weight
 //    blocks directly. For quantized weights the activation rows are quantized
 //    once per call to 8-bit blocks of 32 (int8 + f32 scale, + block sum for
-//    the Q4 offset/min terms) and the dot products are integer (AVX2
+//    the Q4 offset/min terms; K-quants: llama.cpp's Q8_K blocks of 256 with
+//    16-element sums) and the dot products are integer (AVX2
 //    maddubs/madd, AVX-512 VNNI dpbusd). Every weight block loaded is used
-//    for all M activation rows. OpenMP over output rows.
+//    for all M activation rows. OpenMP over output rows. Q5_0/Q5_1 and the
+//    K-quants have scalar and AVX2 kernels (on AVX-512 CPUs the AVX2 ones).
 //  * prefill (larger M): W is dequantized (SIMD, in row tiles) into the
 //    scratch and multiplied with oneDNN's matmul primitive (bf16 where the
 //    CPU has native AVX512_BF16/AMX, f32 otherwise), f32 output.
@@ -32,7 +35,7 @@ namespace ember::cpu {
 struct WeightView {
   DType type;
   int64_t rows;  // N (output features)
-  int64_t cols;  // K (input features); a multiple of 32 for Q4_0/Q4_1/Q8_0
+  int64_t cols;  // K (input features); a multiple of the block size (32; 256 for K-quants)
   const void* data;
 };
 

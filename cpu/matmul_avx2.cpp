@@ -604,9 +604,56 @@ inline void emit_block_i8(__m256i q, __m256 d, __m256 off, Sink& out) {
   }
 }
 
+// One K-quant super-block: 8 groups of 32 values (r.q, element order),
+// per 8 elements out = q * dsc [- off], the products and the subtraction
+// rounded separately, exactly as the reference dequantizers compute
+// (d*sc)*q - dmin*m and (d*sc)*(q - 32).
+template <DType T, typename Sink>
+inline void dequant_kblock(const uint8_t* blk, Sink& out) {
+  KBlockRegs<T> r;
+  kblock_load<T>(blk, r);
+  float dsc[16], off[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  if constexpr (T == DType::Q6_K) {
+    const auto* b = reinterpret_cast<const BlockQ6_K*>(blk);
+    for (int i = 0; i < 16; ++i) dsc[i] = r.d * static_cast<float>(b->scales[i]);
+  } else {
+    using B = std::conditional_t<T == DType::Q4_K, BlockQ4_K, BlockQ5_K>;
+    const auto* b = reinterpret_cast<const B*>(blk);
+    for (int j = 0; j < 8; ++j) {
+      uint8_t sc, m;
+      kquant_scale_min(j, b->scales, &sc, &m);
+      dsc[j] = r.d * static_cast<float>(sc);
+      off[j] = r.dmin * static_cast<float>(m);
+    }
+  }
+  for (int g = 0; g < 8; ++g) {
+    __m256i q = r.q[g];
+    if constexpr (T == DType::Q6_K) q = _mm256_sub_epi8(q, _mm256_set1_epi8(32));
+    const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    for (int i = 0; i < 4; ++i) {
+      const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[i]));
+      if constexpr (T == DType::Q6_K) {
+        out.put8(_mm256_mul_ps(_mm256_set1_ps(dsc[2 * g + i / 2]), v));
+      } else {
+        out.put8(_mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(dsc[g]), v), _mm256_set1_ps(off[g])));
+      }
+    }
+  }
+}
+
 template <typename Sink>
 void dequant_any(DType type, const uint8_t* p, int64_t n, Sink& out) {
   switch (type) {
+    case DType::Q4_K:
+      for (int64_t b = 0; b < n / kQK_K; ++b, p += sizeof(BlockQ4_K)) dequant_kblock<DType::Q4_K>(p, out);
+      break;
+    case DType::Q5_K:
+      for (int64_t b = 0; b < n / kQK_K; ++b, p += sizeof(BlockQ5_K)) dequant_kblock<DType::Q5_K>(p, out);
+      break;
+    case DType::Q6_K:
+      for (int64_t b = 0; b < n / kQK_K; ++b, p += sizeof(BlockQ6_K)) dequant_kblock<DType::Q6_K>(p, out);
+      break;
     case DType::Q4_0:
       for (int64_t b = 0; b < n / kQK; ++b, p += sizeof(BlockQ4_0)) {
         const __m256 d = _mm256_set1_ps(h2f(load_u16(p)));
@@ -664,10 +711,9 @@ void dequant_f32(DType type, const void* src, float* dst, int64_t n) {
     std::memcpy(dst, src, static_cast<size_t>(n) * 4);
     return;
   }
-  if (is_kquant(type)) return dequant_reference_f32(type, src, dst, n);
   F32Sink out{dst};
   dequant_any(type, p, n, out);
-  if (!is_quant(type))
+  if (!is_quant(type) && !is_kquant(type))
     for (int64_t k = n & ~int64_t{7}; k < n; ++k)
       dst[k] = type == DType::F16 ? load1<DType::F16>(p, k) : load1<DType::BF16>(p, k);
 }
@@ -692,9 +738,8 @@ void dequant_bf16(DType type, const void* src, uint16_t* dst, int64_t n) {
     f32_to_bf16(static_cast<const float*>(src), dst, n);
     return;
   }
-  if (is_kquant(type)) return dequant_reference_bf16(type, src, dst, n);
   Bf16Sink out{dst, _mm256_setzero_si256()};
-  if (is_quant(type)) {
+  if (is_quant(type) || is_kquant(type)) {
     dequant_any(type, p, n, out);  // 32 per block: always an even number of put8
     return;
   }

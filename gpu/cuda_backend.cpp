@@ -623,12 +623,12 @@ class CudaBackend final : public Backend, public BackendExtras {
         op.xs = reinterpret_cast<gpu::ActScale*>(base + q_bytes);
         // The scales depend on the weight type (Q4_1's s differs, gpu/layout.h
         // act_block_scale): reuse only for the same kind.
-        const bool q41 = w.type == DType::Q4_1;
+        const bool q41 = gpu::has_min(w.type);
         op.reuse_xq = last_quant_.x == x && last_quant_.M == M && last_quant_.K == w.K && last_quant_.xq == op.xq &&
                       last_quant_.q41 == q41;
       }
       submit(op);
-      if (gpu::is_quant(w.type)) last_quant_ = LastQuant{x, M, w.K, op.xq, w.type == DType::Q4_1};
+      if (gpu::is_quant(w.type)) last_quant_ = LastQuant{x, M, w.K, op.xq, gpu::has_min(w.type)};
       return;
     }
     // cuBLAS. Activations in the weight's 16-bit type (F32 weights: f32).

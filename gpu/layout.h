@@ -61,13 +61,23 @@ struct alignas(8) ActScale {
 
 // ---------------------------------------------------------------- types
 
-EMBER_HD bool is_quant(DType t) { return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0; }
+// Q5_0 / Q5_1 are expanded at upload to one int8 per element (Q5_0: q - 16,
+// Q5_1: q) and then computed as Q8_0 / Q4_1 are (a block costs 34 / 36 bytes
+// on the device instead of 22 / 24: simple, exact, not memory-optimal).
+// K-quants have no CUDA kernels yet (the backend rejects them).
+EMBER_HD bool is_quant(DType t) {
+  return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0 || t == DType::Q5_0 || t == DType::Q5_1;
+}
+EMBER_HD bool has_min(DType t) { return t == DType::Q4_1 || t == DType::Q5_1; }  // header d, m; q8_1 s
+EMBER_HD bool int8_quants(DType t) { return t == DType::Q8_0 || t == DType::Q5_0 || t == DType::Q5_1; }
 EMBER_HD bool is_float(DType t) { return t == DType::F16 || t == DType::BF16 || t == DType::F32; }
 // Bytes of quants per block on the device.
-EMBER_HD int quant_qs_bytes(DType t) { return t == DType::Q8_0 ? 32 : 16; }
+EMBER_HD int quant_qs_bytes(DType t) { return int8_quants(t) ? 32 : 16; }
 // Bytes of header (scale, min) per block, in GGUF and on the device.
-EMBER_HD int quant_header_bytes(DType t) { return t == DType::Q4_1 ? 4 : 2; }
-EMBER_HD int gguf_block_bytes(DType t) { return quant_header_bytes(t) + quant_qs_bytes(t); }
+EMBER_HD int quant_header_bytes(DType t) { return has_min(t) ? 4 : 2; }
+EMBER_HD int gguf_block_bytes(DType t) {
+  return t == DType::Q5_0 ? 22 : t == DType::Q5_1 ? 24 : quant_header_bytes(t) + quant_qs_bytes(t);
+}
 EMBER_HD int float_elem_bytes(DType t) { return t == DType::F32 ? 4 : 2; }
 EMBER_HD int64_t float_row_stride(int64_t K) { return (K + 7) / 8 * 8; }
 
@@ -133,7 +143,7 @@ EMBER_HD ActScale act_block_scale(DType t, float amax, int sum) {
   const float d32 = amax / 127.0f;
   const float d = round_act_scale(d32);
   const float s =
-      t == DType::Q4_1 ? round_act_scale(fmul_rn(d32, static_cast<float>(sum))) : fmul_rn(d, static_cast<float>(sum));
+      has_min(t) ? round_act_scale(fmul_rn(d32, static_cast<float>(sum))) : fmul_rn(d, static_cast<float>(sum));
   return ActScale{d, s};
 }
 
@@ -157,19 +167,32 @@ EMBER_HD int dp4a(int a, int b, int c) {
 EMBER_HD void split_block(DType t, const uint8_t* src, uint8_t* qs_dst, uint8_t* header_dst) {
   const int hb = quant_header_bytes(t), qb = quant_qs_bytes(t);
   for (int i = 0; i < hb; ++i) header_dst[i] = src[i];
+  if (t == DType::Q5_0 || t == DType::Q5_1) {  // d [, m], qh[4], qs[16] -> 32 int8 values
+    const uint8_t* qh = src + hb;
+    const uint8_t* q4 = src + hb + 4;
+    const int off = t == DType::Q5_0 ? 16 : 0;
+    for (int j = 0; j < 16; ++j) {
+      const int h0 = (qh[j / 8] >> (j % 8)) & 1, h1 = (qh[2 + j / 8] >> (j % 8)) & 1;
+      qs_dst[j] = static_cast<uint8_t>(static_cast<int8_t>(((q4[j] & 0x0F) | (h0 << 4)) - off));
+      qs_dst[j + 16] = static_cast<uint8_t>(static_cast<int8_t>(((q4[j] >> 4) | (h1 << 4)) - off));
+    }
+    return;
+  }
   for (int i = 0; i < qb; ++i) qs_dst[i] = src[hb + i];
 }
 
 // The header of block gb (a global block index n * nb + b).
 EMBER_HD uint32_t load_header(DType t, const uint8_t* sc, int64_t gb) {
-  if (t == DType::Q4_1) return reinterpret_cast<const uint32_t*>(sc)[gb];
+  if (has_min(t)) return reinterpret_cast<const uint32_t*>(sc)[gb];
   return reinterpret_cast<const uint16_t*>(sc)[gb];
 }
 
 // Element j (0..31) of a device block: quants qs (QB bytes), header hdr.
 EMBER_HD float dequant_elem(DType t, const uint8_t* qs, uint32_t hdr, int j) {
   const float d = f16_to_f32(static_cast<uint16_t>(hdr & 0xFFFFu));
-  if (t == DType::Q8_0) return static_cast<float>(static_cast<int8_t>(qs[j])) * d;
+  if (t == DType::Q8_0 || t == DType::Q5_0) return static_cast<float>(static_cast<int8_t>(qs[j])) * d;
+  if (t == DType::Q5_1)
+    return fma_rn(static_cast<float>(static_cast<int8_t>(qs[j])), d, f16_to_f32(static_cast<uint16_t>(hdr >> 16)));
   const uint8_t byte = qs[j & 15];
   const int q = j < 16 ? (byte & 0x0F) : (byte >> 4);
   if (t == DType::Q4_0) return static_cast<float>(q - 8) * d;
@@ -191,7 +214,7 @@ EMBER_HD float float_weight_elem(DType t, const void* data, int64_t stride, int6
 // (a: the 32 activation bytes as 8 ints).
 EMBER_HD int block_sumi(DType t, const U32x4* wq, const int* a) {
   int sumi = 0;
-  if (t == DType::Q8_0) {
+  if (int8_quants(t)) {
     const U32x4 w0 = wq[0], w1 = wq[1];
     sumi = dp4a(static_cast<int>(w0.x), a[0], sumi);
     sumi = dp4a(static_cast<int>(w0.y), a[1], sumi);
@@ -224,7 +247,7 @@ EMBER_HD float block_accumulate(DType t, int sumi, uint32_t hdr, ActScale xs, fl
   const float dw = f16_to_f32(static_cast<uint16_t>(hdr & 0xFFFFu));
   const float t0 = fmul_rn(xs.d, static_cast<float>(sumi));
   if (t == DType::Q4_0) return fma_rn(dw, fma_rn(-8.0f, xs.s, t0), acc);
-  if (t == DType::Q4_1) {
+  if (has_min(t)) {  // Q4_1, Q5_1
     const float mw = f16_to_f32(static_cast<uint16_t>(hdr >> 16));
     return fma_rn(mw, xs.s, fma_rn(dw, t0, acc));
   }

@@ -154,6 +154,8 @@ cudaError_t launch_gemv_nr(const DevWeight& w, const float* x, const int8_t* xq,
     switch (w.type) {
       case DType::Q4_0: quant_gemv_kernel<DType::Q4_0, NR><<<grid, block, 0, stream>>>(g, w.N, M, ng, y); break;
       case DType::Q4_1: quant_gemv_kernel<DType::Q4_1, NR><<<grid, block, 0, stream>>>(g, w.N, M, ng, y); break;
+      case DType::Q5_0: quant_gemv_kernel<DType::Q5_0, NR><<<grid, block, 0, stream>>>(g, w.N, M, ng, y); break;
+      case DType::Q5_1: quant_gemv_kernel<DType::Q5_1, NR><<<grid, block, 0, stream>>>(g, w.N, M, ng, y); break;
       default: quant_gemv_kernel<DType::Q8_0, NR><<<grid, block, 0, stream>>>(g, w.N, M, ng, y); break;
     }
   } else {

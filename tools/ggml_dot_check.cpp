@@ -10,8 +10,10 @@
 // f32 bits differ; exit 0 when all are identical, 1 otherwise, 77 when the
 // library cannot be loaded.
 //
-//   ggml_dot_check [path/to/libggml-cpu.so]
+//   ggml_dot_check [--gguf MODEL.gguf] [path/to/libggml-cpu.so]
 //   (default: $EMBER_GGML_CPU_LIB, else the reference venv's copy)
+// --gguf: the same checks on every quantized 2-D tensor of a real file (up to
+// 64 rows each, 3 random activation rows), e.g. the Gemma 3 270M Q4_K_M.
 #include <dlfcn.h>
 
 #include <cstdint>
@@ -23,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "core/gguf/gguf.h"
 #include "core/tensor/types.h"
 #include "cpu/cpu_features.h"
 #include "cpu/matmul.h"
@@ -42,6 +45,16 @@ struct ggml_type_traits_cpu {
   int64_t nrows;
 };
 using get_traits_t = const ggml_type_traits_cpu* (*)(int type);
+struct ggml_type_traits {  // ggml.h
+  const char* type_name;
+  int64_t blck_size;
+  int64_t blck_size_interleave;
+  size_t type_size;
+  bool is_quantized;
+  void (*to_float)(const void* x, float* y, int64_t k);
+  ggml_from_float_t from_float_ref;
+};
+using get_base_traits_t = const ggml_type_traits* (*)(int type);
 using cpu_init_t = void (*)();
 
 std::vector<uint8_t> make_weight(DType t, int64_t N, int64_t K, uint32_t seed) {
@@ -82,7 +95,14 @@ std::vector<uint8_t> make_weight(DType t, int64_t N, int64_t K, uint32_t seed) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string lib = argc > 1 ? argv[1] : "";
+  std::string lib, gguf_path;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--gguf" && i + 1 < argc)
+      gguf_path = argv[++i];
+    else
+      lib = a;
+  }
   if (lib.empty() && std::getenv("EMBER_GGML_CPU_LIB")) lib = std::getenv("EMBER_GGML_CPU_LIB");
   if (lib.empty()) lib = "/root/.cache/ember/refvenv/lib/python3.11/site-packages/llama_cpp/lib/libggml-cpu.so";
   void* h = dlopen(lib.c_str(), RTLD_NOW | RTLD_GLOBAL);
@@ -97,7 +117,61 @@ int main(int argc, char** argv) {
     return 77;
   }
   cpu_init();
+  auto get_base_traits = reinterpret_cast<get_base_traits_t>(dlsym(RTLD_DEFAULT, "ggml_get_type_traits"));
   int total_bad = 0;
+  if (!gguf_path.empty()) {
+    try {
+      auto f = gguf::GgufFile::open(gguf_path);
+      auto get_base = reinterpret_cast<get_base_traits_t>(dlsym(RTLD_DEFAULT, "ggml_get_type_traits"));
+      cpu::set_decode_max_m(std::numeric_limits<int64_t>::max());
+      int n_checked = 0;
+      for (const gguf::TensorInfo& t : f->tensors()) {
+        if (t.n_dims != 2 || !cpu::matmul_supports(t.type) || t.type == DType::F32 || t.type == DType::F16 ||
+            t.type == DType::BF16)
+          continue;
+        const int64_t K = t.ne[0], N = t.ne[1] < 64 ? t.ne[1] : 64, M = 3;
+        const auto* w = static_cast<const uint8_t*>(t.data);
+        std::mt19937 rng(static_cast<uint32_t>(K + N));
+        std::normal_distribution<float> normal(0.f, 1.f);
+        std::vector<float> x(static_cast<size_t>(M * K)), yg(static_cast<size_t>(M * N)), ye(yg.size());
+        for (auto& v : x) v = normal(rng);
+        const ggml_type_traits_cpu* tr = get_traits(static_cast<int>(t.type));
+        const ggml_type_traits_cpu* vtr = get_traits(tr->vec_dot_type);
+        std::vector<uint8_t> xq(row_bytes(static_cast<DType>(tr->vec_dot_type), K) + 64);
+        for (int64_t m = 0; m < M; ++m) {
+          vtr->from_float(x.data() + m * K, xq.data(), K);
+          for (int64_t n = 0; n < N; ++n)
+            tr->vec_dot(static_cast<int>(K), &yg[static_cast<size_t>(m * N + n)], 0,
+                        w + static_cast<size_t>(n) * row_bytes(t.type, K), 0, xq.data(), 0, 1);
+        }
+        std::vector<float> dg(static_cast<size_t>(N * K)), de(dg.size());
+        get_base(static_cast<int>(t.type))->to_float(w, dg.data(), N * K);
+        for (cpu::Isa isa : {cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512Vnni}) {
+          if (!cpu::isa_supported(isa)) continue;
+          cpu::force_isa(isa);
+          cpu::MatmulScratch scratch;
+          cpu::matmul({t.type, N, K, w}, x.data(), M, ye.data(), scratch);
+          cpu::dequantize_rows({t.type, N, K, w}, 0, N, de.data());
+          int bad = 0, badd = 0;
+          for (size_t i = 0; i < ye.size(); ++i) bad += std::memcmp(&ye[i], &yg[i], 4) != 0;
+          for (size_t i = 0; i < de.size(); ++i) badd += std::memcmp(&de[i], &dg[i], 4) != 0;
+          if (bad || badd)
+            std::printf("%s (%s, %lld x %lld) %s: %d outputs, %d dequantized values differ\n", t.name.c_str(),
+                        type_name(static_cast<uint32_t>(t.type)), static_cast<long long>(t.ne[1]),
+                        static_cast<long long>(K), cpu::isa_to_string(isa), bad, badd);
+          total_bad += bad + badd;
+        }
+        cpu::reset_isa();
+        ++n_checked;
+      }
+      std::printf("%s: %d quantized tensors checked (first 64 rows each), %d values differ from llama.cpp\n",
+                  gguf_path.c_str(), n_checked, total_bad);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "ggml_dot_check: %s\n", e.what());
+      return 2;
+    }
+    return total_bad == 0 ? 0 : 1;
+  }
   const DType types[] = {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_0,
                          DType::Q5_1, DType::Q4_K, DType::Q5_K, DType::Q6_K};
   const int64_t N = 67, M = 5;
@@ -122,6 +196,23 @@ int main(int argc, char** argv) {
         for (int64_t n = 0; n < N; ++n)
           tr->vec_dot(static_cast<int>(K), &yg[static_cast<size_t>(m * N + n)], 0,
                       w.data() + static_cast<size_t>(n) * row_bytes(t, K), 0, xq.data(), 0, 1);
+      }
+      // Dequantization (embedding lookup) against ggml's to_float.
+      if (get_base_traits) {
+        std::vector<float> dg(static_cast<size_t>(N * K));
+        get_base_traits(static_cast<int>(t))->to_float(w.data(), dg.data(), N * K);
+        for (cpu::Isa isa : {cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512Vnni}) {
+          if (!cpu::isa_supported(isa)) continue;
+          cpu::force_isa(isa);
+          std::vector<float> de(dg.size());
+          cpu::dequantize_rows({t, N, K, w.data()}, 0, N, de.data());
+          int bad = 0;
+          for (size_t i = 0; i < de.size(); ++i) bad += std::memcmp(&de[i], &dg[i], 4) != 0;
+          std::printf("%-5s K=%-5lld %-12s %4d of %zu dequantized values differ from llama.cpp's to_float\n",
+                      type_name(static_cast<uint32_t>(t)), static_cast<long long>(K), cpu::isa_to_string(isa), bad,
+                      de.size());
+          total_bad += bad;
+        }
       }
       // Ember
       for (cpu::Isa isa : {cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512Vnni}) {

@@ -8,6 +8,12 @@
 //   make_synthetic_model --layers 2 --embd 64 --ff 128 --heads 4 --kv-heads 2
 //       --vocab 384 --type f16 --out tiny.gguf --verify
 //
+// Types: q4_0 q4_1 q8_0 f16 bf16 f32 (random values on a grid) and q5_0 q5_1
+// q4_k q5_k q6_k (uniform values through the plain quantizers below; K-quants
+// need --embd / --ff multiples of 256); q4_k_m writes the Q4_K_M-style mix
+// of tensor_type(): attn_v, ffn_down, token_embd and output in Q6_K, the other
+// matrices in Q4_K (general.file_type 15).
+//
 // The vocabulary is a valid minimal GPT-2 byte-level BPE: the 256 byte
 // tokens, a few dozen English merges, <|endoftext|> <|im_start|> <|im_end|>,
 // padded with unused <|reserved_N|> tokens to the vocabulary size; a ChatML

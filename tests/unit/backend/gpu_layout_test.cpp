@@ -22,7 +22,7 @@
 namespace ember {
 namespace {
 
-constexpr DType kQuantTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q8_0};
+constexpr DType kQuantTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_0, DType::Q5_1};
 constexpr DType kFloatTypes[] = {DType::F16, DType::BF16, DType::F32};
 
 // Random weights in the GGUF layout (as tests/ops/test_matmul.cpp).
@@ -58,6 +58,25 @@ std::vector<uint8_t> make_weight(DType t, int64_t N, int64_t K, uint32_t seed) {
           BlockQ8_0 blk;
           blk.d = fp32_to_fp16(scale(rng) / 16.f);
           for (auto& q : blk.qs) q = static_cast<int8_t>(byte(rng) - 128);
+          std::memcpy(p, &blk, sizeof(blk));
+        }
+        break;
+      case DType::Q5_0:
+        for (int64_t b = 0; b < nb; ++b, p += sizeof(BlockQ5_0)) {
+          BlockQ5_0 blk;
+          blk.d = fp32_to_fp16((byte(rng) & 1 ? -1.f : 1.f) * scale(rng) / 2.f);
+          for (auto& q : blk.qh) q = static_cast<uint8_t>(byte(rng));
+          for (auto& q : blk.qs) q = static_cast<uint8_t>(byte(rng));
+          std::memcpy(p, &blk, sizeof(blk));
+        }
+        break;
+      case DType::Q5_1:
+        for (int64_t b = 0; b < nb; ++b, p += sizeof(BlockQ5_1)) {
+          BlockQ5_1 blk;
+          blk.d = fp32_to_fp16(scale(rng) / 2.f);
+          blk.m = fp32_to_fp16(-8.f * scale(rng));
+          for (auto& q : blk.qh) q = static_cast<uint8_t>(byte(rng));
+          for (auto& q : blk.qs) q = static_cast<uint8_t>(byte(rng));
           std::memcpy(p, &blk, sizeof(blk));
         }
         break;
@@ -149,7 +168,7 @@ TEST(GpuLayout, ActivationQuantizationIsTheCpus) {
     for (float& v : x) v = trial == 0 ? 0.0f : normal(rng);
     if (trial == 1) x[7] = 1e30f;
     if (trial == 2) x[3] = -std::numeric_limits<float>::denorm_min();
-    for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q8_0}) {
+    for (DType t : kQuantTypes) {
       int8_t qa[32], qb[32];
       gpu::ActScale s;
       float d, sum;
@@ -182,7 +201,8 @@ std::vector<float> cpu_decode(DType t, const std::vector<uint8_t>& w, int64_t N,
 }
 
 TEST(GpuLayout, GemvMatchesCpuDecodeAndDoubleReference) {
-  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::F16, DType::BF16, DType::F32}) {
+  for (DType t :
+       {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_0, DType::Q5_1, DType::F16, DType::BF16, DType::F32}) {
     for (int64_t K : {32, 96, 256, 1056}) {
       for (int64_t M : {1, 2, 3, 5, 8, 11}) {
         const int64_t N = 7;
