@@ -13,9 +13,24 @@ tests/golden/tokenizer/ are what `gen` writes:
                        copies in a temporary directory): the edge cases and
                        random strings, and the books' token counts and hashes
 
+Gemma 3 (SentencePiece "llama" vocabulary), written by `gen-gemma3`:
+
+  gemma3_cases.txt     edge cases, Gemma special tokens, invalid UTF-8 (which
+                       SPM encodes as byte tokens) and seeded random strings
+  gemma3_books.txt     as smollm2_books.txt, plus "sample" lines: the first
+                       SAMPLE_TOKENS ids of each book in full
+  gemma3_unicode.txt   as smollm2_unicode.txt
+  gemma3_detok.txt     llama_detokenize(ids, remove_special, unparse_special)
+                       for all four flag pairs on the cases' ids (with BOS),
+                       and FNV-1a hashes of llama_token_to_piece for every id
+                       (special=0 and special=1)
+
 Usage (the reference venv has llama-cpp-python):
   PY=/root/.cache/ember/refvenv/bin/python
   $PY tools/tokenizer_golden.py gen [--model M] [--data-dir D] [--out-dir O]
+  $PY tools/tokenizer_golden.py gen-gemma3 [--model M] [--data-dir D] [--out-dir O]
+      (--model defaults to $EMBER_HOME/gemma-3-270m-q4_k_m.gguf here)
+  $PY tools/tokenizer_golden.py gen --pre-only qwen2   only smollm2_pre_qwen2.txt
   $PY tools/tokenizer_golden.py diff BOOK.txt OURS.ids [--model M]
       first differing position between llama.cpp and ids dumped by the C++
       test (EMBER_TOKENIZER_DUMP_DIR=dir ./test_tokenizer writes dir/<book>.ids
@@ -36,6 +51,13 @@ Formats (all text, '#' starts a comment line):
            The text of a block is, for each code point c in [first, last]
            except surrogates, the UTF-8 of  "x" c "y " c "y" c c " 1" c "\\n".
   pre:     "case" blocks as above, and "book" lines as above without checkpoints.
+  sample:  sample <file name> <first id> <id> ...        (gemma3_books.txt)
+  detok:   blocks of
+             detok <case name>
+             ids <id> ...                         (encoded with add_special=1 parse_special=1)
+             out <remove_special><unparse_special> <hex of the bytes>   ("-" when empty), four lines
+           and "pieces special=<0|1> n=<n_vocab> fnv=<hex>": FNV-1a 64 over, for each id
+           in order, the piece's length as little-endian uint32 followed by its bytes.
   ids_fnv is FNV-1a 64 over the ids as little-endian int32 bytes; text_fnv is
   FNV-1a 64 over the file's bytes. The books are encoded with
   add_special=0 parse_special=0.
@@ -53,6 +75,9 @@ DEFAULT_MODEL = os.path.join(os.environ.get("EMBER_HOME", os.path.expanduser("~/
 DEFAULT_DATA = os.path.normpath(os.path.join(ROOT, "..", "shared", "data"))
 DEFAULT_OUT = os.path.join(ROOT, "tests", "golden", "tokenizer")
 CHECKPOINT_EVERY = 65536
+SAMPLE_TOKENS = 1024
+GEMMA_MODEL = os.path.join(os.environ.get("EMBER_HOME", os.path.expanduser("~/.cache/ember")),
+                           "gemma-3-270m-q4_k_m.gguf")
 UNICODE_BLOCK = 4096
 
 FNV_OFFSET = 0xCBF29CE484222325
@@ -243,6 +268,10 @@ def header(llama_cpp, model, what):
 
 
 def cmd_gen(args):
+    if args.pre_only:
+        import llama_cpp
+        gen_pre_variants(llama_cpp, args, [args.pre_only])
+        return
     llama_cpp, llm = load(args.model)
     os.makedirs(args.out_dir, exist_ok=True)
 
@@ -301,10 +330,10 @@ def cmd_gen(args):
         f.write("\n".join(lines) + "\n")
     print("wrote %s" % path)
 
-    gen_pre_variants(llama_cpp, args)
+    gen_pre_variants(llama_cpp, args, PRE_VARIANTS)
 
 
-PRE_VARIANTS = ["gpt-2", "default", "llama-bpe"]
+PRE_VARIANTS = ["gpt-2", "default", "llama-bpe", "qwen2"]
 
 
 def make_variant(src, dst, pre):
@@ -324,7 +353,7 @@ def make_variant(src, dst, pre):
     w.close()
 
 
-def gen_pre_variants(llama_cpp, args):
+def gen_pre_variants(llama_cpp, args, variants):
     import tempfile
     books = []
     for name in sorted(os.listdir(args.data_dir)):
@@ -332,7 +361,7 @@ def gen_pre_variants(llama_cpp, args):
             with open(os.path.join(args.data_dir, name), "rb") as f:
                 books.append((name, f.read()))
     with tempfile.TemporaryDirectory() as tmp:
-        for pre in PRE_VARIANTS:
+        for pre in variants:
             path = os.path.join(tmp, "variant.gguf")
             make_variant(args.model, path, pre)
             llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
@@ -354,6 +383,184 @@ def gen_pre_variants(llama_cpp, args):
             with open(out, "w", encoding="ascii") as f:
                 f.write("\n".join(lines) + "\n")
             print("wrote %s" % out)
+
+
+# ---------------------------------------------------------------------------
+# Gemma 3 (SPM)
+
+GEMMA_SPECIAL_CASES = [
+    ("turns", "<start_of_turn>user\nHi there<end_of_turn>\n<start_of_turn>model\n"),
+    ("bos_eos", "<bos>text<eos>"),
+    ("bos_first", "<bos>Hello"),
+    ("adjacent_specials", "<start_of_turn><end_of_turn><eos><bos>"),
+    ("special_in_word", "abc<end_of_turn>def"),
+    ("special_spaces", " <start_of_turn> x <end_of_turn> "),
+    ("partial_special", "<start_of_turn<end_of_tur"),
+    ("nested_brackets", "<<start_of_turn>>"),
+    ("unused", "<unused0><unused6241>x<unused99>"),
+    ("image", "<start_of_image><end_of_image>[multimodal]"),
+    ("pad_unk_mask", "<pad><unk><mask>"),
+    ("special_repeat", "<end_of_turn>" * 5),
+    ("tabs_newlines_ud", "\t\t\t\n\n\n\n x\t\n\t"),
+    ("html", "<table><tr><td>1</td></tr></table><br/><h1>T</h1>"),
+]
+
+GEMMA_INVALID_CASES = [
+    ("invalid_ff", b"\xff"),
+    ("invalid_cont", b"a\x80b"),
+    ("invalid_trunc2", b"ok\xc3"),
+    ("invalid_trunc3", b"\xe2\x82"),
+    ("invalid_trunc3_sp", b"\xe2\x82 x"),
+    ("invalid_overlong", b"\xc0\xaf"),
+    ("invalid_surrogate", b"\xed\xa0\x80"),
+    ("invalid_above_max", b"\xf4\x90\x80\x80"),
+    ("invalid_f7", b"\xf7\xbf\xbf\xbf"),
+    ("invalid_f8", b"\xf8\x88\x80\x80\x80"),
+    ("invalid_mixed", b"caf\xc3\xa9 \xff\xfe na\xefve \xe4\xb8 \xf0\x9f\x98"),
+    ("invalid_lead_space", b"\xc3 \xa9"),
+]
+
+GEMMA_RANDOM_EXTRA = ["<start_of_turn>", "<end_of_turn>", "<bos>", "<eos>", "<unused7>", "<start_of_image>",
+                      "\n\n", "\t\t", "<table>", "<start_of", "\u2581"]
+
+
+def gemma_random_cases(n=300, seed=4321):
+    rng = random.Random(seed)
+    pool = RANDOM_POOL + GEMMA_RANDOM_EXTRA
+    out = []
+    for i in range(n):
+        length = rng.choice([1, 2, 3, 5, 8, 13, 21, 34, 55])
+        out.append(("random_%03d" % i, "".join(rng.choice(pool) for _ in range(length))))
+    return out
+
+
+def llama_detokenize(llama_cpp, vocab, ids, remove_special, unparse_special):
+    import ctypes
+    arr = (llama_cpp.llama_token * max(1, len(ids)))(*ids)
+    n = llama_cpp.llama_detokenize(vocab, arr, len(ids), None, 0, remove_special, unparse_special)
+    if n >= 0:
+        return b""
+    buf = ctypes.create_string_buffer(-n)
+    m = llama_cpp.llama_detokenize(vocab, arr, len(ids), buf, -n, remove_special, unparse_special)
+    assert m == -n
+    return buf.raw[:m]
+
+
+def token_piece(llama_cpp, vocab, tid, special):
+    import ctypes
+    buf = ctypes.create_string_buffer(64)
+    n = llama_cpp.llama_token_to_piece(vocab, tid, buf, 64, 0, special)
+    if n < 0:
+        buf = ctypes.create_string_buffer(-n)
+        n = llama_cpp.llama_token_to_piece(vocab, tid, buf, -n, 0, special)
+    return buf.raw[:n]
+
+
+def cmd_gen_gemma3(args):
+    model = args.model if args.model != DEFAULT_MODEL else GEMMA_MODEL
+    llama_cpp, llm = load(model)
+    vocab = llm._model.vocab
+    os.makedirs(args.out_dir, exist_ok=True)
+    hdr = lambda what: [h.replace("tokenizer_golden.py gen", "tokenizer_golden.py gen-gemma3")
+                        for h in header(llama_cpp, model, what)]
+
+    # Cases: (name, bytes).
+    cases = [(name, text.encode("utf-8")) for name, text in EDGE_CASES + GEMMA_SPECIAL_CASES]
+    cases += GEMMA_INVALID_CASES
+    cases += [(name, text.encode("utf-8")) for name, text in gemma_random_cases()]
+    lines = hdr("Tokenizer edge cases, invalid UTF-8 and seeded random strings (Gemma 3 SPM).")
+    n = 0
+    both_flags = set(["hello", "empty", "space", "leading_spaces", "newline", "emoji", "cjk_zh"]
+                     + [c[0] for c in GEMMA_SPECIAL_CASES] + [c[0] for c in SPECIAL_CASES])
+    for name, data in cases:
+        flags = [(0, 0), (0, 1)]
+        if name in both_flags or name.startswith("invalid"):
+            flags += [(1, 0), (1, 1)]
+        for add_special, parse_special in flags:
+            ids = tokenize(llm, data, bool(add_special), bool(parse_special))
+            lines += ["", "case %s" % name, "flags add_special=%d parse_special=%d" % (add_special, parse_special),
+                      "text %s" % (data.hex() if data else "-"), "ids %s" % (" ".join(map(str, ids)) or "-")]
+            n += 1
+    path = os.path.join(args.out_dir, "gemma3_cases.txt")
+    with open(path, "w", encoding="ascii") as f:
+        f.write("\n".join(lines) + "\n")
+    print("wrote %s (%d cases)" % (path, n))
+
+    # Detokenization.
+    lines = hdr("llama_detokenize on the cases' ids, and token_to_piece hashes (Gemma 3 SPM).")
+    for name, data in cases:
+        ids = tokenize(llm, data, True, True)
+        lines += ["", "detok %s" % name, "ids %s" % (" ".join(map(str, ids)) or "-")]
+        for rs in (0, 1):
+            for us in (0, 1):
+                out = llama_detokenize(llama_cpp, vocab, ids, bool(rs), bool(us))
+                lines.append("out %d%d %s" % (rs, us, out.hex() if out else "-"))
+    # A few hand-made id sequences: pieces starting with spaces, BOS/EOS in odd places.
+    sp = tokenize(llm, b" Hello world", False, False)
+    bos, eos = llm.token_bos(), llm.token_eos()
+    for name, ids in [("hand_space_first", sp), ("hand_bos_space", [bos] + sp), ("hand_eos_end", sp + [eos]),
+                      ("hand_bos_bos", [bos, bos] + sp), ("hand_ctl_first", [106] + sp),
+                      ("hand_byte_first", [493] + sp), ("hand_nl_first", [107] + sp)]:
+        lines += ["", "detok %s" % name, "ids %s" % " ".join(map(str, ids))]
+        for rs in (0, 1):
+            for us in (0, 1):
+                out = llama_detokenize(llama_cpp, vocab, ids, bool(rs), bool(us))
+                lines.append("out %d%d %s" % (rs, us, out.hex() if out else "-"))
+    lines.append("")
+    n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
+    for special in (0, 1):
+        h = FNV_OFFSET
+        for tid in range(n_vocab):
+            piece = token_piece(llama_cpp, vocab, tid, bool(special))
+            h = fnv1a_bytes(len(piece).to_bytes(4, "little"), h)
+            h = fnv1a_bytes(piece, h)
+        lines.append("pieces special=%d n=%d fnv=%016x" % (special, n_vocab, h))
+    lines.append("eog %s" % " ".join(str(t) for t in range(n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, t)))
+    lines.append("control %d" % sum(1 for t in range(n_vocab) if llama_cpp.llama_vocab_is_control(vocab, t)))
+    lines.append("special bos=%d eos=%d eot=%d pad=%d add_bos=%d add_eos=%d" % (
+        llama_cpp.llama_vocab_bos(vocab), llama_cpp.llama_vocab_eos(vocab), llama_cpp.llama_vocab_eot(vocab),
+        llama_cpp.llama_vocab_pad(vocab), llama_cpp.llama_vocab_get_add_bos(vocab),
+        llama_cpp.llama_vocab_get_add_eos(vocab)))
+    path = os.path.join(args.out_dir, "gemma3_detok.txt")
+    with open(path, "w", encoding="ascii") as f:
+        f.write("\n".join(lines) + "\n")
+    print("wrote %s" % path)
+
+    # Books.
+    lines = hdr("Token count, hashes and the first %d ids of the books in shared/data/ "
+                "(add_special=0 parse_special=0)." % SAMPLE_TOKENS)
+    for name in sorted(os.listdir(args.data_dir)):
+        if not name.endswith(".txt"):
+            continue
+        with open(os.path.join(args.data_dir, name), "rb") as f:
+            data = f.read()
+        ids = tokenize(llm, data, False, False)
+        lines.append("book %s bytes=%d text_fnv=%016x tokens=%d ids_fnv=%016x"
+                     % (name, len(data), fnv1a_bytes(data), len(ids), fnv1a_ids(ids)))
+        h = FNV_OFFSET
+        for start in range(0, len(ids), CHECKPOINT_EVERY):
+            chunk = ids[start:start + CHECKPOINT_EVERY]
+            h = fnv1a_ids(chunk, h)
+            if start + len(chunk) < len(ids):
+                lines.append("checkpoint %s %d %016x" % (name, start + len(chunk), h))
+        lines.append("sample %s 0 %s" % (name, " ".join(map(str, ids[:SAMPLE_TOKENS]))))
+        print("%s: %d bytes, %d tokens" % (name, len(data), len(ids)))
+    path = os.path.join(args.out_dir, "gemma3_books.txt")
+    with open(path, "w", encoding="ascii") as f:
+        f.write("\n".join(lines) + "\n")
+    print("wrote %s" % path)
+
+    # Unicode sweep.
+    lines = hdr("Every code point in a few contexts, hashed per block of %d code points." % UNICODE_BLOCK)
+    for first in range(0, 0x110000, UNICODE_BLOCK):
+        last = first + UNICODE_BLOCK - 1
+        data = unicode_block_text(first, last)
+        ids = tokenize(llm, data, False, False)
+        lines.append("block %06x %06x tokens=%d ids_fnv=%016x" % (first, last, len(ids), fnv1a_ids(ids)))
+    path = os.path.join(args.out_dir, "gemma3_unicode.txt")
+    with open(path, "w", encoding="ascii") as f:
+        f.write("\n".join(lines) + "\n")
+    print("wrote %s" % path)
 
 
 def cmd_diff(args):
@@ -410,6 +617,10 @@ def main():
     g = sub.add_parser("gen")
     g.add_argument("--data-dir", default=DEFAULT_DATA)
     g.add_argument("--out-dir", default=DEFAULT_OUT)
+    g.add_argument("--pre-only", help="only write smollm2_pre_<PRE>.txt for this tokenizer.ggml.pre")
+    g3 = sub.add_parser("gen-gemma3")
+    g3.add_argument("--data-dir", default=DEFAULT_DATA)
+    g3.add_argument("--out-dir", default=DEFAULT_OUT)
     d = sub.add_parser("diff")
     d.add_argument("book")
     d.add_argument("ids")
@@ -417,7 +628,7 @@ def main():
     o = sub.add_parser("probe-one")
     o.add_argument("hex")
     args = ap.parse_args()
-    {"gen": cmd_gen, "diff": cmd_diff, "probe-invalid": cmd_probe_invalid, "probe-one": cmd_probe_one}[args.cmd](args)
+    {"gen": cmd_gen, "gen-gemma3": cmd_gen_gemma3, "diff": cmd_diff, "probe-invalid": cmd_probe_invalid, "probe-one": cmd_probe_one}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ enum class Stage : uint8_t {
   kPunctRuns,    // [\p{P}\$\+<=>\^~\|]+
   kGpt2,
   kLlama3,
+  kQwen2,  // kLlama3 with \p{N} instead of \p{N}{1,3}
 };
 
 // One-character classes of the std::regex fallback in llama.cpp. It runs the
@@ -103,7 +104,8 @@ class Splitter {
         break;
       case Stage::kPunctRuns: split_class(stage, b, e, is_default_punct, 1, SIZE_MAX); break;
       case Stage::kGpt2: split_gpt2(stage, b, e); break;
-      case Stage::kLlama3: split_llama3(stage, b, e); break;
+      case Stage::kLlama3: split_llama3(stage, b, e, 3); break;
+      case Stage::kQwen2: split_llama3(stage, b, e, 1); break;
     }
   }
 
@@ -190,7 +192,8 @@ class Splitter {
 
   // llama3: (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
   //          ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
-  void split_llama3(size_t stage, size_t b, size_t e) {
+  // with max_digits = 3; qwen2 is the same regex with \p{N} (max_digits = 1).
+  void split_llama3(size_t stage, size_t b, size_t e, size_t max_digits) {
     auto fl = [&](size_t p) -> uint16_t { return p < e ? unicode::flags(cps_[p]) : 0; };
     auto cp_at = [&](size_t p) -> uint32_t { return p < e ? cps_[p] : 0xFFFFFFFFu; };
     size_t pos = b;
@@ -224,10 +227,10 @@ class Splitter {
           continue;
         }
       }
-      if (f & kNumber) {  // \p{N}{1,3}
+      if (f & kNumber) {  // \p{N}{1,max_digits}
         size_t ini = pos;
         while (fl(pos) & kNumber) {
-          if (++pos - ini >= 3) {
+          if (++pos - ini >= max_digits) {
             emit(stage, ini, pos);
             ini = pos;
           }
@@ -281,11 +284,13 @@ Pipeline pipeline(Tokenizer::PreType type) {
   static const Stage kSmol[] = {Stage::kDigit1, Stage::kGpt2};
   static const Stage kDefault[] = {Stage::kPunctRuns, Stage::kGpt2, Stage::kDigitRuns, Stage::kAsciiDigit3};
   static const Stage kLlama3[] = {Stage::kLlama3};
+  static const Stage kQwen2[] = {Stage::kQwen2};
   switch (type) {
     case Tokenizer::PreType::kGpt2: return {kGpt2, 1};
     case Tokenizer::PreType::kSmolLM: return {kSmol, 2};
     case Tokenizer::PreType::kDefault: return {kDefault, 4};
     case Tokenizer::PreType::kLlama3: return {kLlama3, 1};
+    case Tokenizer::PreType::kQwen2: return {kQwen2, 1};
   }
   return {kGpt2, 1};
 }

@@ -9,6 +9,8 @@
 //   kDefault: [\p{P}\$\+<=>\^~\|]+   then kGpt2   then \p{N}+   then [0-9][0-9][0-9]
 //   kLlama3:  (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
 //             ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+//   kQwen2:   the kLlama3 regex with \p{N} in place of \p{N}{1,3}
+//             (llama.cpp's unicode_regex_split_custom_qwen2)
 #pragma once
 
 #include <cstddef>

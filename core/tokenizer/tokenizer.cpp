@@ -191,8 +191,14 @@ struct MergeTable {
 
 struct Tokenizer::Impl {
   MergeTable merges;
-  std::array<int32_t, 256> byte_token{};                        // id of the one-byte token for each byte, -1 if none
-  std::array<std::vector<int32_t>, 256> special_by_first_byte;  // indices into special_tokens_
+  // Id of the token for each byte, -1 if none: BPE the byte-level alphabet
+  // symbol, SPM "<0xXX>" (else the one-byte text, as llama.cpp's byte_to_token).
+  std::array<int32_t, 256> byte_token{};
+  // Special-token matching: the distinct text lengths of the special tokens
+  // starting with each byte (longest first), and text -> index into
+  // special_tokens_.
+  std::array<std::vector<uint32_t>, 256> special_lengths_by_first_byte;
+  std::unordered_map<std::string_view, int32_t> special_index;
 };
 
 Tokenizer::Tokenizer() : impl_(std::make_unique<Impl>()) {}
@@ -253,21 +259,28 @@ std::unique_ptr<Tokenizer> Tokenizer::from_vocab(Vocab v) {
 
   // Vocabulary type and pre-tokenizer.
   bool default_add_bos = false;
+  bool is_spm = false;
   if (v.model == "gpt2") {
     t->vocab_type_ = VocabType::kBpe;
+    t->clean_spaces_ = true;  // llama.cpp's default for BPE; some pre-tokenizers turn it off below
   } else if (v.model == "llama") {
-    fail(StatusCode::kUnsupported, "tokenizer: tokenizer.ggml.model 'llama' (SentencePiece) is not supported yet");
+    // SentencePiece (llama.cpp LLAMA_VOCAB_TYPE_SPM): no pre-tokenizer, BOS
+    // and a space prefix by default, default special ids bos=1 eos=2 unk=0.
+    t->vocab_type_ = VocabType::kSpm;
+    is_spm = true;
+    default_add_bos = true;
   } else {
     fail(StatusCode::kUnsupported, "tokenizer: unsupported tokenizer.ggml.model '" + printable(v.model) + "'");
   }
   t->pre_name_ = v.pre.value_or("");
-  {
+  if (!is_spm) {
     const std::string& p = t->pre_name_;
     if (!v.pre || p == "default") {
       t->pre_type_ = PreType::kDefault;
     } else if (p == "smollm" || p == "starcoder" || p == "refact" || p == "command-r" || p == "codeshell" ||
                p == "exaone" || p == "minerva-7b") {
       t->pre_type_ = PreType::kSmolLM;
+      if (p == "smollm" || p == "command-r") t->clean_spaces_ = false;
     } else if (p == "gpt-2" || p == "gpt2" || p == "phi-2" || p == "mpt" || p == "olmo") {
       t->pre_type_ = PreType::kGpt2;
     } else if (p == "llama3" || p == "llama-v3" || p == "llama-bpe" || p == "falcon3" || p == "pixtral") {
@@ -276,6 +289,9 @@ std::unique_ptr<Tokenizer> Tokenizer::from_vocab(Vocab v) {
       default_add_bos = true;
     } else if (p == "dbrx" || p == "smaug-bpe") {
       t->pre_type_ = PreType::kLlama3;
+    } else if (p == "qwen2" || p == "deepseek-r1-qwen") {
+      t->pre_type_ = PreType::kQwen2;
+      t->clean_spaces_ = false;
     } else {
       fail(StatusCode::kUnsupported, "tokenizer: unsupported tokenizer.ggml.pre '" + printable(p) + "'");
     }
@@ -292,6 +308,10 @@ std::unique_ptr<Tokenizer> Tokenizer::from_vocab(Vocab v) {
     bad_format("tokenizer.ggml.scores has " + std::to_string(v.scores.size()) + " entries for " + std::to_string(n) +
                " tokens");
   t->tokens_ = std::move(v.tokens);
+  if (is_spm) {
+    t->scores_ = std::move(v.scores);
+    t->scores_.resize(n, 0.0f);  // no scores: all 0, as llama.cpp
+  }
   t->attrs_.resize(n, kAttrNormal);
   for (size_t i = 0; i < n; ++i) {
     if (t->tokens_[i].empty()) t->tokens_[i] = "[EMPTY_" + std::to_string(i) + "]";  // as llama.cpp
@@ -313,6 +333,16 @@ std::unique_ptr<Tokenizer> Tokenizer::from_vocab(Vocab v) {
                  std::to_string(n) + " tokens)");
     return static_cast<int32_t>(*id);
   };
+  if (is_spm) {
+    // llama.cpp's SPM defaults, used when the metadata names none (and
+    // dropped when the vocabulary is too small for them).
+    auto dflt = [&](std::optional<int64_t>& id, int64_t d) {
+      if (!id && d < static_cast<int64_t>(n)) id = d;
+    };
+    dflt(v.bos, 1);
+    dflt(v.eos, 2);
+    dflt(v.unk, 0);
+  }
   t->bos_ = special(v.bos, "bos_token_id");
   t->eos_ = special(v.eos, "eos_token_id");
   t->eot_ = special(v.eot, "eot_token_id");
@@ -328,6 +358,9 @@ std::unique_ptr<Tokenizer> Tokenizer::from_vocab(Vocab v) {
   int32_t fim_sep = special(v.fim_sep, "fim_sep_token_id");
   t->add_bos_ = v.add_bos.value_or(default_add_bos && t->bos_ >= 0);
   t->add_eos_ = v.add_eos.value_or(false);
+  // llama.cpp reads tokenizer.ggml.add_space_prefix for every vocabulary type;
+  // only SPM encoding uses it, detokenize_llama uses it for all.
+  t->add_space_prefix_ = v.add_space_prefix.value_or(is_spm);
   if (t->add_bos_ && t->bos_ < 0) bad_format("tokenizer.ggml.add_bos_token is true but there is no bos_token_id");
   if (t->add_eos_ && t->eos_ < 0) bad_format("tokenizer.ggml.add_eos_token is true but there is no eos_token_id");
 
@@ -390,20 +423,44 @@ std::unique_ptr<Tokenizer> Tokenizer::from_vocab(Vocab v) {
   }
   t->eog_ids_.assign(eog.begin(), eog.end());
 
+  // llama.cpp marks control tokens whose text contains "unused" as unused
+  // (Gemma's <unused0>..<unused6241>); they stay control tokens.
+  for (size_t i = 0; i < n; ++i)
+    if ((t->attrs_[i] & kAttrControl) && t->tokens_[i].find("unused") != std::string::npos)
+      t->attrs_[i] |= kAttrUnused;
+
   // Special tokens matched in text: control, user-defined and unknown tokens,
-  // longest text first (ties by id, for determinism).
+  // longest text first. std::sort on ascending ids with llama.cpp's
+  // comparator, so that equal lengths come in the same order as in llama.cpp
+  // (built against the same standard library).
   for (size_t i = 0; i < n; ++i)
     if (t->attrs_[i] & (kAttrControl | kAttrUserDefined | kAttrUnknown))
       t->special_tokens_.push_back(static_cast<int32_t>(i));
-  std::stable_sort(t->special_tokens_.begin(), t->special_tokens_.end(),
-                   [&](int32_t a, int32_t b) { return t->tokens_[a].size() > t->tokens_[b].size(); });
+  std::sort(t->special_tokens_.begin(), t->special_tokens_.end(),
+            [&](int32_t a, int32_t b) { return t->tokens_[a].size() > t->tokens_[b].size(); });
+  Impl& im = *t->impl_;
+  im.special_index.reserve(t->special_tokens_.size());
   for (size_t k = 0; k < t->special_tokens_.size(); ++k) {
     const std::string& text = t->tokens_[t->special_tokens_[k]];
-    t->impl_->special_by_first_byte[static_cast<uint8_t>(text[0])].push_back(static_cast<int32_t>(k));
+    im.special_index.emplace(std::string_view(text), static_cast<int32_t>(k));
+    auto& lengths = im.special_lengths_by_first_byte[static_cast<uint8_t>(text[0])];
+    if (std::find(lengths.begin(), lengths.end(), static_cast<uint32_t>(text.size())) == lengths.end())
+      lengths.push_back(static_cast<uint32_t>(text.size()));
+  }
+
+  if (is_spm) {
+    static const char* hex = "0123456789ABCDEF";
+    for (int b = 0; b < 256; ++b) {
+      const char buf[6] = {'<', '0', 'x', hex[b >> 4], hex[b & 15], '>'};
+      int32_t id = t->find_token(std::string_view(buf, 6));
+      if (id < 0) id = t->find_token(std::string(1, static_cast<char>(b)));
+      im.byte_token[b] = id;
+    }
+    t->build_pieces();
+    return t;
   }
 
   // Byte-level alphabet tokens and merges.
-  Impl& im = *t->impl_;
   for (int b = 0; b < 256; ++b) im.byte_token[b] = t->find_token(unicode::byte_to_utf8(static_cast<uint8_t>(b)));
   if (v.merges.empty()) bad_format("missing tokenizer.ggml.merges (required for a BPE vocabulary)");
   if (v.merges.size() > static_cast<size_t>(INT32_MAX)) bad_format("too many merges");
@@ -424,14 +481,39 @@ std::unique_ptr<Tokenizer> Tokenizer::from_vocab(Vocab v) {
     im.merges.insert(l, rr, static_cast<int32_t>(r), merged);
   }
 
-  // token_to_piece cache.
-  t->pieces_.resize(n);
+  t->build_pieces();
+  return t;
+}
+
+// The token_to_piece cache (llama.cpp's token_to_piece with special=true).
+void Tokenizer::build_pieces() {
+  const size_t n = tokens_.size();
+  pieces_.resize(n);
   for (size_t i = 0; i < n; ++i) {
-    const uint16_t a = t->attrs_[i];
-    const std::string& text = t->tokens_[i];
-    std::string& out = t->pieces_[i];
+    const uint16_t a = attrs_[i];
+    const std::string& text = tokens_[i];
+    std::string& out = pieces_[i];
     if (a & (kAttrUnknown | kAttrControl | kAttrUserDefined)) {
       out = text;
+    } else if (vocab_type_ == VocabType::kSpm) {
+      if (a & kAttrNormal) {
+        // U+2581 -> ' '
+        out.reserve(text.size());
+        for (size_t p = 0; p < text.size();) {
+          if (text.compare(p, 3, "\xE2\x96\x81") == 0) {
+            out.push_back(' ');
+            p += 3;
+          } else {
+            out.push_back(text[p++]);
+          }
+        }
+      } else if (a & kAttrByte) {
+        // llama.cpp: strtol(text.substr(3, 2), 16), low byte.
+        if (text.size() >= 3) {
+          const std::string digits = text.substr(3, 2);
+          out.push_back(static_cast<char>(std::strtol(digits.c_str(), nullptr, 16)));
+        }
+      }
     } else if (a & kAttrNormal) {
       // Undo the byte-level mapping. A code point outside the 256-symbol
       // alphabet is kept as its UTF-8 (llama.cpp renders "[UNK_BYTE_0x...]").
@@ -455,12 +537,11 @@ std::unique_ptr<Tokenizer> Tokenizer::from_vocab(Vocab v) {
     } else if (a & kAttrByte) {
       // "<0xAB>"
       if (text.size() == 6 && text.compare(0, 3, "<0x") == 0 && text[5] == '>') {
-        out.push_back(static_cast<char>(std::stoi(text.substr(3, 2), nullptr, 16)));
+        out.push_back(static_cast<char>(std::strtol(text.substr(3, 2).c_str(), nullptr, 16)));
       }
     }
     // Unused / undefined tokens render as nothing (as in llama.cpp).
   }
-  return t;
 }
 
 // ---------------------------------------------------------------------------
@@ -639,7 +720,8 @@ class BpeSession {
 }  // namespace
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special, bool parse_special) const {
-  if (const size_t bad = unicode::find_invalid_utf8(text); bad != std::string_view::npos)
+  if (const size_t bad = vocab_type_ == VocabType::kBpe ? unicode::find_invalid_utf8(text) : std::string_view::npos;
+      bad != std::string_view::npos)
     fail(StatusCode::kInvalidArgument,
          "tokenizer: input is not valid UTF-8: invalid UTF-8 at byte " + std::to_string(bad));
 
@@ -658,15 +740,14 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special, 
     if (!special_tokens_.empty()) {
       occ.resize(special_tokens_.size());
       for (size_t p = 0; p < text.size(); ++p) {
-        const auto& bucket = impl_->special_by_first_byte[static_cast<uint8_t>(text[p])];
-        for (int32_t k : bucket) {
-          const int32_t id = special_tokens_[k];
-          if (!parse_special && (attrs_[id] & (kAttrControl | kAttrUnknown))) continue;
-          const std::string& s = tokens_[id];
-          if (text.size() - p >= s.size() && std::memcmp(text.data() + p, s.data(), s.size()) == 0) {
-            occ[k].push_back(p);
-            any = true;
-          }
+        for (uint32_t len : impl_->special_lengths_by_first_byte[static_cast<uint8_t>(text[p])]) {
+          if (text.size() - p < len) continue;
+          const auto it = impl_->special_index.find(text.substr(p, len));
+          if (it == impl_->special_index.end()) continue;
+          const int32_t k = it->second;
+          if (!parse_special && (attrs_[special_tokens_[k]] & (kAttrControl | kAttrUnknown))) continue;
+          occ[k].push_back(p);
+          any = true;
         }
       }
     }
@@ -700,20 +781,20 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special, 
     }
   }
 
+  // SPM: a space prefix at the start and after each special token.
+  bool prev_special = true;
   for (const Fragment& f : frags) {
     if (f.token >= 0) {
       out.push_back(f.token);
+      prev_special = true;
       continue;
     }
     const std::string_view raw = text.substr(f.begin, f.end - f.begin);
     switch (vocab_type_) {
       case VocabType::kBpe: encode_bpe_fragment(raw, out); break;
-      case VocabType::kSpm:
-        // The SentencePiece path goes here (space prefix after specials, ▁
-        // escaping, score-ordered merges, <0xXX> byte fallback); from_vocab
-        // does not build SPM tokenizers yet.
-        fail(StatusCode::kUnsupported, "tokenizer: SentencePiece encoding is not implemented");
+      case VocabType::kSpm: encode_spm_fragment(raw, add_space_prefix_ && prev_special, out); break;
     }
+    prev_special = false;
   }
   if (add_special && add_eos_) out.push_back(eos_);
   return out;
@@ -758,6 +839,166 @@ void Tokenizer::encode_bpe_fragment(std::string_view text, std::vector<int32_t>&
   sink.session = &session;
   sink.out = &out;
   pretok::split(pre_type_, cps.data(), cps.size(), sink);
+}
+
+// SentencePiece, as llama.cpp's llm_tokenizer_spm_session: the text (spaces
+// escaped to U+2581) starts as one symbol per UTF-8 character (by lead byte,
+// so invalid bytes form symbols too); adjacent symbols whose concatenation is
+// a token are merged, highest token score first, ties to the leftmost pair;
+// each final symbol is its token, or byte tokens when it is none. (llama.cpp's
+// resegment() recursion through its rev_merge map never applies: every merged
+// symbol is a token, and rev_merge only holds token texts.)
+void Tokenizer::encode_spm_fragment(std::string_view raw, bool space_prefix, std::vector<int32_t>& out) const {
+  static constexpr char kEscapedSpace[] = "\xE2\x96\x81";
+  std::string text;
+  text.reserve(raw.size() + raw.size() / 4 + 3);
+  if (space_prefix) text += kEscapedSpace;
+  for (char c : raw) {
+    if (c == ' ') {
+      text += kEscapedSpace;
+    } else {
+      text.push_back(c);
+    }
+  }
+  if (text.empty()) return;
+
+  struct Symbol {
+    uint32_t off, n;  // byte range in text; n == 0 once merged into its left neighbour
+    int32_t prev, next;
+  };
+  struct Bigram {
+    int32_t left, right;
+    float score;
+    uint32_t size;
+  };
+  // llama.cpp's priority_queue comparator (the same heap operations, so even
+  // equal keys pop in the same order).
+  struct Comp {
+    bool operator()(const Bigram& l, const Bigram& r) const {
+      return (l.score < r.score) || (l.score == r.score && l.left > r.left);
+    }
+  };
+  static const uint8_t kLen[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
+
+  std::vector<Symbol> syms;
+  syms.reserve(text.size());
+  for (size_t off = 0; off < text.size();) {
+    const size_t len = std::min<size_t>(kLen[static_cast<uint8_t>(text[off]) >> 4], text.size() - off);
+    const int32_t idx = static_cast<int32_t>(syms.size());
+    off += len;
+    syms.push_back(Symbol{static_cast<uint32_t>(off - len), static_cast<uint32_t>(len), idx - 1,
+                          off == text.size() ? -1 : idx + 1});
+  }
+
+  std::vector<Bigram> heap;
+  heap.reserve(syms.size());
+  const std::string_view tv(text);
+  auto try_add = [&](int32_t l, int32_t r) {
+    if (l == -1 || r == -1) return;
+    const uint32_t size = syms[l].n + syms[r].n;
+    const int32_t id = find_token(tv.substr(syms[l].off, size));
+    if (id < 0) return;
+    heap.push_back(Bigram{l, r, scores_[id], size});
+    std::push_heap(heap.begin(), heap.end(), Comp{});
+  };
+  for (int32_t i = 1; i < static_cast<int32_t>(syms.size()); ++i) try_add(i - 1, i);
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), Comp{});
+    const Bigram bg = heap.back();
+    heap.pop_back();
+    Symbol& l = syms[bg.left];
+    Symbol& r = syms[bg.right];
+    if (l.n == 0 || r.n == 0 || l.n + r.n != bg.size) continue;  // outdated
+    l.n += r.n;
+    r.n = 0;
+    l.next = r.next;
+    if (r.next >= 0) syms[r.next].prev = bg.left;
+    try_add(l.prev, bg.left);
+    try_add(bg.left, l.next);
+  }
+
+  for (int32_t i = 0; i != -1; i = syms[i].next) {
+    const Symbol& s = syms[i];
+    const int32_t id = find_token(tv.substr(s.off, s.n));
+    if (id >= 0) {
+      out.push_back(id);
+      continue;
+    }
+    for (uint32_t j = 0; j < s.n; ++j) {
+      // Byte fallback. A vocabulary without the byte token (llama.cpp throws
+      // std::out_of_range there) gets the unknown token, or nothing.
+      const int32_t b = impl_->byte_token[static_cast<uint8_t>(text[s.off + j])];
+      if (b >= 0) {
+        out.push_back(b);
+      } else if (unk_ >= 0) {
+        out.push_back(unk_);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// llama_detokenize
+
+std::string Tokenizer::detokenize_llama(const int32_t* ids, size_t n, bool remove_special, bool unparse_special) const {
+  for (size_t i = 0; i < n; ++i) check_id(ids[i], n_vocab());
+  bool remove_space = add_space_prefix_;
+  if (remove_special && add_bos_ && n > 0 && ids[0] == bos_) {
+    remove_space = false;
+    ++ids;
+    --n;
+  }
+  if (remove_special && add_eos_ && n > 0 && ids[n - 1] == eos_) --n;
+  std::string text;
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t id = ids[i];
+    const bool strip = remove_space;
+    remove_space = false;
+    if (!unparse_special && (attrs_[id] & (kAttrUnknown | kAttrControl))) continue;
+    const std::string& piece = pieces_[id];
+    text.append(piece, strip && !piece.empty() && piece[0] == ' ' ? 1 : 0, std::string::npos);
+  }
+  if (!clean_spaces_ || text.empty()) return text;
+
+  // llama.cpp's clean-up passes, done in place exactly as there.
+  char* t = text.data();
+  const int64_t total0 = static_cast<int64_t>(text.size());
+  // first pass: " ?", " !", " .", " ," lose the space
+  int64_t total = 1;
+  for (int64_t i = 1; i < total0; ++i) {
+    const char x = t[i];
+    if (t[i - 1] == ' ' && (x == '?' || x == '!' || x == '.' || x == ',')) --total;
+    t[total++] = x;
+  }
+  // second pass: a single apostrophe between spaces loses both spaces
+  const int64_t total2 = total;
+  total = total2 ? 1 : 0;
+  for (int64_t i = 1; i < total2; ++i) {
+    const char x = t[i];
+    if (x == '\'' && i + 1 < total2 && t[i - 1] == ' ' && t[i + 1] == ' ') {
+      --total;
+      t[++i] = '\0';
+    }
+    t[total++] = x;
+  }
+  // third pass: " 's", " 'm", " 're", " 've" lose the space
+  const int64_t total3 = total;
+  total = total3 ? 1 : 0;
+  for (int64_t i = 1; i < total3; ++i) {
+    const char x = t[i];
+    if (t[i - 1] == ' ' && x == '\'' && i + 1 < total3) {
+      const char x1 = t[i + 1];
+      if (x1 == 's' || x1 == 'm') {
+        --total;
+      } else if (x1 != 't' && x1 != 'd' && i + 2 < total3) {
+        const char x2 = t[i + 2];
+        if ((x1 == 'r' && x2 == 'e') || (x1 == 'v' && x2 == 'e')) --total;
+      }
+    }
+    t[total++] = x;
+  }
+  text.resize(static_cast<size_t>(total));
+  return text;
 }
 
 // ---------------------------------------------------------------------------

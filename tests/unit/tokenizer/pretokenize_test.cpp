@@ -56,6 +56,21 @@ TEST(Pretokenize, Llama3) {
   EXPECT_EQ(split_words(P::kLlama3, "x   y"), (V{"x", "  ", " y"}));
 }
 
+// qwen2: the llama3 regex with \p{N} (one digit per word) instead of \p{N}{1,3}.
+TEST(Pretokenize, Qwen2) {
+  EXPECT_EQ(split_words(P::kQwen2, "Hello world"), (V{"Hello", " world"}));
+  EXPECT_EQ(split_words(P::kQwen2, "IT'S we're"), (V{"IT", "'S", " we", "'re"}));
+  EXPECT_EQ(split_words(P::kQwen2, "1234567"), (V{"1", "2", "3", "4", "5", "6", "7"}));
+  EXPECT_EQ(split_words(P::kQwen2, "x2y3 abc123def"), (V{"x", "2", "y", "3", " abc", "1", "2", "3", "def"}));
+  EXPECT_EQ(split_words(P::kQwen2, " 42  7"), (V{" ", "4", "2", " ", " ", "7"}));  // "  7": \s+(?!\S) then \s+
+  EXPECT_EQ(split_words(P::kQwen2, "\xD9\xA3\xC2\xB2"), (V{"\xD9\xA3", "\xC2\xB2"}));  // Arabic-Indic 3, superscript 2
+  EXPECT_EQ(split_words(P::kQwen2, "(hello"), (V{"(hello"}));
+  EXPECT_EQ(split_words(P::kQwen2, "a.\n\nb"), (V{"a", ".\n\n", "b"}));
+  EXPECT_EQ(split_words(P::kQwen2, "a \n\n b"), (V{"a", " \n\n", " b"}));
+  EXPECT_EQ(split_words(P::kQwen2, "x   y"), (V{"x", "  ", " y"}));
+  EXPECT_EQ(split_words(P::kQwen2, "$1,000.50!"), (V{"$", "1", ",", "0", "0", "0", ".", "5", "0", "!"}));
+}
+
 // The words always cover the input exactly, in order (the BPE stage relies on it).
 TEST(Pretokenize, WordsCoverTheInput) {
   const std::vector<std::string> pool = {"a",
@@ -87,7 +102,7 @@ TEST(Pretokenize, WordsCoverTheInput) {
     std::string text;
     const int n = 1 + static_cast<int>(rng() % 40);
     for (int i = 0; i < n; ++i) text += pool[rng() % pool.size()];
-    for (P type : {P::kGpt2, P::kSmolLM, P::kDefault, P::kLlama3}) {
+    for (P type : {P::kGpt2, P::kSmolLM, P::kDefault, P::kLlama3, P::kQwen2}) {
       std::string joined;
       for (const std::string& w : split_words(type, text)) {
         EXPECT_FALSE(w.empty());

@@ -20,32 +20,6 @@ namespace {
 
 using namespace tok_test;
 
-std::string from_hex(const std::string& hex) {
-  std::string out;
-  if (hex == "-") return out;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2)
-    out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
-  return out;
-}
-
-std::vector<int32_t> parse_ids(const std::string& s) {
-  std::vector<int32_t> ids;
-  if (s == "-") return ids;
-  std::istringstream in(s);
-  for (int32_t id; in >> id;) ids.push_back(id);
-  return ids;
-}
-
-std::string ids_str(const std::vector<int32_t>& ids, size_t max = 40) {
-  std::string s;
-  for (size_t i = 0; i < ids.size() && i < max; ++i) {
-    if (i) s += ' ';
-    s += std::to_string(ids[i]);
-  }
-  if (ids.size() > max) s += " ...";
-  return s;
-}
-
 // What decode(encode(text)) gives: the text without the bytes that have no
 // token. SmolLM2's vocabulary lacks 0x04 0x06 0x13 0x14 0x16 0x1D (and bytes
 // that never occur in UTF-8, and the lead bytes F1 F2); llama.cpp drops them
@@ -55,15 +29,6 @@ std::string without_untokenizable_bytes(const Tokenizer& tok, const std::string&
   for (char c : text)
     if (tok.find_token(unicode::byte_to_utf8(static_cast<uint8_t>(c))) >= 0) out.push_back(c);
   return out;
-}
-
-// key=value fields of a golden line.
-std::string field(const std::string& line, const std::string& key) {
-  const std::string k = " " + key + "=";
-  const size_t p = line.find(k);
-  if (p == std::string::npos) return {};
-  const size_t b = p + k.size();
-  return line.substr(b, line.find(' ', b) - b);
 }
 
 TEST(SmolLM2Tokenizer, Metadata) {
@@ -184,6 +149,7 @@ void check_pre_variant(const std::string& pre, Tokenizer::PreType type) {
 TEST(SmolLM2Tokenizer, PreGpt2) { check_pre_variant("gpt-2", Tokenizer::PreType::kGpt2); }
 TEST(SmolLM2Tokenizer, PreDefault) { check_pre_variant("default", Tokenizer::PreType::kDefault); }
 TEST(SmolLM2Tokenizer, PreLlama3) { check_pre_variant("llama-bpe", Tokenizer::PreType::kLlama3); }
+TEST(SmolLM2Tokenizer, PreQwen2) { check_pre_variant("qwen2", Tokenizer::PreType::kQwen2); }
 
 void check_book(const std::string& book) {
   EMBER_REQUIRE_SMOLLM2(tok);

@@ -71,9 +71,6 @@ TEST(TokenizerSynthetic, Errors) {
   v.model = "wordpiece-xyz";
   expect_error(StatusCode::kUnsupported, "wordpiece-xyz", v);
   v = merge_vocab();
-  v.model = "llama";
-  expect_error(StatusCode::kUnsupported, "'llama'", v);
-  v = merge_vocab();
   v.pre = "weird-pre";
   expect_error(StatusCode::kUnsupported, "weird-pre", v);
   v = merge_vocab();
