@@ -421,3 +421,44 @@ TEST(Reference, ScalarKernelsGiveTheAvx2LogitsBitForBit) {
 
 }  // namespace
 }  // namespace ember
+
+namespace ember {
+namespace {
+
+// Gemma 3 270M Q4_K_M, the real file: agreement with llama.cpp on its
+// goldens (768 positions of a book, past the 512-token sliding window of its
+// local layers; 24 greedy continuations). Not bit for bit: llama.cpp runs
+// this file's Q4_K weights through its repacked 8x8 kernels and its Q6_K
+// weights, for batches of 8+ rows, through its "tiled" kernels, which sum in
+// other orders than the vec_dot Ember reproduces, and this model amplifies
+// last-bit differences: llama.cpp against itself with flash attention on/off
+// agrees on 93.3% of top-1s (KL 0.0066). Measured: top-1 94.3% (every
+// decisive position: 494/494), mean |dlogprob| 0.052; greedy diverges only
+// at llama.cpp near-ties (largest gap 0.81). The thresholds sit just below.
+RefSet gemma3_set() {
+  RefSet s{"gemma3-270m", test::gemma3_model_path(), "gemma3_270m_"};
+  s.min_greedy = 0.0;
+  s.max_divergence_gap = 1.0;
+  s.min_teacher_forced = 0.99;
+  s.min_top1 = 0.92;
+  s.min_decisive = 1.0;
+  s.max_lp_diff = 0.5;
+  s.max_mean_lp_diff = 0.08;
+  return s;
+}
+
+TEST(Gemma3Reference, GreedyContinuationsMatchLlamaCpp) {
+  EMBER_REQUIRE_GEMMA3();
+  check_greedy(gemma3_set());
+}
+TEST(Gemma3Reference, TeacherForcedArgmaxMatchesLlamaCpp) {
+  EMBER_REQUIRE_GEMMA3();
+  check_teacher_forced(gemma3_set());
+}
+TEST(Gemma3Reference, PerPositionTop1AndLogprobsMatchLlamaCpp) {
+  EMBER_REQUIRE_GEMMA3();
+  check_positions(gemma3_set());
+}
+
+}  // namespace
+}  // namespace ember
