@@ -152,6 +152,13 @@ void full_stream_defaults(ember_stream_params* params) {
   params->seed = d.sampling.seed;
   params->stop = nullptr;
   params->ignore_eos = d.ignore_eos ? 1 : 0;
+  params->spec_drafter = EMBER_SPEC_NONE;
+  params->spec_self_layers = d.spec.self_layers;
+  params->spec_draft_model = nullptr;
+  params->spec_threshold = d.spec.tree.threshold;
+  params->spec_max_nodes = d.spec.tree.max_nodes;
+  params->spec_max_depth = d.spec.tree.max_depth;
+  params->spec_alpha = d.spec.tree.alpha;
 }
 
 // 1.0 sizes of the parameter structs: what the 1.0 entry points
@@ -170,11 +177,12 @@ constexpr size_t kV1_0_session_params =
     v1_size<ember_session_params>(offsetof(ember_session_params, window_tokens) + sizeof(int32_t));
 constexpr size_t kV1_0_stream_params =
     v1_size<ember_stream_params>(offsetof(ember_stream_params, ignore_eos) + sizeof(int32_t));
-// Today's structs are the 1.0 ones (this fails, as intended, once a field is
-// appended: then check that the constants above still name the 1.0 fields).
+// Today's model, engine and session structs are the 1.0 ones (this fails, as
+// intended, once a field is appended: then check that the constants above
+// still name the 1.0 fields). The stream params grew in 1.2 (speculation).
 static_assert(kV1_0_model_params == sizeof(ember_model_params) && kV1_0_engine_params == sizeof(ember_engine_params) &&
               kV1_0_session_params == sizeof(ember_session_params) &&
-              kV1_0_stream_params == sizeof(ember_stream_params));
+              kV1_0_stream_params < sizeof(ember_stream_params));
 
 // Writes the defaults into the first `size` bytes of *params (the caller's
 // struct) and sets params->size = size. Bytes past the library's struct are
@@ -229,6 +237,16 @@ ember::StreamParams to_stream_params(const ember_stream_params& p) {
   s.sampling.penalty_last_n = p.penalty_last_n;
   s.sampling.seed = p.seed;
   s.ignore_eos = p.ignore_eos != 0;
+  s.spec.kind = static_cast<ember::SpecParams::Kind>(p.spec_drafter);
+  if (p.spec_drafter < EMBER_SPEC_NONE || p.spec_drafter > EMBER_SPEC_DRAFT) {
+    throw Error(StatusCode::kInvalidArgument, "stream params: unknown spec_drafter");
+  }
+  s.spec.self_layers = p.spec_self_layers;
+  if (p.spec_draft_model) s.spec.draft_model = p.spec_draft_model->model;
+  s.spec.tree.threshold = p.spec_threshold;
+  s.spec.tree.max_nodes = p.spec_max_nodes;
+  s.spec.tree.max_depth = p.spec_max_depth;
+  s.spec.tree.alpha = p.spec_alpha;
   if (p.stop) {
     // Bounded: one past the core's limit is enough for it to refuse.
     for (size_t i = 0; p.stop[i] && i <= ember::StreamParams::kMaxStopStrings; ++i) {
@@ -791,6 +809,11 @@ ember_status ember_stream_stats(const ember_stream* stream, ember_stream_stats_t
     out.prefill_tokens_per_second = s.prefill_tokens_per_second;
     out.finished = s.finished ? 1 : 0;
     out.end_reason = static_cast<int32_t>(s.end_reason);
+    out.drafted_tokens = s.drafted_tokens;
+    out.accepted_tokens = s.accepted_tokens;
+    out.verify_passes = s.verify_passes;
+    out.mean_accepted_length =
+        s.verify_passes ? static_cast<double>(s.accepted_tokens) / static_cast<double>(s.verify_passes) : 0.0;
     write_sized(stats, out);
   });
 }

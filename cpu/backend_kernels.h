@@ -31,6 +31,10 @@ struct AttendArgs {
   const int32_t* block_table;    // the sequence's blocks, by cache slot / block_size
   int32_t hole_begin, hole_end;  // skipped cache slots (empty when equal)
   int32_t window_begin;          // slots below it are skipped too (sliding-window layers; else 0)
+  // Token-tree rows: index i >= map_from reads slot slot_map[i - map_from]
+  // (AttentionParams::tree_*); map_from = INT32_MAX for an ordinary row.
+  int32_t map_from = INT32_MAX;
+  const int32_t* slot_map = nullptr;
   const float* q;                // [rows][num_heads][head_dim]
   int32_t row, kvh, num_heads, num_kv_heads, head_dim, kv_len;
   bool vec_order;  // the one-token decode order (else the batched "tile" order)

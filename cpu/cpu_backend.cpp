@@ -441,6 +441,9 @@ class CpuBackend final : public Backend {
     a.hole_begin = seq.hole_begin;
     a.hole_end = seq.hole_end;
     a.window_begin = p.window > 0 ? std::max(0, kv_len - p.window) : 0;
+    const bool tree = p.tree_from && p.tree_from[row] >= 0;
+    a.map_from = tree ? p.tree_from[row] : INT32_MAX;
+    a.slot_map = tree ? p.tree_slots + p.tree_begin[row] : nullptr;
     a.q = q;
     a.row = row;
     a.kvh = kvh;

@@ -11,7 +11,9 @@
 // loads, following the block table) into shared memory; each warp then, for
 // each of its vectors, gives lane t the score of token t, updates the online
 // softmax with warp reductions, and accumulates P.V with lane = output dims.
-// Causality is per row: row r sees cache slots [0, kv_len[r]) (as the CPU).
+// Causality is per row: row r sees cache slots [0, kv_len[r]) (as the CPU);
+// a token-tree row (alone in its tile) sees its ancestors' slots through the
+// tile's slot map (AttnTileDesc::map_from).
 //
 // Shared memory: q [16][D] f32, K [32][D/2 + 1] half2 words (the odd row
 // stride makes lane-per-token reads conflict-free), V [32][D] f16.
@@ -105,8 +107,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32) attention_kernel(AttnLaunch a)
       const int pos = base_pos + j;
       U32x4 kk{0u, 0u, 0u, 0u}, vv{0u, 0u, 0u, 0u};
       if (pos < max_len) {
-        const int64_t blk = table[pos / bs];
-        const int64_t off = blk * block_elems + (static_cast<int64_t>(h) * bs + pos % bs) * D + part * 8;
+        const int slot = pos >= td.map_from ? a.tree_slots[td.map_off + pos - td.map_from] : pos;
+        const int64_t blk = table[slot / bs];
+        const int64_t off = blk * block_elems + (static_cast<int64_t>(h) * bs + slot % bs) * D + part * 8;
         kk = *reinterpret_cast<const U32x4*>(k_layer + off);
         vv = *reinterpret_cast<const U32x4*>(v_layer + off);
       }

@@ -53,7 +53,8 @@ bool operator==(const KvView& a, const KvView& b) {
 bool operator==(const AttnLaunch& a, const AttnLaunch& b) {
   return a.kv == b.kv && a.layer == b.layer && a.q == b.q && a.out == b.out && a.tiles == b.tiles &&
          a.n_tiles == b.n_tiles && a.rows_per_tile == b.rows_per_tile && a.kv_len == b.kv_len &&
-         a.block_tables == b.block_tables && a.num_heads == b.num_heads && a.num_kv_heads == b.num_kv_heads &&
+         a.block_tables == b.block_tables && a.tree_slots == b.tree_slots && a.window == b.window &&
+         a.num_heads == b.num_heads && a.num_kv_heads == b.num_kv_heads &&
          a.head_dim == b.head_dim && a.scale == b.scale && a.n_splits == b.n_splits &&
          a.tiles_per_split == b.tiles_per_split && a.n_rows == b.n_rows && a.part_acc == b.part_acc &&
          a.part_ml == b.part_ml;
@@ -725,22 +726,36 @@ class CudaBackend final : public Backend, public BackendExtras {
     }
     const int32_t G = p.num_heads / p.num_kv_heads;
     if (G > gpu::kAttnMaxVecs) fail(StatusCode::kUnsupported, "attention: GQA groups above 16 are not supported");
-    const int32_t rpt = gpu::attn_rows_per_tile(G);
-    // Metadata: [tiles x 6 | kv_len per row | packed block tables].
+    const int32_t rpt_default = gpu::attn_rows_per_tile(G);
+    // A sequence with token-tree rows puts one row in each tile (each row
+    // has its own slot map).
+    auto has_tree = [&](const AttentionSeq& sq) {
+      if (!p.tree_from) return false;
+      for (int32_t r = sq.first_row; r < sq.first_row + sq.n_rows; ++r)
+        if (p.tree_from[r] >= 0) return true;
+      return false;
+    };
+    // Metadata: [tiles x 8 | kv_len per row | packed block tables | tree slot maps].
     int32_t n_rows = 0, n_tiles = 0, max_rows_in_tile = 1, max_len = 0;
-    size_t n_table = 0;
+    size_t n_table = 0, n_tree = 0;
     for (int32_t s = 0; s < n_seqs; ++s) {
+      const int32_t rpt = has_tree(seqs[s]) ? 1 : rpt_default;
       n_rows = std::max(n_rows, seqs[s].first_row + seqs[s].n_rows);
       n_tiles += (seqs[s].n_rows + rpt - 1) / rpt;
       n_table += static_cast<size_t>(std::max(seqs[s].n_blocks, 0));
+      if (p.tree_from) {
+        for (int32_t r = seqs[s].first_row; r < seqs[s].first_row + seqs[s].n_rows; ++r)
+          if (p.tree_from[r] >= 0) n_tree += static_cast<size_t>(std::max(p.kv_len[r] - p.tree_from[r], 0));
+      }
     }
     if (n_tiles == 0) return;
     const size_t tile_ints = static_cast<size_t>(n_tiles) * gpu::kAttnTileInts;
-    meta_.assign(tile_ints + static_cast<size_t>(n_rows) + n_table, 0);
+    meta_.assign(tile_ints + static_cast<size_t>(n_rows) + n_table + n_tree, 0);
     int32_t* tiles = meta_.data();
     int32_t* lens = tiles + tile_ints;
     int32_t* tables = lens + n_rows;
-    int32_t t = 0, off = 0;
+    int32_t* tree = tables + n_table;
+    int32_t t = 0, off = 0, tree_off = 0;
     for (int32_t s = 0; s < n_seqs; ++s) {
       const AttentionSeq& sq = seqs[s];
       for (int32_t b = 0; b < sq.n_blocks; ++b) {
@@ -757,6 +772,8 @@ class CudaBackend final : public Backend, public BackendExtras {
         lens[r] = len;
         max_len = std::max(max_len, len);
       }
+      const int32_t rpt = has_tree(sq) ? 1 : rpt_default;
+      const int64_t cap = static_cast<int64_t>(sq.n_blocks) * geom_.block_size;
       for (int32_t r0 = 0; r0 < sq.n_rows; r0 += rpt) {
         const int32_t nr = std::min(rpt, sq.n_rows - r0);
         int32_t* td = tiles + static_cast<size_t>(t) * gpu::kAttnTileInts;
@@ -766,6 +783,21 @@ class CudaBackend final : public Backend, public BackendExtras {
         td[3] = sq.n_blocks;
         td[4] = sq.hole_begin;
         td[5] = sq.hole_end;
+        td[6] = INT32_MAX;
+        td[7] = 0;
+        const int32_t row = sq.first_row + r0;
+        if (p.tree_from && p.tree_from[row] >= 0) {
+          const int32_t from = p.tree_from[row], n_path = p.kv_len[row] - from;
+          if (n_path < 0) fail(StatusCode::kInternal, "attention: a tree row's path is shorter than empty");
+          for (int32_t i = 0; i < n_path; ++i) {
+            const int32_t slot = p.tree_slots[p.tree_begin[row] + i];
+            if (slot < 0 || slot >= cap) fail(StatusCode::kInternal, "attention: a tree slot outside the block table");
+            tree[tree_off + i] = slot;
+          }
+          td[6] = from;
+          td[7] = tree_off;
+          tree_off += n_path;
+        }
         max_rows_in_tile = std::max(max_rows_in_tile, nr);
         ++t;
       }
@@ -782,6 +814,7 @@ class CudaBackend final : public Backend, public BackendExtras {
     a.rows_per_tile = max_rows_in_tile;
     a.kv_len = dev + tile_ints;
     a.block_tables = a.kv_len + n_rows;
+    a.tree_slots = a.block_tables + n_table;
     a.num_heads = p.num_heads;
     a.num_kv_heads = p.num_kv_heads;
     a.head_dim = p.head_dim;

@@ -121,6 +121,7 @@ struct AttnLaunch {
   int32_t rows_per_tile = 1;
   const int32_t* kv_len = nullptr;        // per batch row
   const int32_t* block_tables = nullptr;  // packed
+  const int32_t* tree_slots = nullptr;    // token-tree rows' slot maps (AttnTileDesc::map_off)
   int32_t num_heads = 0, num_kv_heads = 0, head_dim = 0;
   float scale = 1.0f;
   int32_t window = 0;  // sliding window: row r skips slots below kv_len[r] - window (0: none)

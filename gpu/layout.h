@@ -445,8 +445,13 @@ struct AttnTileDesc {
   int32_t n_blocks;    // entries in that table
   int32_t hole_begin;  // the sequence's skipped cache slots [hole_begin, hole_end)
   int32_t hole_end;
+  // A token-tree row (AttentionParams::tree_*; such a tile has one row):
+  // index pos >= map_from reads slot tree_slots[map_off + pos - map_from].
+  // map_from = INT32_MAX for ordinary tiles.
+  int32_t map_from;
+  int32_t map_off;
 };
-inline constexpr int kAttnTileInts = 6;
+inline constexpr int kAttnTileInts = 8;
 static_assert(sizeof(AttnTileDesc) == kAttnTileInts * sizeof(int32_t), "packed as int32s");
 
 // Split-K plan for a call: KV tiles are bucketed to a power of two so that

@@ -198,6 +198,50 @@ ember_stream_stats_t run_stream(ember_session* session, const ember_stream_param
   return stats;
 }
 
+// The speculative options of generate and bench (the draft model's handle
+// lives here for as long as the streams that use it).
+const std::vector<std::string> kSpecOpts = {"--spec", "--spec-nodes", "--spec-depth", "--spec-threshold",
+                                            "--spec-alpha"};
+struct SpecChoice {
+  ember_model* draft = nullptr;
+  SpecChoice() = default;
+  SpecChoice(const SpecChoice&) = delete;
+  SpecChoice& operator=(const SpecChoice&) = delete;
+  ~SpecChoice() { ember_model_destroy(draft); }
+};
+
+// --spec ngram | self[:L] | draft:PATH, and the tree's shape.
+void apply_spec(const Args& a, ember_stream_params& sp, SpecChoice& holder) {
+  if (!a.has("--spec")) return;
+  const std::string v = a.str("--spec");
+  if (v == "ngram") {
+    sp.spec_drafter = EMBER_SPEC_NGRAM;
+  } else if (v == "self" || v.rfind("self:", 0) == 0) {
+    sp.spec_drafter = EMBER_SPEC_SELF;
+    if (v.size() > 5) {
+      char* end = nullptr;
+      const long layers = std::strtol(v.c_str() + 5, &end, 10);
+      if (!end || *end || layers < 1 || layers > 1024) throw CliError("--spec self:L needs a layer count L >= 1");
+      sp.spec_self_layers = static_cast<int32_t>(layers);
+    }
+  } else if (v.rfind("draft:", 0) == 0 && v.size() > 6) {
+    sp.spec_drafter = EMBER_SPEC_DRAFT;
+    if (!holder.draft) check(ember_model_load(v.c_str() + 6, nullptr, &holder.draft), "loading the draft model");
+    sp.spec_draft_model = holder.draft;
+  } else {
+    throw CliError("--spec must be ngram, self, self:L or draft:PATH");
+  }
+  sp.spec_max_nodes = static_cast<int32_t>(a.integer("--spec-nodes", sp.spec_max_nodes, 1, 64));
+  sp.spec_max_depth = static_cast<int32_t>(a.integer("--spec-depth", sp.spec_max_depth, 1, 64));
+  sp.spec_threshold = static_cast<float>(a.real("--spec-threshold", sp.spec_threshold, 1e-6, 100));
+  sp.spec_alpha = static_cast<float>(a.real("--spec-alpha", sp.spec_alpha, 0, 1));
+}
+
+std::vector<std::string> with(std::vector<std::string> opts, const std::vector<std::string>& more) {
+  opts.insert(opts.end(), more.begin(), more.end());
+  return opts;
+}
+
 ember_stream_params stream_params(const Args& a) {
   ember_stream_params sp;
   ember_stream_params_init(&sp);
@@ -213,9 +257,13 @@ ember_stream_params stream_params(const Args& a) {
 
 int cmd_generate(int argc, char** argv) {
   Args a(argc, argv, 2,
-         {"-m", "-p", "-n", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--seed", "-t"}, {"--chat"});
+         with({"-m", "-p", "-n", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--seed", "-t"},
+              kSpecOpts),
+         {"--chat", "--stats"});
   if (!a.has("-p")) throw CliError("generate needs -p PROMPT");
-  const ember_stream_params sp = stream_params(a);
+  ember_stream_params sp = stream_params(a);
+  SpecChoice spec;
+  apply_spec(a, sp, spec);
   Handles h;
   load(h, a, static_cast<int>(a.integer("-t", 0, 0, 1024)));
   const std::string prompt = a.str("-p");
@@ -224,11 +272,19 @@ int cmd_generate(int argc, char** argv) {
   } else {
     check(ember_session_add_text(h.session, prompt.c_str(), 0), "adding the prompt");
   }
-  run_stream(h.session, sp);
+  const ember_stream_stats_t st = run_stream(h.session, sp);
   // stdout holds exactly the generated text; a terminal gets its line ended
   // on stderr so the shell prompt starts on a new line.
   std::fflush(stdout);
   if (isatty(fileno(stdout))) std::fputc('\n', stderr);
+  if (a.has("--stats")) {
+    std::fprintf(stderr,
+                 "prompt %zu tokens, generated %zu tokens, ttft %.1f ms, decode %.2f tokens/s; speculation: drafted "
+                 "%llu, accepted %llu, passes %llu, mean accepted %.2f\n",
+                 st.prompt_tokens, st.generated_tokens, st.time_to_first_token_ms, st.tokens_per_second,
+                 static_cast<unsigned long long>(st.drafted_tokens), static_cast<unsigned long long>(st.accepted_tokens),
+                 static_cast<unsigned long long>(st.verify_passes), st.mean_accepted_length);
+  }
   return 0;
 }
 
@@ -772,12 +828,104 @@ int bench_prefix(const Args& a, int sys_tokens, int threads, int reps) {
   return 0;
 }
 
+// Runs a stream to its end collecting its tokens; returns its stats.
+ember_stream_stats_t run_collect(ember_session* session, const ember_stream_params& sp, std::vector<int32_t>& tokens) {
+  ember_stream* stream = nullptr;
+  check(ember_stream_start(session, &sp, &stream), "starting generation");
+  ember_stream_stats_t stats = empty_stats();
+  ember_status st = EMBER_OK;
+  for (;;) {
+    ember_event ev;
+    std::memset(&ev, 0, sizeof ev);
+    ev.size = sizeof ev;
+    st = ember_stream_next(stream, &ev, -1);
+    if (st != EMBER_OK || ev.type != EMBER_EVENT_TEXT) {
+      if (st == EMBER_OK && ev.type == EMBER_EVENT_ERROR) st = ev.status;
+      break;
+    }
+    tokens.insert(tokens.end(), ev.tokens, ev.tokens + ev.n_tokens);
+  }
+  if (st == EMBER_OK) st = ember_stream_stats(stream, &stats);
+  ember_stream_destroy(stream);
+  check(st, "generating");
+  return stats;
+}
+
+// bench --spec: greedy decoding of one prompt with and without speculation
+// (same engine, same session settings), alternating, -r times after a
+// warm-up; the outputs must be identical.
+int bench_spec(const Args& a, int n_gen, int threads, int reps) {
+  Handles h;
+  load(h, a, threads);
+  SpecChoice holder;
+  ember_stream_params base;
+  ember_stream_params_init(&base);
+  base.temperature = 0;
+  base.max_tokens = n_gen;
+  ember_stream_params spec = base;
+  apply_spec(a, spec, holder);
+  const std::string prompt = a.has("--prompt-file") ? read_file(a.str("--prompt-file")) : a.str("--prompt", "");
+  if (prompt.empty()) throw CliError("bench --spec needs --prompt-file FILE or --prompt TEXT");
+  std::vector<double> tb, ts;
+  uint64_t drafted = 0, accepted = 0, passes = 0;
+  size_t generated = 0;
+  bool identical = true;
+  for (int r = 0; r < reps + 1; ++r) {  // first repetition warms up
+    std::vector<int32_t> out[2];
+    ember_stream_stats_t st[2];
+    for (int k = 0; k < 2; ++k) {
+      check(ember_session_reset(h.session), "reset");
+      if (a.has("--chat")) {
+        check(ember_session_add_message(h.session, "user", prompt.c_str()), "adding the prompt");
+      } else {
+        check(ember_session_add_text(h.session, prompt.c_str(), 0), "adding the prompt");
+      }
+      st[k] = run_collect(h.session, k == 0 ? base : spec, out[k]);
+    }
+    identical = identical && out[0] == out[1];
+    if (r == 0) continue;
+    tb.push_back(st[0].tokens_per_second);
+    ts.push_back(st[1].tokens_per_second);
+    drafted += st[1].drafted_tokens;
+    accepted += st[1].accepted_tokens;
+    passes += st[1].verify_passes;
+    generated += st[1].generated_tokens;
+  }
+  auto mean = [](const std::vector<double>& v) {
+    double s = 0;
+    for (double x : v) s += x;
+    return s / static_cast<double>(v.size());
+  };
+  const double acc_rate = drafted ? static_cast<double>(accepted) / static_cast<double>(drafted) : 0.0;
+  const double mean_len = passes ? static_cast<double>(accepted) / static_cast<double>(passes) : 0.0;
+  if (a.has("--json")) {
+    std::printf(
+        "{\"spec\": \"%s\", \"n_gen\": %d, \"threads\": %d, \"repetitions\": %d, \"generated\": %zu, "
+        "\"plain_tokens_per_second\": %.2f, \"spec_tokens_per_second\": %.2f, \"speedup\": %.3f, \"drafted\": %llu, "
+        "\"accepted\": %llu, \"verify_passes\": %llu, \"acceptance_rate\": %.4f, \"mean_accepted_length\": %.3f, "
+        "\"identical\": %s}\n",
+        a.str("--spec").c_str(), n_gen, threads, reps, generated / static_cast<size_t>(reps), mean(tb), mean(ts),
+        mean(ts) / mean(tb), static_cast<unsigned long long>(drafted), static_cast<unsigned long long>(accepted),
+        static_cast<unsigned long long>(passes), acc_rate, mean_len, identical ? "true" : "false");
+  } else {
+    std::printf("spec %s: plain %.2f tokens/s, speculative %.2f tokens/s (%.2fx); drafted %llu, accepted %llu "
+                "(%.1f%%), passes %llu, mean accepted length %.2f; outputs %s\n",
+                a.str("--spec").c_str(), mean(tb), mean(ts), mean(ts) / mean(tb),
+                static_cast<unsigned long long>(drafted), static_cast<unsigned long long>(accepted), 100.0 * acc_rate,
+                static_cast<unsigned long long>(passes), mean_len, identical ? "identical" : "DIFFER");
+  }
+  return identical ? 0 : 1;
+}
+
 int cmd_bench(int argc, char** argv) {
-  Args a(argc, argv, 2, {"-m", "-p", "-n", "-t", "-r", "--sessions", "--prefix-cache"}, {"--json"});
+  Args a(argc, argv, 2,
+         with({"-m", "-p", "-n", "-t", "-r", "--sessions", "--prefix-cache", "--prompt-file", "--prompt"}, kSpecOpts),
+         {"--json", "--chat"});
   const int n_prompt = static_cast<int>(a.integer("-p", 512, 1, 1 << 20));
   const int n_gen = static_cast<int>(a.integer("-n", 128, 1, 1 << 20));
   const int threads = static_cast<int>(a.integer("-t", 0, 0, 1024));
   const int reps = static_cast<int>(a.integer("-r", 3, 1, 100));
+  if (a.has("--spec")) return bench_spec(a, n_gen, threads, reps);
   if (a.has("--prefix-cache")) {
     return bench_prefix(a, static_cast<int>(a.integer("--prefix-cache", 1000, 16, 1 << 16)), threads, reps);
   }
@@ -833,11 +981,15 @@ void usage() {
       stderr,
       "usage: ember <command> [options]\n"
       "  generate   [-m MODEL] -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P] [--seed S] [--chat]\n"
+      "             [--spec ngram|self[:L]|draft:PATH] [--spec-nodes N] [--spec-depth D] [--spec-threshold P]\n"
+      "             [--spec-alpha A] [--stats]\n"
       "  chat       [-m MODEL] [--system TEXT]\n"
       "  perplexity [-m MODEL] -f FILE [--ctx C] [--max-tokens N]\n"
       "  perplexity [-m MODEL] -f FILE --stream --cache full|window:W|sink:S:W|recompute:W\n"
       "             [--max-tokens N] [--series FILE.csv] [--stride K] [--logprobs FILE.csv] [--chunk K]\n"
       "  bench      [-m MODEL] [-p 512] [-n 128] [-t THREADS] [-r REPS] [--sessions K] [--prefix-cache N] [--json]\n"
+      "  bench      [-m MODEL] --spec ngram|self[:L]|draft:PATH (--prompt-file F | --prompt TEXT) [--chat] [-n N]\n"
+      "             [-t THREADS] [-r REPS] [--spec-nodes N] [--spec-depth D] [--spec-threshold P] [--json]\n"
       "  tokenize   [-m MODEL] (-p TEXT | -f FILE) [--special]\n"
       "MODEL defaults to $EMBER_HOME/SmolLM2-135M-Instruct.Q4_1.gguf (EMBER_HOME: ~/.cache/ember).\n");
 }

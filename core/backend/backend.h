@@ -79,6 +79,17 @@ struct AttentionParams {
   // kv_len[r] - window, so it sees at most `window` slots (itself included).
   // 0: no window.
   int32_t window = 0;
+  // Token trees (speculative verification), per batch row (host; null = no
+  // tree rows): a row with tree_from[r] >= 0 sees the cache through a slot
+  // map: index i < tree_from[r] is slot i as usual, index i in
+  // [tree_from[r], kv_len[r]) is slot tree_slots[tree_begin[r] + i -
+  // tree_from[r]] (the row's ancestors in the tree, root first, then the row
+  // itself). Every index is summed where it would be for a sequence that
+  // holds those tokens in consecutive slots, so a tree row computes exactly
+  // what the same path decoded one token at a time computes.
+  const int32_t* tree_from = nullptr;
+  const int32_t* tree_begin = nullptr;
+  const int32_t* tree_slots = nullptr;
 };
 
 // How rope_ext rotates: llama.cpp's ggml_rope_ext without YaRN

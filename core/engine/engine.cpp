@@ -8,6 +8,8 @@
 #include "core/backend/registry.h"
 #include "core/model/arch/registry.h"
 #include "core/model/batch.h"
+#include "core/speculative/draft_model.h"
+#include "core/speculative/drafter.h"
 #include "core/tokenizer/tokenizer.h"
 #include "core/util/log.h"
 
@@ -237,6 +239,7 @@ struct Engine::StepWork {
     int32_t logit_index;  // -1: no logits this step
     size_t first_logit;   // history index of the row at logit_index
     int32_t n_logit_rows;
+    bool tree = false;    // a speculative tree: rows = its nodes (root first)
   };
   std::vector<Entry> entries;
   Batch batch;
@@ -290,11 +293,22 @@ void Engine::schedule(StepWork& w, int32_t token_budget) {
   }
 }
 
-void Engine::build_batch(StepWork& w) {
+void Engine::build_batch(StepWork& w, int32_t token_budget) {
+  // Speculative trees take what is left of the step's token budget.
+  int64_t rows_left = (token_budget > 0 ? token_budget : params_.max_batch_tokens) -
+                      static_cast<int64_t>(w.plan.tokens());
   for (const auto& [seq, chunk] : w.plan.run) {
     Stream& s = *w.streams[seq->id];
     KvSequence& kv = s.session().kv();
     std::lock_guard<std::mutex> lock(kv.mutex());
+    if (s.grower() && !s.score_mode() && chunk == 1 && kv.n_computed() + 1 == kv.tokens().size() && rows_left > 0 &&
+        kv.provisional().empty()) {
+      const size_t before = w.batch.tokens.size();
+      if (add_tree(w, s, kv, static_cast<int32_t>(std::min<int64_t>(rows_left, 64)))) {
+        rows_left -= static_cast<int64_t>(w.batch.tokens.size() - before) - 1;
+        continue;
+      }
+    }
     const size_t end = kv.n_computed() + static_cast<size_t>(chunk);
     if (s.score_mode()) {
       const size_t from = std::max(kv.n_computed(), s.score_first() == 0 ? size_t{0} : s.score_first() - 1);
@@ -334,7 +348,12 @@ void Engine::commit_and_sample(StepWork& w) {
   if (testing::g_step_fault_hook) testing::g_step_fault_hook();
   const Tokenizer& tok = model_->tokenizer();
   const int32_t n_vocab = model_->config().n_vocab;
-  for (auto& en : w.entries) {
+  for (size_t i = 0; i < w.entries.size(); ++i) {
+    auto& en = w.entries[i];
+    if (en.tree) {
+      commit_tree(w, i);
+      continue;
+    }
     Stream& s = *en.stream;
     KvSequence& kv = s.session().kv();
     std::vector<int32_t> history;
@@ -378,6 +397,162 @@ void Engine::commit_and_sample(StepWork& w) {
   }
 }
 
+// ------------------------------------------------------------------ speculation
+
+void Engine::prepare_speculation(Stream& stream) {
+  const SpecParams& sp = stream.spec_params();
+  const auto& c = model_->config();
+  switch (sp.kind) {
+    case SpecParams::Kind::kNone:
+      return;
+    case SpecParams::Kind::kNgram:
+      stream.set_speculation(std::make_unique<speculative::NgramDrafter>());
+      return;
+    case SpecParams::Kind::kSelf: {
+      const int32_t layers = sp.self_layers > 0 ? sp.self_layers : std::max(1, c.n_layers / 3);
+      if (layers >= c.n_layers) {
+        fail(StatusCode::kInvalidArgument, "speculation: self-speculation must use fewer layers than the model's " +
+                                               std::to_string(c.n_layers));
+      }
+      stream.set_speculation(
+          std::make_unique<speculative::SelfDrafter>(*forward_, forward_mutex_, *kv_, layers, c.n_vocab));
+      return;
+    }
+    case SpecParams::Kind::kDraft: {
+      speculative::check_same_vocabulary(*model_, *sp.draft_model);
+      std::shared_ptr<speculative::DraftRunner> runner;
+      {
+        std::lock_guard<std::mutex> lock(draft_mutex_);
+        for (const auto& r : draft_runners_) {
+          if (&r->model() == sp.draft_model.get()) runner = r;
+        }
+        if (!runner) {
+          runner = std::make_shared<speculative::DraftRunner>(sp.draft_model, params_.device, params_.n_threads,
+                                                              params_.batch_invariant);
+          draft_runners_.push_back(runner);
+        }
+      }
+      stream.set_speculation(std::make_unique<speculative::DraftModelDrafter>(runner, stream.session().policy(),
+                                                                              stream.session().n_ctx()));
+      return;
+    }
+  }
+}
+
+bool Engine::add_tree(StepWork& w, Stream& s, KvSequence& kv, int32_t max_nodes) {
+  speculative::TreeGrower& grower = *s.grower();
+  // Room: the step's budget, the cache policy's next eviction, a full
+  // session's context (the root and every drafted depth must fit it), and
+  // what the stream may still emit.
+  size_t room = std::min<size_t>(static_cast<size_t>(max_nodes), kv_->tree_room(kv));
+  if (!kv.bounded()) {
+    const size_t n_ctx = static_cast<size_t>(s.session().n_ctx());
+    const size_t used = kv.tokens().size() + 1;  // the history and the token this step emits at least
+    room = std::min(room, n_ctx > used ? n_ctx - used : 0);
+  }
+  room = std::min<size_t>(room, static_cast<size_t>(std::max(s.tokens_left() - 1, 0)));
+  room = std::min<size_t>(room, static_cast<size_t>(grower.params().max_nodes));
+  if (room == 0) return false;
+  if (!kv_->reserve_tree(kv, room)) {
+    kv_->rollback_provisional(kv);
+    return false;
+  }
+  grower.start(kv.tokens().back(), static_cast<int32_t>(room));
+  speculative::Drafter& drafter = *s.drafter();
+  std::vector<speculative::Candidate> cands;
+  const int32_t max_candidates = std::max(1, static_cast<int32_t>(1.0f / grower.params().threshold));
+  try {
+    for (int32_t leaf; (leaf = grower.next_leaf()) >= 0;) {
+      drafter.propose(kv, grower.tree(), leaf, max_candidates, cands);
+      grower.extend(leaf, cands);
+    }
+  } catch (...) {
+    drafter.finish_tree(kv);
+    kv_->rollback_provisional(kv);
+    throw;
+  }
+  drafter.finish_tree(kv);
+  const speculative::DraftTree& tree = grower.tree();
+  if (tree.drafted() == 0) {
+    kv_->rollback_provisional(kv);
+    return false;
+  }
+  std::vector<int32_t> rows(static_cast<size_t>(tree.size()));
+  for (int32_t i = 0; i < tree.size(); ++i) rows[static_cast<size_t>(i)] = i;
+  kv_->add_tree_rows(kv, w.batch, tree.token, tree.parent, rows);
+  StepWork::Entry en{&s, 1, w.n_logits, kv.tokens().size() - 1, tree.size()};
+  en.tree = true;
+  w.entries.push_back(en);
+  w.n_logits += tree.size();
+  return true;
+}
+
+void Engine::commit_tree(StepWork& w, size_t i) {
+  const auto& en = w.entries[i];
+  Stream& s = *en.stream;
+  KvSequence& kv = s.session().kv();
+  const Tokenizer& tok = model_->tokenizer();
+  const int32_t n_vocab = model_->config().n_vocab;
+  speculative::TreeGrower& grower = *s.grower();
+  const speculative::DraftTree& tree = grower.tree();
+  std::vector<int32_t> history;
+  {
+    std::lock_guard<std::mutex> lock(kv.mutex());
+    kv_->commit_computed(kv, 1);  // the root
+    if (!s.started_decoding()) s.add_prompt_tokens(1);
+    if (s.cancel_requested()) {
+      kv_->rollback_provisional(kv);
+    } else {
+      // The sampler reads only the penalty window of the history.
+      const std::vector<int32_t>& tokens = kv.tokens();
+      const int32_t last_n = s.penalty_last_n();
+      const size_t keep = last_n < 0 ? tokens.size() : std::min(tokens.size(), static_cast<size_t>(last_n));
+      history.assign(tokens.end() - static_cast<std::ptrdiff_t>(keep), tokens.end());
+    }
+  }
+  if (s.cancel_requested()) {
+    s.finish(EndReason::kCancelled);
+    return;
+  }
+  Sampler& sampler = s.sampler();
+  std::vector<std::pair<int32_t, double>> dist;
+  auto target = [&](int32_t node) {
+    std::vector<int32_t> h = history;
+    for (int32_t t : tree.path_tokens(node)) h.push_back(t);
+    float* row = logits_.data() + static_cast<size_t>(en.logit_index + node) * n_vocab;
+    sampler.distribution(row, h, dist);
+    return dist;
+  };
+  const speculative::Acceptance acc =
+      speculative::accept_tree(tree, sampler.greedy(), std::max(s.tokens_left(), 1), target, [&] { return sampler.uniform(); });
+  bool kept = false;  // the accepted path's tokens and KV joined the history
+  {
+    std::lock_guard<std::mutex> lock(kv.mutex());
+    const std::vector<int32_t> node_tokens(tree.token.begin() + 1, tree.token.end());
+    // (append_provisional only names the nodes: their slots are reserved.)
+    if (!acc.path.empty() && kv_->append_provisional(kv, node_tokens)) {
+      std::vector<int32_t> path;  // provisional indices
+      for (int32_t node : acc.path) path.push_back(node - 1);
+      kv_->commit_provisional(kv, path, /*generated=*/true);
+      kept = true;
+    } else {
+      kv_->rollback_provisional(kv);
+    }
+  }
+  const size_t n_kept = kept ? acc.path.size() : 0;
+  grower.verified(static_cast<int32_t>(n_kept), kept ? acc.path.back() : 0);
+  s.record_verification(static_cast<size_t>(tree.drafted()), n_kept);
+  for (size_t j = 0; j < n_kept; ++j) {
+    const int32_t t = acc.tokens[j];
+    s.on_committed_token(t, tok.is_eog(t), n_kept - 1 - j);
+    if (s.finished()) return;
+  }
+  // The target's own next token (or, if the path could not be kept, the
+  // first accepted token) is the pending one, as in a plain decode.
+  const int32_t next = kept || acc.path.empty() ? acc.tokens.back() : acc.tokens.front();
+  s.on_token(next, tok.is_eog(next));
+}
+
 size_t Engine::step(int32_t token_budget) {
   std::lock_guard<std::mutex> step_lock(step_mutex_);
   std::vector<std::shared_ptr<Stream>> streams;
@@ -397,7 +572,7 @@ size_t Engine::step(int32_t token_budget) {
     StepWork w;
     gather(streams, w);
     schedule(w, token_budget);
-    build_batch(w);
+    build_batch(w, token_budget);
     if (w.entries.empty()) {
       // Nothing could run (every sequence waits for blocks): let others finish.
       std::this_thread::sleep_for(std::chrono::milliseconds(1));

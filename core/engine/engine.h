@@ -36,6 +36,9 @@ namespace ember {
 
 class Forward;
 struct Batch;
+namespace speculative {
+class DraftRunner;
+}
 class EngineOwner;
 class BackendExtras;
 
@@ -90,6 +93,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
 
   // A stream asks to run (the worker wakes).
   void submit(const std::shared_ptr<Stream>& stream);
+  // Gives a stream that asked for speculative decoding its drafter (checks
+  // the draft model's vocabulary, the self-speculation depth). Throws
+  // ember::Error before the stream is submitted.
+  void prepare_speculation(Stream& stream);
   // Stops the worker thread: joins it, or detaches it when called on the
   // worker itself (the worker then drops its own reference and exits).
   void stop_worker();
@@ -110,7 +117,13 @@ class Engine : public std::enable_shared_from_this<Engine> {
   struct StepWork;
   void gather(const std::vector<std::shared_ptr<Stream>>& streams, StepWork& w);
   void schedule(StepWork& w, int32_t token_budget);
-  void build_batch(StepWork& w);
+  void build_batch(StepWork& w, int32_t token_budget);
+  // Drafts a token tree for a decoding stream and adds its rows (the root
+  // and the drafted nodes) to the batch; false when nothing was drafted.
+  bool add_tree(StepWork& w, Stream& s, KvSequence& kv, int32_t max_nodes);
+  // Verifies the tree of entry `i` from its logits, keeps the accepted path
+  // and emits its tokens.
+  void commit_tree(StepWork& w, size_t i);
   bool run_forward(StepWork& w);
   void commit_and_sample(StepWork& w);
 
@@ -143,6 +156,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   bool stop_ = false;
   std::thread worker_;
   std::vector<float> logits_;
+  // Draft models (SpecParams::Kind::kDraft) loaded on this engine's device.
+  std::mutex draft_mutex_;
+  std::vector<std::shared_ptr<speculative::DraftRunner>> draft_runners_;
 };
 
 namespace testing {

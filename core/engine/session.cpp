@@ -89,6 +89,18 @@ bool Session::append_generated(int32_t token) {
   return !kv_->bounded() && kv_->tokens().size() >= static_cast<size_t>(n_ctx_);
 }
 
+bool Session::context_full_without(size_t later) const {
+  std::lock_guard<std::mutex> lock(kv_->mutex());
+  const size_t n = kv_->tokens().size();
+  return !kv_->bounded() && n - std::min(n, later) >= static_cast<size_t>(n_ctx_);
+}
+
+void Session::drop_last_tokens(size_t n) {
+  std::lock_guard<std::mutex> lock(kv_->mutex());
+  const size_t size = kv_->tokens().size();
+  kv_manager_.truncate_history(*kv_, size - std::min(size, n));
+}
+
 void Session::end_turn(const std::string* reply) {
   std::lock_guard<std::mutex> lock(kv_->mutex());
   if (reply && mode_ == Mode::kChat) messages_.push_back({"assistant", *reply});
@@ -161,7 +173,9 @@ std::shared_ptr<Stream> Session::start(const StreamParams& params) {
     }
     // The last token must be run again to get logits if everything is cached.
     kv_manager_.uncompute(*kv_, n_tokens - 1);
-    stream = submit_locked(std::make_shared<Stream>(shared_from_this(), params));
+    auto created = std::make_shared<Stream>(shared_from_this(), params);
+    if (params.spec.kind != SpecParams::Kind::kNone) engine().prepare_speculation(*created);
+    stream = submit_locked(std::move(created));
   }
   engine().submit(stream);
   return stream;

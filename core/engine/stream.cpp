@@ -5,6 +5,7 @@
 
 #include "core/engine/engine.h"
 #include "core/engine/session.h"
+#include "core/speculative/drafter.h"
 #include "core/tokenizer/tokenizer.h"
 
 namespace ember {
@@ -33,6 +34,12 @@ void StreamParams::validate() const {
   require(s.penalty_last_n >= -1, "stream params: penalty_last_n must be >= -1");
   require(stop.size() <= kMaxStopStrings, "stream params: at most 64 stop strings");
   for (const auto& s : stop) require(!s.empty(), "stream params: empty stop string");
+  require(spec.kind >= SpecParams::Kind::kNone && spec.kind <= SpecParams::Kind::kDraft,
+          "stream params: unknown speculative drafter");
+  if (spec.kind != SpecParams::Kind::kNone) spec.tree.validate();
+  require(spec.self_layers >= 0, "stream params: spec self layers must be >= 0");
+  require(spec.kind != SpecParams::Kind::kDraft || spec.draft_model != nullptr,
+          "stream params: the draft drafter needs a draft model");
 }
 
 Stream::Stream(std::shared_ptr<Session> session, const StreamParams& params)
@@ -116,16 +123,45 @@ void Stream::emit_text(bool final_flush) {
   push(std::move(ev));
 }
 
+void Stream::set_speculation(std::unique_ptr<speculative::Drafter> drafter) {
+  drafter_ = std::move(drafter);
+  grower_ = drafter_ ? std::make_unique<speculative::TreeGrower>(params_.spec.tree) : nullptr;
+}
+
+void Stream::record_verification(size_t drafted, size_t accepted) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.drafted_tokens += drafted;
+  stats_.accepted_tokens += accepted;
+  stats_.verify_passes += 1;
+}
+
+int32_t Stream::tokens_left() const {
+  const size_t g = generated_;
+  return g >= static_cast<size_t>(params_.max_tokens) ? 0 : params_.max_tokens - static_cast<int32_t>(g);
+}
+
 void Stream::on_token(int32_t token, bool is_eog) {
+  const bool context_full = session_->append_generated(token);
+  deliver(token, is_eog, context_full, 0);
+}
+
+void Stream::on_committed_token(int32_t token, bool is_eog, size_t later) {
+  deliver(token, is_eog, session_->context_full_without(later), later);
+}
+
+void Stream::deliver(int32_t token, bool is_eog, bool context_full, size_t later) {
   const auto now = std::chrono::steady_clock::now();
   if (!started_decoding_) {
     started_decoding_ = true;
     t_first_token_ = now;
   }
   ++generated_;
-  const bool context_full = session_->append_generated(token);
+  auto end = [&](EndReason reason) {
+    if (later > 0) session_->drop_last_tokens(later);
+    finish(reason);
+  };
   if (is_eog && !params_.ignore_eos) {
-    finish(EndReason::kEos);
+    end(EndReason::kEos);
     return;
   }
   held_text_ += detok_->feed(token);
@@ -135,15 +171,15 @@ void Stream::on_token(int32_t token, bool is_eog) {
     if (at != std::string::npos) {
       held_text_.resize(at);
       emit_text(true);
-      finish(EndReason::kStopString);
+      end(EndReason::kStopString);
       return;
     }
   }
   emit_text(false);
   if (generated_ >= static_cast<size_t>(params_.max_tokens)) {
-    finish(EndReason::kMaxTokens);
+    end(EndReason::kMaxTokens);
   } else if (context_full) {
-    finish(EndReason::kContextFull);
+    end(EndReason::kContextFull);
   }
 }
 

@@ -19,12 +19,26 @@
 
 #include "core/sampling/sampler.h"
 #include "core/scheduler/scheduler.h"
+#include "core/speculative/tree.h"
 #include "core/util/status.h"
 
 namespace ember {
 
 class Session;
 class StreamingDetokenizer;
+class Model;
+namespace speculative {
+class Drafter;
+}
+
+// Speculative decoding (core/speculative/): who drafts, and the tree.
+struct SpecParams {
+  enum class Kind : int32_t { kNone = 0, kNgram = 1, kSelf = 2, kDraft = 3 };
+  Kind kind = Kind::kNone;
+  int32_t self_layers = 0;                         // kSelf: the target's first L layers (0: a third of them)
+  std::shared_ptr<const Model> draft_model;        // kDraft: same vocabulary as the target
+  speculative::TreeParams tree;
+};
 
 struct StreamParams {
   static constexpr int32_t kMaxTokensLimit = 1 << 24;
@@ -34,6 +48,7 @@ struct StreamParams {
   int32_t max_tokens = 256;
   std::vector<std::string> stop;
   bool ignore_eos = false;
+  SpecParams spec;
 
   // Throws ember::Error(kInvalidArgument) naming the first bad field.
   void validate() const;
@@ -62,6 +77,9 @@ struct StreamStats {
   double ttft_ms = 0, tokens_per_second = 0, prefill_tokens_per_second = 0;
   bool finished = false;
   EndReason end_reason = EndReason::kNone;
+  // Speculative decoding: tokens drafted, drafted tokens accepted, target
+  // passes that verified a tree.
+  uint64_t drafted_tokens = 0, accepted_tokens = 0, verify_passes = 0;
 };
 
 class Stream : public std::enable_shared_from_this<Stream> {
@@ -104,18 +122,35 @@ class Stream : public std::enable_shared_from_this<Stream> {
   // A sampled token: appended to the session, detokenized, checked against
   // the stop conditions (may finish the stream).
   void on_token(int32_t token, bool is_eog);
+  // A token of an accepted speculative path: already in the session's
+  // history with its KV, followed there by `later` more such tokens. If the
+  // stream ends at it, the later ones leave the history (as if they had
+  // never been sampled).
+  void on_committed_token(int32_t token, bool is_eog, size_t later);
+  // Speculative decoding state (engine side; null when the stream does not speculate).
+  speculative::TreeGrower* grower() { return grower_.get(); }
+  speculative::Drafter* drafter() { return drafter_.get(); }
+  void set_speculation(std::unique_ptr<speculative::Drafter> drafter);
+  const SpecParams& spec_params() const { return params_.spec; }
+  void record_verification(size_t drafted, size_t accepted);
+  Sampler& sampler() { return sampler_; }
+  // Tokens it may still emit (max_tokens minus those generated).
+  int32_t tokens_left() const;
   void finish(EndReason reason);
   void fail_with(StatusCode code, const std::string& message);
 
  private:
   void push(StreamEvent ev);
   void emit_text(bool final_flush);
+  void deliver(int32_t token, bool is_eog, bool context_full, size_t later);
 
   std::shared_ptr<Session> session_;
   StreamParams params_;
   SchedSequence sched_;  // the scheduler's view, refreshed every step
   Sampler sampler_;
   std::unique_ptr<StreamingDetokenizer> detok_;
+  std::unique_ptr<speculative::TreeGrower> grower_;
+  std::unique_ptr<speculative::Drafter> drafter_;
   std::atomic<bool> cancel_requested_{false};
 
   // Engine-thread state.

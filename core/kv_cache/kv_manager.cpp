@@ -297,6 +297,73 @@ void KvManager::rollback_provisional(KvSequence& seq) {
   pool_.truncate(seq.block_table_, seq.bounded() ? seq.layout_.kv_len(n) : static_cast<int32_t>(n));
 }
 
+size_t KvManager::tree_room(const KvSequence& seq) const {
+  if (!seq.bounded()) return SIZE_MAX;
+  const size_t tail = seq.tokens_.size() - std::min(seq.tokens_.size(), seq.n_computed_);
+  const size_t limit = static_cast<size_t>(seq.layout_.chunk_limit(static_cast<int64_t>(seq.n_computed_)));
+  return limit > tail ? limit - tail : 0;
+}
+
+bool KvManager::reserve_tree(KvSequence& seq, size_t n_nodes) {
+  if (!seq.provisional_.empty()) fail(StatusCode::kInternal, "kv manager: provisional tokens are pending");
+  if (seq.tokens_.empty() || seq.n_computed_ + 1 != seq.tokens_.size()) {
+    fail(StatusCode::kInternal, "kv manager: a token tree needs exactly one pending history token");
+  }
+  if (n_nodes > tree_room(seq)) fail(StatusCode::kInternal, "kv manager: a token tree crosses the next eviction");
+  return grow(seq, 1 + n_nodes);
+}
+
+void KvManager::add_tree_rows(KvSequence& seq, Batch& batch, const std::vector<int32_t>& tokens,
+                              const std::vector<int32_t>& parents, const std::vector<int32_t>& rows) {
+  if (seq.tokens_.empty() || tokens.empty() || tokens.size() != parents.size()) {
+    fail(StatusCode::kInternal, "kv manager: malformed token tree");
+  }
+  const int64_t root = static_cast<int64_t>(seq.tokens_.size()) - 1;
+  const bool bounded = seq.bounded();
+  auto slot_of = [&](int64_t t) { return bounded ? seq.layout_.slot_of(t) : static_cast<int32_t>(t); };
+  auto position_of = [&](int64_t t) { return bounded ? seq.layout_.position_of(t) : static_cast<int32_t>(t); };
+  const int32_t n = static_cast<int32_t>(rows.size());
+  std::vector<int32_t> toks(rows.size()), pos(rows.size()), slot(rows.size());
+  std::vector<uint8_t> decoded(rows.size(), 1);
+  std::vector<std::vector<int32_t>> paths(rows.size());
+  for (int32_t r = 0; r < n; ++r) {
+    const int32_t node = rows[r];
+    if (node < 0 || static_cast<size_t>(node) >= tokens.size()) fail(StatusCode::kInternal, "kv manager: bad tree row");
+    // The node's ancestors below the root, root first, then itself.
+    std::vector<int32_t>& path = paths[r];
+    for (int32_t a = node; a > 0; a = parents[a]) {
+      if (parents[a] < 0 || parents[a] >= a) fail(StatusCode::kInternal, "kv manager: a tree parent must precede its child");
+      path.push_back(slot_of(root + a));
+    }
+    std::reverse(path.begin(), path.end());
+    const int64_t depth = static_cast<int64_t>(path.size());
+    toks[r] = tokens[node];
+    pos[r] = position_of(root + depth);
+    slot[r] = slot_of(root + node);
+    seq.max_position_ = std::max(seq.max_position_, pos[r]);
+    if (node == 0) decoded[r] = seq.generated_[static_cast<size_t>(root)];
+  }
+  const bool hole = bounded && seq.layout_.hole_end() > seq.layout_.hole_begin();
+  const int32_t first_row = batch.n_rows();
+  batch.add_rows(toks.data(), pos.data(), slot.data(), n, seq.block_table_, hole ? seq.layout_.hole_begin() : 0,
+                 hole ? seq.layout_.hole_end() : 0, 0, decoded.data());
+  batch.seqs.back().decodes = true;
+  // Index i >= the slot after the root is the ancestor at depth i - root slot
+  // (the slots a chain of these tokens would occupy).
+  const int32_t from = slot_of(root) + 1;
+  for (int32_t r = 0; r < n; ++r) {
+    if (!paths[r].empty()) batch.set_tree_row(first_row + r, from, paths[r]);
+  }
+}
+
+void KvManager::truncate_history(KvSequence& seq, size_t n) {
+  if (n >= seq.tokens_.size()) return;
+  if (!seq.provisional_.empty()) rollback_provisional(seq);
+  uncompute(seq, n);
+  seq.tokens_.resize(n);
+  seq.generated_.resize(n);
+}
+
 void KvManager::copy_slots(const std::vector<int32_t>& table, const std::vector<std::pair<int32_t, int32_t>>& moves) {
   if (moves.empty()) return;
   const KvGeometry& g = geometry();

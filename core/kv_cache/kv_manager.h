@@ -185,6 +185,28 @@ class KvManager {
   void commit_provisional(KvSequence& seq, const std::vector<int32_t>& path, bool generated);
   void rollback_provisional(KvSequence& seq);
 
+  // ---- token trees (core/speculative): node 0 is the root, the last
+  // history token (the pending one: every token before it is computed);
+  // node i >= 1 sits in the cache slot i after the root's, at the position
+  // depth(i) after it. reserve_tree() makes room for the nodes before they
+  // are known (a drafter writes their K/V as it drafts); append_provisional()
+  // then names them (nodes 1..n in order) once the root is computed.
+  // How many nodes may follow the root without crossing a bounded policy's
+  // next eviction (SIZE_MAX for a full sequence).
+  size_t tree_room(const KvSequence& seq) const;
+  // Reserves slots for `n_nodes` nodes after the root. False when the pool
+  // lacks blocks now (nothing reserved that matters: rollback_provisional()).
+  bool reserve_tree(KvSequence& seq, size_t n_nodes);
+  // Rows for the tree nodes `rows` (ids into tokens/parents; parents[i] < i,
+  // parents[0] = -1) as one sequence of the batch whose rows are all
+  // computed as decodes (BatchSeq::decodes); every row gets logits. A node
+  // attends to the computed history and to its ancestors and itself only.
+  void add_tree_rows(KvSequence& seq, Batch& batch, const std::vector<int32_t>& tokens,
+                     const std::vector<int32_t>& parents, const std::vector<int32_t>& rows);
+  // Shortens the history to its first `n` tokens (their KV past n dropped).
+  // Throws kUnsupported when a bounded policy has already evicted token n.
+  void truncate_history(KvSequence& seq, size_t n);
+
   // ---- session files
   // The blocks that back the computed prefix, in table order, with how many
   // tokens they hold. An idle full sequence pins nothing: its prefix blocks

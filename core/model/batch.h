@@ -17,6 +17,9 @@ struct BatchSeq {
   // policy, see core/kv_cache/streaming.h); empty for most sequences.
   int32_t hole_begin = 0;
   int32_t hole_end = 0;
+  // Every row is computed as a one-token decode (speculative verification:
+  // each tree row must equal the decode of its token), also in the matmuls.
+  bool decodes = false;
 };
 
 struct Batch {
@@ -28,8 +31,28 @@ struct Batch {
   std::vector<BatchSeq> seqs;
   std::vector<int32_t> logit_rows;   // rows whose logits are wanted, in output order
   std::vector<uint8_t> decode_rows;  // per row: 1 = a generated token fed back (AttentionParams::decode_rows)
+  // Token-tree rows (AttentionParams::tree_from/tree_begin/tree_slots): empty
+  // when the batch has none, else one tree_from/tree_begin per row (-1: an
+  // ordinary row).
+  std::vector<int32_t> tree_from, tree_begin, tree_slots;
 
   int32_t n_rows() const { return static_cast<int32_t>(tokens.size()); }
+  bool has_tree() const { return !tree_from.empty(); }
+  // Makes row `row` a tree row: it sees cache slots [0, from) and then `path`
+  // (its ancestors' slots, root first, then its own); kv_len[row] becomes
+  // from + path.size().
+  void set_tree_row(int32_t row, int32_t from, const std::vector<int32_t>& path) {
+    if (tree_from.empty()) {
+      tree_from.assign(tokens.size(), -1);
+      tree_begin.assign(tokens.size(), 0);
+    }
+    tree_from.resize(tokens.size(), -1);
+    tree_begin.resize(tokens.size(), 0);
+    tree_from[row] = from;
+    tree_begin[row] = static_cast<int32_t>(tree_slots.size());
+    tree_slots.insert(tree_slots.end(), path.begin(), path.end());
+    kv_len[row] = from + static_cast<int32_t>(path.size());
+  }
   void clear() { *this = Batch(); }
 
   // Appends a causal run of `n` tokens for a sequence whose cache already
@@ -52,6 +75,7 @@ struct Batch {
       decode_rows.push_back(decoded ? decoded[i] : 0);
       if (logits_for_all || (logits_for_last && i == n - 1)) logit_rows.push_back(row);
     }
+    extend_tree_rows();
     seqs.push_back(std::move(s));
   }
 
@@ -78,7 +102,15 @@ struct Batch {
       decode_rows.push_back(decoded ? decoded[i] : 0);
       if (i >= first_logit) logit_rows.push_back(row);
     }
+    extend_tree_rows();
     seqs.push_back(std::move(s));
+  }
+
+ private:
+  void extend_tree_rows() {
+    if (tree_from.empty()) return;
+    tree_from.resize(tokens.size(), -1);
+    tree_begin.resize(tokens.size(), 0);
   }
 };
 

@@ -36,7 +36,7 @@ uint64_t Sampler::next_u64() {
 
 double Sampler::next_uniform() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
 
-int32_t Sampler::sample(float* logits, const std::vector<int32_t>& history) {
+void Sampler::apply_penalties(float* logits, const std::vector<int32_t>& history) const {
   const auto& p = params_;
   // Penalties over the last penalty_last_n tokens (llama.cpp semantics).
   if (p.repeat_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
@@ -51,9 +51,10 @@ int32_t Sampler::sample(float* logits, const std::vector<int32_t>& history) {
       l -= static_cast<float>(count) * p.frequency_penalty + (count > 0 ? p.presence_penalty : 0.0f);
     }
   }
-  if (p.temperature <= 0.0f) {
-    return static_cast<int32_t>(std::max_element(logits, logits + n_vocab_) - logits);
-  }
+}
+
+size_t Sampler::survivors(const float* logits) {
+  const auto& p = params_;
   cands_.resize(n_vocab_);
   for (int32_t i = 0; i < n_vocab_; ++i) cands_[i] = {logits[i], i};
   auto by_logit = [](const Cand& a, const Cand& b) { return a.logit > b.logit || (a.logit == b.logit && a.id < b.id); };
@@ -65,14 +66,15 @@ int32_t Sampler::sample(float* logits, const std::vector<int32_t>& history) {
     std::sort(cands_.begin(), cands_.end(), by_logit);
   }
   // Softmax with temperature over the survivors (sorted, descending).
-  std::vector<double> probs(n);
+  std::vector<double>& probs = probs_;
+  probs.resize(n);
   const double max_l = cands_[0].logit;
   double sum = 0.0;
   for (size_t i = 0; i < n; ++i) {
     probs[i] = std::exp((cands_[i].logit - max_l) / p.temperature);
     sum += probs[i];
   }
-  for (auto& x : probs) x /= sum;
+  for (size_t i = 0; i < n; ++i) probs[i] /= sum;
   if (p.top_p < 1.0f) {
     double cum = 0.0;
     size_t keep = n;
@@ -91,14 +93,37 @@ int32_t Sampler::sample(float* logits, const std::vector<int32_t>& history) {
     while (keep < n && probs[keep] >= threshold) ++keep;
     n = keep;
   }
+  return n;
+}
+
+int32_t Sampler::sample(float* logits, const std::vector<int32_t>& history) {
+  apply_penalties(logits, history);
+  if (params_.temperature <= 0.0f) {
+    return static_cast<int32_t>(std::max_element(logits, logits + n_vocab_) - logits);
+  }
+  const size_t n = survivors(logits);
   double total = 0.0;
-  for (size_t i = 0; i < n; ++i) total += probs[i];
+  for (size_t i = 0; i < n; ++i) total += probs_[i];
   double r = next_uniform() * total;
   for (size_t i = 0; i < n; ++i) {
-    r -= probs[i];
+    r -= probs_[i];
     if (r < 0.0) return cands_[i].id;
   }
   return cands_[n - 1].id;
+}
+
+void Sampler::distribution(float* logits, const std::vector<int32_t>& history,
+                           std::vector<std::pair<int32_t, double>>& out) {
+  out.clear();
+  apply_penalties(logits, history);
+  if (params_.temperature <= 0.0f) {
+    out.emplace_back(static_cast<int32_t>(std::max_element(logits, logits + n_vocab_) - logits), 1.0);
+    return;
+  }
+  const size_t n = survivors(logits);
+  double total = 0.0;
+  for (size_t i = 0; i < n; ++i) total += probs_[i];
+  for (size_t i = 0; i < n; ++i) out.emplace_back(cands_[i].id, probs_[i] / total);
 }
 
 }  // namespace ember

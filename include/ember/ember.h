@@ -48,9 +48,9 @@ extern "C" {
 #endif
 
 #define EMBER_VERSION_MAJOR 1
-#define EMBER_VERSION_MINOR 1
+#define EMBER_VERSION_MINOR 2
 #define EMBER_VERSION_PATCH 0
-/* MAJOR * 10000 + MINOR * 100 + PATCH, as ember_version_number() (1.1: 10100). */
+/* MAJOR * 10000 + MINOR * 100 + PATCH, as ember_version_number() (1.2: 10200). */
 #define EMBER_VERSION_NUMBER (EMBER_VERSION_MAJOR * 10000 + EMBER_VERSION_MINOR * 100 + EMBER_VERSION_PATCH)
 
 /* ---------------------------------------------------------------- status */
@@ -488,7 +488,29 @@ typedef struct ember_stream_params {
   uint64_t seed;           /* default 0xEEEE; same seed + same input = same text */
   const char* const* stop; /* optional NULL-terminated list of stop strings (copied) */
   int32_t ignore_eos;      /* default 0; 1 = do not stop at end-of-generation tokens */
+  /* Since 1.2: speculative decoding. A drafter proposes a token tree, the
+   * model verifies the whole tree in one pass, and the accepted tokens are
+   * emitted together: greedy output is exactly the one without speculation,
+   * sampled output has exactly the model's distribution (multi-branch
+   * rejection sampling). See docs/API.md, "Speculative decoding". */
+  int32_t spec_drafter;                /* EMBER_SPEC_NONE (default), _NGRAM, _SELF, _DRAFT */
+  int32_t spec_self_layers;            /* SELF: the model's first L layers draft (0 = a third of them) */
+  const ember_model* spec_draft_model; /* DRAFT: a model with the same vocabulary (INVALID_ARGUMENT if not);
+                                          the stream keeps it loaded until it ends */
+  float spec_threshold;                /* default 0.3: a draft candidate this likely opens a branch */
+  int32_t spec_max_nodes;              /* default 12: drafted tokens per tree, 1..64 */
+  int32_t spec_max_depth;              /* default 8: drafted tokens per branch, 1..64 */
+  float spec_alpha;                    /* default 0.25: verify when the best branch's confidence falls below
+                                          (then adapts: halved after a fully accepted branch, else the
+                                          fraction rejected) */
 } ember_stream_params;
+
+enum {
+  EMBER_SPEC_NONE = 0,
+  EMBER_SPEC_NGRAM = 1, /* prompt lookup: continuations of the text's own n-grams (no weights) */
+  EMBER_SPEC_SELF = 2,  /* self-speculation: the model's first spec_self_layers layers + its head */
+  EMBER_SPEC_DRAFT = 3  /* a draft model (spec_draft_model) on the same device */
+};
 
 /* Fills the first `size` bytes of *params with defaults and sets
  * params->size = size; never writes past `size` bytes. Bytes beyond what this
@@ -575,6 +597,11 @@ typedef struct ember_stream_stats_t {
   double prefill_tokens_per_second;
   int32_t finished;   /* 1 once the stream ended */
   int32_t end_reason; /* EMBER_END_* */
+  /* Since 1.2: speculative decoding (0 without it). */
+  uint64_t drafted_tokens;     /* tokens the drafter proposed (tree nodes) */
+  uint64_t accepted_tokens;    /* drafted tokens the model accepted */
+  uint64_t verify_passes;      /* model passes that verified a tree */
+  double mean_accepted_length; /* accepted_tokens / verify_passes */
 } ember_stream_stats_t;
 
 EMBER_API ember_status ember_stream_stats(const ember_stream* stream, ember_stream_stats_t* stats);

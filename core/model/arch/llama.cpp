@@ -1,5 +1,6 @@
 #include "core/model/arch/llama.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -80,7 +81,13 @@ void LlamaForward::ensure_capacity(int32_t rows, int32_t logit_rows) {
 }
 
 void LlamaForward::forward(const Batch& batch, float* logits) {
+  forward_layers(batch, logits, model_->config().n_layers);
+}
+
+void LlamaForward::forward_layers(const Batch& batch, float* logits, int32_t n_layers) {
   const auto& c = model_->config();
+  if (n_layers <= 0) fail(StatusCode::kInvalidArgument, "forward: n_layers must be positive");
+  n_layers = std::min(n_layers, c.n_layers);
   const int32_t n = batch.n_rows();
   if (n == 0) return;
   const int32_t n_out = static_cast<int32_t>(batch.logit_rows.size());
@@ -102,6 +109,18 @@ void LlamaForward::forward(const Batch& batch, float* logits) {
         fail(StatusCode::kInternal, "forward: a row's cache slot is not covered by its block table");
       }
       phys_slots[r] = bs.block_table[b] * block_size_ + logical % block_size_;
+      if (batch.has_tree() && batch.tree_from[r] >= 0) {
+        const int32_t cap = static_cast<int32_t>(bs.block_table.size()) * block_size_;
+        const int32_t from = batch.tree_from[r], n_path = batch.kv_len[r] - from;
+        if (from < 0 || n_path < 1 || batch.tree_begin[r] < 0 ||
+            static_cast<size_t>(batch.tree_begin[r]) + n_path > batch.tree_slots.size()) {
+          fail(StatusCode::kInternal, "forward: a tree row's path is out of range");
+        }
+        for (int32_t i = 0; i < n_path; ++i) {
+          const int32_t t = batch.tree_slots[static_cast<size_t>(batch.tree_begin[r]) + i];
+          if (t < 0 || t >= cap) fail(StatusCode::kInternal, "forward: a tree slot is not covered by its block table");
+        }
+      }
     }
   }
 
@@ -114,6 +133,14 @@ void LlamaForward::forward(const Batch& batch, float* logits) {
   ap.scale = c.attention_scale > 0.0f ? 1.0f : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   ap.kv_len = batch.kv_len.data();
   ap.decode_rows = batch.decode_rows.size() == static_cast<size_t>(n) ? batch.decode_rows.data() : nullptr;
+  if (batch.has_tree()) {
+    if (batch.tree_from.size() != static_cast<size_t>(n) || batch.tree_begin.size() != static_cast<size_t>(n)) {
+      fail(StatusCode::kInternal, "forward: tree rows out of step with the batch");
+    }
+    ap.tree_from = batch.tree_from.data();
+    ap.tree_begin = batch.tree_begin.data();
+    ap.tree_slots = batch.tree_slots.data();
+  }
   RopeSpec rope;
   rope.rot_dim = c.rope_dim;
   rope.neox = c.rope_style == RopeStyle::kNeox;
@@ -131,9 +158,9 @@ void LlamaForward::forward(const Batch& batch, float* logits) {
   std::vector<Segment> segments;
   bool prev_single = false;
   for (const auto& bs : batch.seqs) {
-    const bool single = bs.n_rows == 1;
+    const bool single = bs.n_rows == 1 || bs.decodes;
     if (single && !segments.empty() && prev_single && segments.back().first + segments.back().rows == bs.first_row) {
-      segments.back().rows += 1;
+      segments.back().rows += bs.n_rows;
     } else {
       segments.push_back({bs.first_row, bs.n_rows, single});
     }
@@ -149,7 +176,7 @@ void LlamaForward::forward(const Batch& batch, float* logits) {
   const size_t n_embd_all = static_cast<size_t>(n) * c.n_embd;
   backend_.embed(*token_embd_, batch.tokens.data(), n, x_);
   if (c.embd_scale > 0.0f) backend_.scale(x_, n_embd_all, c.embd_scale);
-  for (int32_t il = 0; il < c.n_layers; ++il) {
+  for (int32_t il = 0; il < n_layers; ++il) {
     const auto& w = layers_[il];
     const bool swa = c.layer_is_swa(il);
     backend_.rms_norm(x_, *w.attn_norm, n, c.n_embd, c.rms_eps, h_);

@@ -24,6 +24,7 @@ class LlamaForward final : public Forward {
   // Runs the batch; writes logits of batch.logit_rows (in that order) to
   // `logits` (host, logit_rows.size() * n_vocab floats).
   void forward(const Batch& batch, float* logits) override;
+  void forward_layers(const Batch& batch, float* logits, int32_t n_layers) override;
 
  private:
   void ensure_capacity(int32_t rows, int32_t logit_rows);

@@ -1,0 +1,126 @@
+#include "core/speculative/draft_model.h"
+
+#include <algorithm>
+
+#include "core/backend/backend.h"
+#include "core/backend/registry.h"
+#include "core/kv_cache/kv_manager.h"
+#include "core/model/arch/registry.h"
+#include "core/model/batch.h"
+#include "core/model/forward.h"
+#include "core/model/model.h"
+#include "core/tokenizer/tokenizer.h"
+#include "core/util/status.h"
+
+namespace ember::speculative {
+
+void check_same_vocabulary(const Model& target, const Model& draft) {
+  const Tokenizer& a = target.tokenizer();
+  const Tokenizer& b = draft.tokenizer();
+  if (target.config().n_vocab != draft.config().n_vocab || a.n_vocab() != b.n_vocab()) {
+    fail(StatusCode::kInvalidArgument, "speculation: the draft model's vocabulary has " +
+                                           std::to_string(draft.config().n_vocab) + " tokens, the target's " +
+                                           std::to_string(target.config().n_vocab));
+  }
+  for (int32_t id = 0; id < a.n_vocab(); ++id) {
+    if (a.token_text(id) != b.token_text(id)) {
+      fail(StatusCode::kInvalidArgument,
+           "speculation: the draft model's vocabulary differs from the target's at token " + std::to_string(id));
+    }
+  }
+}
+
+DraftRunner::DraftRunner(std::shared_ptr<const Model> model, const std::string& device, int32_t n_threads,
+                         bool batch_invariant, uint64_t kv_memory_bytes)
+    : model_(std::move(model)) {
+  const auto& c = model_->config();
+  const Architecture* arch = find_architecture(model_->architecture());
+  if (!arch) {
+    fail(StatusCode::kUnsupported, "speculation: the draft model's architecture '" + model_->architecture() +
+                                       "' is not supported");
+  }
+  backend_ = create_backend(device, BackendOptions{n_threads, batch_invariant}).backend;
+  check_backend_limits(*backend_, c.head_dim, c.n_heads, c.n_kv_heads);
+  KvGeometry g;
+  g.num_layers = c.n_layers;
+  g.num_kv_heads = c.n_kv_heads;
+  g.head_dim = c.head_dim;
+  g.block_size = 16;
+  g.num_blocks = static_cast<int32_t>(std::max<uint64_t>(kv_memory_bytes / g.bytes_per_block(), 1));
+  KvManager::Rope rope;
+  for (int32_t il = 0; il < c.n_layers; ++il) rope.layers.push_back(model_->rope_spec(il));
+  kv_ = std::make_unique<KvManager>(*backend_, g, /*prefix_caching=*/false, std::move(rope));
+  forward_ = arch->make_forward(model_, *backend_, g.block_size);
+}
+
+DraftRunner::~DraftRunner() {
+  forward_.reset();  // before the backend its buffers live on
+  kv_.reset();
+}
+
+DraftModelDrafter::DraftModelDrafter(std::shared_ptr<DraftRunner> runner, const CachePolicy& policy, int32_t n_ctx)
+    : runner_(std::move(runner)) {
+  const auto& c = runner_->model().config();
+  std::lock_guard<std::mutex> lock(runner_->mutex());
+  seq_ = runner_->kv().create(policy, std::min(n_ctx, c.n_ctx_train), c.n_ctx_train);
+}
+
+DraftModelDrafter::~DraftModelDrafter() {
+  std::lock_guard<std::mutex> lock(runner_->mutex());
+  std::lock_guard<std::mutex> seq_lock(seq_->mutex());
+  runner_->kv().release(*seq_);
+}
+
+void DraftModelDrafter::catch_up(const KvSequence& target, int32_t n_nodes) {
+  KvManager& kv = runner_->kv();
+  // The target's history only grew by accepted tokens since the last tree
+  // (a changed history keeps the common prefix; a bounded draft that has
+  // evicted a changed token cannot, and throws).
+  if (seq_->tokens() != target.tokens()) kv.replace_history(*seq_, target.tokens());
+  const size_t want = seq_->tokens().size() - 1;  // everything but the root
+  std::vector<float> none;
+  while (seq_->n_computed() < want) {
+    size_t n = std::min<size_t>(want - seq_->n_computed(), 256);
+    if (seq_->bounded()) {
+      const size_t limit = static_cast<size_t>(seq_->layout().chunk_limit(static_cast<int64_t>(seq_->n_computed())));
+      n = std::min(n, std::max<size_t>(limit, 1));
+    }
+    if (!kv.grow(*seq_, n)) fail(StatusCode::kOutOfMemory, "speculation: the draft model's KV pool is full");
+    Batch batch;
+    kv.add_rows(*seq_, batch, static_cast<int32_t>(n), SIZE_MAX);
+    runner_->forward().forward(batch, none.data());
+    kv.commit_computed(*seq_, n, /*index=*/false);
+  }
+  if (static_cast<size_t>(n_nodes) > kv.tree_room(*seq_) ||
+      !kv.reserve_tree(*seq_, static_cast<size_t>(n_nodes))) {
+    fail(StatusCode::kOutOfMemory, "speculation: no room for a token tree in the draft model's KV pool");
+  }
+}
+
+void DraftModelDrafter::propose(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,
+                                std::vector<Candidate>& out) {
+  std::lock_guard<std::mutex> lock(runner_->mutex());
+  std::lock_guard<std::mutex> seq_lock(seq_->mutex());
+  KvManager& kv = runner_->kv();
+  if (!tree_open_) {
+    // Room for every node the target reserved (its slots after the root).
+    catch_up(seq, static_cast<int32_t>(std::min<size_t>(64, kv.tree_room(*seq_))));
+    tree_open_ = true;
+  }
+  Batch batch;
+  kv.add_tree_rows(*seq_, batch, tree.token, tree.parent, {leaf});
+  const int32_t n_vocab = runner_->model().config().n_vocab;
+  logits_.resize(static_cast<size_t>(n_vocab));
+  runner_->forward().forward(batch, logits_.data());
+  top_candidates(logits_.data(), n_vocab, max_candidates, out);
+}
+
+void DraftModelDrafter::finish_tree(KvSequence&) {
+  if (!tree_open_) return;
+  std::lock_guard<std::mutex> lock(runner_->mutex());
+  std::lock_guard<std::mutex> seq_lock(seq_->mutex());
+  runner_->kv().rollback_provisional(*seq_);
+  tree_open_ = false;
+}
+
+}  // namespace ember::speculative

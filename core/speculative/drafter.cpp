@@ -1,0 +1,84 @@
+#include "core/speculative/drafter.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/kv_cache/kv_manager.h"
+#include "core/model/batch.h"
+#include "core/model/forward.h"
+
+namespace ember::speculative {
+
+void top_candidates(const float* logits, int32_t n, int32_t k, std::vector<Candidate>& out) {
+  out.clear();
+  if (n <= 0 || k <= 0) return;
+  const float mx = *std::max_element(logits, logits + n);
+  double sum = 0.0;
+  for (int32_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(logits[i] - mx));
+  // The k largest logits, in order (ties: lower id first).
+  std::vector<int32_t> best;
+  best.reserve(static_cast<size_t>(k) + 1);
+  for (int32_t i = 0; i < n; ++i) {
+    if (static_cast<int32_t>(best.size()) == k && logits[i] <= logits[best.back()]) continue;
+    auto at = std::upper_bound(best.begin(), best.end(), i,
+                               [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+    best.insert(at, i);
+    if (static_cast<int32_t>(best.size()) > k) best.pop_back();
+  }
+  for (int32_t id : best) {
+    out.push_back({id, static_cast<float>(std::exp(static_cast<double>(logits[id] - mx)) / sum)});
+  }
+}
+
+void NgramDrafter::propose(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,
+                           std::vector<Candidate>& out) {
+  out.clear();
+  const std::vector<int32_t>& hist = seq.tokens();
+  const int64_t H = static_cast<int64_t>(hist.size());
+  if (H < 2) return;
+  // The branch: the history (ending with the root) and the drafted tokens.
+  const std::vector<int32_t> drafted = tree.path_tokens(leaf);
+  const int64_t L = H + static_cast<int64_t>(drafted.size());
+  auto at = [&](int64_t i) { return i < H ? hist[static_cast<size_t>(i)] : drafted[static_cast<size_t>(i - H)]; };
+  for (int32_t n = kMaxN; n >= kMinN; --n) {
+    if (n > L) continue;
+    // Occurrences of the branch's last n tokens that end at j (j + 1 < H:
+    // what followed is known), most recent first.
+    std::vector<std::pair<int32_t, int32_t>> counts;  // (token, count), in order of first (most recent) sight
+    int32_t matches = 0;
+    for (int64_t j = H - 2; j >= n - 1 && matches < kMaxMatches; --j) {
+      bool eq = true;
+      for (int32_t k = 0; k < n && eq; ++k) eq = hist[static_cast<size_t>(j - k)] == at(L - 1 - k);
+      if (!eq) continue;
+      ++matches;
+      const int32_t next = hist[static_cast<size_t>(j + 1)];
+      auto it = std::find_if(counts.begin(), counts.end(), [&](const auto& c) { return c.first == next; });
+      if (it == counts.end()) {
+        counts.emplace_back(next, 1);
+      } else {
+        ++it->second;
+      }
+    }
+    if (matches == 0) continue;
+    std::stable_sort(counts.begin(), counts.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+    for (const auto& [tok, c] : counts) {
+      if (static_cast<int32_t>(out.size()) >= max_candidates) break;
+      out.push_back({tok, static_cast<float>(c) / static_cast<float>(matches)});
+    }
+    return;
+  }
+}
+
+void SelfDrafter::propose(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,
+                          std::vector<Candidate>& out) {
+  Batch batch;
+  kv_.add_tree_rows(seq, batch, tree.token, tree.parent, {leaf});
+  logits_.resize(static_cast<size_t>(n_vocab_));
+  {
+    std::lock_guard<std::mutex> lock(forward_mutex_);
+    forward_.forward_layers(batch, logits_.data(), layers_);
+  }
+  top_candidates(logits_.data(), n_vocab_, max_candidates, out);
+}
+
+}  // namespace ember::speculative

@@ -1,0 +1,77 @@
+// core::speculative — drafters: what proposes the next tokens of a branch.
+//
+//   ngram   prompt lookup over the sequence's own history: the longest
+//           suffix of the branch (up to kMaxN tokens) that occurred earlier,
+//           and what followed it there (probability = share of the matches);
+//           no weights, no forward pass.
+//   self    self-speculation: the target's first L layers, its final norm
+//           and its output head (no extra weights). The first L layers of the
+//           committed history are exactly the target's own, so the draft
+//           reads the target's KV cache; it writes the drafted rows' K/V of
+//           those layers into the tree's slots, which verification then
+//           rewrites with the same values.
+//   draft   a second model with the same vocabulary, with its own sequence
+//           per stream (core/speculative/draft_model.h).
+//
+// A drafter is used by one stream at a time, on the engine's step thread,
+// with the stream's sequence locked.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/speculative/tree.h"
+
+namespace ember {
+class Forward;
+class KvManager;
+class KvSequence;
+}  // namespace ember
+
+namespace ember::speculative {
+
+class Drafter {
+ public:
+  virtual ~Drafter() = default;
+  // Proposes what follows node `leaf` of `tree` (whose root is the last
+  // token of seq's history): at most `max_candidates`, most likely first.
+  virtual void propose(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,
+                       std::vector<Candidate>& out) = 0;
+  // After the tree is verified (a model drafter drops what it drafted).
+  virtual void finish_tree(KvSequence&) {}
+};
+
+class NgramDrafter final : public Drafter {
+ public:
+  static constexpr int32_t kMaxN = 4;  // longest suffix matched
+  static constexpr int32_t kMinN = 1;
+  static constexpr int32_t kMaxMatches = 64;  // most recent occurrences counted
+  void propose(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,
+               std::vector<Candidate>& out) override;
+};
+
+// The target's first `layers` layers + final norm + head. `forward_mutex`
+// is the engine's (one forward pass at a time).
+class SelfDrafter final : public Drafter {
+ public:
+  SelfDrafter(Forward& forward, std::mutex& forward_mutex, KvManager& kv, int32_t layers, int32_t n_vocab)
+      : forward_(forward), forward_mutex_(forward_mutex), kv_(kv), layers_(layers), n_vocab_(n_vocab) {}
+  void propose(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,
+               std::vector<Candidate>& out) override;
+
+ private:
+  Forward& forward_;
+  std::mutex& forward_mutex_;
+  KvManager& kv_;
+  int32_t layers_;
+  int32_t n_vocab_;
+  std::vector<float> logits_;
+};
+
+// The `k` most probable tokens of softmax(logits) (n values), most likely
+// first, with their probabilities.
+void top_candidates(const float* logits, int32_t n, int32_t k, std::vector<Candidate>& out);
+
+}  // namespace ember::speculative
