@@ -212,8 +212,38 @@ struct Vocab {
   std::vector<std::string> tokens;
   std::vector<int32_t> types;
   std::vector<std::string> merges;
+  std::vector<float> scores;  // SentencePiece vocabularies only
   int32_t eos = 0;
+  bool spm = false;
 };
+
+// Vocabularies too small for byte-level BPE (below 299 tokens, e.g. the
+// 16-64 token models of the speculative-sampling distribution test): a
+// SentencePiece vocabulary of <unk>, <s>, </s>, the word boundary and
+// letters/digits, then two-character pieces ("llama" tokenizer; text outside
+// it is <unk>).
+Vocab make_small_vocab(int64_t n_vocab) {
+  Vocab v;
+  v.spm = true;
+  v.tokens = {"<unk>", "<s>", "</s>", "\xe2\x96\x81"};  // U+2581, the SentencePiece space
+  v.types = {2, 3, 3, 1};
+  v.scores = {0.0f, 0.0f, 0.0f, -1.0f};
+  v.eos = 2;
+  const std::string chars = "abcdefghijklmnopqrstuvwxyz0123456789";
+  for (size_t i = 0; static_cast<int64_t>(v.tokens.size()) < n_vocab; ++i) {
+    std::string piece;
+    if (i < chars.size()) {
+      piece = chars.substr(i, 1);
+    } else {
+      const size_t k = i - chars.size();
+      piece = chars.substr(k % 26, 1) + chars.substr((k / 26) % 26, 1);
+    }
+    v.tokens.push_back(piece);
+    v.types.push_back(1);
+    v.scores.push_back(-2.0f - static_cast<float>(i));
+  }
+  return v;
+}
 
 // Merges as "left|right" in plain text (' ' is the byte-level space); each
 // result becomes a token. Later merges build on earlier results.
@@ -224,6 +254,7 @@ constexpr const char* kMerges[] = {
 };
 
 Vocab make_vocab(int64_t n_vocab) {
+  if (n_vocab >= 8 && n_vocab < 299) return make_small_vocab(n_vocab);
   Vocab v;
   auto byte_level = [](const std::string& s) {
     std::string out;
@@ -600,15 +631,26 @@ void write_model(const Options& o) {
     w.add_u32(a + "attention.value_length", static_cast<uint32_t>(hd));
     w.add_u32(a + "attention.sliding_window", static_cast<uint32_t>(o.window));
   }
-  w.add_string("tokenizer.ggml.model", "gpt2");
-  w.add_string("tokenizer.ggml.pre", "gpt-2");
-  w.add_array("tokenizer.ggml.tokens", vocab.tokens);
-  w.add_array("tokenizer.ggml.token_type", vocab.types);
-  w.add_array("tokenizer.ggml.merges", vocab.merges);
-  w.add_u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(vocab.eos));
-  w.add_u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(vocab.eos));
-  w.add_bool("tokenizer.ggml.add_bos_token", false);
-  w.add_string("tokenizer.chat_template", kChatTemplate);
+  if (vocab.spm) {
+    w.add_string("tokenizer.ggml.model", "llama");
+    w.add_array("tokenizer.ggml.tokens", vocab.tokens);
+    w.add_array("tokenizer.ggml.scores", vocab.scores);
+    w.add_array("tokenizer.ggml.token_type", vocab.types);
+    w.add_u32("tokenizer.ggml.bos_token_id", 1);
+    w.add_u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(vocab.eos));
+    w.add_u32("tokenizer.ggml.unknown_token_id", 0);
+    w.add_bool("tokenizer.ggml.add_bos_token", false);
+  } else {
+    w.add_string("tokenizer.ggml.model", "gpt2");
+    w.add_string("tokenizer.ggml.pre", "gpt-2");
+    w.add_array("tokenizer.ggml.tokens", vocab.tokens);
+    w.add_array("tokenizer.ggml.token_type", vocab.types);
+    w.add_array("tokenizer.ggml.merges", vocab.merges);
+    w.add_u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(vocab.eos));
+    w.add_u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(vocab.eos));
+    w.add_bool("tokenizer.ggml.add_bos_token", false);
+    w.add_string("tokenizer.chat_template", kChatTemplate);
+  }
 
   auto vt = std::make_shared<ValueTables>(kA);
   uint64_t tensor_seed = o.seed * 1000003ull;

@@ -7,6 +7,10 @@
 
 namespace ember::speculative {
 
+namespace testing {
+bool g_broken_acceptance = false;
+}  // namespace testing
+
 void TreeParams::validate() const {
   auto require = [](bool ok, const char* message) {
     if (!ok) fail(StatusCode::kInvalidArgument, message);

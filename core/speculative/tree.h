@@ -108,6 +108,13 @@ struct Acceptance {
 template <class Dist, class Uniform>
 Acceptance accept_tree(const DraftTree& tree, bool greedy, int32_t max_tokens, Dist&& dist, Uniform&& uniform);
 
+namespace testing {
+// Test hook: a deliberately wrong sampling rule (a child accepted with
+// probability p(c), not p'(c)/Z, and a rejection redrawn from the untouched
+// p), which the distribution test must catch.
+extern bool g_broken_acceptance;
+}  // namespace testing
+
 }  // namespace ember::speculative
 
 #include "core/speculative/accept.inc"

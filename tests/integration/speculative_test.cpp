@@ -1,0 +1,438 @@
+// Speculative decoding on the real model and on small synthetic ones: greedy
+// output identical with and without speculation for every drafter (24
+// prompts), with stop strings, max tokens, sink sessions, batching, session
+// files; and sampled output distributed exactly as the target's (chi-square
+// on 100,000 continuations of a 32-token model against a draft that differs
+// on purpose), which a deliberately broken acceptance rule fails.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+
+#include "core/engine/engine.h"
+#include "core/speculative/tree.h"
+#include "core/tokenizer/tokenizer.h"
+#include "model_path.h"
+
+namespace ember {
+namespace {
+
+std::shared_ptr<Model> model() {
+  static std::shared_ptr<Model> m = Model::load(test::default_model_path());
+  return m;
+}
+
+bool reduced() {
+  const char* e = std::getenv("EMBER_TEST_REDUCED");
+  return e && *e && *e != '0';
+}
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  std::string text;
+  EndReason end = EndReason::kNone;
+  StreamStats stats;
+};
+
+Outcome run(const std::shared_ptr<Stream>& s) {
+  Outcome r;
+  for (;;) {
+    StreamEvent ev;
+    const StatusCode c = s->next(ev, 120000);
+    EXPECT_EQ(c, StatusCode::kOk);
+    if (c != StatusCode::kOk) break;
+    if (ev.type == StreamEvent::kText) {
+      r.tokens.insert(r.tokens.end(), ev.tokens.begin(), ev.tokens.end());
+      r.text += ev.text;
+    } else {
+      EXPECT_EQ(ev.type, StreamEvent::kEnd) << ev.error;
+      r.end = ev.end_reason;
+      break;
+    }
+  }
+  r.stats = s->stats();
+  return r;
+}
+
+StreamParams greedy(int n) {
+  StreamParams p;
+  p.max_tokens = n;
+  p.sampling.temperature = 0.0f;
+  return p;
+}
+
+StreamParams with_spec(StreamParams p, SpecParams::Kind kind, int32_t self_layers = 0,
+                       std::shared_ptr<const Model> draft = nullptr) {
+  p.spec.kind = kind;
+  p.spec.self_layers = self_layers;
+  p.spec.draft_model = std::move(draft);
+  return p;
+}
+
+// Chat prompts (some ask the model to work from a given text, where the
+// n-gram drafter finds its drafts) and completion prompts.
+struct Prompt {
+  bool chat;
+  const char* text;
+};
+const Prompt kPrompts[] = {
+    {true, "Repeat this sentence exactly: The quick brown fox jumps over the lazy dog."},
+    {true, "What is the capital of France?"},
+    {true, "Write a haiku about the sea."},
+    {true, "List three primary colours."},
+    {true, "Summarise: The library opens at nine and closes at five. The library is closed on Sundays."},
+    {true, "Translate 'good morning' into Spanish."},
+    {true, "Give me a short tip for staying focused while studying."},
+    {true, "Rewrite in the past tense: I walk to the market and I buy bread."},
+    {true, "Explain what a prime number is in one sentence."},
+    {true, "Name the planets of the solar system in order."},
+    {true, "Write a Python function that returns the square of a number."},
+    {true, "Complete the list: Monday, Tuesday, Wednesday,"},
+    {false, "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n"},
+    {false, "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"},
+    {false, "The cat sat on the mat. The dog sat on the log. The bird sat on the"},
+    {false, "Once upon a time, in a small village by the sea,"},
+    {false, "To be, or not to be, that is the question:"},
+    {false, "The history of science is"},
+    {false, "Dear Sir or Madam, I am writing to"},
+    {false, "<html>\n<body>\n<ul>\n<li>One</li>\n<li>Two</li>\n"},
+    {false, "Alice: Hello Bob!\nBob: Hello Alice!\nAlice: How are you?\nBob:"},
+    {false, "The recipe calls for two cups of flour, one cup of sugar, and"},
+    {false, "for (int i = 0; i < n; ++i) {\n  sum += a[i];\n}\nfor (int i = 0; i < n; ++i) {\n"},
+    {false, "In 1969, the first humans landed on"},
+};
+static_assert(sizeof(kPrompts) / sizeof(kPrompts[0]) == 24);
+
+std::shared_ptr<Session> session_with(const std::shared_ptr<EngineOwner>& engine, const Prompt& p) {
+  auto s = std::make_shared<Session>(engine, 0, "");
+  if (p.chat) {
+    s->add_message("user", p.text);
+  } else {
+    s->add_text(p.text, false);
+  }
+  return s;
+}
+
+// Every prompt: plain greedy decoding and speculative decoding give the same
+// tokens, text and end; the drafter must actually have been accepted.
+void expect_identical(SpecParams::Kind kind, int32_t self_layers, std::shared_ptr<const Model> draft) {
+  auto engine = Engine::create(model(), EngineParams{});
+  const int n_tokens = reduced() ? 16 : 40;
+  const size_t n_prompts = reduced() ? 6 : std::size(kPrompts);
+  uint64_t accepted = 0, passes = 0;
+  for (size_t i = 0; i < n_prompts; ++i) {
+    const Outcome plain = run(session_with(engine, kPrompts[i])->start(greedy(n_tokens)));
+    const Outcome spec = run(session_with(engine, kPrompts[i])->start(with_spec(greedy(n_tokens), kind, self_layers, draft)));
+    EXPECT_EQ(spec.tokens, plain.tokens) << "prompt " << i << ": " << kPrompts[i].text;
+    EXPECT_EQ(spec.text, plain.text) << "prompt " << i;
+    EXPECT_EQ(spec.end, plain.end) << "prompt " << i;
+    EXPECT_EQ(spec.stats.generated_tokens, plain.stats.generated_tokens);
+    accepted += spec.stats.accepted_tokens;
+    passes += spec.stats.verify_passes;
+  }
+  EXPECT_GT(passes, 0u);
+  EXPECT_GT(accepted, 0u) << "no drafted token was ever accepted";
+}
+
+TEST(Speculative, NgramGreedyIdenticalOn24Prompts) {
+  EMBER_REQUIRE_MODEL();
+  expect_identical(SpecParams::Kind::kNgram, 0, nullptr);
+}
+
+TEST(Speculative, SelfGreedyIdenticalOn24Prompts) {
+  EMBER_REQUIRE_MODEL();
+  expect_identical(SpecParams::Kind::kSelf, 20, nullptr);
+}
+
+// The draft is the target's own file loaded a second time: it proves
+// exactness (every mismatch would show), not speed.
+TEST(Speculative, DraftModelGreedyIdenticalOn24Prompts) {
+  EMBER_REQUIRE_MODEL();
+  expect_identical(SpecParams::Kind::kDraft, 0, Model::load(test::default_model_path()));
+}
+
+// Stop strings, max tokens and EOS end a speculative stream exactly where a
+// plain one ends, and the session's history (and so its next turn) is the
+// same.
+TEST(Speculative, StopStringsAndTheNextTurnMatchPlainDecoding) {
+  EMBER_REQUIRE_MODEL();
+  auto engine = Engine::create(model(), EngineParams{});
+  const char* kText = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,";
+  for (const char* stop : {"16", " 20,", "13, 14"}) {
+    StreamParams p = greedy(64);
+    p.stop = {stop};
+    auto a = std::make_shared<Session>(engine, 0, "");
+    a->add_text(kText, false);
+    const Outcome plain = run(a->start(p));
+    auto b = std::make_shared<Session>(engine, 0, "");
+    b->add_text(kText, false);
+    const Outcome spec = run(b->start(with_spec(p, SpecParams::Kind::kNgram)));
+    EXPECT_EQ(plain.end, EndReason::kStopString) << stop;
+    EXPECT_EQ(spec.end, plain.end) << stop;
+    EXPECT_EQ(spec.text, plain.text) << stop;
+    EXPECT_GT(spec.stats.accepted_tokens, 0u) << stop;
+    EXPECT_EQ(b->token_count(), a->token_count()) << stop;
+    // The next turn continues from the same history.
+    a->add_text(" and then", false);
+    b->add_text(" and then", false);
+    EXPECT_EQ(run(b->start(with_spec(greedy(12), SpecParams::Kind::kNgram))).tokens, run(a->start(greedy(12))).tokens);
+  }
+  // max_tokens: never more than asked, even when a whole tree is accepted.
+  for (int n : {1, 2, 5, 9}) {
+    auto s = std::make_shared<Session>(engine, 0, "");
+    s->add_text(kText, false);
+    const Outcome r = run(s->start(with_spec(greedy(n), SpecParams::Kind::kNgram)));
+    EXPECT_EQ(r.stats.generated_tokens, static_cast<size_t>(n));
+    EXPECT_EQ(r.end, EndReason::kMaxTokens);
+  }
+}
+
+// Several sessions speculating (and one not) in the same steps compute what
+// each computes alone; a sink session streams past its cache with
+// speculation; a saved speculative session continues exactly.
+TEST(Speculative, BatchedSinkSessionAndSessionFile) {
+  EMBER_REQUIRE_MODEL();
+  auto engine = Engine::create(model(), EngineParams{});
+  const int n = reduced() ? 16 : 32;
+  std::vector<Outcome> solo;
+  for (int i = 0; i < 4; ++i) {
+    solo.push_back(run(session_with(engine, kPrompts[12 + i])->start(greedy(n))));
+  }
+  std::vector<std::shared_ptr<Session>> sessions;
+  std::vector<std::shared_ptr<Stream>> streams;
+  for (int i = 0; i < 4; ++i) {
+    sessions.push_back(session_with(engine, kPrompts[12 + i]));
+    const auto kind = i == 3 ? SpecParams::Kind::kNone : (i == 2 ? SpecParams::Kind::kSelf : SpecParams::Kind::kNgram);
+    streams.push_back(sessions.back()->start(with_spec(greedy(n), kind, 20)));
+  }
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(run(streams[i]).tokens, solo[i].tokens) << i;
+
+  // Sink: 4 sinks + a 60-token window, 120 tokens generated: evictions
+  // happen between trees (a tree never crosses one).
+  CachePolicy sink;
+  sink.kind = CachePolicyKind::kSink;
+  sink.sink_tokens = 4;
+  sink.window_tokens = 60;
+  auto plain_sink = std::make_shared<Session>(engine, 0, "", 0, sink);
+  plain_sink->add_text(kPrompts[13].text, false);
+  const Outcome want = run(plain_sink->start(greedy(120)));
+  auto spec_sink = std::make_shared<Session>(engine, 0, "", 0, sink);
+  spec_sink->add_text(kPrompts[13].text, false);
+  const Outcome got = run(spec_sink->start(with_spec(greedy(120), SpecParams::Kind::kNgram)));
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_GT(got.stats.accepted_tokens, 0u);
+  EXPECT_GT(spec_sink->cache_info().evicted, 0u);
+
+  // Session file: save after a speculative turn, load, continue both ways.
+  const std::string path = (std::filesystem::temp_directory_path() / "ember_spec_session.bin").string();
+  auto a = session_with(engine, kPrompts[0]);
+  run(a->start(with_spec(greedy(n), SpecParams::Kind::kNgram)));
+  a->save(path);
+  auto b = Session::load(engine, path);
+  a->add_message("user", "Again, please.");
+  b->add_message("user", "Again, please.");
+  EXPECT_EQ(run(b->start(with_spec(greedy(n), SpecParams::Kind::kNgram))).tokens, run(a->start(greedy(n))).tokens);
+  std::filesystem::remove(path);
+}
+
+std::string synthetic(const char* name) { return std::string(EMBER_SYNTHETIC_DIR) + "/" + name; }
+
+TEST(Speculative, DraftWithAnotherVocabularyIsRefused) {
+  EMBER_REQUIRE_MODEL();
+  auto engine = Engine::create(model(), EngineParams{});
+  auto s = std::make_shared<Session>(engine, 0, "");
+  s->add_text("Hello", false);
+  try {
+    s->start(with_spec(greedy(4), SpecParams::Kind::kDraft, 0, Model::load(synthetic("llama3.gguf"))));
+    FAIL() << "a draft with another vocabulary was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(e.message().find("vocabulary"), std::string::npos) << e.message();
+  }
+  // The session is not left busy.
+  EXPECT_EQ(run(s->start(greedy(2))).stats.generated_tokens, 2u);
+  // Self-speculation needs fewer layers than the model has.
+  EXPECT_THROW(s->start(with_spec(greedy(4), SpecParams::Kind::kSelf, 1000)), Error);
+}
+
+// ---------------------------------------------------------------- distribution
+
+// Upper tail of the chi-square distribution with k degrees of freedom:
+// Q(k/2, x/2), the regularised upper incomplete gamma function (series below
+// a + 1, Lentz's continued fraction above).
+double chi2_p_value(double x, int k) {
+  const double a = k / 2.0, z = x / 2.0;
+  if (z <= 0) return 1.0;
+  const double log_pre = a * std::log(z) - z - std::lgamma(a);
+  if (z < a + 1) {
+    double term = 1.0 / a, sum = term;
+    for (int n = 1; n < 10000; ++n) {
+      term *= z / (a + n);
+      sum += term;
+      if (term < sum * 1e-15) break;
+    }
+    return 1.0 - sum * std::exp(log_pre);
+  }
+  const double tiny = 1e-300;
+  double b = z + 1 - a, c = 1 / tiny, d = 1 / b, h = d;
+  for (int i = 1; i < 10000; ++i) {
+    const double an = -i * (i - a);
+    b += 2;
+    d = an * d + b;
+    if (std::fabs(d) < tiny) d = tiny;
+    c = b + an / c;
+    if (std::fabs(c) < tiny) c = tiny;
+    d = 1 / d;
+    const double del = d * c;
+    h *= del;
+    if (std::fabs(del - 1) < 1e-15) break;
+  }
+  return std::exp(log_pre) * h;
+}
+
+// Pearson's test of observed counts against expected probabilities (bins
+// expected below 5 are pooled). Returns the p-value.
+double chi2_test(const std::vector<uint64_t>& observed, const std::vector<double>& expected_p, uint64_t n) {
+  double stat = 0, pool_o = 0, pool_e = 0;
+  int bins = 0;
+  for (size_t i = 0; i < observed.size(); ++i) {
+    const double e = expected_p[i] * static_cast<double>(n);
+    if (e < 5) {
+      pool_o += static_cast<double>(observed[i]);
+      pool_e += e;
+      continue;
+    }
+    stat += (static_cast<double>(observed[i]) - e) * (static_cast<double>(observed[i]) - e) / e;
+    ++bins;
+  }
+  if (pool_e > 0) {
+    stat += (pool_o - pool_e) * (pool_o - pool_e) / std::max(pool_e, 1e-9);
+    ++bins;
+  }
+  return chi2_p_value(stat, std::max(bins - 1, 1));
+}
+
+// The sampler's temperature softmax (no truncation).
+std::vector<double> softmax(const float* logits, int n, double temperature) {
+  std::vector<double> p(static_cast<size_t>(n));
+  const float mx = *std::max_element(logits, logits + n);
+  double sum = 0;
+  for (int i = 0; i < n; ++i) sum += p[i] = std::exp(static_cast<double>(logits[i] - mx) / temperature);
+  for (auto& x : p) x /= sum;
+  return p;
+}
+
+struct DistributionRun {
+  std::vector<double> p_value;  // per position
+  uint64_t accepted = 0, drafted = 0;
+};
+
+// `n` continuations sampled at temperature kTemperature (no truncation)
+// from the 32-token target with the draft model drafting trees; per position
+// the marginal frequencies against the target's exact marginals.
+constexpr double kTemperature = 0.5;  // (the random model's logits are flat: sharpen them)
+
+DistributionRun sample_distribution(uint64_t n) {
+  auto target = Model::load(synthetic("spec_target.gguf"));
+  auto draft = Model::load(synthetic("spec_draft.gguf"));
+  const int V = target->config().n_vocab;
+  const std::vector<int32_t> prompt = {5, 9, 14, 7};
+  constexpr int kPositions = 3;
+  EngineParams ep;
+  ep.n_threads = 1;
+  ep.prefix_caching = false;
+  ep.kv_memory_bytes = 64 << 20;
+  auto engine = Engine::create(target, ep);
+
+  // Exact marginals: p1(a), p2(b) = sum_a p1(a) p(b|a), p3(c) = sum_ab ...
+  auto next_dist = [&](const std::vector<int32_t>& ctx) {
+    std::vector<float> logits(ctx.size() * static_cast<size_t>(V));
+    (*engine)->score(ctx.data(), ctx.size(), nullptr, logits.data());
+    return softmax(logits.data() + (ctx.size() - 1) * static_cast<size_t>(V), V, kTemperature);
+  };
+  std::vector<std::vector<double>> marg(kPositions, std::vector<double>(static_cast<size_t>(V), 0.0));
+  const std::vector<double> p1 = next_dist(prompt);
+  marg[0] = p1;
+  for (int a = 0; a < V; ++a) {
+    std::vector<int32_t> ca = prompt;
+    ca.push_back(a);
+    const std::vector<double> p2 = next_dist(ca);
+    for (int b = 0; b < V; ++b) {
+      marg[1][static_cast<size_t>(b)] += p1[static_cast<size_t>(a)] * p2[static_cast<size_t>(b)];
+      std::vector<int32_t> cb = ca;
+      cb.push_back(b);
+      const std::vector<double> p3 = next_dist(cb);
+      const double w = p1[static_cast<size_t>(a)] * p2[static_cast<size_t>(b)];
+      for (int c = 0; c < V; ++c) marg[2][static_cast<size_t>(c)] += w * p3[static_cast<size_t>(c)];
+    }
+  }
+
+  std::vector<std::vector<uint64_t>> counts(kPositions, std::vector<uint64_t>(static_cast<size_t>(V), 0));
+  DistributionRun out;
+  constexpr int kParallel = 32;
+  std::vector<std::shared_ptr<Session>> sessions;
+  for (int i = 0; i < kParallel; ++i) sessions.push_back(std::make_shared<Session>(engine, 0, ""));
+  for (uint64_t done = 0; done < n;) {
+    std::vector<std::shared_ptr<Stream>> streams;
+    for (int i = 0; i < kParallel && done + streams.size() < n; ++i) {
+      sessions[i]->reset();
+      sessions[i]->add_tokens(prompt);
+      StreamParams p;
+      p.max_tokens = kPositions + 5;  // trees of up to 7 nodes follow the first token
+      p.ignore_eos = true;
+      p.sampling.temperature = static_cast<float>(kTemperature);
+      p.sampling.top_k = 0;
+      p.sampling.top_p = 1.0f;
+      p.sampling.min_p = 0.0f;
+      p.sampling.seed = 1000003ull * (done + streams.size()) + 17;
+      p.spec.kind = SpecParams::Kind::kDraft;
+      p.spec.draft_model = draft;
+      p.spec.tree.threshold = 0.1f;  // several branches per node
+      p.spec.tree.max_nodes = 8;
+      p.spec.tree.alpha = 0.0f;  // always the full node budget
+      streams.push_back(sessions[i]->start(p));
+    }
+    for (auto& s : streams) {
+      const Outcome r = run(s);
+      EXPECT_EQ(r.tokens.size(), static_cast<size_t>(kPositions + 5));
+      for (size_t k = 0; k < r.tokens.size() && k < kPositions; ++k) counts[k][static_cast<size_t>(r.tokens[k])]++;
+      out.accepted += r.stats.accepted_tokens;
+      out.drafted += r.stats.drafted_tokens;
+    }
+    done += streams.size();
+  }
+  for (int k = 0; k < kPositions; ++k) out.p_value.push_back(chi2_test(counts[k], marg[k], n));
+  return out;
+}
+
+uint64_t distribution_samples() {
+  if (const char* e = std::getenv("EMBER_SPEC_CHI2_SAMPLES"); e && *e) return std::strtoull(e, nullptr, 10);
+  return reduced() ? 20000 : 100000;
+}
+
+TEST(SpeculativeDistribution, SampledTokensFollowTheTarget) {
+  const uint64_t n = distribution_samples();
+  const DistributionRun r = sample_distribution(n);
+  std::printf("chi-square over %llu continuations: p = %.4f, %.4f, %.4f; drafted %llu, accepted %llu\n",
+              static_cast<unsigned long long>(n), r.p_value[0], r.p_value[1], r.p_value[2],
+              static_cast<unsigned long long>(r.drafted), static_cast<unsigned long long>(r.accepted));
+  for (double p : r.p_value) EXPECT_GT(p, 0.01);
+  // The draft differs from the target on purpose (other random weights):
+  // both acceptance and rejection are exercised many times.
+  EXPECT_GT(r.accepted, n / 100);
+  EXPECT_LT(r.accepted, r.drafted / 2);
+}
+
+TEST(SpeculativeDistribution, BrokenAcceptanceRuleIsCaught) {
+  speculative::testing::g_broken_acceptance = true;
+  const DistributionRun r = sample_distribution(distribution_samples());
+  speculative::testing::g_broken_acceptance = false;
+  std::printf("broken rule: p = %.3g, %.3g, %.3g\n", r.p_value[0], r.p_value[1], r.p_value[2]);
+  EXPECT_LT(*std::min_element(r.p_value.begin(), r.p_value.end()), 0.01);
+}
+
+}  // namespace
+}  // namespace ember
