@@ -671,6 +671,121 @@ TEST_P(BackendOps, AttentionSlidingWindow) {
   if (b().supports_cache_policies()) check_attention(b(), 8, 2, 64, 16, {{100, 1, 4, 60}, {40, 3, 4, 20}}, 34, 50);
 }
 
+// Token trees (speculative verification): each tree row, seeing the cache
+// through its slot map (prefix, then its ancestors' slots), computes exactly
+// what the same path decoded as a chain in consecutive slots computes.
+void check_tree_attention(Backend& be, int32_t heads, int32_t kv_heads, int32_t hd, int32_t bs, int32_t n_past,
+                          const std::vector<int32_t>& parents, uint32_t seed, int32_t window = 0) {
+  const int32_t layer = 1, n_nodes = static_cast<int32_t>(parents.size()), kv_dim = kv_heads * hd;
+  auto depth_of = [&](int32_t n) {
+    int32_t d = 0;
+    for (int32_t a = n; a > 0; a = parents[static_cast<size_t>(a)]) ++d;
+    return d;
+  };
+  auto path_of = [&](int32_t n) {  // ancestors below the root, then n
+    std::vector<int32_t> p;
+    for (int32_t a = n; a > 0; a = parents[static_cast<size_t>(a)]) p.push_back(a);
+    std::reverse(p.begin(), p.end());
+    return p;
+  };
+  // The tree: the prefix in slots [0, n_past), node i (0 = root) in slot
+  // n_past + i. One chain per node: the prefix, then its path in order.
+  const int32_t tree_slots = n_past + n_nodes;
+  const int32_t tree_blocks = (tree_slots + bs - 1) / bs;
+  const int32_t chain_blocks = (n_past + n_nodes + bs - 1) / bs;
+  KvGeometry g;
+  g.num_layers = 2;
+  g.num_kv_heads = kv_heads;
+  g.head_dim = hd;
+  g.block_size = bs;
+  g.num_blocks = tree_blocks + n_nodes * chain_blocks + 3;
+  be.kv_init(g);
+  std::mt19937 rng(seed);
+  std::vector<int32_t> perm(static_cast<size_t>(g.num_blocks));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  size_t next = 0;
+  const auto k = randn(static_cast<size_t>(tree_slots) * kv_dim, seed + 1);
+  const auto v = randn(static_cast<size_t>(tree_slots) * kv_dim, seed + 2);
+  auto store = [&](const std::vector<int32_t>& table, const std::vector<int32_t>& src_rows) {
+    // Writes rows src_rows[i] of k/v into logical slots i of `table`.
+    std::vector<float> ks, vs;
+    std::vector<int32_t> slots;
+    for (size_t i = 0; i < src_rows.size(); ++i) {
+      const size_t r = static_cast<size_t>(src_rows[i]);
+      ks.insert(ks.end(), k.begin() + r * kv_dim, k.begin() + (r + 1) * kv_dim);
+      vs.insert(vs.end(), v.begin() + r * kv_dim, v.begin() + (r + 1) * kv_dim);
+      slots.push_back(table[i / bs] * bs + static_cast<int32_t>(i) % bs);
+    }
+    Buf bk(be, ks), bv(be, vs);
+    be.kv_store(layer, bk.f(), bv.f(), slots.data(), static_cast<int32_t>(slots.size()));
+  };
+  std::vector<int32_t> tree_table;
+  for (int32_t i = 0; i < tree_blocks; ++i) tree_table.push_back(perm[next++]);
+  std::vector<int32_t> all(static_cast<size_t>(tree_slots));
+  std::iota(all.begin(), all.end(), 0);
+  store(tree_table, all);
+  std::vector<std::vector<int32_t>> chain_tables(static_cast<size_t>(n_nodes));
+  for (int32_t n = 0; n < n_nodes; ++n) {
+    for (int32_t i = 0; i < chain_blocks; ++i) chain_tables[static_cast<size_t>(n)].push_back(perm[next++]);
+    std::vector<int32_t> rows(static_cast<size_t>(n_past + 1));
+    std::iota(rows.begin(), rows.end(), 0);  // the prefix and the root
+    for (int32_t a : path_of(n)) rows.push_back(n_past + a);
+    store(chain_tables[static_cast<size_t>(n)], rows);
+  }
+  // Tree rows: one sequence of n_nodes rows; chains: n_nodes one-row sequences.
+  const auto q = randn(static_cast<size_t>(n_nodes) * heads * hd, seed + 3);
+  std::vector<int32_t> kv_len(static_cast<size_t>(n_nodes)), from(static_cast<size_t>(n_nodes), -1),
+      begin(static_cast<size_t>(n_nodes), 0), map;
+  for (int32_t n = 0; n < n_nodes; ++n) {
+    const int32_t d = depth_of(n);
+    kv_len[static_cast<size_t>(n)] = n_past + 1 + d;
+    if (n == 0) continue;
+    from[static_cast<size_t>(n)] = n_past + 1;
+    begin[static_cast<size_t>(n)] = static_cast<int32_t>(map.size());
+    for (int32_t a : path_of(n)) map.push_back(n_past + a);
+  }
+  std::vector<uint8_t> decode(static_cast<size_t>(n_nodes), 1);
+  AttentionParams p;
+  p.num_heads = heads;
+  p.num_kv_heads = kv_heads;
+  p.head_dim = hd;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  p.decode_rows = decode.data();
+  p.window = window;
+  Buf bq(be, q), tree_out(be, q.size() * 4), chain_out(be, q.size() * 4);
+  AttentionSeq tree_seq{0, n_nodes, tree_table.data(), tree_blocks, 0, 0};
+  p.kv_len = kv_len.data();
+  p.tree_from = from.data();
+  p.tree_begin = begin.data();
+  p.tree_slots = map.data();
+  be.attention(layer, bq.f(), &tree_seq, 1, p, tree_out.f());
+  std::vector<AttentionSeq> chains;
+  for (int32_t n = 0; n < n_nodes; ++n) {
+    chains.push_back(AttentionSeq{n, 1, chain_tables[static_cast<size_t>(n)].data(), chain_blocks, 0, 0});
+  }
+  p.tree_from = p.tree_begin = p.tree_slots = nullptr;
+  be.attention(layer, bq.f(), chains.data(), n_nodes, p, chain_out.f());
+  const auto got = tree_out.get(), want = chain_out.get();
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(f_to_bits(got[i]), f_to_bits(want[i]))
+        << "node " << i / (static_cast<size_t>(heads) * hd) << " element " << i << ": " << got[i] << " vs " << want[i];
+  }
+}
+
+TEST_P(BackendOps, AttentionTokenTreeRowsEqualTheirChains) {
+  // A chain, a bushy tree, a deep tree; across block boundaries; GQA; a
+  // window (Gemma 3's local layers) that cuts into the prefix.
+  const std::vector<int32_t> chain = {-1, 0, 1, 2, 3, 4};
+  const std::vector<int32_t> bushy = {-1, 0, 0, 0, 1, 1, 2, 4, 4, 7, 3, 10};
+  const std::vector<int32_t> deep = {-1, 0, 1, 2, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 3, 14, 15, 16, 17, 18, 19};
+  check_tree_attention(b(), 8, 2, 64, 16, 30, chain, 41);
+  check_tree_attention(b(), 6, 2, 64, 16, 45, bushy, 42);
+  check_tree_attention(b(), 4, 4, 32, 16, 100, deep, 43);
+  check_tree_attention(b(), 4, 1, 128, 8, 7, bushy, 44);
+  check_tree_attention(b(), 8, 2, 64, 16, 90, deep, 45, 40);
+}
+
 TEST_P(BackendOps, AttentionLongContextDecodes) {
   // Long caches at decode: split-K on the GPU.
   check_attention(b(), 32, 8, 128, 16, {{2047, 1}}, 11);

@@ -300,6 +300,60 @@ TEST_F(KvManagerTest, ProvisionalTreePathIsCompacted) {
   kv_->release(*seq);
 }
 
+TEST_F(KvManagerTest, TokenTreeRowsRoomAndTruncation) {
+  auto seq = full();
+  const auto t = iota_tokens(6);
+  kv_->append(*seq, t.data(), t.size(), false);
+  compute(*seq, 5);  // token 5 (105) is the pending root
+  EXPECT_EQ(kv_->tree_room(*seq), SIZE_MAX);
+  ASSERT_TRUE(kv_->reserve_tree(*seq, 4));
+  // Root 105; nodes 1 (parent 0), 2 (parent 0), 3 (parent 1), 4 (parent 3).
+  const std::vector<int32_t> tokens = {105, 20, 21, 22, 23}, parents = {-1, 0, 0, 1, 3};
+  Batch b;
+  kv_->add_tree_rows(*seq, b, tokens, parents, {0, 1, 2, 3, 4});
+  ASSERT_EQ(b.n_rows(), 5);
+  EXPECT_TRUE(b.seqs.back().decodes);
+  EXPECT_EQ(b.tokens, tokens);
+  EXPECT_EQ(b.positions, (std::vector<int32_t>{5, 6, 6, 7, 8}));  // root + depth
+  EXPECT_EQ(b.slots, (std::vector<int32_t>{5, 6, 7, 8, 9}));      // root + node id
+  EXPECT_EQ(b.logit_rows.size(), 5u);
+  ASSERT_TRUE(b.has_tree());
+  EXPECT_EQ(b.tree_from, (std::vector<int32_t>{-1, 6, 6, 6, 6}));
+  EXPECT_EQ(b.kv_len, (std::vector<int32_t>{6, 7, 7, 8, 9}));  // chain lengths
+  auto path = [&](int32_t row) {
+    const auto first = b.tree_slots.begin() + b.tree_begin[static_cast<size_t>(row)];
+    return std::vector<int32_t>(first, first + (b.kv_len[static_cast<size_t>(row)] - b.tree_from[static_cast<size_t>(row)]));
+  };
+  EXPECT_EQ(path(2), (std::vector<int32_t>{7}));
+  EXPECT_EQ(path(4), (std::vector<int32_t>{6, 8, 9}));
+  // The root computed, the path 0 -> 1 -> 3 kept (provisional 0 and 2).
+  kv_->commit_computed(*seq, 1);
+  ASSERT_TRUE(kv_->append_provisional(*seq, {20, 21, 22, 23}));
+  kv_->commit_provisional(*seq, {0, 2}, true);
+  EXPECT_EQ(seq->tokens(), (std::vector<int32_t>{100, 101, 102, 103, 104, 105, 20, 22}));
+  EXPECT_EQ(seq->n_computed(), 8u);
+  // A stream that ends at token 20 drops 22 again.
+  kv_->truncate_history(*seq, 7);
+  EXPECT_EQ(seq->tokens().size(), 7u);
+  EXPECT_EQ(seq->generated().size(), 7u);
+  EXPECT_EQ(seq->n_computed(), 7u);
+  // Malformed trees are refused.
+  Batch bad;
+  EXPECT_THROW(kv_->add_tree_rows(*seq, bad, {1, 2}, {-1, 1}, {1}), Error);
+  kv_->release(*seq);
+
+  // A sink/window sequence: a tree never crosses its next eviction.
+  auto win = bounded(CachePolicyKind::kWindow, 0, 8);
+  const auto u = iota_tokens(7);
+  kv_->append(*win, u.data(), u.size(), false);
+  compute(*win, 6);
+  EXPECT_EQ(kv_->tree_room(*win), 1u);  // slot 7 is the window's last before it evicts
+  EXPECT_THROW(kv_->reserve_tree(*win, 2), Error);
+  EXPECT_TRUE(kv_->reserve_tree(*win, 1));
+  kv_->rollback_provisional(*win);
+  kv_->release(*win);
+}
+
 TEST_F(KvManagerTest, ReplaceHistoryKeepsTheCommonPrefixComputed) {
   auto seq = full();
   const auto t = iota_tokens(10);
