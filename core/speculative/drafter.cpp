@@ -61,12 +61,30 @@ void NgramDrafter::propose(KvSequence& seq, const DraftTree& tree, int32_t leaf,
     }
     if (matches == 0) continue;
     std::stable_sort(counts.begin(), counts.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+    const float trust = reliability(n);
     for (const auto& [tok, c] : counts) {
       if (static_cast<int32_t>(out.size()) >= max_candidates) break;
-      out.push_back({tok, static_cast<float>(c) / static_cast<float>(matches)});
+      out.push_back({tok, trust * static_cast<float>(c) / static_cast<float>(matches)});
+      proposals_.push_back({leaf, tok, n});
     }
     return;
   }
+}
+
+float NgramDrafter::reliability(int32_t n) const {
+  return static_cast<float>(accepted_[n] + 1) / static_cast<float>(drafted_[n] + 2);
+}
+
+void NgramDrafter::verified(const DraftTree& tree, const std::vector<int32_t>& path) {
+  for (int32_t node = 1; node < tree.size(); ++node) {
+    for (const Proposal& p : proposals_) {
+      if (p.leaf != tree.parent[node] || p.token != tree.token[node]) continue;
+      drafted_[p.n]++;
+      if (std::find(path.begin(), path.end(), node) != path.end()) accepted_[p.n]++;
+      break;
+    }
+  }
+  proposals_.clear();
 }
 
 void SelfDrafter::propose(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,

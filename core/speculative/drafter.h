@@ -39,10 +39,18 @@ class Drafter {
   // token of seq's history): at most `max_candidates`, most likely first.
   virtual void propose(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,
                        std::vector<Candidate>& out) = 0;
-  // After the tree is verified (a model drafter drops what it drafted).
+  // After drafting, before verification (a model drafter drops what it drafted).
   virtual void finish_tree(KvSequence&) {}
+  // After verification: `path` are the accepted nodes (a drafter may learn
+  // how far its proposals can be trusted).
+  virtual void verified(const DraftTree&, const std::vector<int32_t>& /*path*/) {}
 };
 
+// A candidate's probability is its share of the continuations times how
+// often this stream's drafts from a suffix match of the same length were
+// accepted so far (Laplace's rule, (accepted + 1) / (drafted + 2)): a
+// weightless drafter's confidence, calibrated as the stream goes, so that
+// trees stay small where the text is not copied from its context.
 class NgramDrafter final : public Drafter {
  public:
   static constexpr int32_t kMaxN = 4;  // longest suffix matched
@@ -50,6 +58,16 @@ class NgramDrafter final : public Drafter {
   static constexpr int32_t kMaxMatches = 64;  // most recent occurrences counted
   void propose(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,
                std::vector<Candidate>& out) override;
+  void verified(const DraftTree& tree, const std::vector<int32_t>& path) override;
+  // The acceptance estimate for drafts from an n-token match.
+  float reliability(int32_t n) const;
+
+ private:
+  struct Proposal {
+    int32_t leaf, token, n;
+  };
+  std::vector<Proposal> proposals_;  // this tree's
+  uint32_t drafted_[kMaxN + 1] = {}, accepted_[kMaxN + 1] = {};
 };
 
 // The target's first `layers` layers + final norm + head. `forward_mutex`

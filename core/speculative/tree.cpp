@@ -104,7 +104,7 @@ void TreeGrower::extend(int32_t leaf, const std::vector<Candidate>& candidates) 
     if (t.drafted() >= cap_) break;
     const Candidate& c = candidates[k];
     if (k > 0 && c.prob < params_.threshold) break;  // most likely first: the rest are below too
-    if (!(c.prob > 0.0f)) break;
+    if (!(c.prob > 0.0f) || t.conf[leaf] * std::min(c.prob, 1.0f) < kMinConfidence) break;
     const int32_t id = t.add(leaf, c.token, std::min(c.prob, 1.0f));
     if (t.depth[id] >= params_.max_depth) t.open[id] = 0;
   }

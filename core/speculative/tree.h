@@ -59,6 +59,12 @@ struct DraftTree {
 // Per-stream tree growth and its adaptive trigger.
 class TreeGrower {
  public:
+  // No node is drafted whose cumulative confidence is below this: on a CPU a
+  // verification row costs about a quarter of a decode step (measured:
+  // docs/BENCHMARKS.md, speculative decoding), so a token accepted less than
+  // one time in ten costs more than it can save.
+  static constexpr float kMinConfidence = 0.1f;
+
   explicit TreeGrower(const TreeParams& params) : params_(params), alpha_(params.alpha) {}
   const TreeParams& params() const { return params_; }
   float alpha() const { return alpha_; }

@@ -494,7 +494,8 @@ typedef struct ember_stream_params {
    * sampled output has exactly the model's distribution (multi-branch
    * rejection sampling). See docs/API.md, "Speculative decoding". */
   int32_t spec_drafter;                /* EMBER_SPEC_NONE (default), _NGRAM, _SELF, _DRAFT */
-  int32_t spec_self_layers;            /* SELF: the model's first L layers draft (0 = a third of them) */
+  int32_t spec_self_layers;            /* SELF: the model's first L layers draft (0 = 7/8 of them, rounded down;
+                                          chosen from measured acceptance, docs/BENCHMARKS.md) */
   const ember_model* spec_draft_model; /* DRAFT: a model with the same vocabulary (INVALID_ARGUMENT if not);
                                           the stream keeps it loaded until it ends */
   float spec_threshold;                /* default 0.3: a draft candidate this likely opens a branch */

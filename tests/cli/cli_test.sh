@@ -42,6 +42,19 @@ c="$("$ember" generate -p "Say hello." --chat -n 16 --seed 3 2>/dev/null)"; [ -n
 "$ember" generate -p "The capital of France is" -n 1 --temp 0 > "$tmp/g1.txt" 2>/dev/null
 [ "$(od -An -tx1 "$tmp/g1.txt" | tr -d ' \n')" = "$(printf ' Paris' | od -An -tx1 | tr -d ' \n')" ] && ok ||
   bad "generate -n 1 wrote '$(cat "$tmp/g1.txt")' (bytes: $(od -An -tx1 "$tmp/g1.txt"))"
+# generate --spec: the same greedy text with every drafter; --stats on stderr only.
+for spec in ngram self:20 "draft:$model"; do
+  s="$("$ember" generate -p "The capital of France is" -n 8 --temp 0 --spec "$spec" --stats 2>"$tmp/spec.err")"
+  [ "$s" = "$a" ] && ok || bad "generate --spec $spec gave '$s', plain '$a'"
+  grep -q "speculation: drafted [0-9]*, accepted [0-9]*, passes [0-9]*" "$tmp/spec.err" && ok || bad "--stats line: $(cat "$tmp/spec.err")"
+done
+expect_error "bad --spec" "$ember" generate -p hi --spec guess
+expect_error "--spec self:0" "$ember" generate -p hi --spec self:0
+expect_error "--spec draft missing" "$ember" generate -p hi --spec "draft:$tmp/none.gguf"
+expect_error "--spec-nodes 0" "$ember" generate -p hi --spec ngram --spec-nodes 0
+# bench --spec: one JSON line, identical outputs.
+j="$("$ember" bench --spec ngram --prompt "1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2," -n 12 -r 1 -t 1 --json 2>/dev/null)"
+[[ "$j" == *'"identical": true'* ]] && ok || bad "bench --spec json '$j'"
 # tokenize: ids only.
 ids="$("$ember" tokenize -p "Hello world")"
 [ "$ids" = "19556 905" ] && ok || bad "tokenize gave '$ids'"

@@ -36,11 +36,16 @@ TEST(SpecTree, CandidatesAtTheThresholdOpenBranches) {
   EXPECT_FLOAT_EQ(t.conf[1], 0.5f);
   EXPECT_FLOAT_EQ(t.conf[2], 0.3f);
   EXPECT_EQ(t.depth[2], 1);
-  // The most likely candidate always extends, even below the threshold.
-  g.extend(1, {{4, 0.1f}});
+  // The most likely candidate extends even below the threshold...
+  g.extend(1, {{4, 0.25f}});
   EXPECT_EQ(t.size(), 4);
   EXPECT_EQ(t.path_tokens(3), (std::vector<int32_t>{1, 4}));
   EXPECT_EQ(t.path_to(3), (std::vector<int32_t>{1, 3}));
+  // ... unless its branch's confidence would fall below kMinConfidence
+  // (0.5 * 0.25 * 0.7 < 0.1).
+  g.extend(3, {{5, 0.7f}});
+  EXPECT_EQ(t.size(), 4);
+  EXPECT_FALSE(t.open[3]);
   // An empty proposal closes the leaf.
   g.extend(2, {});
   EXPECT_FALSE(t.open[2]);
@@ -171,10 +176,12 @@ TEST(SpecNgram, ProposesWhatFollowedTheLongestEarlierMatch) {
   t.reset(3);
   NgramDrafter d;
   std::vector<Candidate> c;
+  // Before any feedback a match is trusted half: (0 + 1) / (0 + 2).
+  EXPECT_FLOAT_EQ(d.reliability(3), 0.5f);
   d.propose(*seq, t, 0, 4, c);
   ASSERT_EQ(c.size(), 2u);  // "1 2 3" -> 4 twice, 5 once
   EXPECT_EQ(c[0].token, 4);
-  EXPECT_FLOAT_EQ(c[0].prob, 2.0f / 3.0f);
+  EXPECT_FLOAT_EQ(c[0].prob, 0.5f * 2.0f / 3.0f);
   EXPECT_EQ(c[1].token, 5);
   // Extending the branch with 4: "2 3 4" -> 8 once, 9 once (most recent first).
   const int32_t n1 = t.add(0, 4, c[0].prob);
@@ -182,7 +189,13 @@ TEST(SpecNgram, ProposesWhatFollowedTheLongestEarlierMatch) {
   ASSERT_EQ(c.size(), 2u);
   EXPECT_EQ(c[0].token, 9);
   EXPECT_EQ(c[1].token, 8);
-  EXPECT_FLOAT_EQ(c[0].prob, 0.5f);
+  EXPECT_FLOAT_EQ(c[0].prob, 0.25f);
+  // Verification accepted node 1 (from a 3-token match) and a node 2 drafted
+  // from the 4-token match "1 2 3 4" was rejected: the estimates follow.
+  t.add(n1, 9, c[0].prob);
+  d.verified(t, {1});
+  EXPECT_FLOAT_EQ(d.reliability(3), 2.0f / 3.0f);
+  EXPECT_FLOAT_EQ(d.reliability(4), 1.0f / 3.0f);
   // Nothing ever followed token 42.
   t.reset(42);
   const std::vector<int32_t> one = {42};
