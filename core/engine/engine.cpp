@@ -469,12 +469,19 @@ bool Engine::add_tree(StepWork& w, Stream& s, KvSequence& kv, int32_t max_nodes)
       drafter.propose(kv, grower.tree(), leaf, max_candidates, cands);
       grower.extend(leaf, cands);
     }
-  } catch (...) {
     drafter.finish_tree(kv);
+  } catch (const std::exception& e) {
+    // A drafter that fails (its own KV pool full, say) ends speculation for
+    // this stream, which goes on decoding plainly; nothing else is affected.
+    log(LogLevel::kWarn, "speculation stopped for a stream: %s", e.what());
+    try {
+      drafter.finish_tree(kv);
+    } catch (...) {
+    }
     kv_->rollback_provisional(kv);
-    throw;
+    s.set_speculation(nullptr);
+    return false;
   }
-  drafter.finish_tree(kv);
   const speculative::DraftTree& tree = grower.tree();
   if (tree.drafted() == 0) {
     kv_->rollback_provisional(kv);
