@@ -2,6 +2,7 @@
 // error, parameter structs read by their size. No engine logic lives here.
 #include "ember/ember.h"
 
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -367,7 +368,8 @@ void log_trampoline(int level, const char* message, void* hook) {
   t_in_log_callback = true;
   try {
     h->callback(level, message, h->user_data);
-  } catch (...) {}
+  } catch (...) {
+  }
   t_in_log_callback = outer;
 }
 }  // namespace
