@@ -190,9 +190,10 @@ EMBER_API void(ember_model_params_init)(ember_model_params* params);
 /* Loads a GGUF model. `params` may be NULL (defaults). On success *out_model
  * receives a new handle owned by the caller (release with
  * ember_model_destroy). Errors: INVALID_ARGUMENT (NULL path/out, bad params),
- * NOT_FOUND (missing/unreadable file), BAD_FORMAT (corrupt GGUF),
- * UNSUPPORTED (architecture or tensor type), OUT_OF_MEMORY.
- * Thread-safe. */
+ * NOT_FOUND (missing/unreadable file), BAD_FORMAT (corrupt GGUF, or a
+ * file that shrank while it was being read), UNSUPPORTED (architecture or
+ * tensor type), OUT_OF_MEMORY (no memory for the weights). Once it returns,
+ * the file is never read again (see use_mmap). Thread-safe. */
 EMBER_API ember_status ember_model_load(const char* path, const ember_model_params* params, ember_model** out_model);
 
 /* Releases the caller's reference. Engines using the model keep it alive.
