@@ -192,8 +192,8 @@ EMBER_API void(ember_model_params_init)(ember_model_params* params);
  * ember_model_destroy). Errors: INVALID_ARGUMENT (NULL path/out, bad params),
  * NOT_FOUND (missing/unreadable file), BAD_FORMAT (corrupt GGUF, or a
  * file that shrank while it was being read), UNSUPPORTED (architecture or
- * tensor type), OUT_OF_MEMORY (no memory for the weights). Once it returns,
- * the file is never read again (see use_mmap). Thread-safe. */
+ * tensor type), OUT_OF_MEMORY (no memory for the weights). By default, once
+ * it returns, the file is never read again (see use_mmap). Thread-safe. */
 EMBER_API ember_status ember_model_load(const char* path, const ember_model_params* params, ember_model** out_model);
 
 /* Releases the caller's reference. Engines using the model keep it alive.
