@@ -4,6 +4,7 @@
 
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdio>
@@ -20,6 +21,7 @@
 #include "core/engine/engine.h"
 #include "core/model/model.h"
 #include "core/tokenizer/tokenizer.h"
+#include "core/util/fault.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
 #include "core/util/utf8.h"
@@ -38,13 +40,42 @@ struct ember_cache {
 struct ember_scheduler {
   ember::Engine* engine;
 };
+namespace {
+// The places for session handles on one engine (EMBER_MAX_SESSIONS_PER_ENGINE).
+// Shared with the sessions, which may outlive the engine handle.
+struct SessionPlaces {
+  std::atomic<int32_t> live{0};
+};
+// A session handle's place: taken at creation, given back when it is destroyed.
+class SessionPlace {
+ public:
+  explicit SessionPlace(std::shared_ptr<SessionPlaces> places) : places_(std::move(places)) {
+    if (places_->live.fetch_add(1) >= EMBER_MAX_SESSIONS_PER_ENGINE) {
+      places_->live.fetch_sub(1);
+      throw Error(StatusCode::kOutOfMemory, "session: the engine already has " +
+                                                std::to_string(EMBER_MAX_SESSIONS_PER_ENGINE) +
+                                                " sessions (EMBER_MAX_SESSIONS_PER_ENGINE); destroy one first");
+    }
+  }
+  ~SessionPlace() { places_->live.fetch_sub(1); }
+  SessionPlace(const SessionPlace&) = delete;
+  SessionPlace& operator=(const SessionPlace&) = delete;
+
+ private:
+  std::shared_ptr<SessionPlaces> places_;
+};
+}  // namespace
+
 struct ember_engine {
   std::shared_ptr<ember::EngineOwner> owner;
+  std::shared_ptr<SessionPlaces> session_places = std::make_shared<SessionPlaces>();
   std::string backend_name;  // storage behind ember_engine_info_t.backend_name
   ember_cache cache_view;
   ember_scheduler scheduler_view;
 };
 struct ember_session {
+  explicit ember_session(const ember_engine& engine) : place(engine.session_places) {}
+  SessionPlace place;
   std::shared_ptr<ember::Session> session;
 };
 struct ember_stream {
@@ -96,7 +127,12 @@ void require(bool ok, const char* what) {
 
 std::string checked_text(const char* text, const char* what) {
   require(text != nullptr, (std::string(what) + " is NULL").c_str());
-  std::string_view v(text);
+  const size_t length = strnlen(text, size_t{EMBER_MAX_TEXT_BYTES} + 1);  // never scans past the limit
+  if (length > EMBER_MAX_TEXT_BYTES) {
+    throw Error(StatusCode::kInvalidArgument, std::string(what) + " is longer than EMBER_MAX_TEXT_BYTES (" +
+                                                  std::to_string(EMBER_MAX_TEXT_BYTES) + " bytes)");
+  }
+  std::string_view v(text, length);
   size_t bad = 0;
   if (!ember::is_valid_utf8(v, &bad)) {
     throw Error(StatusCode::kInvalidArgument,
@@ -223,7 +259,12 @@ void write_sized(T* user, const T& value) {
   user->size = caller_size;
 }
 
-// Conversion only: the core validates (StreamParams::validate).
+// The header's documented limits are the core's.
+static_assert(EMBER_MAX_STOP_STRINGS == ember::StreamParams::kMaxStopStrings);
+static_assert(EMBER_MAX_TOKENS_PER_STREAM == ember::StreamParams::kMaxTokensLimit);
+
+// Conversion only: the core validates (StreamParams::validate), except the
+// length of stop strings, bounded here before they are copied.
 ember::StreamParams to_stream_params(const ember_stream_params& p) {
   ember::StreamParams s;
   s.max_tokens = p.max_tokens;
@@ -250,6 +291,11 @@ ember::StreamParams to_stream_params(const ember_stream_params& p) {
   if (p.stop) {
     // Bounded: one past the core's limit is enough for it to refuse.
     for (size_t i = 0; p.stop[i] && i <= ember::StreamParams::kMaxStopStrings; ++i) {
+      if (strnlen(p.stop[i], EMBER_MAX_STOP_STRING_BYTES + 1) > EMBER_MAX_STOP_STRING_BYTES) {
+        throw Error(StatusCode::kInvalidArgument, "stream params: stop string " + std::to_string(i) +
+                                                      " is longer than EMBER_MAX_STOP_STRING_BYTES (" +
+                                                      std::to_string(EMBER_MAX_STOP_STRING_BYTES) + " bytes)");
+      }
       s.stop.push_back(checked_text(p.stop[i], "stop string"));
     }
   }
@@ -393,7 +439,8 @@ ember_status ember_model_load(const char* path, const ember_model_params* params
     const std::string p = checked_text(path, "path");
     const ember_model_params mp = read_params(params, full_model_defaults);
     auto h = std::make_unique<ember_model>();
-    h->model = ember::Model::load(p, mp.use_mmap != 0);
+    h->model = ember::Model::load(p, mp.use_mmap == EMBER_MODEL_MAP_SHARED ? ember::Model::Weights::kSharedMapping
+                                                                           : ember::Model::Weights::kPrivateCopy);
     *out_model = h.release();
   });
 }
@@ -607,7 +654,6 @@ ember_status ember_session_create(ember_engine* engine, const ember_session_para
     const ember_session_params p = read_params(params, full_session_defaults);
     std::string system;
     if (p.system_prompt) system = checked_text(p.system_prompt, "system_prompt");
-    auto h = std::make_unique<ember_session>();
     require(p.priority == EMBER_PRIORITY_INTERACTIVE || p.priority == EMBER_PRIORITY_BACKGROUND,
             "session params: unknown priority");
     require(p.cache_policy == EMBER_CACHE_FULL || p.cache_policy == EMBER_CACHE_WINDOW ||
@@ -619,6 +665,7 @@ ember_status ember_session_create(ember_engine* engine, const ember_session_para
     policy.kind = static_cast<ember::CachePolicyKind>(p.cache_policy);
     policy.sink_tokens = p.cache_policy == EMBER_CACHE_SINK ? p.sink_tokens : 0;
     policy.window_tokens = p.cache_policy == EMBER_CACHE_FULL ? 0 : p.window_tokens;
+    auto h = std::make_unique<ember_session>(*engine);
     h->session = std::make_shared<ember::Session>(engine->owner, p.n_ctx, system, p.priority, policy);
     *out_session = h.release();
   });
@@ -722,7 +769,7 @@ ember_status ember_session_load(ember_engine* engine, const char* path, const em
               "session params: unknown priority");
       priority = sp.priority;
     }
-    auto h = std::make_unique<ember_session>();
+    auto h = std::make_unique<ember_session>(*engine);
     h->session = ember::Session::load(engine->owner, p, priority);
     *out_session = h.release();
   });
@@ -824,6 +871,21 @@ void ember_stream_release(ember_stream* stream) {
     stream->stream->cancel();  // an atomic flag: never blocks
     delete stream;             // the engine holds its own reference until the stream ends
   } catch (...) {}
+}
+
+// ---------------------------------------------------------------- testing
+
+ember_status ember_test_inject_alloc_failures(int32_t site, int64_t skip, int64_t count, uint64_t* out_injected) {
+  return guarded([&] {
+    require(site >= 0 && site < ember::testing::kAllocSiteCount, "unknown allocation site");
+    static_assert(EMBER_ALLOC_KV_BLOCK == static_cast<int32_t>(ember::testing::AllocSite::kKvBlock) &&
+                  EMBER_ALLOC_BACKEND_BUFFER == static_cast<int32_t>(ember::testing::AllocSite::kBackendBuffer) &&
+                  EMBER_ALLOC_BACKEND_WEIGHT == static_cast<int32_t>(ember::testing::AllocSite::kBackendWeight) &&
+                  EMBER_ALLOC_KV_POOL == static_cast<int32_t>(ember::testing::AllocSite::kKvPool) &&
+                  EMBER_ALLOC_MODEL_FILE == static_cast<int32_t>(ember::testing::AllocSite::kModelFile));
+    const uint64_t n = ember::testing::arm_alloc_failures(static_cast<ember::testing::AllocSite>(site), skip, count);
+    if (out_injected) *out_injected = n;
+  });
 }
 
 void ember_stream_destroy(ember_stream* stream) {

@@ -16,6 +16,7 @@
 
 #include "core/backend/registry.h"
 #include "core/tensor/types.h"
+#include "core/util/fault.h"
 #include "core/util/status.h"
 #include "cpu/backend_kernels.h"
 #include "cpu/cpu_backend.h"
@@ -64,7 +65,9 @@ class CpuBackend final : public Backend {
   std::string name() const override { return std::string("cpu/") + cpu::isa_name(); }
 
   void* alloc(size_t bytes) override {
-    void* p = std::aligned_alloc(64, (std::max<size_t>(bytes, 64) + 63) / 64 * 64);
+    void* p = testing::inject_alloc_failure(testing::AllocSite::kBackendBuffer)
+                  ? nullptr
+                  : std::aligned_alloc(64, (std::max<size_t>(bytes, 64) + 63) / 64 * 64);
     if (!p) fail(StatusCode::kOutOfMemory, "cpu backend: cannot allocate " + std::to_string(bytes) + " bytes");
     return p;
   }
@@ -77,6 +80,7 @@ class CpuBackend final : public Backend {
       fail(StatusCode::kUnsupported,
            std::string("cpu: weights of type ") + type_name(static_cast<uint32_t>(desc.type)) + " are not supported");
     }
+    if (testing::inject_alloc_failure(testing::AllocSite::kBackendWeight)) throw std::bad_alloc();
     auto w = std::make_unique<CpuWeight>();
     w->desc = desc;
     return w;
@@ -90,7 +94,9 @@ class CpuBackend final : public Backend {
     release_kv();
     const size_t bytes = g.bytes_per_block() * static_cast<size_t>(g.num_blocks);
     if (bytes == 0) return;
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void* p = testing::inject_alloc_failure(testing::AllocSite::kKvPool)
+                  ? MAP_FAILED
+                  : mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) {
       fail(StatusCode::kOutOfMemory, "cpu backend: cannot reserve the KV pool (" + std::to_string(bytes) + " bytes)");
     }

@@ -14,6 +14,10 @@ bash "$root/tools/setup.sh"
 bash "$root/tools/build.sh" build -DEMBER_WERROR=ON -DEMBER_BUILD_BINDINGS=ON -DEMBER_BINDINGS_PYTHON=ON \
   -DEMBER_BINDINGS_JAVA=ON -DEMBER_BINDINGS_CSHARP=ON -DEMBER_BINDINGS_GO=ON
 (cd "$root/build" && ctest --output-on-failure -j 2 --timeout 900)
+# A short soak (docs/RELIABILITY.md, section 3): 200 random requests from 64
+# threads on a KV pool small enough to preempt; greedy outputs must equal
+# their solo runs (about 30 s).
+"$root/build/bench/soak" --requests 200 --concurrency 64
 # Sanitizer passes. ASan+UBSan: the C ABI and core tests, every one of them;
 # the concurrency tests at a reduced size (EMBER_TEST_REDUCED=1: fewer
 # threads, tokens and iterations, the same checks), which keeps the pass

@@ -16,6 +16,7 @@
 #include <limits>
 #include <system_error>
 
+#include "core/util/fault.h"
 #include "core/util/status.h"
 
 namespace ember::gguf {
@@ -426,7 +427,38 @@ const char* value_type_name(ValueType t) {
 bool Value::is_integer() const { return is_integer_type(type); }
 bool Value::is_float() const { return is_float_type(type); }
 
-std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
+namespace {
+// The whole file in private anonymous memory, read with pread: unlike a copy
+// from a mapping, a file truncated meanwhile gives a short read (an error),
+// never SIGBUS. Page-aligned, so tensor data keeps the file's alignment.
+void* read_private_copy(int fd, size_t size, const std::string& path) {
+  void* p = testing::inject_alloc_failure(testing::AllocSite::kModelFile)
+                ? MAP_FAILED
+                : ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    fail(StatusCode::kOutOfMemory, "gguf: cannot allocate " + std::to_string(size) + " bytes for '" + path + "'");
+  }
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  auto* dst = static_cast<uint8_t*>(p);
+  size_t done = 0;
+  while (done < size) {
+    const size_t want = std::min<size_t>(size - done, size_t{1} << 30);
+    const ssize_t n = ::pread(fd, dst + done, want, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::munmap(p, size);
+      if (n == 0) fail(StatusCode::kBadFormat, "gguf: '" + path + "' shrank while it was being read");
+      fail(StatusCode::kNotFound, "gguf: cannot read '" + path + "': " + std::system_category().message(err));
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::mprotect(p, size, PROT_READ);  // immutable from here on, as the mapping was
+  return p;
+}
+}  // namespace
+
+std::unique_ptr<GgufFile> GgufFile::open(const std::string& path, Residency residency) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;
@@ -451,6 +483,22 @@ std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
     ::close(fd);
     fail(StatusCode::kUnsupported, "gguf: '" + path + "' is too large to map");
   }
+  if (residency == Residency::kPrivateCopy) {
+    void* copy = nullptr;
+    try {
+      copy = read_private_copy(fd, static_cast<size_t>(size), path);
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    ::close(fd);
+    std::unique_ptr<GgufFile> f(new GgufFile());
+    f->mapping_ = copy;
+    f->base_ = static_cast<const uint8_t*>(copy);
+    f->size_ = static_cast<size_t>(size);
+    f->parse_named(path);
+    return f;
+  }
   void* p = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_PRIVATE, fd, 0);
   const int err = errno;
   ::close(fd);
@@ -462,8 +510,13 @@ std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
   f->mapping_ = p;
   f->base_ = static_cast<const uint8_t*>(p);
   f->size_ = static_cast<size_t>(size);
+  f->parse_named(path);
+  return f;
+}
+
+void GgufFile::parse_named(const std::string& path) {
   try {
-    f->parse();
+    parse();
   } catch (const Error& e) {
     // Name the file: "gguf: <path>: <problem>".
     std::string msg = e.message();
@@ -471,7 +524,6 @@ std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
     if (msg.compare(0, prefix.size(), prefix) == 0) msg.erase(0, prefix.size());
     throw Error(e.code(), prefix + path + ": " + msg);
   }
-  return f;
 }
 
 std::unique_ptr<GgufFile> GgufFile::from_memory(const void* data, size_t size) {

@@ -1,4 +1,5 @@
-// GGUF reader (versions 2 and 3). The file is memory-mapped; every offset,
+// GGUF reader (versions 2 and 3). The file is memory-mapped (or copied into
+// private memory, Residency::kPrivateCopy); every offset,
 // size, count and type is validated before use, and any problem is reported
 // as ember::Error(kBadFormat / kNotFound / kUnsupported) naming the problem.
 // Spec: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md
@@ -65,8 +66,19 @@ struct TensorInfo {
 
 class GgufFile {
  public:
-  // Maps and validates the file. Throws ember::Error.
-  static std::unique_ptr<GgufFile> open(const std::string& path);
+  // How open() holds the file's bytes.
+  enum class Residency {
+    // Mapped read-only in place: no copy, pages shared with other processes
+    // through the page cache. If the file is truncated while this object
+    // lives, touching the lost pages raises SIGBUS.
+    kSharedMapping,
+    // Read once into private anonymous memory: the file may then be changed,
+    // truncated or deleted without affecting this object (a file that
+    // shrinks while it is being read is reported as kBadFormat).
+    kPrivateCopy,
+  };
+  // Maps (or reads) and validates the file. Throws ember::Error.
+  static std::unique_ptr<GgufFile> open(const std::string& path, Residency residency = Residency::kSharedMapping);
   // Parses an in-memory image (the caller keeps it alive). Throws ember::Error.
   static std::unique_ptr<GgufFile> from_memory(const void* data, size_t size);
   ~GgufFile();
@@ -102,10 +114,11 @@ class GgufFile {
  private:
   GgufFile() = default;
   void parse();
+  void parse_named(const std::string& path);  // parse(), with the path in any error
 
   const uint8_t* base_ = nullptr;
   size_t size_ = 0;
-  void* mapping_ = nullptr;  // non-null when we own an mmap
+  void* mapping_ = nullptr;  // non-null when we own an mmap (of the file, or the private copy)
   uint32_t version_ = 0;
   size_t alignment_ = 32;
   size_t data_offset_ = 0;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/util/fault.h"
 #include "core/util/status.h"
 
 namespace ember {
@@ -145,6 +146,9 @@ bool KvCache::reserve(std::vector<int32_t>& block_table, int32_t n_slots) {
   std::lock_guard<std::mutex> lock(mutex_);
   const size_t extra = need - block_table.size();
   if (extra > free_count_ + cached_count_) return false;
+  if (testing::inject_alloc_failure(testing::AllocSite::kKvBlock)) {
+    fail(StatusCode::kOutOfMemory, "kv cache: cannot allocate " + std::to_string(extra) + " KV blocks (injected)");
+  }
   for (size_t i = 0; i < extra; ++i) block_table.push_back(take_free_block_locked());
   return true;
 }
@@ -154,6 +158,15 @@ bool KvCache::prepare_write(std::vector<int32_t>& block_table, int32_t first_slo
   std::vector<int32_t> src, dst;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    // All or nothing: a failure must not leave the table pointing at a copy
+    // whose content was never copied.
+    size_t copies = 0;
+    for (size_t i = first_block; i < block_table.size(); ++i) copies += blocks_[block_table[i]].refcount > 1;
+    if (copies > free_count_ + cached_count_) return false;
+    if (copies > 0 && testing::inject_alloc_failure(testing::AllocSite::kKvBlock)) {
+      fail(StatusCode::kOutOfMemory,
+           "kv cache: cannot allocate " + std::to_string(copies) + " KV blocks for copy-on-write (injected)");
+    }
     for (size_t i = first_block; i < block_table.size(); ++i) {
       const int32_t b = block_table[i];
       BlockMeta& m = blocks_[b];

@@ -165,6 +165,10 @@ bool KvManager::StepBudget::allocate(SchedSequence& s, size_t n_slots) {
   }
 }
 
+bool KvManager::StepBudget::failed(const SchedSequence& s) const {
+  return std::any_of(errors_.begin(), errors_.end(), [&](const auto& e) { return e.first == s.id; });
+}
+
 void KvManager::StepBudget::free(SchedSequence& s) {
   KvSequence& seq = *entries_[s.id].seq;
   std::lock_guard<std::mutex> lock(seq.mutex_);

@@ -135,6 +135,7 @@ class KvManager {
   class StepBudget final : public KvBudget {
    public:
     bool allocate(SchedSequence& s, size_t n_slots) override;
+    bool failed(const SchedSequence& s) const override;
     void free(SchedSequence& s) override;
     void admit(SchedSequence& s) override;
     size_t capacity_slots() const override;

@@ -1,7 +1,6 @@
 #include "core/model/model.h"
 
 #include <cmath>
-#include <fstream>
 
 #include "core/chat/chat_template.h"
 #include "core/gguf/gguf.h"
@@ -14,16 +13,10 @@ namespace ember {
 
 Model::~Model() = default;
 
-std::shared_ptr<Model> Model::load(const std::string& path, bool use_mmap) {
+std::shared_ptr<Model> Model::load(const std::string& path, Weights weights) {
   std::shared_ptr<Model> m(new Model());
-  if (use_mmap) {
-    m->file_ = gguf::GgufFile::open(path);
-  } else {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) fail(StatusCode::kNotFound, "cannot open model file '" + path + "'");
-    m->owned_bytes_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    m->file_ = gguf::GgufFile::from_memory(m->owned_bytes_.data(), m->owned_bytes_.size());
-  }
+  m->file_ = gguf::GgufFile::open(path, weights == Weights::kSharedMapping ? gguf::GgufFile::Residency::kSharedMapping
+                                                                           : gguf::GgufFile::Residency::kPrivateCopy);
   m->load_config();
   m->load_weights();
   m->tokenizer_ = Tokenizer::from_gguf(*m->file_);

@@ -1,4 +1,5 @@
-// core::Model: an immutable loaded model — the mapped GGUF, its Llama-family
+// core::Model: an immutable loaded model — the GGUF (a private copy or a
+// mapping, Model::Weights), its Llama-family
 // hyperparameters, weight descriptors, tokenizer and chat template. Shared by
 // any number of engines and threads.
 #pragma once
@@ -83,8 +84,20 @@ struct LayerWeightDescs {
 
 class Model {
  public:
+  // Where the weights live once loaded.
+  enum class Weights {
+    // In private memory, read from the file once: the file may then be
+    // changed, truncated or deleted while the model lives (the host must
+    // survive that). Costs the file's size in anonymous memory, which the
+    // forward pass reads in full anyway.
+    kPrivateCopy,
+    // Read in place from a shared read-only mapping: no copy, pages shared
+    // with other processes and reclaimable, but a file truncated while the
+    // model lives kills the process with SIGBUS on the next forward pass.
+    kSharedMapping,
+  };
   // Loads and validates a GGUF model. Throws ember::Error.
-  static std::shared_ptr<Model> load(const std::string& path, bool use_mmap = true);
+  static std::shared_ptr<Model> load(const std::string& path, Weights weights = Weights::kPrivateCopy);
   ~Model();
 
   const std::string& architecture() const { return architecture_; }
@@ -112,7 +125,6 @@ class Model {
   void load_weights();
 
   std::unique_ptr<gguf::GgufFile> file_;
-  std::vector<uint8_t> owned_bytes_;  // when not memory-mapped
   std::string architecture_, name_;
   ModelConfig config_;
   uint64_t n_params_ = 0;

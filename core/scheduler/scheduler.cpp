@@ -43,7 +43,7 @@ StepPlan Scheduler::schedule(std::vector<SchedSequence*>& seqs, KvBudget& kv, in
       bool ok = kv.allocate(s, s.n_computed + static_cast<size_t>(chunk));
       // Out of blocks: preempt the lowest-ranked running sequence that is
       // not already part of this step, and retry.
-      while (!ok) {
+      while (!ok && !kv.failed(s)) {
         size_t victim = seqs.size();
         for (size_t j = seqs.size(); j-- > i + 1;) {
           if (seqs[j]->running && seqs[j]->preemptible) {

@@ -39,6 +39,9 @@ class KvBudget {
  public:
   virtual ~KvBudget() = default;
   virtual bool allocate(SchedSequence& seq, size_t n_slots) = 0;
+  // True when an allocation for `seq` failed with an error (not for want of
+  // blocks): preempting others would not help, the sequence fails.
+  virtual bool failed(const SchedSequence& seq) const { return false; }
   // Called before a waiting sequence is sized: it may take cached prefix
   // blocks and raise n_computed (a prefix-cache hit).
   virtual void admit(SchedSequence& seq) {}

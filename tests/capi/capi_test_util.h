@@ -84,8 +84,8 @@ inline bool valid_utf8(const std::string& s) {
   return true;
 }
 
-// The model shared by every test of the binary (loading is cheap with mmap,
-// but there is no reason to do it 50 times). NULL when the model is absent.
+// The model shared by every test of the binary (loading copies the whole file
+// into memory: no reason to do it 50 times). NULL when the model is absent.
 inline ember_model* shared_model() {
   static ModelPtr model = [] {
     ember_model* m = nullptr;

@@ -139,6 +139,34 @@ TEST(KvCachePrefix, SharedBlockIsCopiedBeforeWrite) {
   EXPECT_EQ(cache.match_prefix(toks.data(), 8, 10).size(), 1u);
 }
 
+// Two shared blocks to copy and one free block: prepare_write refuses and
+// changes nothing (it used to swap in the first copy, never filled, before
+// finding no block for the second).
+TEST(KvCachePrefix, CopyOnWriteIsAllOrNothing) {
+  auto backend = make_cpu_backend(1);
+  KvCache cache(*backend, small_geometry(5));
+  auto toks = seq_tokens(8);
+  std::vector<int32_t> a;
+  ASSERT_TRUE(cache.reserve(a, 8));
+  cache.commit(a, toks.data(), 8);
+  auto b = cache.match_prefix(toks.data(), 8, 10);
+  ASSERT_EQ(b.size(), 2u);
+  std::vector<int32_t> filler;
+  ASSERT_TRUE(cache.reserve(filler, 8));  // 2 of the 3 free blocks
+  ASSERT_EQ(cache.available_blocks(), 1u);
+  const std::vector<int32_t> before = b;
+  EXPECT_FALSE(cache.prepare_write(b, 0));  // both blocks shared: 2 copies needed
+  EXPECT_EQ(b, before);
+  EXPECT_EQ(cache.stats().cow_copies, 0u);
+  EXPECT_EQ(cache.available_blocks(), 1u);
+  cache.release(filler);
+  ASSERT_TRUE(cache.prepare_write(b, 0));
+  EXPECT_EQ(cache.stats().cow_copies, 2u);
+  cache.release(a);
+  cache.release(b);
+  EXPECT_EQ(cache.stats().blocks_used, 0u);
+}
+
 TEST(KvCachePrefix, HashCollisionIsNotAHit) {
   // Same tokens at a different place in the chain must not match.
   auto backend = make_cpu_backend(1);

@@ -135,6 +135,40 @@ TEST(Scheduler, FailsOnlyWhatCannotFitTheWholePool) {
   EXPECT_EQ(tokens_for(p, 2), 10);
 }
 
+// An allocation that fails with an error (KvBudget::failed) is not a full
+// pool: nobody is preempted for it.
+TEST(Scheduler, AFailedAllocationPreemptsNobody) {
+  class FailingBudget : public FakeBudget {
+   public:
+    using FakeBudget::FakeBudget;
+    bool allocate(SchedSequence& s, size_t n_slots) override {
+      if (s.id == failing_) {
+        failed_ = true;
+        return false;
+      }
+      return FakeBudget::allocate(s, n_slots);
+    }
+    bool failed(const SchedSequence& s) const override { return failed_ && s.id == failing_; }
+    uint64_t failing_ = 0;
+    bool failed_ = false;
+  };
+  Scheduler sched({512, 8});
+  FailingBudget kv(100, 16);
+  SchedSequence a = seq(1, 20), b = seq(2, 20);
+  std::vector<SchedSequence*> all = {&a, &b};
+  StepPlan p = sched.schedule(all, kv);
+  advance(p);
+  a.n_tokens++;
+  b.n_tokens++;
+  kv.failing_ = 1;  // a ranks first; b would be its victim
+  p = sched.schedule(all, kv);
+  EXPECT_TRUE(p.preempted.empty());
+  EXPECT_EQ(sched.preemptions(), 0u);
+  EXPECT_EQ(tokens_for(p, 1), 0);
+  EXPECT_EQ(tokens_for(p, 2), 1);
+  EXPECT_TRUE(b.running);
+}
+
 TEST(Scheduler, WaitsWhenNothingCanBePreempted) {
   Scheduler sched({16, 8});
   FakeBudget kv(3, 16);
