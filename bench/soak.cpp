@@ -5,7 +5,8 @@
 // Public C ABI only (ember/ember.h). What it does:
 //   1. Draws every request from --seed: prompt (a small pool, raw text and
 //      chat), greedy or sampled, max_tokens, stop strings, cache policy
-//      (FULL, SINK, WINDOW), priority, and whether and how it is cut short
+//      (FULL, SINK, WINDOW), priority, speculative decoding (n-gram or self
+//      drafter on 4 requests in 10), and whether and how it is cut short
 //      (cancelled after k events, destroyed or released while running), and
 //      the order its handles are destroyed in.
 //   2. Runs every distinct greedy request alone, one at a time, on a separate
@@ -101,6 +102,7 @@ struct Request {
   int cut = kRunToEnd;
   int cut_after = 0;  // events before the cut
   int order = kStreamFirst;
+  int spec = EMBER_SPEC_NONE;  // speculative drafter (references never speculate)
   auto key() const { return std::make_tuple(prompt, max_tokens, policy, stops); }
 };
 
@@ -134,6 +136,10 @@ Request draw(uint64_t seed, int index, const Options& o) {
                    : kSessionDestroyedRunning;
   r.cut_after = uniform(0, 6);
   r.order = uniform(0, 1);
+  // Speculative decoding on some requests: greedy ones must still equal
+  // their (plain) solo runs, sampled ones run with rejection sampling.
+  const int sp = uniform(0, 9);
+  r.spec = sp < 3 ? EMBER_SPEC_NGRAM : sp < 4 ? EMBER_SPEC_SELF : EMBER_SPEC_NONE;
   return r;
 }
 
@@ -152,10 +158,11 @@ struct StopList {
   explicit StopList(int set) : ptrs(kStops[static_cast<size_t>(set)]) { ptrs.push_back(nullptr); }
 };
 
-ember_stream_params stream_params(const Request& r, const StopList& stops) {
+ember_stream_params stream_params(const Request& r, const StopList& stops, bool speculate) {
   ember_stream_params p;
   ember_stream_params_init(&p);
   p.max_tokens = r.max_tokens;
+  if (speculate) p.spec_drafter = r.spec;
   if (r.greedy) {
     p.temperature = 0.0f;
   } else {
@@ -246,7 +253,7 @@ bool solo(ember_engine* engine, const Request& r, Output& out, int stall_s) {
   ember_session* s = open_session(engine, r, -1);
   if (!s) return false;
   StopList stops(r.stops);
-  const ember_stream_params p = stream_params(r, stops);
+  const ember_stream_params p = stream_params(r, stops, /*speculate=*/false);
   ember_stream* st = nullptr;
   bool ok = call(ember_stream_start(s, &p, &st), "reference: stream_start");
   if (ok) ok = pull(st, out, -1, stall_s, "reference");
@@ -259,8 +266,8 @@ using Key = decltype(Request{}.key());
 
 struct Tally {
   std::atomic<int> done{0}, greedy_checked{0}, greedy_prefix_checked{0}, cancelled{0}, destroyed_running{0},
-      released_running{0}, session_destroyed_running{0}, ended_cancelled{0}, sampled{0}, policy[3]{};
-  std::atomic<uint64_t> tokens{0};
+      released_running{0}, session_destroyed_running{0}, ended_cancelled{0}, sampled{0}, policy[3]{}, speculative{0};
+  std::atomic<uint64_t> tokens{0}, accepted{0};
 };
 
 void run_request(ember_engine* engine, const Request& r, int index, const std::map<Key, Output>& refs, const Options& o,
@@ -269,8 +276,9 @@ void run_request(ember_engine* engine, const Request& r, int index, const std::m
   ember_session* s = open_session(engine, r, index);
   if (!s) return;
   tally.policy[r.policy]++;
+  if (r.spec != EMBER_SPEC_NONE) tally.speculative++;
   StopList stops(r.stops);
-  const ember_stream_params p = stream_params(r, stops);
+  const ember_stream_params p = stream_params(r, stops, /*speculate=*/true);
   ember_stream* st = nullptr;
   if (!call(ember_stream_start(s, &p, &st), tag + ": stream_start")) {
     ember_session_destroy(s);
@@ -309,7 +317,10 @@ void run_request(ember_engine* engine, const Request& r, int index, const std::m
     ember_stream_stats_t stats;
     std::memset(&stats, 0, sizeof stats);
     stats.size = sizeof stats;
-    if (call(ember_stream_stats(st, &stats), tag + ": stats")) tally.tokens += stats.generated_tokens;
+    if (call(ember_stream_stats(st, &stats), tag + ": stats")) {
+      tally.tokens += stats.generated_tokens;
+      tally.accepted += stats.accepted_tokens;
+    }
   }
   // The handles, in the drawn order (a session destroyed first cancels
   // nothing here: the stream has ended or is already gone).
@@ -531,6 +542,8 @@ int main(int argc, char** argv) {
   std::printf("greedy equal to solo:   %d (+ %d cut short, each a prefix of its solo run); %zu distinct references\n",
               tally.greedy_checked.load(), tally.greedy_prefix_checked.load(), refs.size());
   std::printf("sampled:                %d\n", tally.sampled.load());
+  std::printf("speculative:            %d requests (n-gram or self drafter), %llu drafted tokens accepted\n",
+              tally.speculative.load(), static_cast<unsigned long long>(tally.accepted.load()));
   std::printf(
       "cut short:              cancelled %d, session destroyed while running %d (of these two, ended CANCELLED: %d); "
       "stream destroyed running %d, released running %d\n",
