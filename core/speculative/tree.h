@@ -60,9 +60,9 @@ struct DraftTree {
 class TreeGrower {
  public:
   // No node is drafted whose cumulative confidence is below this: on a CPU a
-  // verification row costs about a quarter of a decode step (measured:
+  // verification row costs a tenth to a quarter of a decode step (measured:
   // docs/BENCHMARKS.md, speculative decoding), so a token accepted less than
-  // one time in ten costs more than it can save.
+  // one time in ten costs about what it can save, or more.
   static constexpr float kMinConfidence = 0.1f;
 
   explicit TreeGrower(const TreeParams& params) : params_(params), alpha_(params.alpha) {}
