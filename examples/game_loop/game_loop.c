@@ -2,7 +2,7 @@
  * game_loop.c — Ember inside a game's frame loop, in C99 on ember.h alone.
  *
  *   game_loop [-m MODEL] [-t TURNS] [-b BUDGET_MS] [-n MAX_TOKENS] [-w WINDOW]
- *             [-j THREADS] [-r SAVE_TURN] [-s SAVE_DIR] [-q]
+ *             [-j THREADS] [-r SAVE_TURN] [-s SAVE_DIR] [-q] [-h]
  *
  * A 60 Hz loop drives a manual-step engine (manual_step = 1): each frame the
  * game gives Ember BUDGET_MS milliseconds (ember_engine_step(engine,
@@ -534,7 +534,7 @@ static int parse_int(const char* s, int lo, int hi, int* out) {
 static void usage(void) {
   fprintf(stderr,
           "usage: game_loop [-m MODEL] [-t TURNS] [-b BUDGET_MS] [-n MAX_TOKENS] [-w WINDOW] [-j THREADS]\n"
-          "                 [-r SAVE_TURN] [-s SAVE_DIR] [-q]\n"
+          "                 [-r SAVE_TURN] [-s SAVE_DIR] [-q] [-h]\n"
           "  -t turns (default 30), -b the engine's milliseconds per 60 Hz frame (16),\n"
           "  -n tokens per NPC reply (32), -w each NPC's window of cached tokens after 4 sinks (256),\n"
           "  -j engine threads (1), -r save, quit and load after this turn (TURNS / 2),\n"
@@ -574,6 +574,7 @@ int main(int argc, char** argv) {
       case 'r': valid = parse_int(optarg, 0, 100000, &o.save_turn); break;
       case 's': o.save_dir = optarg; break;
       case 'q': o.quiet = 1; break;
+      case 'h': usage(); return 0;
       default: valid = 0; break;
     }
     if (!valid) {
