@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The install, end to end: `cmake --install` into a temporary prefix, then
-# examples/c built against the installed tree alone, twice, and run:
+# The install, end to end: `cmake --install` into a temporary prefix (then
+# moved elsewhere), then examples/c built against the installed tree alone,
+# twice, and run:
 #   1. a CMake project using find_package(Ember) (tests/install/consumer);
 #   2. cc $(pkg-config --cflags --libs ember).
 # Each build's header_c99 (links libember) must resolve libember inside the
@@ -18,8 +19,11 @@ trap 'rm -rf "$tmp"' EXIT
 prefix=$tmp/prefix
 fail() { echo "FAIL: $*"; exit 1; }
 
-echo "--- cmake --install $build --prefix $prefix"
-"$cmake" --install "$build" --prefix "$prefix" >"$tmp/install.log" || { cat "$tmp/install.log"; fail "install"; }
+echo "--- cmake --install $build --prefix $tmp/staged, then moved to $prefix"
+"$cmake" --install "$build" --prefix "$tmp/staged" >"$tmp/install.log" || { cat "$tmp/install.log"; fail "install"; }
+# The tree must work where it is moved to: EmberConfig.cmake, ember.pc and the
+# CLI's RPATH locate it from their own place.
+mv "$tmp/staged" "$prefix"
 pc=$(find "$prefix" -name ember.pc)
 [ -n "$pc" ] || fail "no ember.pc installed"
 libdir=$(dirname "$(dirname "$pc")")
