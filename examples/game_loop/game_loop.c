@@ -215,7 +215,13 @@ static int poll_npc(npc* n, int restored, const options* o, int* ended) {
     n->stream = NULL;
     *ended = 1;
     if (restored && has_text(n->reply, n->reply_length)) ++n->replies_after_restore;
-    if (!o->quiet) printf("  %s: %s\n", n->name, n->reply);
+    if (!o->quiet) {
+      size_t i;
+      for (i = 0; i < n->reply_length; ++i) {
+        if (n->reply[i] == '\n' || n->reply[i] == '\r') n->reply[i] = ' '; /* one line per speech bubble */
+      }
+      printf("  %s: %s\n", n->name, n->reply);
+    }
     return 1;
   }
 }
