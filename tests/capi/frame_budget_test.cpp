@@ -203,8 +203,8 @@ TEST(CapiFrameBudget, ThreeSessionsTwoLongPromptsWaitingWhileOneDecodes) {
   bool ended[2] = {false, false};
   for (int frame = 0; frame < 20000 && !(ended[0] && ended[1]); ++frame) {
     const size_t prefilled_before = prompt_tokens(waiting[0].get()) + prompt_tokens(waiting[1].get());
-    const bool prefilling = prompt_tokens(waiting[0].get()) < prompt_size[0] ||
-                            prompt_tokens(waiting[1].get()) < prompt_size[1];
+    const bool prefilling =
+        prompt_tokens(waiting[0].get()) < prompt_size[0] || prompt_tokens(waiting[1].get()) < prompt_size[1];
     const auto t0 = std::chrono::steady_clock::now();
     size_t processed = 0;
     ASSERT_OK(ember_engine_step(e, kFrameMs, 0, &processed));
