@@ -8,7 +8,9 @@
  * With EMBER_REF_TIMING set it also prints, on stderr, "decode_s T tokens N":
  * the wall time from the first text event to the END event as this C
  * consumer sees it (bindings/tools/bench_bindings.py compares the bindings'
- * per-token cost with it).
+ * per-token cost with it). With EMBER_REF_DRAIN set it first waits for the
+ * stream to end (ember_stream_wait) and prints "drain_s T tokens N": the time
+ * to read the queued events, the C API's own cost per event.
  */
 #define _POSIX_C_SOURCE 199309L
 #include <stdio.h>
@@ -49,9 +51,14 @@ int main(int argc, char** argv) {
   p.ignore_eos = getenv("EMBER_REF_IGNORE_EOS") ? 1 : 0; /* benchmarks: exactly MAX_TOKENS */
   ember_stream* stream = NULL;
   check(ember_stream_start(session, &p, &stream), "stream_start");
+  const int drain = getenv("EMBER_REF_DRAIN") != NULL;
+  if (drain) check(ember_stream_wait(stream), "stream_wait");
   int first = 1;
   size_t n_tokens = 0;
   double t_first = 0, t_end = 0;
+  struct timespec ts0;
+  clock_gettime(CLOCK_MONOTONIC, &ts0);
+  const double t_drain = (double)ts0.tv_sec + (double)ts0.tv_nsec * 1e-9;
   for (;;) {
     ember_event ev;
     memset(&ev, 0, sizeof ev);
@@ -74,6 +81,7 @@ int main(int argc, char** argv) {
   }
   printf("\n");
   if (getenv("EMBER_REF_TIMING")) fprintf(stderr, "decode_s %.6f tokens %zu\n", t_end - t_first, n_tokens);
+  if (drain) fprintf(stderr, "drain_s %.9f tokens %zu\n", t_end - t_drain, n_tokens);
   ember_stream_destroy(stream);
   ember_session_destroy(session);
   ember_engine_destroy(engine);

@@ -135,55 +135,99 @@ void Engine::worker_loop(std::shared_ptr<Engine> self) {
   self.reset();  // may destroy the engine, on this thread
 }
 
-// A step's cost is modelled as fixed + per_token * rows, fitted by least
-// squares over recent steps (exponentially weighted, so it follows the
-// machine). Until two different step sizes have been seen, steps run one or
-// two tokens, which is never much more than a decode step.
+// A step's cost grows with its rows (one per token it runs) from a fixed
+// part: cost(r) = fixed + per_row * r with fixed, per_row >= 0. So one step
+// of s rows measured at C ms bounds every other step: cost(r) <= C for
+// r <= s, and cost(r) <= C * r / s for r > s. The prediction is the tightest
+// of these bounds over recent steps, each size at its slowest measurement
+// (noise never makes a size look cheaper than it was), and a step costlier
+// than a sample's bound drops that sample (measure_step). Nothing is
+// extrapolated from a fit: a step larger than any measured is priced at the
+// largest one's cost per row, which overestimates it by that step's fixed
+// share. A step also runs at most twice the rows of the largest one measured,
+// so a cost that grows faster than its rows is measured before it is relied
+// on. (A least-squares fit over steps of 1 or 2 rows once sized a step at 89
+// rows that took 138 ms of a 16 ms frame.)
+namespace {
+struct SizeCost {
+  int32_t rows;
+  double ms;  // the slowest recent step of these rows
+};
+template <typename Sample>
+size_t slowest_per_size(const Sample* samples, size_t n, SizeCost* out) {
+  size_t m = 0;
+  for (size_t i = 0; i < n; ++i) {
+    size_t j = 0;
+    while (j < m && out[j].rows != samples[i].rows) ++j;
+    if (j == m) out[m++] = {samples[i].rows, samples[i].ms};
+    out[j].ms = std::max(out[j].ms, samples[i].ms);
+  }
+  return m;
+}
+}  // namespace
+
 int32_t Engine::frame_token_budget(double left_ms) {
   std::lock_guard<std::mutex> lock(cost_mutex_);
-  const StepCostFit& f = cost_;
-  const double var = f.w > 0 ? f.sxx / f.w - (f.sx / f.w) * (f.sx / f.w) : 0;
-  if (var < 0.05) return f.w > 0 && f.sx / f.w < 1.5 ? 2 : 1;
-  const double slope = (f.sxy / f.w - (f.sx / f.w) * (f.sy / f.w)) / var;
-  const double fixed = f.sy / f.w - slope * (f.sx / f.w);
-  if (slope <= 0) return 2;
-  return static_cast<int32_t>(std::clamp((left_ms - std::max(fixed, 0.0)) / slope, 1.0, 65536.0));
-}
-
-double Engine::step_fixed_ms() {
-  std::lock_guard<std::mutex> lock(cost_mutex_);
-  const StepCostFit& f = cost_;
-  if (f.w <= 0) return 0;
-  const double var = f.sxx / f.w - (f.sx / f.w) * (f.sx / f.w);
-  if (var < 0.05) return f.sy / f.w;  // mostly one-token steps: their mean
-  const double slope = (f.sxy / f.w - (f.sx / f.w) * (f.sy / f.w)) / var;
-  return std::max(f.sy / f.w - slope * (f.sx / f.w), 0.0);
+  if (cost_count_ == 0) return 1;  // nothing measured yet: one token (decodes still run)
+  SizeCost sizes[kCostSamples];
+  const size_t m = slowest_per_size(cost_samples_, cost_count_, sizes);
+  // The largest r whose prediction fits: the bound of size s allows
+  // s * left / C rows when C fits at all.
+  double rows = 0;
+  int32_t largest = 0;
+  for (size_t i = 0; i < m; ++i) {
+    largest = std::max(largest, sizes[i].rows);
+    if (sizes[i].ms <= left_ms) rows = std::max(rows, sizes[i].rows * left_ms / std::max(sizes[i].ms, 1e-3));
+  }
+  return static_cast<int32_t>(std::min(std::floor(rows), std::min(2.0 * largest, 65536.0)));
 }
 
 void Engine::measure_step(size_t rows, double ms) {
-  constexpr double kDecay = 0.95;  // about the last 20 steps
   if (rows == 0) return;
   std::lock_guard<std::mutex> lock(cost_mutex_);
-  StepCostFit& f = cost_;
-  const double x = static_cast<double>(rows);
-  f.w = kDecay * f.w + 1;
-  f.sx = kDecay * f.sx + x;
-  f.sy = kDecay * f.sy + ms;
-  f.sxx = kDecay * f.sxx + x * x;
-  f.sxy = kDecay * f.sxy + x * ms;
+  const int32_t r = static_cast<int32_t>(std::min<size_t>(rows, 65536));
+  // A step costlier than an older sample's bound refutes that sample (the
+  // cost is not only rows: which sequences run and how long their histories
+  // are count too): it predicts nothing any more.
+  size_t keep = 0;
+  for (size_t i = 0; i < cost_count_; ++i) {
+    const StepCostSample& c = cost_samples_[i];
+    const double bound = r <= c.rows ? c.ms : c.ms * r / c.rows;
+    if (bound >= ms) cost_samples_[keep++] = c;
+  }
+  cost_count_ = keep;
+  if (cost_count_ == kCostSamples) {  // the oldest goes
+    std::copy(cost_samples_ + 1, cost_samples_ + kCostSamples, cost_samples_);
+    --cost_count_;
+  }
+  cost_samples_[cost_count_++] = {r, ms};
 }
 
 size_t Engine::run_steps(double max_ms, int64_t max_tokens) {
-  // A frame budget: each step runs only the prompt tokens that fit the time
-  // left at the measured costs, so a long prompt waiting is prefilled across
-  // frames instead of taking one frame for itself.
+  // A frame budget: each step runs only the tokens whose predicted cost fits
+  // the time left, so a long prompt waiting is prefilled across frames
+  // instead of taking one frame for itself, and a step starts only if its
+  // predicted cost fits: a frame ends within max_ms plus the prediction's
+  // error, or, when not even the running decodes fit the budget, one step.
   const auto t0 = std::chrono::steady_clock::now();
   size_t total = 0;
   for (bool first = true;; first = false) {
-    // After the first step, another one starts only if at least a step's
-    // fixed cost still fits the frame.
-    if (!first && max_ms > 0 && max_ms - ms_since(t0) < step_fixed_ms()) break;
-    int32_t budget = max_ms > 0 ? frame_token_budget(max_ms - ms_since(t0)) : 0;
+    int32_t budget = 0;
+    if (max_ms > 0) {
+      // Every running decode gets its token whatever the budget: at most as
+      // many as the sequences the last step ran.
+      int32_t decodes;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        decodes = static_cast<int32_t>(std::min<size_t>(stats_.running, 65536));
+      }
+      budget = frame_token_budget(max_ms - ms_since(t0));
+      // After the first step, another one starts only if its decodes fit.
+      if (!first && budget < std::max(decodes, 1)) break;
+      // The first step of a frame runs at least one prompt token beside the
+      // decodes, so a prompt waiting advances every frame, however small.
+      if (first) budget = std::max(budget, decodes + 1);
+    }
     if (max_tokens > 0) {
       const int64_t left = std::min<int64_t>(max_tokens - static_cast<int64_t>(total), 65536);
       budget = static_cast<int32_t>(budget > 0 ? std::min<int64_t>(budget, left) : left);

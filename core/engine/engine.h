@@ -138,15 +138,20 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::mutex step_mutex_;     // one step at a time (worker or manual callers)
   std::unique_ptr<Scheduler> scheduler_;
   uint64_t arrivals_ = 0;
-  // Manual mode's frame budget (run_steps): the measured cost of a step as
-  // fixed + per_token * rows (weighted least-squares sums over recent steps).
-  struct StepCostFit {
-    double w = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  // Manual mode's frame budget (run_steps): the measured costs of recent
+  // steps (oldest first; at most kCostSamples), from which an upper bound on
+  // a step's cost is predicted.
+  struct StepCostSample {
+    int32_t rows = 0;
+    double ms = 0;
   };
+  static constexpr size_t kCostSamples = 32;
   std::mutex cost_mutex_;
-  StepCostFit cost_;
+  StepCostSample cost_samples_[kCostSamples];
+  size_t cost_count_ = 0;
+  // The most rows a step may run whose predicted cost (an upper bound on
+  // the measured costs) fits left_ms; 0: not even one.
   int32_t frame_token_budget(double left_ms);
-  double step_fixed_ms();
   void measure_step(size_t rows, double ms);
 
   mutable std::mutex mutex_;  // guards streams_, stats_, stop_
