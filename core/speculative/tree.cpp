@@ -19,6 +19,8 @@ void TreeParams::validate() const {
   require(max_nodes >= 1 && max_nodes <= 64, "speculation: max_nodes must be in [1, 64]");
   require(max_depth >= 1 && max_depth <= 64, "speculation: max_depth must be in [1, 64]");
   require(std::isfinite(alpha) && alpha >= 0.0f && alpha <= 1.0f, "speculation: alpha must be in [0, 1]");
+  require(std::isfinite(min_confidence) && min_confidence >= 0.0f && min_confidence <= 1.0f,
+          "speculation: min_confidence must be in [0, 1]");
 }
 
 void DraftTree::reset(int32_t root_token) {
@@ -104,7 +106,7 @@ void TreeGrower::extend(int32_t leaf, const std::vector<Candidate>& candidates) 
     if (t.drafted() >= cap_) break;
     const Candidate& c = candidates[k];
     if (k > 0 && c.prob < params_.threshold) break;  // most likely first: the rest are below too
-    if (!(c.prob > 0.0f) || t.conf[leaf] * std::min(c.prob, 1.0f) < kMinConfidence) break;
+    if (!(c.prob > 0.0f) || t.conf[leaf] * std::min(c.prob, 1.0f) < params_.min_confidence) break;
     const int32_t id = t.add(leaf, c.token, std::min(c.prob, 1.0f));
     if (t.depth[id] >= params_.max_depth) t.open[id] = 0;
   }

@@ -30,6 +30,12 @@ struct TreeParams {
   int32_t max_nodes = 12;  // drafted tokens per tree (verification rows = max_nodes + 1)
   int32_t max_depth = 8;   // drafted tokens on one branch
   float alpha = 0.25f;     // initial verification trigger (adapts per stream)
+  // No node is drafted whose cumulative confidence is below this: on a CPU a
+  // verification row costs a tenth to a quarter of a decode step (measured:
+  // docs/BENCHMARKS.md, speculative decoding), so a token accepted less than
+  // one time in ten costs about what it can save, or more. (Not in the C
+  // ABI; tests lower it to exercise drafts of flat distributions.)
+  float min_confidence = 0.1f;
   // Throws ember::Error(kInvalidArgument) naming the first bad field.
   void validate() const;
 };
@@ -59,11 +65,6 @@ struct DraftTree {
 // Per-stream tree growth and its adaptive trigger.
 class TreeGrower {
  public:
-  // No node is drafted whose cumulative confidence is below this: on a CPU a
-  // verification row costs a tenth to a quarter of a decode step (measured:
-  // docs/BENCHMARKS.md, speculative decoding), so a token accepted less than
-  // one time in ten costs about what it can save, or more.
-  static constexpr float kMinConfidence = 0.1f;
 
   explicit TreeGrower(const TreeParams& params) : params_(params), alpha_(params.alpha) {}
   const TreeParams& params() const { return params_; }

@@ -392,7 +392,8 @@ DistributionRun sample_distribution(uint64_t n) {
       p.spec.draft_model = draft;
       p.spec.tree.threshold = 0.1f;  // several branches per node
       p.spec.tree.max_nodes = 8;
-      p.spec.tree.alpha = 0.0f;  // always the full node budget
+      p.spec.tree.alpha = 0.0f;           // always the full node budget
+      p.spec.tree.min_confidence = 0.0f;  // (the random draft's distributions are flat)
       streams.push_back(sessions[i]->start(p));
     }
     for (auto& s : streams) {

@@ -41,7 +41,7 @@ TEST(SpecTree, CandidatesAtTheThresholdOpenBranches) {
   EXPECT_EQ(t.size(), 4);
   EXPECT_EQ(t.path_tokens(3), (std::vector<int32_t>{1, 4}));
   EXPECT_EQ(t.path_to(3), (std::vector<int32_t>{1, 3}));
-  // ... unless its branch's confidence would fall below kMinConfidence
+  // ... unless its branch's confidence would fall below min_confidence
   // (0.5 * 0.25 * 0.7 < 0.1).
   g.extend(3, {{5, 0.7f}});
   EXPECT_EQ(t.size(), 4);
