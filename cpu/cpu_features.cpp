@@ -2,7 +2,9 @@
 
 #include <cpuid.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 
 namespace ember::cpu {
 namespace {
@@ -90,9 +92,27 @@ bool isa_supported(Isa isa) {
   return false;
 }
 
+namespace {
+// EMBER_CPU_ISA=scalar|avx2|avx512_vnni caps the variant (never above what
+// the CPU runs): e.g. avx2 on an AVX-512 machine gives llama.cpp's AVX2
+// summation order, which the scalar kernels of a pre-AVX2 CPU share.
+Isa isa_cap() {
+  static const Isa cap = [] {
+    const char* env = std::getenv("EMBER_CPU_ISA");
+    if (!env || !*env) return Isa::kAvx512Vnni;
+    for (Isa i : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512Vnni}) {
+      if (std::strcmp(env, isa_to_string(i)) == 0) return i;
+    }
+    return Isa::kAvx512Vnni;  // unknown names change nothing
+  }();
+  return cap;
+}
+}  // namespace
+
 Isa best_isa() {
-  if (isa_supported(Isa::kAvx512Vnni)) return Isa::kAvx512Vnni;
-  if (isa_supported(Isa::kAvx2)) return Isa::kAvx2;
+  const Isa cap = isa_cap();
+  if (cap >= Isa::kAvx512Vnni && isa_supported(Isa::kAvx512Vnni)) return Isa::kAvx512Vnni;
+  if (cap >= Isa::kAvx2 && isa_supported(Isa::kAvx2)) return Isa::kAvx2;
   return Isa::kScalar;
 }
 

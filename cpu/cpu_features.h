@@ -31,7 +31,7 @@ enum class Isa : int {
 };
 
 bool isa_supported(Isa isa);         // CPU and OS can run this variant
-Isa best_isa();                      // highest supported variant
+Isa best_isa();                      // highest supported variant (at most $EMBER_CPU_ISA when set)
 const char* isa_to_string(Isa isa);  // "scalar", "avx2", "avx512_vnni"
 
 // True when the AVX-512 variant may also use AVX512_BF16 instructions.
