@@ -35,7 +35,7 @@ struct AttendArgs {
   // (AttentionParams::tree_*); map_from = INT32_MAX for an ordinary row.
   int32_t map_from = INT32_MAX;
   const int32_t* slot_map = nullptr;
-  const float* q;                // [rows][num_heads][head_dim]
+  const float* q;  // [rows][num_heads][head_dim]
   int32_t row, kvh, num_heads, num_kv_heads, head_dim, kv_len;
   bool vec_order;  // the one-token decode order (else the batched "tile" order)
   float scale;

@@ -54,10 +54,9 @@ bool operator==(const AttnLaunch& a, const AttnLaunch& b) {
   return a.kv == b.kv && a.layer == b.layer && a.q == b.q && a.out == b.out && a.tiles == b.tiles &&
          a.n_tiles == b.n_tiles && a.rows_per_tile == b.rows_per_tile && a.kv_len == b.kv_len &&
          a.block_tables == b.block_tables && a.tree_slots == b.tree_slots && a.window == b.window &&
-         a.num_heads == b.num_heads && a.num_kv_heads == b.num_kv_heads &&
-         a.head_dim == b.head_dim && a.scale == b.scale && a.n_splits == b.n_splits &&
-         a.tiles_per_split == b.tiles_per_split && a.n_rows == b.n_rows && a.part_acc == b.part_acc &&
-         a.part_ml == b.part_ml;
+         a.num_heads == b.num_heads && a.num_kv_heads == b.num_kv_heads && a.head_dim == b.head_dim &&
+         a.scale == b.scale && a.n_splits == b.n_splits && a.tiles_per_split == b.tiles_per_split &&
+         a.n_rows == b.n_rows && a.part_acc == b.part_acc && a.part_ml == b.part_ml;
 }
 
 }  // namespace ember::gpu
@@ -548,8 +547,8 @@ class CudaBackend final : public Backend, public BackendExtras {
     if (n_layers != geom_.num_layers || n_layers <= 0) fail(StatusCode::kInternal, "kv_rope_shift: specs per layer");
     const int32_t rot_dim = specs[0].rot_dim;
     for (int32_t l = 0; l < n_layers; ++l) {
-      if (specs[l].rot_dim != rot_dim || specs[l].neox != specs[0].neox || rot_dim <= 0 ||
-          rot_dim > geom_.head_dim || rot_dim % 2 != 0) {
+      if (specs[l].rot_dim != rot_dim || specs[l].neox != specs[0].neox || rot_dim <= 0 || rot_dim > geom_.head_dim ||
+          rot_dim % 2 != 0) {
         fail(StatusCode::kInternal, "kv_rope_shift: unsupported rot_dim / mixed RoPE styles");
       }
     }

@@ -282,8 +282,9 @@ int cmd_generate(int argc, char** argv) {
                  "prompt %zu tokens, generated %zu tokens, ttft %.1f ms, decode %.2f tokens/s; speculation: drafted "
                  "%llu, accepted %llu, passes %llu, mean accepted %.2f\n",
                  st.prompt_tokens, st.generated_tokens, st.time_to_first_token_ms, st.tokens_per_second,
-                 static_cast<unsigned long long>(st.drafted_tokens), static_cast<unsigned long long>(st.accepted_tokens),
-                 static_cast<unsigned long long>(st.verify_passes), st.mean_accepted_length);
+                 static_cast<unsigned long long>(st.drafted_tokens),
+                 static_cast<unsigned long long>(st.accepted_tokens), static_cast<unsigned long long>(st.verify_passes),
+                 st.mean_accepted_length);
   }
   return 0;
 }
@@ -908,11 +909,12 @@ int bench_spec(const Args& a, int n_gen, int threads, int reps) {
         mean(ts) / mean(tb), static_cast<unsigned long long>(drafted), static_cast<unsigned long long>(accepted),
         static_cast<unsigned long long>(passes), acc_rate, mean_len, identical ? "true" : "false");
   } else {
-    std::printf("spec %s: plain %.2f tokens/s, speculative %.2f tokens/s (%.2fx); drafted %llu, accepted %llu "
-                "(%.1f%%), passes %llu, mean accepted length %.2f; outputs %s\n",
-                a.str("--spec").c_str(), mean(tb), mean(ts), mean(ts) / mean(tb),
-                static_cast<unsigned long long>(drafted), static_cast<unsigned long long>(accepted), 100.0 * acc_rate,
-                static_cast<unsigned long long>(passes), mean_len, identical ? "identical" : "DIFFER");
+    std::printf(
+        "spec %s: plain %.2f tokens/s, speculative %.2f tokens/s (%.2fx); drafted %llu, accepted %llu "
+        "(%.1f%%), passes %llu, mean accepted length %.2f; outputs %s\n",
+        a.str("--spec").c_str(), mean(tb), mean(ts), mean(ts) / mean(tb), static_cast<unsigned long long>(drafted),
+        static_cast<unsigned long long>(accepted), 100.0 * acc_rate, static_cast<unsigned long long>(passes), mean_len,
+        identical ? "identical" : "DIFFER");
   }
   return identical ? 0 : 1;
 }

@@ -283,7 +283,7 @@ struct Engine::StepWork {
     int32_t logit_index;  // -1: no logits this step
     size_t first_logit;   // history index of the row at logit_index
     int32_t n_logit_rows;
-    bool tree = false;    // a speculative tree: rows = its nodes (root first)
+    bool tree = false;  // a speculative tree: rows = its nodes (root first)
   };
   std::vector<Entry> entries;
   Batch batch;
@@ -339,8 +339,8 @@ void Engine::schedule(StepWork& w, int32_t token_budget) {
 
 void Engine::build_batch(StepWork& w, int32_t token_budget) {
   // Speculative trees take what is left of the step's token budget.
-  int64_t rows_left = (token_budget > 0 ? token_budget : params_.max_batch_tokens) -
-                      static_cast<int64_t>(w.plan.tokens());
+  int64_t rows_left =
+      (token_budget > 0 ? token_budget : params_.max_batch_tokens) - static_cast<int64_t>(w.plan.tokens());
   for (const auto& [seq, chunk] : w.plan.run) {
     Stream& s = *w.streams[seq->id];
     KvSequence& kv = s.session().kv();
@@ -447,19 +447,16 @@ void Engine::prepare_speculation(Stream& stream) {
   const SpecParams& sp = stream.spec_params();
   const auto& c = model_->config();
   switch (sp.kind) {
-    case SpecParams::Kind::kNone:
-      return;
-    case SpecParams::Kind::kNgram:
-      stream.set_speculation(std::make_unique<speculative::NgramDrafter>());
-      return;
+    case SpecParams::Kind::kNone: return;
+    case SpecParams::Kind::kNgram: stream.set_speculation(std::make_unique<speculative::NgramDrafter>()); return;
     case SpecParams::Kind::kSelf: {
       // The default from measured acceptance (docs/BENCHMARKS.md): early exits
       // below ~3/4 of SmolLM2's layers agree with the full model on under 20%
       // of tokens.
       const int32_t layers = sp.self_layers > 0 ? sp.self_layers : std::max(1, c.n_layers * 7 / 8);
       if (layers >= c.n_layers) {
-        fail(StatusCode::kInvalidArgument, "speculation: self-speculation must use fewer layers than the model's " +
-                                               std::to_string(c.n_layers));
+        fail(StatusCode::kInvalidArgument,
+             "speculation: self-speculation must use fewer layers than the model's " + std::to_string(c.n_layers));
       }
       stream.set_speculation(
           std::make_unique<speculative::SelfDrafter>(*forward_, forward_mutex_, *kv_, layers, c.n_vocab));
@@ -520,8 +517,7 @@ bool Engine::add_tree(StepWork& w, Stream& s, KvSequence& kv, int32_t max_nodes)
     log(LogLevel::kWarn, "speculation stopped for a stream: %s", e.what());
     try {
       drafter.finish_tree(kv);
-    } catch (...) {
-    }
+    } catch (...) {}
     kv_->rollback_provisional(kv);
     s.set_speculation(nullptr);
     return false;
@@ -577,8 +573,8 @@ void Engine::commit_tree(StepWork& w, size_t i) {
     sampler.distribution(row, h, dist);
     return dist;
   };
-  const speculative::Acceptance acc =
-      speculative::accept_tree(tree, sampler.greedy(), std::max(s.tokens_left(), 1), target, [&] { return sampler.uniform(); });
+  const speculative::Acceptance acc = speculative::accept_tree(tree, sampler.greedy(), std::max(s.tokens_left(), 1),
+                                                               target, [&] { return sampler.uniform(); });
   bool kept = false;  // the accepted path's tokens and KV joined the history
   {
     std::lock_guard<std::mutex> lock(kv.mutex());

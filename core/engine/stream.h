@@ -35,8 +35,8 @@ class Drafter;
 struct SpecParams {
   enum class Kind : int32_t { kNone = 0, kNgram = 1, kSelf = 2, kDraft = 3 };
   Kind kind = Kind::kNone;
-  int32_t self_layers = 0;                         // kSelf: the target's first L layers (0: 7/8 of them, rounded down)
-  std::shared_ptr<const Model> draft_model;        // kDraft: same vocabulary as the target
+  int32_t self_layers = 0;                   // kSelf: the target's first L layers (0: 7/8 of them, rounded down)
+  std::shared_ptr<const Model> draft_model;  // kDraft: same vocabulary as the target
   speculative::TreeParams tree;
 };
 

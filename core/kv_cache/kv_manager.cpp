@@ -336,7 +336,8 @@ void KvManager::add_tree_rows(KvSequence& seq, Batch& batch, const std::vector<i
     // The node's ancestors below the root, root first, then itself.
     std::vector<int32_t>& path = paths[r];
     for (int32_t a = node; a > 0; a = parents[a]) {
-      if (parents[a] < 0 || parents[a] >= a) fail(StatusCode::kInternal, "kv manager: a tree parent must precede its child");
+      if (parents[a] < 0 || parents[a] >= a)
+        fail(StatusCode::kInternal, "kv manager: a tree parent must precede its child");
       path.push_back(slot_of(root + a));
     }
     std::reverse(path.begin(), path.end());

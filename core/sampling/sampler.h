@@ -33,8 +33,7 @@ class Sampler {
   // probable first; greedy (temperature <= 0) is the argmax with
   // probability 1. `logits` is modified in place. Speculative decoding
   // verifies drafts against it.
-  void distribution(float* logits, const std::vector<int32_t>& history,
-                    std::vector<std::pair<int32_t, double>>& out);
+  void distribution(float* logits, const std::vector<int32_t>& history, std::vector<std::pair<int32_t, double>>& out);
   bool greedy() const { return params_.temperature <= 0.0f; }
   // A uniform draw in [0, 1) from the sampler's own generator.
   double uniform() { return next_uniform(); }

@@ -36,8 +36,8 @@ DraftRunner::DraftRunner(std::shared_ptr<const Model> model, const std::string& 
   const auto& c = model_->config();
   const Architecture* arch = find_architecture(model_->architecture());
   if (!arch) {
-    fail(StatusCode::kUnsupported, "speculation: the draft model's architecture '" + model_->architecture() +
-                                       "' is not supported");
+    fail(StatusCode::kUnsupported,
+         "speculation: the draft model's architecture '" + model_->architecture() + "' is not supported");
   }
   backend_ = create_backend(device, BackendOptions{n_threads, batch_invariant}).backend;
   check_backend_limits(*backend_, c.head_dim, c.n_heads, c.n_kv_heads);
@@ -91,8 +91,7 @@ void DraftModelDrafter::catch_up(const KvSequence& target, int32_t n_nodes) {
     runner_->forward().forward(batch, none.data());
     kv.commit_computed(*seq_, n, /*index=*/false);
   }
-  if (static_cast<size_t>(n_nodes) > kv.tree_room(*seq_) ||
-      !kv.reserve_tree(*seq_, static_cast<size_t>(n_nodes))) {
+  if (static_cast<size_t>(n_nodes) > kv.tree_room(*seq_) || !kv.reserve_tree(*seq_, static_cast<size_t>(n_nodes))) {
     fail(StatusCode::kOutOfMemory, "speculation: no room for a token tree in the draft model's KV pool");
   }
 }

@@ -20,8 +20,8 @@ void top_candidates(const float* logits, int32_t n, int32_t k, std::vector<Candi
   best.reserve(static_cast<size_t>(k) + 1);
   for (int32_t i = 0; i < n; ++i) {
     if (static_cast<int32_t>(best.size()) == k && logits[i] <= logits[best.back()]) continue;
-    auto at = std::upper_bound(best.begin(), best.end(), i,
-                               [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+    auto at =
+        std::upper_bound(best.begin(), best.end(), i, [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
     best.insert(at, i);
     if (static_cast<int32_t>(best.size()) > k) best.pop_back();
   }

@@ -65,7 +65,6 @@ struct DraftTree {
 // Per-stream tree growth and its adaptive trigger.
 class TreeGrower {
  public:
-
   explicit TreeGrower(const TreeParams& params) : params_(params), alpha_(params.alpha) {}
   const TreeParams& params() const { return params_; }
   float alpha() const { return alpha_; }

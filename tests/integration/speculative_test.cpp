@@ -125,7 +125,8 @@ void expect_identical(SpecParams::Kind kind, int32_t self_layers, std::shared_pt
   uint64_t accepted = 0, passes = 0;
   for (size_t i = 0; i < n_prompts; ++i) {
     const Outcome plain = run(session_with(engine, kPrompts[i])->start(greedy(n_tokens)));
-    const Outcome spec = run(session_with(engine, kPrompts[i])->start(with_spec(greedy(n_tokens), kind, self_layers, draft)));
+    const Outcome spec =
+        run(session_with(engine, kPrompts[i])->start(with_spec(greedy(n_tokens), kind, self_layers, draft)));
     EXPECT_EQ(spec.tokens, plain.tokens) << "prompt " << i << ": " << kPrompts[i].text;
     EXPECT_EQ(spec.text, plain.text) << "prompt " << i;
     EXPECT_EQ(spec.end, plain.end) << "prompt " << i;

@@ -118,7 +118,10 @@ TEST(SpecAccept, GreedyFollowsTheTargetsArgmaxAndAddsItsNextToken) {
   // The target: after root 6, after 2 -> 7, after 3 -> 9 (8 drafted).
   std::map<int32_t, int32_t> argmax = {{0, 6}, {2, 7}, {3, 9}, {1, 1}, {4, 1}};
   auto dist = [&](int32_t node) { return Dist{{argmax[node], 1.0}}; };
-  auto never = []() -> double { ADD_FAILURE() << "greedy draws nothing"; return 0.0; };
+  auto never = []() -> double {
+    ADD_FAILURE() << "greedy draws nothing";
+    return 0.0;
+  };
   Acceptance a = accept_tree(t, true, 100, dist, never);
   EXPECT_EQ(a.path, (std::vector<int32_t>{2, 3}));
   EXPECT_EQ(a.tokens, (std::vector<int32_t>{6, 7, 9}));

@@ -322,7 +322,8 @@ TEST_F(KvManagerTest, TokenTreeRowsRoomAndTruncation) {
   EXPECT_EQ(b.kv_len, (std::vector<int32_t>{6, 7, 7, 8, 9}));  // chain lengths
   auto path = [&](int32_t row) {
     const auto first = b.tree_slots.begin() + b.tree_begin[static_cast<size_t>(row)];
-    return std::vector<int32_t>(first, first + (b.kv_len[static_cast<size_t>(row)] - b.tree_from[static_cast<size_t>(row)]));
+    return std::vector<int32_t>(first,
+                                first + (b.kv_len[static_cast<size_t>(row)] - b.tree_from[static_cast<size_t>(row)]));
   };
   EXPECT_EQ(path(2), (std::vector<int32_t>{7}));
   EXPECT_EQ(path(4), (std::vector<int32_t>{6, 8, 9}));
