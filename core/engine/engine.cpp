@@ -20,6 +20,13 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// The part of a history the stream's sampler reads (its penalty window).
+std::vector<int32_t> penalty_window(const Stream& s, const std::vector<int32_t>& tokens) {
+  const int32_t last_n = s.penalty_last_n();
+  const size_t keep = last_n < 0 ? tokens.size() : std::min(tokens.size(), static_cast<size_t>(last_n));
+  return std::vector<int32_t>(tokens.end() - static_cast<std::ptrdiff_t>(keep), tokens.end());
+}
+
 // log p(token | row) from one row of logits (max-subtracted, double sum).
 float log_prob(const float* row, int32_t n_vocab, int32_t token) {
   const float mx = *std::max_element(row, row + n_vocab);
@@ -54,18 +61,12 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineParams& params)
   device_ = created.device;
   check_backend_limits(*backend_, c.head_dim, c.n_heads, c.n_kv_heads);
 
-  KvGeometry g;
-  g.num_layers = c.n_layers;
-  g.num_kv_heads = c.n_kv_heads;
-  g.head_dim = c.head_dim;
-  g.block_size = params_.kv_block_size;
+  KvGeometry g = model_->kv_geometry(params_.kv_block_size);
   const uint64_t blocks = params_.kv_memory_bytes / g.bytes_per_block();
   if (blocks == 0) fail(StatusCode::kInvalidArgument, "engine: kv_memory_bytes is smaller than one KV block");
   if (blocks > (1u << 30)) fail(StatusCode::kInvalidArgument, "engine: kv_memory_bytes is absurdly large");
   g.num_blocks = static_cast<int32_t>(blocks);
-  KvManager::Rope rope;
-  for (int32_t il = 0; il < c.n_layers; ++il) rope.layers.push_back(model_->rope_spec(il));
-  kv_ = std::make_unique<KvManager>(*backend_, g, params_.prefix_caching, std::move(rope));
+  kv_ = std::make_unique<KvManager>(*backend_, g, params_.prefix_caching, KvManager::Rope{model_->rope_specs()});
   scheduler_ = std::make_unique<Scheduler>(SchedulerConfig{params_.max_batch_tokens, params_.max_running});
   forward_ = arch->make_forward(model_, *backend_, g.block_size);
 }
@@ -416,10 +417,7 @@ void Engine::commit_and_sample(StepWork& w) {
         }
         scored_all = kv.n_computed() + 1 >= tokens.size();
       } else if (en.logit_index >= 0) {
-        // The sampler reads only the penalty window of the history.
-        const int32_t last_n = s.penalty_last_n();
-        const size_t keep = last_n < 0 ? tokens.size() : std::min(tokens.size(), static_cast<size_t>(last_n));
-        history.assign(tokens.end() - static_cast<std::ptrdiff_t>(keep), tokens.end());
+        history = penalty_window(s, tokens);
       }
     }
     if (s.score_mode()) {
@@ -553,11 +551,7 @@ void Engine::commit_tree(StepWork& w, size_t i) {
     if (s.cancel_requested()) {
       kv_->rollback_provisional(kv);
     } else {
-      // The sampler reads only the penalty window of the history.
-      const std::vector<int32_t>& tokens = kv.tokens();
-      const int32_t last_n = s.penalty_last_n();
-      const size_t keep = last_n < 0 ? tokens.size() : std::min(tokens.size(), static_cast<size_t>(last_n));
-      history.assign(tokens.end() - static_cast<std::ptrdiff_t>(keep), tokens.end());
+      history = penalty_window(s, kv.tokens());
     }
   }
   if (s.cancel_requested()) {

@@ -42,6 +42,21 @@ std::shared_ptr<Model> Model::load(const std::string& path, Weights weights) {
   return m;
 }
 
+std::vector<RopeSpec> Model::rope_specs() const {
+  std::vector<RopeSpec> out;
+  for (int32_t il = 0; il < config_.n_layers; ++il) out.push_back(rope_spec(il));
+  return out;
+}
+
+KvGeometry Model::kv_geometry(int32_t block_size) const {
+  KvGeometry g;
+  g.num_layers = config_.n_layers;
+  g.num_kv_heads = config_.n_kv_heads;
+  g.head_dim = config_.head_dim;
+  g.block_size = block_size;
+  return g;
+}
+
 RopeSpec Model::rope_spec(int32_t il) const {
   const ModelConfig& c = config_;
   RopeSpec r;

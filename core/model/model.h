@@ -118,6 +118,9 @@ class Model {
   // How layer il's queries and keys are rotated (its base, NEOX pairs,
   // scaling; the factors point into the model).
   RopeSpec rope_spec(int32_t il) const;
+  std::vector<RopeSpec> rope_specs() const;  // every layer's, in order
+  // The shape of this model's KV blocks (num_blocks left 0 for the caller).
+  KvGeometry kv_geometry(int32_t block_size) const;
 
  private:
   Model() = default;

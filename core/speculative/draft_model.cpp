@@ -41,15 +41,9 @@ DraftRunner::DraftRunner(std::shared_ptr<const Model> model, const std::string& 
   }
   backend_ = create_backend(device, BackendOptions{n_threads, batch_invariant}).backend;
   check_backend_limits(*backend_, c.head_dim, c.n_heads, c.n_kv_heads);
-  KvGeometry g;
-  g.num_layers = c.n_layers;
-  g.num_kv_heads = c.n_kv_heads;
-  g.head_dim = c.head_dim;
-  g.block_size = 16;
+  KvGeometry g = model_->kv_geometry(16);
   g.num_blocks = static_cast<int32_t>(std::max<uint64_t>(kv_memory_bytes / g.bytes_per_block(), 1));
-  KvManager::Rope rope;
-  for (int32_t il = 0; il < c.n_layers; ++il) rope.layers.push_back(model_->rope_spec(il));
-  kv_ = std::make_unique<KvManager>(*backend_, g, /*prefix_caching=*/false, std::move(rope));
+  kv_ = std::make_unique<KvManager>(*backend_, g, /*prefix_caching=*/false, KvManager::Rope{model_->rope_specs()});
   forward_ = arch->make_forward(model_, *backend_, g.block_size);
 }
 
