@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -22,6 +23,7 @@
 #include "cpu/cpu_backend.h"
 #include "cpu/cpu_features.h"
 #include "cpu/matmul.h"
+#include "cpu/thread_governor.h"
 
 namespace ember {
 
@@ -58,8 +60,11 @@ using cpu::detail::kAttnMaxHeadDim;
 
 class CpuBackend final : public Backend {
  public:
+  // n_threads > 0: exactly that many; 0: up to every core, as many as
+  // measure fastest (cpu/thread_governor.h).
   CpuBackend(int n_threads, bool batch_invariant)
-      : n_threads_(n_threads > 0 ? n_threads : omp_get_num_procs()), batch_invariant_(batch_invariant) {}
+      : governor_(n_threads > 0 ? n_threads : omp_get_num_procs(), n_threads <= 0),
+        batch_invariant_(batch_invariant) {}
   ~CpuBackend() override { release_kv(); }
 
   std::string name() const override { return std::string("cpu/") + cpu::isa_name(); }
@@ -166,7 +171,7 @@ class CpuBackend final : public Backend {
     const int32_t items = geom_.num_layers * n;
     const size_t rows = static_cast<size_t>(geom_.num_kv_heads) * geom_.block_size;
     const cpu::detail::BackendKernels& kernels = cpu::detail::backend_kernels();
-#pragma omp parallel for num_threads(n_threads_) if (items > 4)
+#pragma omp parallel for num_threads(threads()) if (items > 4)
     for (int32_t it = 0; it < items; ++it) {
       const int32_t layer = it / n, block = blocks[it % n];
       if (block < 0 || block >= geom_.num_blocks) continue;
@@ -218,7 +223,7 @@ class CpuBackend final : public Backend {
 
   void rms_norm(const float* x, const DeviceWeight& weight, int32_t rows, int32_t dim, float eps, float* out) override {
     const float* w = static_cast<const float*>(weight.desc.host_data);
-#pragma omp parallel for num_threads(n_threads_) if (rows > 8)
+#pragma omp parallel for num_threads(threads()) if (rows > 8)
     for (int32_t r = 0; r < rows; ++r) {
       const float* xr = x + static_cast<size_t>(r) * dim;
       float* o = out + static_cast<size_t>(r) * dim;
@@ -232,10 +237,40 @@ class CpuBackend final : public Backend {
   }
 
   void matmul(const DeviceWeight& w, const float* x, int32_t M, float* y, bool rows_are_decodes) override {
+    std::lock_guard<std::mutex> lock(scratch_mutex_);
+    const auto t0 = std::chrono::steady_clock::now();
+    matmul_locked(w, x, M, y, rows_are_decodes);
+    governed(t0, M, weight_bytes(w.desc));
+  }
+
+  void matmul_group(const DeviceWeight* const* w, float* const* y, int32_t n, const float* x, int32_t M,
+                    bool rows_are_decodes) override {
+    if (n < 1 || n > cpu::kMaxGroup) fail(StatusCode::kInternal, "matmul_group: bad group size");
+    std::lock_guard<std::mutex> lock(scratch_mutex_);
+    const auto t0 = std::chrono::steady_clock::now();
+    cpu::WeightView views[cpu::kMaxGroup];
+    size_t bytes = 0;
+    for (int32_t i = 0; i < n; ++i) {
+      const auto& d = w[i]->desc;
+      views[i] = cpu::WeightView{d.type, d.rows, d.cols, d.host_data};
+      bytes += weight_bytes(d);
+    }
+    omp_set_num_threads(threads());
+    // Decode rows and row-invariant mode: one parallel pass (each row as
+    // matmul() computes it). Other prefill chunks: oneDNN, weight by weight.
+    if (batch_invariant_ || (rows_are_decodes && M <= cpu::decode_max_m())) {
+      cpu::matmul_group(views, y, n, x, M, scratch_,
+                        batch_invariant_ ? cpu::MatmulPath::kRowInvariant : cpu::MatmulPath::kAuto);
+    } else {
+      for (int32_t i = 0; i < n; ++i) matmul_locked(*w[i], x, M, y[i], rows_are_decodes);
+    }
+    governed(t0, M, bytes);
+  }
+
+  void matmul_locked(const DeviceWeight& w, const float* x, int32_t M, float* y, bool rows_are_decodes) {
     const auto& d = w.desc;
     cpu::WeightView view{d.type, d.rows, d.cols, d.host_data};
-    std::lock_guard<std::mutex> lock(scratch_mutex_);
-    omp_set_num_threads(n_threads_);
+    omp_set_num_threads(threads());
     if (batch_invariant_) {
       // Ember's kernels for every M: a row's result never depends on what it
       // is batched with (and on CPUs without native bf16 they also beat the
@@ -263,7 +298,7 @@ class CpuBackend final : public Backend {
     // theta_{i+1} = theta_i * base^(-2/rot_dim) from theta_0 = pos): the
     // rounding then matches the reference's, not just the formula.
     const float theta_scale = std::pow(freq_base, -2.0f / static_cast<float>(rot_dim));
-#pragma omp parallel for num_threads(n_threads_) if (rows > 8)
+#pragma omp parallel for num_threads(threads()) if (rows > 8)
     for (int32_t r = 0; r < rows; ++r) {
       float theta = static_cast<float>(positions[r]);
       for (int32_t i = 0; i < half; ++i, theta *= theta_scale) {
@@ -315,7 +350,7 @@ class CpuBackend final : public Backend {
     const int32_t items = static_cast<int32_t>(rows.size()) * p.num_kv_heads;
     const cpu::detail::BackendKernels& kernels = cpu::detail::backend_kernels();
     std::atomic<bool> out_of_memory{false};  // (the per-thread scratch may fail to grow)
-#pragma omp parallel for num_threads(n_threads_) schedule(dynamic, 1)
+#pragma omp parallel for num_threads(threads()) schedule(dynamic, 1)
     for (int32_t it = 0; it < items; ++it) {
       const auto [s, row] = rows[it / p.num_kv_heads];
       try {
@@ -334,7 +369,7 @@ class CpuBackend final : public Backend {
     constexpr size_t kChunk = 4096;  // elementwise: the chunking changes no result
     const auto& kernels = cpu::detail::backend_kernels();
     const int64_t chunks = static_cast<int64_t>((n8 + kChunk - 1) / kChunk);
-#pragma omp parallel for num_threads(n_threads_) if (n > 65536)
+#pragma omp parallel for num_threads(threads()) if (n > 65536)
     for (int64_t c = 0; c < chunks; ++c) {
       const size_t i0 = static_cast<size_t>(c) * kChunk, len = std::min(kChunk, n8 - i0);
       kernels.swiglu8(gate + i0, up + i0, len, out + i0);
@@ -350,7 +385,7 @@ class CpuBackend final : public Backend {
   // below -10 and above 10 taken as 0 and the identity.
   void geglu(const float* gate, const float* up, size_t n, float* out) override {
     const uint16_t* table = gelu_f16_table();
-#pragma omp parallel for num_threads(n_threads_) if (n > 65536)
+#pragma omp parallel for num_threads(threads()) if (n > 65536)
     for (int64_t i = 0; i < static_cast<int64_t>(n); ++i) {
       const float g = gate[i];
       float y;
@@ -389,7 +424,7 @@ class CpuBackend final : public Backend {
     }
     const float theta_scale = std::pow(spec.freq_base, -2.0f / static_cast<float>(spec.rot_dim));
     const int32_t stride = spec.neox ? 1 : 2, offset = spec.neox ? half : 1;
-#pragma omp parallel for num_threads(n_threads_) if (rows > 8)
+#pragma omp parallel for num_threads(threads()) if (rows > 8)
     for (int32_t r = 0; r < rows; ++r) {
       float theta = static_cast<float>(positions[r]);
       for (int32_t i = 0; i < half; ++i, theta *= theta_scale) {
@@ -465,7 +500,20 @@ class CpuBackend final : public Backend {
     kernels.attend_group(a);
   }
 
-  int n_threads_;
+  int threads() const { return governor_.threads(); }
+  static size_t weight_bytes(const WeightDesc& d) { return static_cast<size_t>(d.rows) * row_bytes(d.type, d.cols); }
+  // Decode-sized calls (weights streamed once for a few rows) teach the
+  // governor how fast the current thread count is; larger ones are not
+  // measured (work 0).
+  void governed(std::chrono::steady_clock::time_point t0, int32_t M, size_t bytes) {
+    const auto t1 = std::chrono::steady_clock::now();
+    governor_.record(std::chrono::duration<double>(t1.time_since_epoch()).count(),
+                     std::chrono::duration<double>(t1 - t0).count(),
+                     M <= kGovernedRows ? static_cast<double>(bytes) : 0.0);
+  }
+  static constexpr int32_t kGovernedRows = 16;
+
+  cpu::ThreadGovernor governor_;
   bool batch_invariant_;
   KvGeometry geom_;
   uint16_t* kv_ = nullptr;

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "core/util/status.h"
 #include "cpu/dnnl_matmul.h"
@@ -103,13 +104,20 @@ void run_decode(const detail::IsaImpl& impl, const WeightView& w, const float* x
                 MatmulScratch::Impl& s);
 void run_prefill(const detail::IsaImpl& impl, const WeightView& w, const float* x, int64_t M, float* y,
                  MatmulScratch::Impl& s);
+int64_t decode_chunk_rows(int64_t N, int nt);
 
 }  // namespace
 
 // ---------------------------------------------------------------- MatmulScratch
 
+struct DecodeChunk {
+  int32_t weight;
+  int64_t n0, n1;
+};
+
 struct MatmulScratch::Impl {
   AlignedBuffer act;    // prepared activations (decode)
+  std::vector<DecodeChunk> chunks;  // matmul_group's work list
   AlignedBuffer wtile;  // dequantized weight tile (prefill)
   AlignedBuffer xconv;  // activations converted to bf16 (prefill / dpbf16)
   dnnl_mm::StreamHolder stream;
@@ -153,17 +161,71 @@ void run_decode(const detail::IsaImpl& impl, const WeightView& w, const float* x
     kernel(c, 0, N);
     return;
   }
-  // Rows in chunks (multiples of 8 rows), several per thread, handed out
-  // dynamically so that a thread slowed down by another process does not
-  // hold up the call.
-  const int64_t chunks_wanted = static_cast<int64_t>(nt) * 4;
-  int64_t chunk = (N + chunks_wanted - 1) / chunks_wanted;
-  chunk = std::max<int64_t>(8, (chunk + 7) & ~int64_t{7});
+  const int64_t chunk = decode_chunk_rows(N, nt);
   const int64_t n_chunks = (N + chunk - 1) / chunk;
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
   for (int64_t i = 0; i < n_chunks; ++i) {
     const int64_t n0 = i * chunk;
     kernel(c, n0, std::min(N, n0 + chunk));
+  }
+}
+
+// Rows per work item for a decode call on nt threads: several items per
+// thread (multiples of 8 rows), handed out dynamically so that a thread
+// slowed down by another process does not hold up the call.
+int64_t decode_chunk_rows(int64_t N, int nt) {
+  const int64_t chunks_wanted = static_cast<int64_t>(nt) * 4;
+  const int64_t chunk = (N + chunks_wanted - 1) / chunks_wanted;
+  return std::max<int64_t>(8, (chunk + 7) & ~int64_t{7});
+}
+
+void run_decode_group(const WeightView* w, float* const* y, int n, const float* x, int64_t M,
+                      MatmulScratch::Impl& s) {
+  const int64_t K = w[0].cols;
+  const detail::IsaImpl* impls[kMaxGroup];
+  size_t act_off[kMaxGroup], arb[kMaxGroup];
+  size_t act_bytes = 0, total_weight_bytes = 0;
+  for (int i = 0; i < n; ++i) {
+    impls[i] = &isa_impl(active_isa(), w[i].type);
+    arb[i] = impls[i]->act_row_bytes(w[i].type, K);
+    act_off[i] = act_bytes;
+    for (int j = 0; j < i; ++j) {  // same kernels, same format: share the rows
+      if (impls[j] == impls[i] && w[j].type == w[i].type) {
+        act_off[i] = act_off[j];
+        break;
+      }
+    }
+    if (act_off[i] == act_bytes) act_bytes += (arb[i] * static_cast<size_t>(M) + 63) & ~size_t{63};
+    total_weight_bytes += detail::weight_row_bytes(w[i].type, K) * static_cast<size_t>(w[i].rows);
+  }
+  uint8_t* act = act_bytes ? static_cast<uint8_t*>(s.act.get(act_bytes)) : nullptr;
+  detail::DecodeCtx ctx[kMaxGroup];
+  detail::DecodeKernel kernels[kMaxGroup];
+  for (int i = 0; i < n; ++i) {
+    uint8_t* a = arb[i] ? act + act_off[i] : nullptr;
+    bool prepared = false;
+    for (int j = 0; j < i; ++j) prepared = prepared || (arb[j] && act_off[j] == act_off[i]);
+    if (a && !prepared) impls[i]->prepare_acts(w[i].type, x, M, K, a);
+    ctx[i] = detail::DecodeCtx{w[i].type, static_cast<const uint8_t*>(w[i].data),
+                               detail::weight_row_bytes(w[i].type, K), K, M, x, a, arb[i], y[i], w[i].rows};
+    kernels[i] = impls[i]->kernel(w[i].type);
+  }
+  const int nt = decode_threads(total_weight_bytes, M);
+  if (nt <= 1) {
+    for (int i = 0; i < n; ++i) kernels[i](ctx[i], 0, w[i].rows);
+    return;
+  }
+  std::vector<DecodeChunk>& chunks = s.chunks;
+  chunks.clear();
+  for (int i = 0; i < n; ++i) {
+    const int64_t chunk = decode_chunk_rows(w[i].rows, nt);
+    for (int64_t n0 = 0; n0 < w[i].rows; n0 += chunk) chunks.push_back({i, n0, std::min(w[i].rows, n0 + chunk)});
+  }
+  const int64_t n_chunks = static_cast<int64_t>(chunks.size());
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    const DecodeChunk& ch = chunks[static_cast<size_t>(c)];
+    kernels[ch.weight](ctx[ch.weight], ch.n0, ch.n1);
   }
 }
 
@@ -245,6 +307,30 @@ void matmul(const WeightView& w, const float* x, int64_t M, float* y, MatmulScra
     run_decode(impl, w, x, M, y, scratch.impl());
   else
     run_prefill(impl, w, x, M, y, scratch.impl());
+}
+
+void matmul_group(const WeightView* w, float* const* y, int n, const float* x, int64_t M, MatmulScratch& scratch,
+                  MatmulPath path) {
+  if (n < 1 || n > kMaxGroup || !w || !y)
+    fail(StatusCode::kInvalidArgument, "matmul_group: 1 to " + std::to_string(kMaxGroup) + " weights");
+  for (int i = 0; i < n; ++i) {
+    check_weight(w[i], "matmul_group");
+    if (w[i].cols != w[0].cols) fail(StatusCode::kInvalidArgument, "matmul_group: the weights' K differ");
+  }
+  if (M < 0) fail(StatusCode::kInvalidArgument, "matmul_group: negative M");
+  if (M == 0) return;
+  if (!x) fail(StatusCode::kInvalidArgument, "matmul_group: null x");
+  bool decode = n > 1;
+  for (int i = 0; i < n; ++i) {
+    if (!y[i]) fail(StatusCode::kInvalidArgument, "matmul_group: null y");
+    decode = decode && w[i].rows > 0 &&
+             (path == MatmulPath::kRowInvariant || (path == MatmulPath::kAuto && M <= decode_max_m(w[i].type)));
+  }
+  if (!decode) {
+    for (int i = 0; i < n; ++i) matmul(w[i], x, M, y[i], scratch, path);
+    return;
+  }
+  run_decode_group(w, y, n, x, M, scratch.impl());
 }
 
 void dequantize_rows(const WeightView& w, int64_t row_begin, int64_t n_rows, float* out) {

@@ -76,6 +76,16 @@ enum class MatmulPath : int {
 void matmul(const WeightView& w, const float* x, int64_t M, float* y, MatmulScratch& scratch,
             MatmulPath path = MatmulPath::kAuto);
 
+// y[i][M, N_i] = x[M, K] · W_i^T for n weights that read the same x (Q, K
+// and V; gate and up): when every W_i takes the decode path, their rows are
+// one pool of chunks run in one parallel region (one fork/join instead of
+// n), the activations prepared once per weight format. Every row is computed
+// exactly as matmul() computes it. All W_i must have the same K; y[i] must
+// not alias x or each other. 1 <= n <= kMaxGroup.
+constexpr int kMaxGroup = 4;
+void matmul_group(const WeightView* w, float* const* y, int n, const float* x, int64_t M, MatmulScratch& scratch,
+                  MatmulPath path = MatmulPath::kAuto);
+
 // Dequantize rows [row_begin, row_begin + n_rows) of W to f32:
 // out[(r - row_begin) * K + k]. Used for embedding lookups. Single-threaded.
 void dequantize_rows(const WeightView& w, int64_t row_begin, int64_t n_rows, float* out);

@@ -138,6 +138,13 @@ class Backend {
   // tokens of different sequences: the backend must compute each row exactly
   // as it would for M = 1 (so batching never changes a sequence's output).
   virtual void matmul(const DeviceWeight& w, const float* x, int32_t M, float* y, bool rows_are_decodes) = 0;
+  // y[i] = x . W_i^T for n (<= 4) weights with the same K that read the same
+  // x (Q/K/V, gate/up), each exactly as matmul() computes it; a backend may
+  // run them as one pass (the CPU: one parallel region instead of n).
+  virtual void matmul_group(const DeviceWeight* const* w, float* const* y, int32_t n, const float* x, int32_t M,
+                            bool rows_are_decodes) {
+    for (int32_t i = 0; i < n; ++i) matmul(*w[i], x, M, y[i], rows_are_decodes);
+  }
   // Rotates the first `rot_dim` dims of each head in place; GGUF "llama"
   // layout (pairs of adjacent elements). positions: host, one per row.
   virtual void rope(float* x, const int32_t* positions, int32_t rows, int32_t num_heads, int32_t head_dim,

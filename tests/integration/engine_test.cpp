@@ -2,11 +2,13 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstring>
 #include <stdexcept>
 #include <thread>
 
 #include "core/engine/engine.h"
 #include "core/tokenizer/tokenizer.h"
+#include "cpu/thread_governor.h"
 #include "model_path.h"
 
 namespace ember {
@@ -120,6 +122,41 @@ TEST(Engine, BatchedEqualsIsolated) {
     EXPECT_EQ(r.tokens, alone[i].tokens) << "prompt " << i;
   }
   EXPECT_GT((*engine)->scheduler_stats().steps, 0u);
+}
+
+// The default engine picks its thread count as it goes (cpu/thread_governor.h);
+// a stream's tokens and every logit must not depend on it. With the test
+// rotation every matmul call runs on the next count (2, 1, 2, ...), against a
+// fixed single thread.
+TEST(Engine, ResultsDoNotDependOnTheThreadCount) {
+  EMBER_REQUIRE_MODEL();
+  struct Run {
+    std::vector<int32_t> tokens;
+    std::vector<float> logits;
+  };
+  auto run = [](int threads, bool rotate) {
+    cpu::ThreadGovernor::set_test_rotate(rotate);
+    EngineParams ep;
+    ep.n_threads = threads;
+    auto engine = Engine::create(shared_model(), ep);
+    Run r;
+    auto s = std::make_shared<Session>(engine, 0, "");
+    s->add_text("Three facts about the ocean:", false);
+    StreamParams p = greedy(24);
+    p.ignore_eos = true;
+    r.tokens = drain(s->start(p)).tokens;
+    const std::vector<int32_t> ids = (*engine)->model().tokenizer().encode("Water boils at one hundred degrees", false, false);
+    const size_t vocab = static_cast<size_t>((*engine)->model().config().n_vocab);
+    std::vector<float> logprobs(ids.size() - 1);
+    r.logits.resize(ids.size() * vocab);
+    (*engine)->score(ids.data(), ids.size(), logprobs.data(), r.logits.data());
+    cpu::ThreadGovernor::set_test_rotate(false);
+    return r;
+  };
+  const Run one = run(1, false), rotating = run(2, true);
+  EXPECT_EQ(one.tokens, rotating.tokens);
+  ASSERT_EQ(one.logits.size(), rotating.logits.size());
+  EXPECT_EQ(std::memcmp(one.logits.data(), rotating.logits.data(), one.logits.size() * sizeof(float)), 0);
 }
 
 TEST(Engine, ScoreMatchesGreedyChoice) {

@@ -9,6 +9,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -107,7 +108,20 @@ std::vector<uint8_t> make_weight(DType t, int64_t N, int64_t K, uint32_t seed) {
           std::memcpy(p, &f, 4);
         }
         break;
-      default: ADD_FAILURE() << "no generator for type";
+      default: {  // Q5_0, Q5_1, K-quants: random bits, f16 scales of a realistic size
+        const size_t bytes = row_bytes(t, K), bs = type_traits(t)->type_size;
+        for (size_t i = 0; i < bytes; ++i) p[i] = static_cast<uint8_t>(byte(rng));
+        const size_t d_at = t == DType::Q6_K ? offsetof(BlockQ6_K, d) : 0;
+        const bool has_min = t == DType::Q5_1 || t == DType::Q4_K || t == DType::Q5_K;
+        if (t != DType::Q5_0 && t != DType::Q5_1 && t != DType::Q4_K && t != DType::Q5_K && t != DType::Q6_K)
+          ADD_FAILURE() << "no generator for type";
+        for (size_t off = 0; off < bytes; off += bs) {
+          const uint16_t d = f16(scale(rng) / 8.f), m = f16(scale(rng) / 8.f);
+          std::memcpy(p + off + d_at, &d, 2);
+          if (has_min) std::memcpy(p + off + 2, &m, 2);
+        }
+        p += bytes;
+      }
     }
   }
   return out;
@@ -480,6 +494,61 @@ TEST(Matmul, QuantizedKernelsAreBitIdenticalToTheReferenceOrder) {
       }
     }
   }
+}
+
+// matmul_group computes each weight's rows exactly as matmul() does, for
+// every ISA, mixed formats (shared and separate activation rows), any M on
+// the row-invariant path, and 1 or 2 threads.
+TEST(Matmul, GroupEqualsSeparateCallsBitForBit) {
+  KnobGuard guard;
+  const int64_t K = 512;
+  const std::vector<std::vector<std::pair<DType, int64_t>>> groups = {
+      {{DType::Q4_1, 67}, {DType::Q4_1, 19}, {DType::Q4_1, 19}},
+      {{DType::Q4_K, 40}, {DType::Q4_K, 16}, {DType::Q6_K, 16}},
+      {{DType::Q8_0, 33}, {DType::F16, 9}},
+      {{DType::F32, 24}, {DType::BF16, 8}, {DType::Q4_0, 70}, {DType::Q5_1, 5}},
+  };
+  for (Isa isa : kIsas) {
+    if (!isa_supported(isa)) continue;
+    force_isa(isa);
+    for (size_t g = 0; g < groups.size(); ++g) {
+      std::vector<std::vector<uint8_t>> ws;
+      std::vector<WeightView> views;
+      for (const auto& [t, N] : groups[g]) {
+        ws.push_back(make_weight(t, N, K, static_cast<uint32_t>(7 + ws.size())));
+        views.push_back(WeightView{t, N, K, ws.back().data()});
+      }
+      for (int64_t M : {1, 3, 16, 40}) {
+        const auto x = make_x(M, K, static_cast<uint32_t>(M));
+        for (int th : {1, 2}) {
+          omp_set_num_threads(th);
+          MatmulScratch scratch;
+          std::vector<std::vector<float>> sep, grp;
+          std::vector<float*> ys;
+          for (const auto& v : views) {
+            sep.emplace_back(static_cast<size_t>(M * v.rows));
+            grp.emplace_back(static_cast<size_t>(M * v.rows), -1.0f);
+            matmul(v, x.data(), M, sep.back().data(), scratch, MatmulPath::kRowInvariant);
+          }
+          for (auto& y : grp) ys.push_back(y.data());
+          matmul_group(views.data(), ys.data(), static_cast<int>(views.size()), x.data(), M, scratch,
+                       MatmulPath::kRowInvariant);
+          for (size_t i = 0; i < views.size(); ++i)
+            ASSERT_EQ(std::memcmp(sep[i].data(), grp[i].data(), sep[i].size() * 4), 0)
+                << isa_to_string(isa) << " group " << g << " weight " << i << " M=" << M << " threads=" << th;
+        }
+      }
+    }
+  }
+  const auto w = make_weight(DType::Q4_0, 8, K, 1);
+  const auto w2 = make_weight(DType::Q4_0, 8, 2 * K, 1);
+  const WeightView bad[2] = {{DType::Q4_0, 8, K, w.data()}, {DType::Q4_0, 8, 2 * K, w2.data()}};
+  std::vector<float> x(2 * K), y0(8), y1(8);
+  float* ys[2] = {y0.data(), y1.data()};
+  MatmulScratch scratch;
+  EXPECT_THROW(matmul_group(bad, ys, 2, x.data(), 1, scratch), Error);  // K differs
+  EXPECT_THROW(matmul_group(bad, ys, 0, x.data(), 1, scratch), Error);
+  EXPECT_THROW(matmul_group(bad, ys, kMaxGroup + 1, x.data(), 1, scratch), Error);
 }
 
 TEST(Matmul, ConcurrentCallersWithOwnScratch) {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
+#include <utility>
 
 #include "core/model/arch/registry.h"
 #include "core/util/status.h"
@@ -172,6 +174,19 @@ void LlamaForward::forward_layers(const Batch& batch, float* logits, int32_t n_l
       backend_.matmul(w, in + seg.first * in_dim, seg.rows, out + seg.first * out_dim, seg.decodes);
     }
   };
+  // Weights that read the same input, as one backend call per segment.
+  auto matmul_group = [&](std::initializer_list<std::pair<const DeviceWeight*, float*>> group, const float* in) {
+    const DeviceWeight* ws[3];
+    float* ys[3];
+    int32_t g = 0;
+    for (const auto& [w, out] : group) ws[g] = w, ys[g++] = out;
+    const int64_t in_dim = ws[0]->desc.cols;
+    for (const auto& seg : segments) {
+      float* outs[3];
+      for (int32_t i = 0; i < g; ++i) outs[i] = ys[i] + seg.first * ws[i]->desc.rows;
+      backend_.matmul_group(ws, outs, g, in + seg.first * in_dim, seg.rows, seg.decodes);
+    }
+  };
 
   const size_t n_embd_all = static_cast<size_t>(n) * c.n_embd;
   backend_.embed(*token_embd_, batch.tokens.data(), n, x_);
@@ -180,9 +195,7 @@ void LlamaForward::forward_layers(const Batch& batch, float* logits, int32_t n_l
     const auto& w = layers_[il];
     const bool swa = c.layer_is_swa(il);
     backend_.rms_norm(x_, *w.attn_norm, n, c.n_embd, c.rms_eps, h_);
-    matmul(*w.wq, h_, q_);
-    matmul(*w.wk, h_, k_);
-    matmul(*w.wv, h_, v_);
+    matmul_group({{w.wq.get(), q_}, {w.wk.get(), k_}, {w.wv.get(), v_}}, h_);
     if (w.bq) {
       backend_.add_bias(q_, *w.bq, n, c.n_heads * c.head_dim);
       backend_.add_bias(k_, *w.bk, n, c.n_kv_heads * c.head_dim);
@@ -210,8 +223,7 @@ void LlamaForward::forward_layers(const Batch& batch, float* logits, int32_t n_l
     if (w.post_attn_norm) backend_.rms_norm(h_, *w.post_attn_norm, n, c.n_embd, c.rms_eps, h_);
     backend_.add(x_, h_, n_embd_all);
     backend_.rms_norm(x_, *w.ffn_norm, n, c.n_embd, c.rms_eps, h_);
-    matmul(*w.w_gate, h_, gate_);
-    matmul(*w.w_up, h_, up_);
+    matmul_group({{w.w_gate.get(), gate_}, {w.w_up.get(), up_}}, h_);
     if (c.ffn_act == FfnActivation::kGelu) {
       backend_.geglu(gate_, up_, static_cast<size_t>(n) * c.n_ff, gate_);
     } else {
