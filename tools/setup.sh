@@ -5,8 +5,25 @@
 # Google Benchmark, ccache; clang with libFuzzer and OpenMP (tools/fuzz.sh);
 # qemu-user (the pre-AVX2 CPU test, label isa); the bindings' toolchains (SWIG,
 # JDK, mono, Go). Safe to run again: it only installs what is missing.
+#
+#   bash tools/setup.sh [--reference]
+#
+# --reference: afterwards also builds the llama.cpp reference environment
+# (tools/setup_reference.sh: llama-cpp-python from source in a venv at
+# $EMBER_HOME/refvenv, ~15 min on 2 cores the first time) that
+# tools/ref_llamacpp.py and tools/bench_vs_llamacpp.py run under. Not needed
+# for the build or the tests.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+
+reference=0
+for arg in "$@"; do
+  case "$arg" in
+    --reference) reference=1 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "setup: unknown argument '$arg' (usage: bash tools/setup.sh [--reference])" >&2; exit 2 ;;
+  esac
+done
 
 packages=(build-essential cmake ninja-build pkg-config libdnnl-dev libgtest-dev googletest
           libbenchmark-dev ccache python3 python3-venv unzip
@@ -29,3 +46,7 @@ fi
 
 bash "$here/fetch_model.sh" >/dev/null
 bash "$here/fetch_model.sh" gemma3 >/dev/null
+
+if ((reference)); then
+  bash "$here/setup_reference.sh"
+fi

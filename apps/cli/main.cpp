@@ -4,7 +4,7 @@
 //   ember perplexity [-m MODEL] -f FILE [--ctx C] [--max-tokens N]
 //   ember perplexity [-m MODEL] -f FILE --stream --cache full|window:W|sink:S:W|recompute:W
 //                    [--max-tokens N] [--series FILE.csv] [--stride K] [--logprobs FILE.csv] [--chunk K]
-//   ember bench [-m MODEL] [-p 512] [-n 128] [-t THREADS] [-r REPS] [--json]
+//   ember bench [-m MODEL] [-p 512] [-n 128] [-t THREADS] [-r REPS] [--json] [--token-times]
 //   ember bench --sessions K [-p P] [-n N] [-t THREADS] [--json]
 //   ember bench --prefix-cache N [-t THREADS] [-r REPS]
 //   ember tokenize [-m MODEL] (-p TEXT | -f FILE) [--special]
@@ -919,14 +919,55 @@ int bench_spec(const Args& a, int n_gen, int threads, int reps) {
   return identical ? 0 : 1;
 }
 
+double monotonic_s() {  // steady_clock is CLOCK_MONOTONIC on Linux: Python's time.monotonic()
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// bench --token-times: the arrival time of every decoded token, taken on the
+// engine's worker thread in the stream callback (an event that covers k
+// tokens, e.g. when a UTF-8 character spans tokens, gives the k tokens its
+// time). The first token arrives when the prefill ends: that is the decode
+// start. A line on stderr marks each repetition's decode start and end, so a
+// driver (tools/bench_vs_llamacpp.py --busy-core) can act during the decode.
+struct TokenTimes {
+  int rep = 0;
+  std::vector<double> times;  // monotonic seconds, one per token
+};
+
+int32_t record_token_time(const ember_event* ev, void* user) {
+  if (ev->type != EMBER_EVENT_TEXT) return 0;
+  auto* tt = static_cast<TokenTimes*>(user);
+  const double now = monotonic_s();
+  if (tt->times.empty()) std::fprintf(stderr, "ember bench: rep %d decode start %.6f\n", tt->rep, now);
+  tt->times.insert(tt->times.end(), ev->n_tokens, now);
+  return 0;
+}
+
+ember_stream_stats_t run_token_times(ember_session* session, const ember_stream_params& sp, TokenTimes& tt) {
+  ember_stream* stream = nullptr;
+  check(ember_stream_start(session, &sp, &stream), "starting generation");
+  ember_status st = ember_stream_set_callback(stream, record_token_time, &tt);
+  if (st == EMBER_OK) st = ember_stream_wait(stream);
+  ember_stream_stats_t stats = empty_stats();
+  if (st == EMBER_OK) st = ember_stream_stats(stream, &stats);
+  ember_stream_destroy(stream);
+  check(st, "generating");
+  if (!tt.times.empty())
+    std::fprintf(stderr, "ember bench: rep %d decode end %.6f tokens %zu\n", tt.rep, tt.times.back(), tt.times.size());
+  return stats;
+}
+
 int cmd_bench(int argc, char** argv) {
   Args a(argc, argv, 2,
          with({"-m", "-p", "-n", "-t", "-r", "--sessions", "--prefix-cache", "--prompt-file", "--prompt"}, kSpecOpts),
-         {"--json", "--chat"});
+         {"--json", "--chat", "--token-times"});
   const int n_prompt = static_cast<int>(a.integer("-p", 512, 1, 1 << 20));
   const int n_gen = static_cast<int>(a.integer("-n", 128, 1, 1 << 20));
   const int threads = static_cast<int>(a.integer("-t", 0, 0, 1024));
   const int reps = static_cast<int>(a.integer("-r", 3, 1, 100));
+  const bool token_times = a.has("--token-times");
+  if (token_times && (a.has("--spec") || a.has("--prefix-cache") || a.has("--sessions")))
+    throw CliError("--token-times is for the plain bench (not --spec, --prefix-cache or --sessions)");
   if (a.has("--spec")) return bench_spec(a, n_gen, threads, reps);
   if (a.has("--prefix-cache")) {
     return bench_prefix(a, static_cast<int>(a.integer("--prefix-cache", 1000, 16, 1 << 16)), threads, reps);
@@ -939,6 +980,8 @@ int cmd_bench(int argc, char** argv) {
   const ember_model_info_t info = model_info(h.model);
   std::mt19937 rng(1234);
   std::vector<double> pp, tg;
+  // --token-times: the last repetition's token arrival times.
+  TokenTimes last;
   for (int r = 0; r < reps + 1; ++r) {  // first repetition warms up
     std::vector<int32_t> prompt(static_cast<size_t>(n_prompt));
     for (auto& t : prompt) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(info.vocab_size));
@@ -949,8 +992,11 @@ int cmd_bench(int argc, char** argv) {
     sp.temperature = 0;
     sp.max_tokens = n_gen;
     sp.ignore_eos = 1;
-    const ember_stream_stats_t st = run_to_end(h.session, sp);
+    TokenTimes tt;
+    tt.rep = r;
+    const ember_stream_stats_t st = token_times ? run_token_times(h.session, sp, tt) : run_to_end(h.session, sp);
     if (r == 0) continue;
+    last = std::move(tt);
     pp.push_back(st.prefill_tokens_per_second);
     tg.push_back(st.tokens_per_second);
   }
@@ -967,8 +1013,16 @@ int cmd_bench(int argc, char** argv) {
   if (a.has("--json")) {
     std::printf(
         "{\"model\": \"%s\", \"n_prompt\": %d, \"n_gen\": %d, \"threads\": %d, \"prefill_tokens_per_second\": %.2f, "
-        "\"prefill_stddev\": %.2f, \"decode_tokens_per_second\": %.2f, \"decode_stddev\": %.2f, \"repetitions\": %d}\n",
+        "\"prefill_stddev\": %.2f, \"decode_tokens_per_second\": %.2f, \"decode_stddev\": %.2f, \"repetitions\": %d",
         info.name, n_prompt, n_gen, threads, mean(pp), sd(pp), mean(tg), sd(tg), reps);
+    if (token_times) {
+      // Seconds since the decode start (the first token) of the last repetition.
+      const double t0 = last.times.empty() ? 0.0 : last.times.front();
+      std::printf(", \"decode_start_monotonic_s\": %.6f, \"token_times_s\": [", t0);
+      for (size_t i = 0; i < last.times.size(); ++i) std::printf("%s%.6f", i ? ", " : "", last.times[i] - t0);
+      std::printf("]");
+    }
+    std::printf("}\n");
   } else {
     std::printf("model: %s (%llu params)\n", info.name, static_cast<unsigned long long>(info.n_params));
     std::printf("%-12s %12s %10s\n", "test", "tokens/s", "stddev");
@@ -990,6 +1044,7 @@ void usage() {
       "  perplexity [-m MODEL] -f FILE --stream --cache full|window:W|sink:S:W|recompute:W\n"
       "             [--max-tokens N] [--series FILE.csv] [--stride K] [--logprobs FILE.csv] [--chunk K]\n"
       "  bench      [-m MODEL] [-p 512] [-n 128] [-t THREADS] [-r REPS] [--sessions K] [--prefix-cache N] [--json]\n"
+      "             [--token-times]   # with --json: the last repetition's per-token decode times\n"
       "  bench      [-m MODEL] --spec ngram|self[:L]|draft:PATH (--prompt-file F | --prompt TEXT) [--chat] [-n N]\n"
       "             [-t THREADS] [-r REPS] [--spec-nodes N] [--spec-depth D] [--spec-threshold P] [--json]\n"
       "  tokenize   [-m MODEL] (-p TEXT | -f FILE) [--special]\n"
