@@ -40,7 +40,7 @@ struct AttendArgs {
   bool vec_order;  // the one-token decode order (else the batched "tile" order)
   float scale;
   float* scores;  // scratch: (num_heads / num_kv_heads) * round_up(kv_len, 32) floats
-  float* acc;     // scratch: 32 * head_dim floats
+  float* acc;     // scratch: (num_heads / num_kv_heads) * 32 * head_dim floats
   float* out;     // [rows][num_heads][head_dim]
 };
 

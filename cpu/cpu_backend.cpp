@@ -472,7 +472,8 @@ class CpuBackend final : public Backend {
     const int32_t n_pad = (kv_len + 31) & ~31;
     thread_local std::vector<float> sc, acc;
     if (sc.size() < static_cast<size_t>(group) * n_pad) sc.resize(static_cast<size_t>(group) * n_pad);
-    if (acc.size() < static_cast<size_t>(32) * p.head_dim) acc.resize(static_cast<size_t>(32) * p.head_dim);
+    const size_t acc_need = static_cast<size_t>(group) * 32 * p.head_dim;
+    if (acc.size() < acc_need) acc.resize(acc_need);
     cpu::detail::AttendArgs a;
     a.k_base = block_ptr(layer, 0, 0);
     a.v_base = block_ptr(layer, 1, 0);
