@@ -52,7 +52,29 @@ const uint16_t* gelu_f16_table() {
   return table.data();
 }
 
-class CpuWeight final : public DeviceWeight {};
+// A weight read in place from the model's mapping, plus (made on its first
+// matmul, so an embedding table never gets one) the packed copy the active
+// kernels stream faster (cpu::packed_bytes; declined quietly when memory is
+// short).
+class CpuWeight final : public DeviceWeight {
+ public:
+  ~CpuWeight() override { std::free(packed_); }
+  const void* packed() {
+    if (pack_tried_) return packed_;
+    pack_tried_ = true;
+    const size_t bytes = cpu::packed_bytes(desc.type, desc.rows, desc.cols);
+    if (bytes == 0 || testing::inject_alloc_failure(testing::AllocSite::kBackendWeight)) return nullptr;
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!p) return nullptr;
+    cpu::pack_weight(cpu::WeightView{desc.type, desc.rows, desc.cols, desc.host_data}, p);
+    packed_ = p;
+    return packed_;
+  }
+
+ private:
+  void* packed_ = nullptr;
+  bool pack_tried_ = false;
+};
 
 // Attention limits (per-thread stack state of the kernel).
 using cpu::detail::kAttnMaxGroup;  // query heads per kv head
@@ -251,8 +273,8 @@ class CpuBackend final : public Backend {
     cpu::WeightView views[cpu::kMaxGroup];
     size_t bytes = 0;
     for (int32_t i = 0; i < n; ++i) {
+      views[i] = view_of(*w[i]);
       const auto& d = w[i]->desc;
-      views[i] = cpu::WeightView{d.type, d.rows, d.cols, d.host_data};
       bytes += weight_bytes(d);
     }
     omp_set_num_threads(threads());
@@ -269,7 +291,7 @@ class CpuBackend final : public Backend {
 
   void matmul_locked(const DeviceWeight& w, const float* x, int32_t M, float* y, bool rows_are_decodes) {
     const auto& d = w.desc;
-    cpu::WeightView view{d.type, d.rows, d.cols, d.host_data};
+    const cpu::WeightView view = view_of(w);
     omp_set_num_threads(threads());
     if (batch_invariant_) {
       // Ember's kernels for every M: a row's result never depends on what it
@@ -502,6 +524,12 @@ class CpuBackend final : public Backend {
   }
 
   int threads() const { return governor_.threads(); }
+  // Weights come from upload_weight (CpuWeight); packing needs scratch_mutex_.
+  static cpu::WeightView view_of(const DeviceWeight& w) {
+    const auto& d = w.desc;
+    const void* packed = const_cast<CpuWeight&>(static_cast<const CpuWeight&>(w)).packed();
+    return cpu::WeightView{d.type, d.rows, d.cols, d.host_data, packed};
+  }
   static size_t weight_bytes(const WeightDesc& d) { return static_cast<size_t>(d.rows) * row_bytes(d.type, d.cols); }
   // Decode-sized calls (weights streamed once for a few rows) teach the
   // governor how fast the current thread count is; larger ones are not

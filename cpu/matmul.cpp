@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -90,6 +91,21 @@ void check_weight(const WeightView& w, const char* what) {
   if (!w.data && w.rows > 0) fail(StatusCode::kInvalidArgument, std::string(what) + ": null weight data");
 }
 
+// Points the kernel at the packed rows when it reads them.
+void use_packed(const detail::IsaImpl& impl, const WeightView& w, detail::DecodeCtx& c) {
+  if (!w.packed || !impl.reads_packed || !detail::packable(w.type)) return;
+  c.packed = static_cast<const uint8_t*>(w.packed);
+  c.packed_row_bytes = detail::packed_row_bytes(w.type, w.cols);
+}
+
+bool repack_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("EMBER_CPU_REPACK");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
+
 // Threads worth waking for a decode call that streams `bytes` of weights.
 int decode_threads(size_t bytes, int64_t M) {
   const int max_t = omp_get_max_threads();
@@ -153,8 +169,9 @@ void run_decode(const detail::IsaImpl& impl, const WeightView& w, const float* x
     act = static_cast<uint8_t*>(s.act.get(arb * static_cast<size_t>(M)));
     impl.prepare_acts(w.type, x, M, K, act);
   }
-  const detail::DecodeCtx c{
+  detail::DecodeCtx c{
       w.type, static_cast<const uint8_t*>(w.data), detail::weight_row_bytes(w.type, K), K, M, x, act, arb, y, N};
+  use_packed(impl, w, c);
   const detail::DecodeKernel kernel = impl.kernel(w.type);
   const int nt = decode_threads(c.w_row_bytes * static_cast<size_t>(N), M);
   if (nt <= 1) {
@@ -208,6 +225,7 @@ void run_decode_group(const WeightView* w, float* const* y, int n, const float* 
     if (a && !prepared) impls[i]->prepare_acts(w[i].type, x, M, K, a);
     ctx[i] = detail::DecodeCtx{w[i].type, static_cast<const uint8_t*>(w[i].data),
                                detail::weight_row_bytes(w[i].type, K), K, M, x, a, arb[i], y[i], w[i].rows};
+    use_packed(*impls[i], w[i], ctx[i]);
     kernels[i] = impls[i]->kernel(w[i].type);
   }
   const int nt = decode_threads(total_weight_bytes, M);
@@ -331,6 +349,43 @@ void matmul_group(const WeightView* w, float* const* y, int n, const float* x, i
     return;
   }
   run_decode_group(w, y, n, x, M, scratch.impl());
+}
+
+size_t packed_bytes(DType type, int64_t rows, int64_t cols) {
+  if (!detail::packable(type) || rows <= 0 || cols <= 0 || cols % detail::kQK != 0 || !repack_enabled()) return 0;
+  if (active_isa() != Isa::kAvx512Vnni) return 0;
+  return detail::packed_row_bytes(type, cols) * static_cast<size_t>(rows);
+}
+
+void pack_weight(const WeightView& w, void* out) {
+  check_weight(w, "pack_weight");
+  if (!detail::packable(w.type)) fail(StatusCode::kInvalidArgument, "pack_weight: not a packable type");
+  if (!out) fail(StatusCode::kInvalidArgument, "pack_weight: null output");
+  const int64_t K = w.cols, nb = K / detail::kQK, nq = detail::packed_quads(K);
+  const size_t prb = detail::packed_row_bytes(w.type, K), rb = detail::weight_row_bytes(w.type, K);
+  const size_t qs_bytes = detail::packed_quant_bytes(w.type), sc_bytes = detail::packed_scale_bytes(w.type);
+  const size_t blk = rb / static_cast<size_t>(nb);
+  // Where a block keeps its scales and quants (BlockQ4_0 / BlockQ4_1 / BlockQ8_0).
+  const size_t n_scales = w.type == DType::Q4_1 ? 2 : 1, q_off = 2 * n_scales, q_len = blk - q_off;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < w.rows; ++r) {
+    const uint8_t* src = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r) * rb;
+    uint8_t* dst = static_cast<uint8_t*>(out) + static_cast<size_t>(r) * prb;
+    std::memset(dst, 0, prb);  // padding blocks: zero quants and scales
+    uint8_t* sc = dst + static_cast<size_t>(nq) * qs_bytes;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* bp = src + static_cast<size_t>(b) * blk;
+      const int64_t q = b / 4, j = b % 4;
+      uint8_t* qd = dst + static_cast<size_t>(q) * qs_bytes;
+      if (q_len == 16) {
+        std::memcpy(qd + j * 16, bp + q_off, 16);
+      } else {  // Q8_0: bytes 0..15 with the quad's lo, 16..31 with its hi
+        std::memcpy(qd + j * 16, bp + q_off, 16);
+        std::memcpy(qd + 64 + j * 16, bp + q_off + 16, 16);
+      }
+      std::memcpy(sc + static_cast<size_t>(q) * sc_bytes + static_cast<size_t>(j) * 2 * n_scales, bp, 2 * n_scales);
+    }
+  }
 }
 
 void dequantize_rows(const WeightView& w, int64_t row_begin, int64_t n_rows, float* out) {

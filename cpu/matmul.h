@@ -37,6 +37,9 @@ struct WeightView {
   int64_t rows;  // N (output features)
   int64_t cols;  // K (input features); a multiple of the block size (32; 256 for K-quants)
   const void* data;
+  // Optional: the rows packed by pack_weight() (kernels that read them do;
+  // the others, and dequantize_rows, use data). Same results either way.
+  const void* packed = nullptr;
 };
 
 // Reusable per-caller buffers (quantized activations, dequantized weight
@@ -60,6 +63,14 @@ class MatmulScratch {
  private:
   std::unique_ptr<Impl> impl_;
 };
+
+// Bytes of a packed copy of a weight that the active kernels stream faster
+// (Q4_0/Q4_1/Q8_0 on AVX-512 VNNI CPUs: four blocks' quants in one 64-byte
+// load, their scales together; about the weight's own size), or 0 when they
+// read the GGUF layout as fast (other types, other CPUs, EMBER_CPU_REPACK=0).
+size_t packed_bytes(DType type, int64_t rows, int64_t cols);
+// Writes that copy of w's rows to out (packed_bytes() bytes, 64-byte aligned).
+void pack_weight(const WeightView& w, void* out);
 
 // True for the weight types matmul() and dequantize_rows() accept.
 bool matmul_supports(DType type);

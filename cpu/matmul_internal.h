@@ -83,6 +83,22 @@ inline size_t weight_row_bytes(DType t, int64_t K) {
 
 }  // namespace
 
+// Q4_0 / Q4_1 / Q8_0 rows packed for the AVX-512 kernels (pack_weight): per
+// row, the quants of every quad of four blocks (Q4: the four blocks' 16
+// quant bytes, 64 bytes; Q8_0: their bytes 0..15, then 16..31, 128 bytes),
+// then the quads' scales (Q4_0 / Q8_0: d0..d3; Q4_1: d0 m0 .. d3 m3; f16),
+// a last partial quad padded with zero blocks, rows 64-byte aligned. The
+// kernel's registers get the same values in the same lanes as from the GGUF
+// layout, without its gathers: results are identical to the bit.
+inline constexpr bool packable(DType t) { return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0; }
+inline constexpr size_t packed_quant_bytes(DType t) { return t == DType::Q8_0 ? 128 : 64; }
+inline constexpr size_t packed_scale_bytes(DType t) { return t == DType::Q4_1 ? 16 : 8; }
+inline int64_t packed_quads(int64_t K) { return (K / kQK + 3) / 4; }
+inline size_t packed_row_bytes(DType t, int64_t K) {
+  const size_t nq = static_cast<size_t>(packed_quads(K));
+  return (nq * (packed_quant_bytes(t) + packed_scale_bytes(t)) + 63) & ~size_t{63};
+}
+
 // Everything a decode kernel needs. Activations are "prepared" once per call
 // by the variant's prepare_acts() into act (layout private to the variant);
 // float weight types may read x directly.
@@ -97,6 +113,8 @@ struct DecodeCtx {
   size_t act_row_bytes;  // bytes between prepared activation rows
   float* y;              // y[m * ldy + n]
   int64_t ldy;
+  const uint8_t* packed = nullptr;  // the packed rows, for a variant that reads them
+  size_t packed_row_bytes = 0;
 };
 
 // Computes y[0..M)[n0..n1) for the weight rows n0..n1.
@@ -120,6 +138,7 @@ struct IsaImpl {
   DequantF32Fn dequant_f32;
   DequantBf16Fn dequant_bf16;
   F32ToBf16Fn f32_to_bf16;
+  bool reads_packed = false;  // its Q4_0/Q4_1/Q8_0 kernels use DecodeCtx::packed when set
 };
 
 const IsaImpl& scalar_impl();

@@ -551,6 +551,46 @@ TEST(Matmul, GroupEqualsSeparateCallsBitForBit) {
   EXPECT_THROW(matmul_group(bad, ys, kMaxGroup + 1, x.data(), 1, scratch), Error);
 }
 
+// On AVX-512 VNNI CPUs Q4_0/Q4_1/Q8_0 weights are packed for the kernels
+// (cpu::pack_weight): matmul on the packed rows equals matmul on the GGUF
+// rows to the bit, whole quads or not, alone or in a group; the other
+// variants ignore the packed rows.
+TEST(Matmul, PackedRowsGiveIdenticalResults) {
+  KnobGuard guard;
+  for (Isa isa : kIsas) {
+    if (!isa_supported(isa)) continue;
+    force_isa(isa);
+    for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q8_0}) {
+      for (int64_t K : {96, 512, 608}) {
+        const int64_t N = 29;
+        const auto w = make_weight(t, N, K, static_cast<uint32_t>(K));
+        const size_t bytes = packed_bytes(t, N, K);
+        EXPECT_EQ(bytes > 0, isa == Isa::kAvx512Vnni) << isa_to_string(isa);
+        const size_t prb = detail::packed_row_bytes(t, K);
+        std::vector<uint8_t> storage(prb * N + 64);
+        void* packed = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
+        pack_weight({t, N, K, w.data()}, packed);
+        for (int64_t M : {1, 3, 6}) {
+          const auto x = make_x(M, K, static_cast<uint32_t>(M));
+          std::vector<float> y0(static_cast<size_t>(M * N)), y1(y0.size()), y2(y0.size()), y3(y0.size());
+          MatmulScratch scratch;
+          const WeightView plain{t, N, K, w.data()}, fast{t, N, K, w.data(), packed};
+          matmul(plain, x.data(), M, y0.data(), scratch, MatmulPath::kRowInvariant);
+          matmul(fast, x.data(), M, y1.data(), scratch, MatmulPath::kRowInvariant);
+          const WeightView group[2] = {fast, plain};
+          float* ys[2] = {y2.data(), y3.data()};
+          matmul_group(group, ys, 2, x.data(), M, scratch, MatmulPath::kRowInvariant);
+          const std::string where = isa_to_string(isa) + std::string(" ") + name_of(t) + " K=" + std::to_string(K) +
+                                    " M=" + std::to_string(M);
+          EXPECT_EQ(std::memcmp(y0.data(), y1.data(), y0.size() * 4), 0) << where;
+          EXPECT_EQ(std::memcmp(y0.data(), y2.data(), y0.size() * 4), 0) << where << " (group)";
+          EXPECT_EQ(std::memcmp(y0.data(), y3.data(), y0.size() * 4), 0) << where << " (group)";
+        }
+      }
+    }
+  }
+}
+
 TEST(Matmul, ConcurrentCallersWithOwnScratch) {
   // Two threads of control, each with its own scratch, mixing decode and
   // prefill calls on shared weights (the primitive cache is shared).
@@ -632,6 +672,21 @@ void emu_decode(const detail::IsaImpl& impl, const WeightView& w, const float* x
   const int64_t split = w.rows / 3;
   k(c, 0, split);
   k(c, split, w.rows);
+  if (detail::packable(w.type)) {  // the packed rows give the same results to the bit
+    const size_t prb = detail::packed_row_bytes(w.type, w.cols);
+    void* packed = std::aligned_alloc(64, (prb * static_cast<size_t>(w.rows) + 63) & ~size_t{63});
+    ember::cpu::pack_weight(w, packed);
+    std::vector<float> yp(static_cast<size_t>(M * w.rows), std::nanf(""));
+    detail::DecodeCtx cp = c;
+    cp.packed = static_cast<const uint8_t*>(packed);
+    cp.packed_row_bytes = prb;
+    cp.y = yp.data();
+    k(cp, 0, split);
+    k(cp, split, w.rows);
+    EXPECT_EQ(std::memcmp(yp.data(), y, yp.size() * sizeof(float)), 0)
+        << "packed rows, " << type_name(static_cast<uint32_t>(w.type)) << " K=" << w.cols << " M=" << M;
+    std::free(packed);
+  }
   std::free(act);
 }
 
