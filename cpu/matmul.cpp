@@ -95,7 +95,7 @@ void check_weight(const WeightView& w, const char* what) {
 void use_packed(const detail::IsaImpl& impl, const WeightView& w, detail::DecodeCtx& c) {
   if (!w.packed || !impl.reads_packed || !detail::packable(w.type)) return;
   c.packed = static_cast<const uint8_t*>(w.packed);
-  c.packed_row_bytes = detail::packed_row_bytes(w.type, w.cols);
+  c.packed_group_bytes = detail::packed_group_bytes(w.type, w.cols);
 }
 
 bool repack_enabled() {
@@ -354,36 +354,35 @@ void matmul_group(const WeightView* w, float* const* y, int n, const float* x, i
 size_t packed_bytes(DType type, int64_t rows, int64_t cols) {
   if (!detail::packable(type) || rows <= 0 || cols <= 0 || cols % detail::kQK != 0 || !repack_enabled()) return 0;
   if (active_isa() != Isa::kAvx512Vnni) return 0;
-  return detail::packed_row_bytes(type, cols) * static_cast<size_t>(rows);
+  const int64_t groups = (rows + detail::kPackRows - 1) / detail::kPackRows;
+  return detail::packed_group_bytes(type, cols) * static_cast<size_t>(groups);
 }
 
 void pack_weight(const WeightView& w, void* out) {
   check_weight(w, "pack_weight");
   if (!detail::packable(w.type)) fail(StatusCode::kInvalidArgument, "pack_weight: not a packable type");
   if (!out) fail(StatusCode::kInvalidArgument, "pack_weight: null output");
-  const int64_t K = w.cols, nb = K / detail::kQK, nq = detail::packed_quads(K);
-  const size_t prb = detail::packed_row_bytes(w.type, K), rb = detail::weight_row_bytes(w.type, K);
-  const size_t qs_bytes = detail::packed_quant_bytes(w.type), sc_bytes = detail::packed_scale_bytes(w.type);
+  const int64_t K = w.cols, nb = K / detail::kQK;
+  const int64_t groups = (w.rows + detail::kPackRows - 1) / detail::kPackRows;
+  const size_t gb = detail::packed_group_bytes(w.type, K), rb = detail::weight_row_bytes(w.type, K);
   const size_t blk = rb / static_cast<size_t>(nb);
   // Where a block keeps its scales and quants (BlockQ4_0 / BlockQ4_1 / BlockQ8_0).
   const size_t n_scales = w.type == DType::Q4_1 ? 2 : 1, q_off = 2 * n_scales, q_len = blk - q_off;
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < w.rows; ++r) {
-    const uint8_t* src = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r) * rb;
-    uint8_t* dst = static_cast<uint8_t*>(out) + static_cast<size_t>(r) * prb;
-    std::memset(dst, 0, prb);  // padding blocks: zero quants and scales
-    uint8_t* sc = dst + static_cast<size_t>(nq) * qs_bytes;
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* bp = src + static_cast<size_t>(b) * blk;
-      const int64_t q = b / 4, j = b % 4;
-      uint8_t* qd = dst + static_cast<size_t>(q) * qs_bytes;
-      if (q_len == 16) {
-        std::memcpy(qd + j * 16, bp + q_off, 16);
-      } else {  // Q8_0: bytes 0..15 with the quad's lo, 16..31 with its hi
-        std::memcpy(qd + j * 16, bp + q_off, 16);
-        std::memcpy(qd + 64 + j * 16, bp + q_off + 16, 16);
+  for (int64_t g = 0; g < groups; ++g) {
+    uint8_t* base = static_cast<uint8_t*>(out) + static_cast<size_t>(g) * gb;
+    std::memset(base, 0, gb);  // padding blocks and rows: zero quants and scales
+    for (int64_t j = 0; j < detail::kPackRows && g * detail::kPackRows + j < w.rows; ++j) {
+      const uint8_t* src = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(g * detail::kPackRows + j) * rb;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* bp = src + static_cast<size_t>(b) * blk;
+        const int64_t q = b / 4, jb = b % 4;
+        uint8_t* qd = base + detail::packed_quant_offset(w.type, q, j);
+        std::memcpy(qd + jb * 16, bp + q_off, 16);
+        if (q_len == 32) std::memcpy(qd + 64 + jb * 16, bp + q_off + 16, 16);  // Q8_0: bytes 16..31 with the hi half
+        std::memcpy(base + detail::packed_scale_offset(w.type, K, q, j) + static_cast<size_t>(jb) * 2 * n_scales, bp,
+                    2 * n_scales);
       }
-      std::memcpy(sc + static_cast<size_t>(q) * sc_bytes + static_cast<size_t>(j) * 2 * n_scales, bp, 2 * n_scales);
     }
   }
 }

@@ -83,20 +83,31 @@ inline size_t weight_row_bytes(DType t, int64_t K) {
 
 }  // namespace
 
-// Q4_0 / Q4_1 / Q8_0 rows packed for the AVX-512 kernels (pack_weight): per
-// row, the quants of every quad of four blocks (Q4: the four blocks' 16
-// quant bytes, 64 bytes; Q8_0: their bytes 0..15, then 16..31, 128 bytes),
-// then the quads' scales (Q4_0 / Q8_0: d0..d3; Q4_1: d0 m0 .. d3 m3; f16),
-// a last partial quad padded with zero blocks, rows 64-byte aligned. The
+// Q4_0 / Q4_1 / Q8_0 weights packed for the AVX-512 kernels (pack_weight),
+// in groups of four rows (the kernel's row tile) so that a tile streams one
+// contiguous region: for each quad q of four blocks, the quants of rows
+// 0..3 of the group (Q4: the four blocks' 16 quant bytes, 64 bytes per row;
+// Q8_0: their bytes 0..15, then 16..31, 128), then all the group's scales in
+// the same order (Q4_0 / Q8_0: d0..d3; Q4_1: d0 m0 .. d3 m3; f16). A last
+// partial quad and the rows past N are zero; groups are 64-byte aligned. The
 // kernel's registers get the same values in the same lanes as from the GGUF
 // layout, without its gathers: results are identical to the bit.
 inline constexpr bool packable(DType t) { return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0; }
 inline constexpr size_t packed_quant_bytes(DType t) { return t == DType::Q8_0 ? 128 : 64; }
 inline constexpr size_t packed_scale_bytes(DType t) { return t == DType::Q4_1 ? 16 : 8; }
+inline constexpr int64_t kPackRows = 4;
 inline int64_t packed_quads(int64_t K) { return (K / kQK + 3) / 4; }
-inline size_t packed_row_bytes(DType t, int64_t K) {
+inline size_t packed_group_bytes(DType t, int64_t K) {
   const size_t nq = static_cast<size_t>(packed_quads(K));
-  return (nq * (packed_quant_bytes(t) + packed_scale_bytes(t)) + 63) & ~size_t{63};
+  return (nq * kPackRows * (packed_quant_bytes(t) + packed_scale_bytes(t)) + 63) & ~size_t{63};
+}
+// Offsets within a group of row j's quad q: quants, and scales.
+inline size_t packed_quant_offset(DType t, int64_t q, int64_t j) {
+  return static_cast<size_t>(q * kPackRows + j) * packed_quant_bytes(t);
+}
+inline size_t packed_scale_offset(DType t, int64_t K, int64_t q, int64_t j) {
+  return static_cast<size_t>(packed_quads(K) * kPackRows) * packed_quant_bytes(t) +
+         static_cast<size_t>(q * kPackRows + j) * packed_scale_bytes(t);
 }
 
 // Everything a decode kernel needs. Activations are "prepared" once per call
@@ -113,8 +124,8 @@ struct DecodeCtx {
   size_t act_row_bytes;  // bytes between prepared activation rows
   float* y;              // y[m * ldy + n]
   int64_t ldy;
-  const uint8_t* packed = nullptr;  // the packed rows, for a variant that reads them
-  size_t packed_row_bytes = 0;
+  const uint8_t* packed = nullptr;  // the packed weight, for a variant that reads it
+  size_t packed_group_bytes = 0;
 };
 
 // Computes y[0..M)[n0..n1) for the weight rows n0..n1.

@@ -137,6 +137,7 @@ void load(Handles& h, const Args& a, int n_threads = 0, bool with_engine = true)
   ember_engine_params ep;
   ember_engine_params_init(&ep);
   ep.n_threads = n_threads;
+  if (a.has("--no-batch-invariant")) ep.batch_invariant = 0;  // (bench only: oneDNN for large prefill chunks)
   check(ember_engine_create(h.model, &ep, &h.engine), "creating the engine");
   check(ember_session_create(h.engine, nullptr, &h.session), "creating the session");
 }
@@ -635,6 +636,7 @@ int bench_sessions(const Args& a, int n_prompt, int n_gen, int threads, int k) {
   ember_engine_params ep;
   ember_engine_params_init(&ep);
   ep.n_threads = threads;
+  if (a.has("--no-batch-invariant")) ep.batch_invariant = 0;
   ep.max_running = std::max(k, 1);
   ember_engine* engine = nullptr;
   ember_status st = ember_engine_create(model, &ep, &engine);
@@ -960,7 +962,7 @@ ember_stream_stats_t run_token_times(ember_session* session, const ember_stream_
 int cmd_bench(int argc, char** argv) {
   Args a(argc, argv, 2,
          with({"-m", "-p", "-n", "-t", "-r", "--sessions", "--prefix-cache", "--prompt-file", "--prompt"}, kSpecOpts),
-         {"--json", "--chat", "--token-times"});
+         {"--json", "--chat", "--token-times", "--no-batch-invariant"});
   const int n_prompt = static_cast<int>(a.integer("-p", 512, 1, 1 << 20));
   const int n_gen = static_cast<int>(a.integer("-n", 128, 1, 1 << 20));
   const int threads = static_cast<int>(a.integer("-t", 0, 0, 1024));
@@ -1045,6 +1047,7 @@ void usage() {
       "             [--max-tokens N] [--series FILE.csv] [--stride K] [--logprobs FILE.csv] [--chunk K]\n"
       "  bench      [-m MODEL] [-p 512] [-n 128] [-t THREADS] [-r REPS] [--sessions K] [--prefix-cache N] [--json]\n"
       "             [--token-times]   # with --json: the last repetition's per-token decode times\n"
+      "             [--no-batch-invariant]   # oneDNN for large prefill chunks (results may depend on chunking)\n"
       "  bench      [-m MODEL] --spec ngram|self[:L]|draft:PATH (--prompt-file F | --prompt TEXT) [--chat] [-n N]\n"
       "             [-t THREADS] [-r REPS] [--spec-nodes N] [--spec-depth D] [--spec-threshold P] [--json]\n"
       "  tokenize   [-m MODEL] (-p TEXT | -f FILE) [--special]\n"

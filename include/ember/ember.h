@@ -249,7 +249,10 @@ typedef struct ember_engine_params {
                                libember_cuda.so plugin (UNSUPPORTED when it, a
                                driver or a GPU is missing); AUTO uses CUDA when
                                available, else the CPU */
-  int32_t n_threads;        /* CPU threads; 0 (default) = all cores */
+  int32_t n_threads;        /* CPU threads; 0 (default): up to every core, the
+                               count adapted to measured speed (fewer when other
+                               work holds a core); N > 0: exactly N. Results
+                               never depend on the count */
   uint64_t kv_memory_bytes; /* KV pool budget; 0 (default) = 512 MiB. On the CPU
                                the pool is reserved, not committed: memory
                                becomes resident as blocks are first written */

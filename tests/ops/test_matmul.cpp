@@ -566,8 +566,7 @@ TEST(Matmul, PackedRowsGiveIdenticalResults) {
         const auto w = make_weight(t, N, K, static_cast<uint32_t>(K));
         const size_t bytes = packed_bytes(t, N, K);
         EXPECT_EQ(bytes > 0, isa == Isa::kAvx512Vnni) << isa_to_string(isa);
-        const size_t prb = detail::packed_row_bytes(t, K);
-        std::vector<uint8_t> storage(prb * N + 64);
+        std::vector<uint8_t> storage(detail::packed_group_bytes(t, K) * ((N + 3) / 4) + 64);
         void* packed = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
         pack_weight({t, N, K, w.data()}, packed);
         for (int64_t M : {1, 3, 6}) {
@@ -673,13 +672,13 @@ void emu_decode(const detail::IsaImpl& impl, const WeightView& w, const float* x
   k(c, 0, split);
   k(c, split, w.rows);
   if (detail::packable(w.type)) {  // the packed rows give the same results to the bit
-    const size_t prb = detail::packed_row_bytes(w.type, w.cols);
-    void* packed = std::aligned_alloc(64, (prb * static_cast<size_t>(w.rows) + 63) & ~size_t{63});
+    const size_t gb = detail::packed_group_bytes(w.type, w.cols);
+    void* packed = std::aligned_alloc(64, gb * static_cast<size_t>((w.rows + 3) / 4));
     ember::cpu::pack_weight(w, packed);
     std::vector<float> yp(static_cast<size_t>(M * w.rows), std::nanf(""));
     detail::DecodeCtx cp = c;
     cp.packed = static_cast<const uint8_t*>(packed);
-    cp.packed_row_bytes = prb;
+    cp.packed_group_bytes = gb;
     cp.y = yp.data();
     k(cp, 0, split);
     k(cp, split, w.rows);
