@@ -85,8 +85,7 @@ class CpuBackend final : public Backend {
   // n_threads > 0: exactly that many; 0: up to every core, as many as
   // measure fastest (cpu/thread_governor.h).
   CpuBackend(int n_threads, bool batch_invariant)
-      : governor_(n_threads > 0 ? n_threads : omp_get_num_procs(), n_threads <= 0),
-        batch_invariant_(batch_invariant) {}
+      : governor_(n_threads > 0 ? n_threads : omp_get_num_procs(), n_threads <= 0), batch_invariant_(batch_invariant) {}
   ~CpuBackend() override { release_kv(); }
 
   std::string name() const override { return std::string("cpu/") + cpu::isa_name(); }

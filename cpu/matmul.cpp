@@ -132,10 +132,10 @@ struct DecodeChunk {
 };
 
 struct MatmulScratch::Impl {
-  AlignedBuffer act;    // prepared activations (decode)
+  AlignedBuffer act;                // prepared activations (decode)
   std::vector<DecodeChunk> chunks;  // matmul_group's work list
-  AlignedBuffer wtile;  // dequantized weight tile (prefill)
-  AlignedBuffer xconv;  // activations converted to bf16 (prefill / dpbf16)
+  AlignedBuffer wtile;              // dequantized weight tile (prefill)
+  AlignedBuffer xconv;              // activations converted to bf16 (prefill / dpbf16)
   dnnl_mm::StreamHolder stream;
 };
 
@@ -196,8 +196,7 @@ int64_t decode_chunk_rows(int64_t N, int nt) {
   return std::max<int64_t>(8, (chunk + 7) & ~int64_t{7});
 }
 
-void run_decode_group(const WeightView* w, float* const* y, int n, const float* x, int64_t M,
-                      MatmulScratch::Impl& s) {
+void run_decode_group(const WeightView* w, float* const* y, int n, const float* x, int64_t M, MatmulScratch::Impl& s) {
   const int64_t K = w[0].cols;
   const detail::IsaImpl* impls[kMaxGroup];
   size_t act_off[kMaxGroup], arb[kMaxGroup];
@@ -223,8 +222,16 @@ void run_decode_group(const WeightView* w, float* const* y, int n, const float* 
     bool prepared = false;
     for (int j = 0; j < i; ++j) prepared = prepared || (arb[j] && act_off[j] == act_off[i]);
     if (a && !prepared) impls[i]->prepare_acts(w[i].type, x, M, K, a);
-    ctx[i] = detail::DecodeCtx{w[i].type, static_cast<const uint8_t*>(w[i].data),
-                               detail::weight_row_bytes(w[i].type, K), K, M, x, a, arb[i], y[i], w[i].rows};
+    ctx[i] = detail::DecodeCtx{w[i].type,
+                               static_cast<const uint8_t*>(w[i].data),
+                               detail::weight_row_bytes(w[i].type, K),
+                               K,
+                               M,
+                               x,
+                               a,
+                               arb[i],
+                               y[i],
+                               w[i].rows};
     use_packed(*impls[i], w[i], ctx[i]);
     kernels[i] = impls[i]->kernel(w[i].type);
   }

@@ -19,7 +19,9 @@ ThreadGovernor::ThreadGovernor(int max_threads, bool adaptive) : adaptive_(adapt
   threads_.store(levels_.front(), std::memory_order_relaxed);
 }
 
-void ThreadGovernor::set_level(int level) { threads_.store(levels_[static_cast<size_t>(level)], std::memory_order_relaxed); }
+void ThreadGovernor::set_level(int level) {
+  threads_.store(levels_[static_cast<size_t>(level)], std::memory_order_relaxed);
+}
 
 void ThreadGovernor::record(double now, double seconds, double work) {
   const int n_levels = static_cast<int>(levels_.size());

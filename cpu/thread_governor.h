@@ -65,9 +65,9 @@ class ThreadGovernor {
   std::vector<int> levels_;  // max, max/2, ..., 1 (distinct)
   bool adaptive_;
   std::atomic<int> threads_;
-  int current_ = 0;     // level in use outside trials
-  int trial_ = -1;      // level of the window in progress when it is a trial
-  int next_dir_ = 1;    // which neighbour the next trial tries (+1: fewer threads)
+  int current_ = 0;           // level in use outside trials
+  int trial_ = -1;            // level of the window in progress when it is a trial
+  int next_dir_ = 1;          // which neighbour the next trial tries (+1: fewer threads)
   std::vector<double> cost_;  // seconds per work unit, per level (< 0: unknown)
   double window_seconds_ = 0.0, window_work_ = 0.0;
   int window_calls_ = 0;

@@ -556,7 +556,19 @@ def recovery_run(model: str, args, log: Log) -> dict:
     def rate(v):
         return (len(v) - 1) / (v[-1] - v[0]) if len(v) > 1 and v[-1] > v[0] else 0.0
 
+    # The same decode with no spinner: the rate over the same token ranges
+    # (decode slows down as the context grows, so each part is compared
+    # with itself on a quiet machine).
+    log.ran(cmd, "recovery reference: the same run with no spinner")
+    ref = subprocess.run(cmd, capture_output=True, text=True)
+    if ref.returncode != 0:
+        raise RuntimeError(f"recovery reference failed (rc {ref.returncode}): {quote(cmd)}")
+    rtimes = json.loads([ln for ln in ref.stdout.splitlines() if ln.strip().startswith("{")][-1])["token_times_s"]
+    nb, nf = len(busy), len(free)
+    ref_busy = rtimes[:nb]
+    ref_free = rtimes[len(rtimes) - nf:] if nf else []
     return {"command": quote(cmd), "kill_at_s": k, "tokens": len(times), "busy_tokens": len(busy),
+            "quiet_busy_tokens_per_second": rate(ref_busy), "quiet_free_tokens_per_second": rate(ref_free),
             "settling_tokens": len(settling), "free_tokens": len(free), "busy_tokens_per_second": rate(busy),
             "free_tokens_per_second": rate(free), "overall_tokens_per_second": res["decode_tokens_per_second"],
             "warmup_busy_tokens_per_second": busy_rate0, "spinner_cpu_fraction": spinner.cpu_fraction,
@@ -800,11 +812,17 @@ def print_report(results, args, sections, bw, log, load0, load1) -> None:
         spin = f", spinner got {rec['spinner_cpu_fraction']:.0%} of a CPU" if rec["spinner_cpu_fraction"] else ""
         print(f"Recovery ({label(rec['model'])}, Ember default threads, {rec['tokens']} tokens decoded in "
               f"{rec['decode_s']:.1f} s; spinner killed {rec['kill_at_s']:.2f} s after the decode start{spin}):\n")
-        print("| part | tokens | tok/s |")
-        print("|---|---:|---:|")
-        print(f"| one core busy | {rec['busy_tokens']} | {rec['busy_tokens_per_second']:.1f} |")
-        print(f"| settling ({rec['settle_s']} s after the kill, left out) | {rec['settling_tokens']} | — |")
-        print(f"| core free again | {rec['free_tokens']} | {rec['free_tokens_per_second']:.1f} |")
+        def vs(a, b):
+            return f"{a / b:.2f}x" if a and b else "—"
+
+        qb, qf = rec.get("quiet_busy_tokens_per_second"), rec.get("quiet_free_tokens_per_second")
+        print("| part | tokens | tok/s | same tokens, no spinner (tok/s) | ratio |")
+        print("|---|---:|---:|---:|---:|")
+        print(f"| one core busy | {rec['busy_tokens']} | {rec['busy_tokens_per_second']:.1f} | {fmt_pm(qb)} | "
+              f"{vs(rec['busy_tokens_per_second'], qb)} |")
+        print(f"| settling ({rec['settle_s']} s after the kill, left out) | {rec['settling_tokens']} | — | — | — |")
+        print(f"| core free again | {rec['free_tokens']} | {rec['free_tokens_per_second']:.1f} | {fmt_pm(qf)} | "
+              f"{vs(rec['free_tokens_per_second'], qf)} |")
         print()
     print("Commands (in the order run, one at a time):\n")
     print("```sh")

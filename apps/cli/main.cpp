@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -698,6 +699,16 @@ int bench_sessions(const Args& a, int n_prompt, int n_gen, int threads, int k) {
   size_t peak_blocks = 0, bytes_per_block = 0;
   int32_t block_size = 0;
   std::atomic<int> done{0};
+  // Also the streams' generated-token counts (a stream holds back tokens
+  // that do not complete a UTF-8 character, e.g. a synthetic model's random
+  // bytes, so text events alone can miss the steady state): the first sample
+  // with every stream generating and the first with one finished.
+  struct Sample {
+    clock::time_point t;
+    size_t sum = 0, min = 0;
+    bool any_finished = false;
+  };
+  std::vector<Sample> samples;
   std::thread sampler([&] {
     while (done.load() == 0) {
       if (ember_cache_stats(ember_engine_cache(engine), &cs) == EMBER_OK) {
@@ -705,6 +716,17 @@ int bench_sessions(const Args& a, int n_prompt, int n_gen, int threads, int k) {
         bytes_per_block = cs.bytes_per_block;
         block_size = cs.block_size;
       }
+      Sample smp{clock::now(), 0, SIZE_MAX, false};
+      for (ember_stream* s : streams) {
+        ember_stream_stats_t ss;
+        std::memset(&ss, 0, sizeof ss);
+        ss.size = sizeof ss;
+        if (ember_stream_stats(s, &ss) != EMBER_OK) continue;
+        smp.sum += ss.generated_tokens;
+        smp.min = std::min(smp.min, ss.generated_tokens);
+        smp.any_finished = smp.any_finished || ss.finished || ss.generated_tokens >= static_cast<size_t>(n_gen);
+      }
+      samples.push_back(smp);
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
   });
@@ -733,7 +755,18 @@ int bench_sessions(const Args& a, int n_prompt, int n_gen, int threads, int k) {
   }
   const double steady_secs =
       first_done > all_started ? std::chrono::duration<double>(first_done - all_started).count() : 0;
-  const double steady = steady_secs > 0 ? static_cast<double>(steady_tokens) / steady_secs : 0;
+  double steady = steady_secs > 0 ? static_cast<double>(steady_tokens) / steady_secs : 0;
+  if (steady == 0) {  // no text events in a steady window: from the sampled counts
+    const Sample* from = nullptr;
+    for (const Sample& smp : samples) {
+      if (!from && smp.min >= 1 && !smp.any_finished) from = &smp;
+      if (from && smp.any_finished) {
+        const double secs = std::chrono::duration<double>(smp.t - from->t).count();
+        if (secs > 0) steady = static_cast<double>(smp.sum - from->sum) / secs;
+        break;
+      }
+    }
+  }
   auto pct = [](std::vector<double> v, double q) {
     if (v.empty()) return 0.0;
     std::sort(v.begin(), v.end());

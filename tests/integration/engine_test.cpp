@@ -145,7 +145,8 @@ TEST(Engine, ResultsDoNotDependOnTheThreadCount) {
     StreamParams p = greedy(24);
     p.ignore_eos = true;
     r.tokens = drain(s->start(p)).tokens;
-    const std::vector<int32_t> ids = (*engine)->model().tokenizer().encode("Water boils at one hundred degrees", false, false);
+    const std::vector<int32_t> ids =
+        (*engine)->model().tokenizer().encode("Water boils at one hundred degrees", false, false);
     const size_t vocab = static_cast<size_t>((*engine)->model().config().n_vocab);
     std::vector<float> logprobs(ids.size() - 1);
     r.logits.resize(ids.size() * vocab);

@@ -107,7 +107,8 @@ TEST_F(CpuKernels, AttentionIsBitIdentical) {
     std::vector<float> out_a(q.size(), -1.f), out_b(q.size(), -2.f);
     for (int32_t kvh = 0; kvh < c.kv_heads; ++kvh) {
       for (const BackendKernels* kern : {&scalar, &avx2}) {
-        std::vector<float> sc(static_cast<size_t>(c.heads / c.kv_heads) * n_pad), acc(32 * static_cast<size_t>(c.hd) * (c.heads / c.kv_heads));
+        std::vector<float> sc(static_cast<size_t>(c.heads / c.kv_heads) * n_pad),
+            acc(32 * static_cast<size_t>(c.hd) * (c.heads / c.kv_heads));
         AttendArgs a{};
         a.k_base = kpool.data();
         a.v_base = vpool.data();

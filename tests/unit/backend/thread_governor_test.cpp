@@ -44,7 +44,8 @@ TEST(ThreadGovernor, LaddersHalveToOne) {
 
 TEST(ThreadGovernor, StaysOnAllCoresWhenTheyAreFastest) {
   Sim sim(2);
-  const double frac = sim.run(5.0, [](int t) { return t == 2 ? 0.0005 : 0.0009; }, 2);
+  const double frac = sim.run(
+      5.0, [](int t) { return t == 2 ? 0.0005 : 0.0009; }, 2);
   EXPECT_GT(frac, 0.97);  // trials at 1 thread take < 3% of the calls
   EXPECT_EQ(sim.gov.stats().switches, 0);
 }
