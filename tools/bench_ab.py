@@ -42,7 +42,7 @@ def main():
         os.path.join(os.environ.get("EMBER_HOME", "~/.cache/ember"), "SmolLM2-135M-Instruct.Q4_1.gguf")))
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("-t", "--threads", type=int, default=2)
-    ap.add_argument("--sessions", type=int, default=16)
+    ap.add_argument("--sessions", type=int, default=16, help="0: no multi-session figures")
     args = ap.parse_args()
     builds = {"A": locate(args.a), "B": locate(args.b)}
     single = ["-m", args.model, "-p", "512", "-n", "128", "-t", str(args.threads), "-r", "1"]
@@ -51,11 +51,15 @@ def main():
                "decode tok/s": ("single", "decode_tokens_per_second"),
                f"{args.sessions} sessions aggregate tok/s": ("multi", "aggregate_tokens_per_second"),
                f"{args.sessions} sessions steady decode tok/s": ("multi", "steady_decode_tokens_per_second")}
+    if args.sessions <= 0:
+        figures = {k: v for k, v in figures.items() if v[0] == "single"}
     values = {name: {"A": [], "B": []} for name in figures}
     for r in range(args.rounds):
         order = ("A", "B") if r % 2 == 0 else ("B", "A")
         for which in order:
-            res = {"single": run(builds[which], single), "multi": run(builds[which], multi)}
+            res = {"single": run(builds[which], single)}
+            if args.sessions > 0:
+                res["multi"] = run(builds[which], multi)
             for name, (kind, key) in figures.items():
                 values[name][which].append(res[kind][key])
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
