@@ -24,10 +24,13 @@ std::atomic<int64_t> g_decode_max_m{-1};  // < 0: per-type defaults
 std::atomic<int> g_prefill_precision{static_cast<int>(PrefillPrecision::kAuto)};
 
 // The variant computing `type` on `isa`: the AVX-512 variant has no kernels
-// for Q5_0 / Q5_1 / K-quants; those run the AVX2 kernels on AVX-512 CPUs.
+// for Q5_0 / Q5_1 (they run the AVX2 kernels on AVX-512 CPUs) and its own
+// K-quant kernels only (AVX2 activations and dequantization).
 const detail::IsaImpl& isa_impl(Isa isa, DType type) {
   switch (isa) {
-    case Isa::kAvx512Vnni: return detail::uses_avx512_kernels(type) ? detail::avx512_impl() : detail::avx2_impl();
+    case Isa::kAvx512Vnni:
+      if (detail::is_kquant(type)) return detail::avx512_kquant_impl();
+      return detail::uses_avx512_kernels(type) ? detail::avx512_impl() : detail::avx2_impl();
     case Isa::kAvx2: return detail::avx2_impl();
     case Isa::kScalar: break;
   }

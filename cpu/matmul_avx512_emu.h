@@ -262,6 +262,20 @@ inline V512 inserti64x4(V512 a, __m256i b, int imm) {
   std::memcpy(&a.u8[(imm & 1) * 32], &b, 32);
   return a;
 }
+inline V512 mullo_epi32(V512 a, V512 b) {
+  for (int i = 0; i < 16; ++i) a.u32[i] *= b.u32[i];  // the low 32 bits, as the instruction
+  return a;
+}
+inline __m256i extracti64x4_epi64(V512 a, int imm) {
+  __m256i r;
+  std::memcpy(&r, &a.u8[(imm & 1) * 32], 32);
+  return r;
+}
+inline __m256i castsi512_si256(V512 a) {
+  __m256i r;
+  std::memcpy(&r, &a, 32);
+  return r;
+}
 inline V512 castsi256_si512(__m256i a) {  // upper half undefined
   V512 r = garbage();
   std::memcpy(&r, &a, 32);
@@ -369,6 +383,12 @@ inline V512 identity(V512 a) { return a; }
 #define _mm512_permutexvar_ps ::ember_emu512::permutexvar_ps
 #undef _mm512_inserti64x4
 #define _mm512_inserti64x4 ::ember_emu512::inserti64x4
+#undef _mm512_mullo_epi32
+#define _mm512_mullo_epi32 ::ember_emu512::mullo_epi32
+#undef _mm512_extracti64x4_epi64
+#define _mm512_extracti64x4_epi64 ::ember_emu512::extracti64x4_epi64
+#undef _mm512_castsi512_si256
+#define _mm512_castsi512_si256 ::ember_emu512::castsi512_si256
 #undef _mm512_castsi256_si512
 #define _mm512_castsi256_si512 ::ember_emu512::castsi256_si512
 #undef _mm512_castps256_ps512
