@@ -23,13 +23,25 @@ std::atomic<int> g_forced_isa{-1};
 std::atomic<int64_t> g_decode_max_m{-1};  // < 0: per-type defaults
 std::atomic<int> g_prefill_precision{static_cast<int>(PrefillPrecision::kAuto)};
 
+// K-quants on AVX-512 CPUs: the AVX2 variant's Q8_K activations and
+// dequantization, the AVX-512 kernels.
+const detail::IsaImpl& avx512_kquant_impl() {
+  static const detail::IsaImpl impl = [] {
+    detail::IsaImpl t = detail::avx2_impl();
+    t.name = "avx512_vnni";
+    t.kernel = detail::avx512_kquant_kernel;
+    return t;
+  }();
+  return impl;
+}
+
 // The variant computing `type` on `isa`: the AVX-512 variant has no kernels
 // for Q5_0 / Q5_1 (they run the AVX2 kernels on AVX-512 CPUs) and its own
 // K-quant kernels only (AVX2 activations and dequantization).
 const detail::IsaImpl& isa_impl(Isa isa, DType type) {
   switch (isa) {
     case Isa::kAvx512Vnni:
-      if (detail::is_kquant(type)) return detail::avx512_kquant_impl();
+      if (detail::is_kquant(type)) return avx512_kquant_impl();
       return detail::uses_avx512_kernels(type) ? detail::avx512_impl() : detail::avx2_impl();
     case Isa::kAvx2: return detail::avx2_impl();
     case Isa::kScalar: break;

@@ -22,14 +22,6 @@ namespace {
 
 const IsaImpl& avx512_impl() { return has_avx512_bf16() ? avx512k::impl_table<true>() : avx512k::impl_table<false>(); }
 
-const IsaImpl& avx512_kquant_impl() {
-  static const IsaImpl impl = [] {
-    IsaImpl t = avx2_impl();  // Q8_K activations, dequantization
-    t.name = "avx512_vnni";
-    t.kernel = avx512k::kquant_kernel;
-    return t;
-  }();
-  return impl;
-}
+DecodeKernel avx512_kquant_kernel(DType t) { return avx512k::kquant_kernel(t); }
 
 }  // namespace ember::cpu::detail

@@ -156,8 +156,8 @@ const IsaImpl& scalar_impl();
 const IsaImpl& avx2_impl();
 const IsaImpl& avx512_impl();  // only call after isa_supported(Isa::kAvx512Vnni)
 // K-quants on AVX-512 VNNI CPUs: the AVX2 variant's activations and
-// dequantization with AVX-512 kernels in the AVX2 order (same results).
-const IsaImpl& avx512_kquant_impl();
+// dequantization with these AVX-512 kernels in the AVX2 order (same results).
+DecodeKernel avx512_kquant_kernel(DType t);  // only after isa_supported(Isa::kAvx512Vnni)
 
 namespace {
 
