@@ -131,8 +131,7 @@ int decode_threads(size_t bytes, int64_t M) {
   return static_cast<int>(std::clamp<size_t>(t, 1, static_cast<size_t>(max_t)));
 }
 
-void run_decode(const detail::IsaImpl& impl, const WeightView& w, const float* x, int64_t M, float* y,
-                MatmulScratch::Impl& s);
+void run_decode_group(const WeightView* w, float* const* y, int n, const float* x, int64_t M, MatmulScratch::Impl& s);
 void run_prefill(const detail::IsaImpl& impl, const WeightView& w, const float* x, int64_t M, float* y,
                  MatmulScratch::Impl& s);
 int64_t decode_chunk_rows(int64_t N, int nt);
@@ -175,33 +174,6 @@ void MatmulScratch::release() {
 
 namespace {
 
-void run_decode(const detail::IsaImpl& impl, const WeightView& w, const float* x, int64_t M, float* y,
-                MatmulScratch::Impl& s) {
-  const int64_t N = w.rows, K = w.cols;
-  const size_t arb = impl.act_row_bytes(w.type, K);
-  uint8_t* act = nullptr;
-  if (arb) {
-    act = static_cast<uint8_t*>(s.act.get(arb * static_cast<size_t>(M)));
-    impl.prepare_acts(w.type, x, M, K, act);
-  }
-  detail::DecodeCtx c{
-      w.type, static_cast<const uint8_t*>(w.data), detail::weight_row_bytes(w.type, K), K, M, x, act, arb, y, N};
-  use_packed(impl, w, c);
-  const detail::DecodeKernel kernel = impl.kernel(w.type);
-  const int nt = decode_threads(c.w_row_bytes * static_cast<size_t>(N), M);
-  if (nt <= 1) {
-    kernel(c, 0, N);
-    return;
-  }
-  const int64_t chunk = decode_chunk_rows(N, nt);
-  const int64_t n_chunks = (N + chunk - 1) / chunk;
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-  for (int64_t i = 0; i < n_chunks; ++i) {
-    const int64_t n0 = i * chunk;
-    kernel(c, n0, std::min(N, n0 + chunk));
-  }
-}
-
 // Rows per work item for a decode call on nt threads: several items per
 // thread (multiples of 8 rows), handed out dynamically so that a thread
 // slowed down by another process does not hold up the call.
@@ -215,18 +187,22 @@ void run_decode_group(const WeightView* w, float* const* y, int n, const float* 
   const int64_t K = w[0].cols;
   const detail::IsaImpl* impls[kMaxGroup];
   size_t act_off[kMaxGroup], arb[kMaxGroup];
+  bool owner[kMaxGroup];  // prepares its activation rows (the others share an earlier weight's)
   size_t act_bytes = 0, total_weight_bytes = 0;
   for (int i = 0; i < n; ++i) {
     impls[i] = &isa_impl(active_isa(), w[i].type);
     arb[i] = impls[i]->act_row_bytes(w[i].type, K);
-    act_off[i] = act_bytes;
-    for (int j = 0; j < i; ++j) {  // same kernels, same format: share the rows
-      if (impls[j] == impls[i] && w[j].type == w[i].type) {
+    owner[i] = true;
+    for (int j = 0; j < i && owner[i]; ++j) {  // same kernels, same format: share the rows
+      if (owner[j] && impls[j] == impls[i] && w[j].type == w[i].type) {
+        owner[i] = false;
         act_off[i] = act_off[j];
-        break;
       }
     }
-    if (act_off[i] == act_bytes) act_bytes += (arb[i] * static_cast<size_t>(M) + 63) & ~size_t{63};
+    if (owner[i]) {
+      act_off[i] = act_bytes;
+      act_bytes += (arb[i] * static_cast<size_t>(M) + 63) & ~size_t{63};
+    }
     total_weight_bytes += detail::weight_row_bytes(w[i].type, K) * static_cast<size_t>(w[i].rows);
   }
   uint8_t* act = act_bytes ? static_cast<uint8_t*>(s.act.get(act_bytes)) : nullptr;
@@ -234,9 +210,7 @@ void run_decode_group(const WeightView* w, float* const* y, int n, const float* 
   detail::DecodeKernel kernels[kMaxGroup];
   for (int i = 0; i < n; ++i) {
     uint8_t* a = arb[i] ? act + act_off[i] : nullptr;
-    bool prepared = false;
-    for (int j = 0; j < i; ++j) prepared = prepared || (arb[j] && act_off[j] == act_off[i]);
-    if (a && !prepared) impls[i]->prepare_acts(w[i].type, x, M, K, a);
+    if (a && owner[i]) impls[i]->prepare_acts(w[i].type, x, M, K, a);
     ctx[i] = detail::DecodeCtx{w[i].type,
                                static_cast<const uint8_t*>(w[i].data),
                                detail::weight_row_bytes(w[i].type, K),
@@ -344,7 +318,7 @@ void matmul(const WeightView& w, const float* x, int64_t M, float* y, MatmulScra
   const detail::IsaImpl& impl = isa_impl(active_isa(), w.type);
   const bool decode = path == MatmulPath::kRowInvariant || (path == MatmulPath::kAuto && M <= decode_max_m(w.type));
   if (decode)
-    run_decode(impl, w, x, M, y, scratch.impl());
+    run_decode_group(&w, &y, 1, x, M, scratch.impl());
   else
     run_prefill(impl, w, x, M, y, scratch.impl());
 }
