@@ -318,6 +318,11 @@ typedef struct eb_stats {
   double prefill_tokens_per_second;
   int32_t finished;
   int32_t end_reason;
+  /* Speculative decoding (0 without it). */
+  int64_t drafted_tokens;
+  int64_t accepted_tokens;
+  int64_t verify_passes;
+  double mean_accepted_length;
 } eb_stats;
 
 /* Model metadata (ember_model_info_t); strings owned by the model. */
@@ -335,7 +340,10 @@ typedef struct eb_model_info {
   int32_t eos_token;
 } eb_model_info;
 
-/* Sampling and stopping (ember_stream_params); stop strings are copied. */
+/* Sampling, stopping and speculative decoding (ember_stream_params); stop
+ * strings are copied. spec_draft_model is borrowed: the language layer keeps
+ * its Model open across eb_stream_start (the stream then keeps the model
+ * loaded itself until it ends). */
 typedef struct eb_sampling {
   int32_t max_tokens;
   float temperature;
@@ -348,6 +356,13 @@ typedef struct eb_sampling {
   int32_t penalty_last_n;
   int64_t seed;
   int32_t ignore_eos;
+  int32_t spec_drafter; /* SPEC_* */
+  int32_t spec_self_layers;
+  const ember_model* spec_draft_model;
+  float spec_threshold;
+  int32_t spec_max_nodes;
+  int32_t spec_max_depth;
+  float spec_alpha;
   char** stop_;
   int32_t n_stop_;
 } eb_sampling;
@@ -427,6 +442,13 @@ typedef struct eb_sampling {
     s->penalty_last_n = p.penalty_last_n;
     s->seed = (int64_t)p.seed;
     s->ignore_eos = p.ignore_eos;
+    s->spec_drafter = p.spec_drafter;
+    s->spec_self_layers = p.spec_self_layers;
+    s->spec_draft_model = p.spec_draft_model;
+    s->spec_threshold = p.spec_threshold;
+    s->spec_max_nodes = p.spec_max_nodes;
+    s->spec_max_depth = p.spec_max_depth;
+    s->spec_alpha = p.spec_alpha;
     return s;
   }
   ~eb_sampling() {
@@ -627,6 +649,13 @@ ember_stream* eb_stream_start(ember_session* session, const eb_sampling* s) {
     p.penalty_last_n = s->penalty_last_n;
     p.seed = (uint64_t)s->seed;
     p.ignore_eos = s->ignore_eos;
+    p.spec_drafter = s->spec_drafter;
+    p.spec_self_layers = s->spec_self_layers;
+    p.spec_draft_model = s->spec_draft_model;
+    p.spec_threshold = s->spec_threshold;
+    p.spec_max_nodes = s->spec_max_nodes;
+    p.spec_max_depth = s->spec_max_depth;
+    p.spec_alpha = s->spec_alpha;
     p.stop = s->n_stop_ ? (const char* const*)s->stop_ : NULL;
   }
   eb_check(ember_stream_start(session, &p, &st));
@@ -679,6 +708,10 @@ void eb_stream_stats_get(const ember_stream* stream, eb_stats* out) {
   out->prefill_tokens_per_second = s.prefill_tokens_per_second;
   out->finished = s.finished;
   out->end_reason = s.end_reason;
+  out->drafted_tokens = (int64_t)s.drafted_tokens;
+  out->accepted_tokens = (int64_t)s.accepted_tokens;
+  out->verify_passes = (int64_t)s.verify_passes;
+  out->mean_accepted_length = s.mean_accepted_length;
 }
 %}
 
@@ -699,6 +732,10 @@ void ember_stream_release(ember_stream* stream);
 %constant int32_t CACHE_FULL = EMBER_CACHE_FULL;
 %constant int32_t CACHE_WINDOW = EMBER_CACHE_WINDOW;
 %constant int32_t CACHE_SINK = EMBER_CACHE_SINK;
+%constant int32_t SPEC_NONE = EMBER_SPEC_NONE;
+%constant int32_t SPEC_NGRAM = EMBER_SPEC_NGRAM;
+%constant int32_t SPEC_SELF = EMBER_SPEC_SELF;
+%constant int32_t SPEC_DRAFT = EMBER_SPEC_DRAFT;
 %constant int32_t EVENT_TEXT = EMBER_EVENT_TEXT;
 %constant int32_t EVENT_END = EMBER_EVENT_END;
 %constant int32_t EVENT_ERROR = EMBER_EVENT_ERROR;

@@ -172,6 +172,7 @@ class Model(_Closeable):
 
 _DEVICES = {"cpu": _c.DEVICE_CPU, "cuda": _c.DEVICE_CUDA, "auto": _c.DEVICE_AUTO}
 _POLICIES = {"full": _c.CACHE_FULL, "window": _c.CACHE_WINDOW, "sink": _c.CACHE_SINK}
+_DRAFTERS = {"none": _c.SPEC_NONE, "ngram": _c.SPEC_NGRAM, "self": _c.SPEC_SELF, "draft": _c.SPEC_DRAFT}
 
 
 class Engine(_Closeable):
@@ -251,6 +252,11 @@ class StreamStats:
     prefill_tokens_per_second: float
     finished: bool
     end_reason: EndReason
+    # Speculative decoding (0 without it).
+    drafted_tokens: int = 0  # tokens the drafter proposed
+    accepted_tokens: int = 0  # drafted tokens the model accepted
+    verify_passes: int = 0  # model passes that verified a tree
+    mean_accepted_length: float = 0.0  # accepted_tokens / verify_passes
 
 
 class Session(_Closeable):
@@ -297,8 +303,24 @@ class Session(_Closeable):
     def generate(self, max_tokens: int = 256, temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,
                  min_p: float = 0.05, seed: Optional[int] = None, stop: Union[None, str, Sequence[str]] = None,
                  repeat_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
-                 ignore_eos: bool = False) -> "Stream":
-        """Starts generating from everything added so far; iterate the Stream for text pieces."""
+                 ignore_eos: bool = False, spec_drafter: Optional[str] = None, spec_self_layers: int = 0,
+                 spec_draft_model: Optional[Model] = None, spec_threshold: float = 0.3, spec_max_nodes: int = 12,
+                 spec_max_depth: int = 8, spec_alpha: float = 0.25) -> "Stream":
+        """Starts generating from everything added so far; iterate the Stream for text pieces.
+
+        Speculative decoding (same output, greedy or sampled; see docs/API.md): spec_drafter "ngram"
+        (prompt lookup), "self" (the model's first spec_self_layers layers; 0 = 7/8 of them) or "draft"
+        (spec_draft_model, a Model with the same vocabulary; giving one alone selects "draft"; the
+        stream keeps it loaded). spec_threshold, spec_max_nodes (1..64), spec_max_depth (1..64) and
+        spec_alpha shape the token tree; Stream.stats reports drafted and accepted tokens."""
+        if spec_drafter is None:
+            spec_drafter = "none" if spec_draft_model is None else "draft"
+        if not isinstance(spec_drafter, str) or spec_drafter not in _DRAFTERS:
+            raise InvalidArgumentError(f"unknown spec_drafter {spec_drafter!r} (none, ngram, self or draft)", 1)
+        if spec_draft_model is not None and spec_drafter != "draft":
+            raise InvalidArgumentError(f"spec_draft_model needs spec_drafter 'draft', not {spec_drafter!r}", 1)
+        if spec_draft_model is not None and not isinstance(spec_draft_model, Model):
+            raise InvalidArgumentError("spec_draft_model must be an ember.Model", 1)
         s = _c.eb_sampling()
         s.max_tokens = int(max_tokens)
         s.temperature = float(temperature)
@@ -314,9 +336,21 @@ class Session(_Closeable):
             s.seed = v - (1 << 64) if v >= 1 << 63 else v
         for piece in ([stop] if isinstance(stop, str) else (stop or [])):
             s.add_stop(piece)
-        with self._g as h:
-            st = _c.eb_stream_start(h, s)
-        return Stream(self, st)
+        s.spec_drafter = _DRAFTERS[spec_drafter]
+        s.spec_self_layers = int(spec_self_layers)
+        s.spec_threshold = float(spec_threshold)
+        s.spec_max_nodes = int(spec_max_nodes)
+        s.spec_max_depth = int(spec_max_depth)
+        s.spec_alpha = float(spec_alpha)
+        if spec_draft_model is None:
+            with self._g as h:
+                st = _c.eb_stream_start(h, s)
+        else:
+            # The draft model stays open across the start; the stream then keeps it loaded.
+            with spec_draft_model._g as d, self._g as h:
+                s.spec_draft_model = d
+                st = _c.eb_stream_start(h, s)
+        return Stream(self, st, spec_draft_model)
 
     def chat(self, content: str, **sampling) -> str:
         """Adds a user message and returns the whole reply."""
@@ -329,9 +363,10 @@ class Stream(_Closeable):
     """One generation: iterate it for str pieces. .text is everything so far, .end_reason
     and .stats say how it ended. cancel() may be called from any thread."""
 
-    def __init__(self, session: Session, handle):
+    def __init__(self, session: Session, handle, draft_model: Optional[Model] = None):
         self._g = _Handle(handle, _c.ember_stream_destroy, "Stream")
         self.session = session
+        self.draft_model = draft_model  # the speculative draft model, held as long as the stream
         self._event = _c.eb_event()
         self._pieces: List[str] = []
         self._tokens: List[int] = []
@@ -416,7 +451,8 @@ class Stream(_Closeable):
             _c.eb_stream_stats_get(h, raw)
         return StreamStats(raw.prompt_tokens, raw.generated_tokens, raw.time_to_first_token_ms,
                            raw.tokens_per_second, raw.prefill_tokens_per_second, bool(raw.finished),
-                           _END_REASONS.get(raw.end_reason, EndReason.NONE))
+                           _END_REASONS.get(raw.end_reason, EndReason.NONE), raw.drafted_tokens,
+                           raw.accepted_tokens, raw.verify_passes, raw.mean_accepted_length)
 
     def close(self) -> None:
         """Cancels if still running, waits for it to stop and releases it."""

@@ -13,6 +13,7 @@ import unittest
 import ember
 
 PROMPT = "Name three colors."
+COUNTING = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"  # every drafter drafts on it (tests/capi/speculative_test.cpp)
 KV = 64 << 20  # as bindings/tools/greedy_ref.c
 
 
@@ -214,6 +215,90 @@ class EmberTest(unittest.TestCase):
         self.assertEqual(len(lp), len(ids))
         self.assertNotEqual(lp[0], lp[0])  # NaN: nothing before the first token
         self.assertTrue(all(v <= 0.0 for v in lp[1:]))
+
+    # -- speculative decoding
+    def spec_greedy(self, prompt, n, **spec):
+        """Greedy tokens and stats of one stream on a fresh session: prompt is (kind, text)."""
+        kind, text = prompt
+        with self.engine.session() as session:
+            if kind == "text":
+                session.add_text(text)
+            else:
+                session.add_message("user", text)
+            with session.generate(max_tokens=n, temperature=0, **spec) as s:
+                s.read()
+                return s.tokens, s.stats
+
+    def test_speculative_greedy_equals_plain(self):
+        with ember.Model(model_path()) as draft:  # the same file loaded twice: exactness, not speed
+            drafters = [("ngram", dict(spec_drafter="ngram")),
+                        ("self", dict(spec_drafter="self", spec_self_layers=20)),
+                        ("draft", dict(spec_drafter="draft", spec_draft_model=draft)),
+                        ("draft (implied), chains", dict(spec_draft_model=draft, spec_threshold=2.0,
+                                                          spec_max_nodes=6, spec_max_depth=6, spec_alpha=0.5))]
+            for prompt in (("text", COUNTING), ("chat", PROMPT)):
+                plain, plain_stats = self.spec_greedy(prompt, 24)
+                self.assertTrue(plain)
+                self.assertEqual(plain_stats.drafted_tokens, 0)
+                self.assertEqual(plain_stats.verify_passes, 0)
+                for name, spec in drafters:
+                    tokens, st = self.spec_greedy(prompt, 24, **spec)
+                    self.assertEqual(tokens, plain, f"{name} on {prompt}")
+                    self.assertEqual(st.generated_tokens, plain_stats.generated_tokens)
+                    self.assertLessEqual(st.accepted_tokens, st.drafted_tokens, name)
+                    if prompt[0] == "text":  # every drafter drafts on a counting sequence
+                        self.assertGreater(st.drafted_tokens, 0, name)
+                        self.assertGreater(st.verify_passes, 0, name)
+                        self.assertAlmostEqual(st.mean_accepted_length, st.accepted_tokens / st.verify_passes)
+
+    def test_speculative_stream_keeps_its_draft_model(self):
+        plain, _ = self.spec_greedy(("text", COUNTING), 16)
+        draft = ember.Model(model_path())
+        with self.engine.session() as session:
+            session.add_text(COUNTING)
+            with session.generate(max_tokens=16, temperature=0, spec_draft_model=draft) as stream:
+                self.assertIs(stream.draft_model, draft)
+                draft.close()  # the stream keeps it loaded until it ends
+                stream.read()
+                self.assertEqual(stream.tokens, plain)
+                self.assertGreater(stream.stats.verify_passes, 0)
+        # A closed model cannot start a stream.
+        with self.assertRaises(ember.InvalidArgumentError):
+            self.spec_greedy(("text", COUNTING), 4, spec_draft_model=draft)
+
+    def test_speculative_bad_parameters(self):
+        bad = [dict(spec_drafter="ngram", spec_max_nodes=0), dict(spec_drafter="ngram", spec_max_nodes=1000),
+               dict(spec_drafter="ngram", spec_max_depth=0), dict(spec_drafter="ngram", spec_threshold=float("nan")),
+               dict(spec_drafter="ngram", spec_alpha=2.0), dict(spec_drafter="self", spec_self_layers=1000),
+               dict(spec_drafter="self", spec_self_layers=-1), dict(spec_drafter="draft"),  # no draft model
+               dict(spec_drafter="eagle"), dict(spec_drafter=3), dict(spec_drafter="ngram", spec_draft_model=self.model),
+               dict(spec_draft_model="model.gguf")]
+        with self.engine.session() as session:
+            session.add_text(COUNTING)
+            for spec in bad:
+                with self.assertRaises(ember.InvalidArgumentError, msg=str(spec)):
+                    session.generate(max_tokens=4, temperature=0, **spec)
+            # A draft model with another vocabulary is refused by the engine.
+            other = os.path.join(os.path.dirname(model_path()), "gemma-3-270m-q4_k_m.gguf")
+            if os.path.exists(other):
+                with ember.Model(other) as gemma:
+                    with self.assertRaises(ember.InvalidArgumentError) as cm:
+                        session.generate(max_tokens=4, temperature=0, spec_draft_model=gemma)
+                    self.assertIn("vocabulary", str(cm.exception))
+            elif os.environ.get("CI"):
+                self.fail(f"model missing: {other}")
+            # Nothing above left the session busy.
+            with session.generate(max_tokens=4, temperature=0, spec_drafter="ngram") as s:
+                self.assertEqual(len(s.read() and s.tokens), 4)
+
+    def test_speculative_defaults_are_the_librarys(self):
+        import inspect
+        from ember import emberc
+        d = emberc.eb_sampling()
+        params = inspect.signature(ember.Session.generate).parameters
+        for name in ("spec_self_layers", "spec_threshold", "spec_max_nodes", "spec_max_depth", "spec_alpha"):
+            self.assertAlmostEqual(params[name].default, getattr(d, name), places=6, msg=name)
+        self.assertEqual(d.spec_drafter, emberc.SPEC_NONE)
 
     # -- errors
     def test_missing_and_corrupt_files(self):
