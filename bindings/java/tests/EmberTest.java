@@ -26,6 +26,8 @@ import java.util.concurrent.CyclicBarrier;
 /** The binding scenarios of issue 11 (section 4), in Java, with a tiny assert runner (no JUnit). */
 public final class EmberTest {
   static final String PROMPT = "Name three colors.";
+  // Every drafter drafts on it (tests/capi/speculative_test.cpp).
+  static final String COUNTING = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,";
   static final long KV = 64L << 20; // as bindings/tools/greedy_ref.c
 
   static Model model;
@@ -241,6 +243,101 @@ public final class EmberTest {
     dir.toFile().delete();
   }
 
+  // ---------------------------------------------------------------- speculative decoding
+  /** The tokens and stats of one stream on a fresh session (counting text, or a chat message). */
+  static final class Run {
+    int[] tokens;
+    StreamStats stats;
+  }
+
+  static Run specRun(boolean counting, Sampling sampling) {
+    try (Session s = engine.session()) {
+      if (counting) s.addText(COUNTING);
+      else s.addMessage("user", PROMPT);
+      try (Stream st = s.generate(sampling)) {
+        st.readAll();
+        Run r = new Run();
+        r.tokens = st.tokens();
+        r.stats = st.stats();
+        return r;
+      }
+    }
+  }
+
+  static void speculativeGreedyEqualsPlain() throws Exception {
+    try (Model draft = new Model(modelPath())) { // the same file loaded twice: exactness, not speed
+      Map<String, Sampling> drafters = new LinkedHashMap<>();
+      drafters.put("ngram", greedy(24).specDrafter("ngram"));
+      drafters.put("self", greedy(24).specDrafter("self").specSelfLayers(20));
+      drafters.put("draft", greedy(24).specDrafter("draft").specDraftModel(draft));
+      drafters.put("draft (implied), chains", greedy(24).specDraftModel(draft).specThreshold(2f).specMaxNodes(6)
+          .specMaxDepth(6).specAlpha(0.5f));
+      for (boolean counting : new boolean[] {true, false}) {
+        Run plain = specRun(counting, greedy(24));
+        StreamStats ps = plain.stats;
+        check(plain.tokens.length > 0, "plain tokens");
+        eq(0L, ps.draftedTokens, "drafted without speculation");
+        eq(0L, ps.verifyPasses, "verify passes without speculation");
+        for (Map.Entry<String, Sampling> d : drafters.entrySet()) {
+          String what = d.getKey() + (counting ? " on counting" : " on chat");
+          Run r = specRun(counting, d.getValue());
+          StreamStats st = r.stats;
+          eq(Arrays.toString(plain.tokens), Arrays.toString(r.tokens), what);
+          eq(ps.generatedTokens, st.generatedTokens, "generated " + what);
+          check(st.acceptedTokens <= st.draftedTokens, "accepted <= drafted " + what);
+          if (counting) {
+            check(st.draftedTokens > 0, "drafted " + what);
+            check(st.verifyPasses > 0, "verify passes " + what);
+            check(Math.abs(st.meanAcceptedLength - (double) st.acceptedTokens / st.verifyPasses) < 1e-9, "mean " + what);
+          }
+        }
+      }
+    }
+  }
+
+  static void speculativeStreamKeepsItsDraftModel() throws Exception {
+    int[] plain = specRun(true, greedy(16)).tokens;
+    Model draft = new Model(modelPath());
+    try (Session s = engine.session()) {
+      s.addText(COUNTING);
+      try (Stream st = s.generate(greedy(16).specDraftModel(draft))) {
+        check(st.draftModel() == draft, "the stream holds its draft model");
+        draft.close(); // the stream keeps it loaded until it ends
+        st.readAll();
+        eq(Arrays.toString(plain), Arrays.toString(st.tokens()), "tokens with the draft model closed");
+        check(st.stats().verifyPasses > 0, "verify passes");
+      }
+    }
+    expectThrows(EmberException.INVALID_ARGUMENT, () -> specRun(true, greedy(4).specDraftModel(draft)));
+  }
+
+  static void speculativeBadParameters() throws Exception {
+    List<Sampling> bad = Arrays.asList(
+        greedy(4).specDrafter("ngram").specMaxNodes(0), greedy(4).specDrafter("ngram").specMaxNodes(1000),
+        greedy(4).specDrafter("ngram").specMaxDepth(0), greedy(4).specDrafter("ngram").specThreshold(Float.NaN),
+        greedy(4).specDrafter("ngram").specAlpha(2f), greedy(4).specDrafter("self").specSelfLayers(1000),
+        greedy(4).specDrafter("self").specSelfLayers(-1), greedy(4).specDrafter("draft"), // no draft model
+        greedy(4).specDrafter("eagle"), greedy(4).specDrafter("ngram").specDraftModel(model));
+    try (Session s = engine.session()) {
+      s.addText(COUNTING);
+      for (Sampling b : bad) expectThrows(EmberException.INVALID_ARGUMENT, () -> s.generate(b));
+      EmberException e = expectThrows(EmberException.INVALID_ARGUMENT, () -> s.generate(greedy(4).specDrafter("ngram").specMaxNodes(1000)));
+      check(e.getMessage().contains("max_nodes"), "message: " + e.getMessage());
+      // A draft model with another vocabulary is refused by the engine.
+      File other = new File(new File(modelPath()).getParentFile(), "gemma-3-270m-q4_k_m.gguf");
+      if (other.exists()) {
+        try (Model gemma = new Model(other.getPath())) {
+          EmberException v = expectThrows(EmberException.INVALID_ARGUMENT, () -> s.generate(greedy(4).specDraftModel(gemma)));
+          check(v.getMessage().contains("vocabulary"), "message: " + v.getMessage());
+        }
+      } else {
+        check(System.getenv("CI") == null, "model missing: " + other);
+      }
+      // Nothing above left the session busy.
+      eq(4, runGreedy(s, greedy(4).specDrafter("ngram")).tokens().length, "tokens after the errors");
+    }
+  }
+
   static void missingAndCorruptFiles() throws Exception {
     String missing = System.getProperty("java.io.tmpdir") + "/ember-no-such-model.gguf";
     EmberException e = expectThrows(EmberException.NOT_FOUND, () -> new Model(missing));
@@ -387,6 +484,9 @@ public final class EmberTest {
     tests.put("cancel_from_another_thread", EmberTest::cancelFromAnotherThread);
     tests.put("two_sessions_on_two_threads", EmberTest::twoSessionsOnTwoThreads);
     tests.put("save_load_continue_exactly", EmberTest::saveLoadContinue);
+    tests.put("speculative_greedy_equals_plain", EmberTest::speculativeGreedyEqualsPlain);
+    tests.put("speculative_stream_keeps_its_draft_model", EmberTest::speculativeStreamKeepsItsDraftModel);
+    tests.put("speculative_bad_parameters", EmberTest::speculativeBadParameters);
     tests.put("missing_and_corrupt_files", EmberTest::missingAndCorruptFiles);
     tests.put("busy", EmberTest::busy);
     tests.put("close_in_any_order", EmberTest::closeInAnyOrder);

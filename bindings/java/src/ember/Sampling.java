@@ -1,11 +1,15 @@
 package ember;
 
 import ember.lowlevel.eb_sampling;
+import ember.lowlevel.emberc;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
 
-/** Sampling and stopping for {@link Session#generate}; defaults are the library's. */
+/**
+ * Sampling, stopping and speculative decoding for {@link Session#generate}; defaults are the
+ * library's.
+ */
 public final class Sampling {
   private final eb_sampling defaults = new eb_sampling();
   int maxTokens = defaults.getMax_tokens();
@@ -17,6 +21,13 @@ public final class Sampling {
   Long seed;
   boolean ignoreEos;
   final List<String> stop = new ArrayList<>();
+  String specDrafter;
+  int specSelfLayers = defaults.getSpec_self_layers();
+  Model specDraftModel;
+  float specThreshold = defaults.getSpec_threshold();
+  int specMaxNodes = defaults.getSpec_max_nodes();
+  int specMaxDepth = defaults.getSpec_max_depth();
+  float specAlpha = defaults.getSpec_alpha();
 
   public Sampling() {
     defaults.delete();
@@ -34,7 +45,48 @@ public final class Sampling {
   /** Stop strings: generation ends before the first match (not emitted). */
   public Sampling stop(String... strings) { stop.addAll(Arrays.asList(strings)); return this; }
 
+  /**
+   * Speculative decoding (same output, greedy or sampled; see docs/API.md): "none" (default),
+   * "ngram" (prompt lookup), "self" (the model's first {@link #specSelfLayers} layers) or "draft"
+   * ({@link #specDraftModel}).
+   */
+  public Sampling specDrafter(String drafter) { specDrafter = drafter; return this; }
+  /** "self": the layers that draft; 0 = 7/8 of the model's. */
+  public Sampling specSelfLayers(int n) { specSelfLayers = n; return this; }
+  /**
+   * "draft": a model with the same vocabulary (selects "draft" when no drafter is set). The stream
+   * holds it (and keeps it loaded) until it ends.
+   */
+  public Sampling specDraftModel(Model m) { specDraftModel = m; return this; }
+  /** A draft candidate this likely opens a branch (default 0.3; above 1: chains). */
+  public Sampling specThreshold(float t) { specThreshold = t; return this; }
+  /** Drafted tokens per tree, 1..64 (default 12). */
+  public Sampling specMaxNodes(int n) { specMaxNodes = n; return this; }
+  /** Drafted tokens per branch, 1..64 (default 8). */
+  public Sampling specMaxDepth(int n) { specMaxDepth = n; return this; }
+  /** Verify when the best branch's confidence falls below this, 0..1 (default 0.25; then adapts). */
+  public Sampling specAlpha(float a) { specAlpha = a; return this; }
+
+  int drafter() {
+    String d = specDrafter != null ? specDrafter : specDraftModel != null ? "draft" : "none";
+    int kind;
+    switch (d) {
+      case "none": kind = emberc.SPEC_NONE; break;
+      case "ngram": kind = emberc.SPEC_NGRAM; break;
+      case "self": kind = emberc.SPEC_SELF; break;
+      case "draft": kind = emberc.SPEC_DRAFT; break;
+      default:
+        throw new EmberException(EmberException.INVALID_ARGUMENT, "unknown spec drafter '" + d + "' (none, ngram, self or draft)");
+    }
+    if (specDraftModel != null && kind != emberc.SPEC_DRAFT) {
+      throw new EmberException(EmberException.INVALID_ARGUMENT, "a spec draft model needs the drafter 'draft', not '" + d + "'");
+    }
+    return kind;
+  }
+
+  /** The native struct, without the draft model (Session.generate sets it while the model is held). */
   eb_sampling toNative() {
+    int drafter = drafter();
     eb_sampling s = new eb_sampling();
     s.setMax_tokens(maxTokens);
     s.setTemperature(temperature);
@@ -45,6 +97,12 @@ public final class Sampling {
     if (seed != null) s.setSeed(seed);
     s.setIgnore_eos(ignoreEos ? 1 : 0);
     for (String x : stop) s.add_stop(x);
+    s.setSpec_drafter(drafter);
+    s.setSpec_self_layers(specSelfLayers);
+    s.setSpec_threshold(specThreshold);
+    s.setSpec_max_nodes(specMaxNodes);
+    s.setSpec_max_depth(specMaxDepth);
+    s.setSpec_alpha(specAlpha);
     return s;
   }
 }

@@ -74,9 +74,19 @@ public final class Session implements AutoCloseable {
   /** Starts generating from everything added so far; iterate the Stream for text pieces. */
   public Stream generate(Sampling s) {
     eb_sampling raw = s.toNative();
+    Model draft = s.specDraftModel;
     try {
-      SWIGTYPE_p_ember_stream st = handle.call(h -> emberc.eb_stream_start(h, raw));
-      return new Stream(this, st);
+      SWIGTYPE_p_ember_stream st;
+      if (draft == null) {
+        st = handle.call(h -> emberc.eb_stream_start(h, raw));
+      } else {
+        // The draft model stays open across the start; the stream then keeps it loaded.
+        st = draft.handle.call(d -> {
+          raw.setSpec_draft_model(d);
+          return handle.call(h -> emberc.eb_stream_start(h, raw));
+        });
+      }
+      return new Stream(this, st, draft);
     } finally {
       raw.delete();
     }

@@ -17,14 +17,16 @@ public final class Stream implements AutoCloseable, Iterable<String>, Iterator<S
   final Native.Handle<SWIGTYPE_p_ember_stream> handle;
   private final java.lang.ref.Cleaner.Cleanable cleanable;
   private final Session session;
+  private final Model draftModel; // held as long as the stream
   private final eb_event event = new eb_event();
   private final StringBuilder text = new StringBuilder();
   private final List<Integer> tokens = new ArrayList<>();
   private volatile EndReason end;
   private String pending;
 
-  Stream(Session session, SWIGTYPE_p_ember_stream h) {
+  Stream(Session session, SWIGTYPE_p_ember_stream h, Model draftModel) {
     this.session = session;
+    this.draftModel = draftModel;
     // Explicit close: ember_stream_destroy (cancel and wait: the session is free right after).
     // Garbage collector: ember_stream_release (never waits for, or runs, engine steps).
     handle = new Native.Handle<>(h, emberc::ember_stream_destroy, emberc::ember_stream_release, "Stream");
@@ -32,6 +34,9 @@ public final class Stream implements AutoCloseable, Iterable<String>, Iterator<S
   }
 
   public Session session() { return session; }
+
+  /** The speculative draft model ({@link Sampling#specDraftModel}), or null. */
+  public Model draftModel() { return draftModel; }
 
   @Override
   public Iterator<String> iterator() { return this; }

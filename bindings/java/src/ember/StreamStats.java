@@ -9,6 +9,14 @@ public final class StreamStats {
   public final double prefillTokensPerSecond;
   public final boolean finished;
   public final EndReason endReason;
+  /** Speculative decoding (0 without it): tokens the drafter proposed. */
+  public final long draftedTokens;
+  /** Drafted tokens the model accepted. */
+  public final long acceptedTokens;
+  /** Model passes that verified a tree. */
+  public final long verifyPasses;
+  /** acceptedTokens / verifyPasses. */
+  public final double meanAcceptedLength;
 
   StreamStats(ember.lowlevel.eb_stats s) {
     promptTokens = s.getPrompt_tokens();
@@ -18,5 +26,9 @@ public final class StreamStats {
     prefillTokensPerSecond = s.getPrefill_tokens_per_second();
     finished = s.getFinished() != 0;
     endReason = EndReason.of(s.getEnd_reason());
+    draftedTokens = s.getDrafted_tokens();
+    acceptedTokens = s.getAccepted_tokens();
+    verifyPasses = s.getVerify_passes();
+    meanAcceptedLength = s.getMean_accepted_length();
   }
 }
