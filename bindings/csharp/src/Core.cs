@@ -288,7 +288,7 @@ namespace Ember
 
     public enum EndReason { None = 0, Eos = 1, StopString = 2, MaxTokens = 3, Cancelled = 4, ContextFull = 5 }
 
-    /// <summary>Sampling and stopping for Session.Generate; defaults are the library's.</summary>
+    /// <summary>Sampling, stopping and speculative decoding for Session.Generate; defaults are the library's.</summary>
     public sealed class Sampling
     {
         public int MaxTokens = 256;
@@ -300,9 +300,44 @@ namespace Ember
         public long? Seed;
         public bool IgnoreEos;
         public IList<string> Stop = new List<string>();
+        /// <summary>Speculative decoding (same output, greedy or sampled; see docs/API.md): "none" (default),
+        /// "ngram" (prompt lookup), "self" (the model's first SpecSelfLayers layers) or "draft" (SpecDraftModel).</summary>
+        public string SpecDrafter;
+        /// <summary>"self": the layers that draft; 0 = 7/8 of the model's.</summary>
+        public int SpecSelfLayers = 0;
+        /// <summary>"draft": a model with the same vocabulary (selects "draft" when SpecDrafter is not set).
+        /// The stream holds it (and keeps it loaded) until it ends.</summary>
+        public Model SpecDraftModel;
+        /// <summary>A draft candidate this likely opens a branch (above 1: chains).</summary>
+        public float SpecThreshold = 0.3f;
+        /// <summary>Drafted tokens per tree, 1..64.</summary>
+        public int SpecMaxNodes = 12;
+        /// <summary>Drafted tokens per branch, 1..64.</summary>
+        public int SpecMaxDepth = 8;
+        /// <summary>Verify when the best branch's confidence falls below this, 0..1 (then adapts).</summary>
+        public float SpecAlpha = 0.25f;
 
+        private int Drafter()
+        {
+            string d = SpecDrafter ?? (SpecDraftModel != null ? "draft" : "none");
+            int kind;
+            switch (d)
+            {
+                case "none": kind = emberc.SPEC_NONE; break;
+                case "ngram": kind = emberc.SPEC_NGRAM; break;
+                case "self": kind = emberc.SPEC_SELF; break;
+                case "draft": kind = emberc.SPEC_DRAFT; break;
+                default: throw new EmberException(EmberException.InvalidArgument, "unknown spec drafter '" + d + "' (none, ngram, self or draft)");
+            }
+            if (SpecDraftModel != null && kind != emberc.SPEC_DRAFT)
+                throw new EmberException(EmberException.InvalidArgument, "a spec draft model needs the drafter 'draft', not '" + d + "'");
+            return kind;
+        }
+
+        /// <summary>The native struct, without the draft model (Session.Generate sets it while the model is held).</summary>
         internal eb_sampling ToNative()
         {
+            int drafter = Drafter();
             var s = new eb_sampling();
             s.max_tokens = MaxTokens;
             s.temperature = Temperature;
@@ -313,6 +348,12 @@ namespace Ember
             if (Seed.HasValue) s.seed = Seed.Value;
             s.ignore_eos = IgnoreEos ? 1 : 0;
             foreach (var x in Stop) s.add_stop(x);
+            s.spec_drafter = drafter;
+            s.spec_self_layers = SpecSelfLayers;
+            s.spec_threshold = SpecThreshold;
+            s.spec_max_nodes = SpecMaxNodes;
+            s.spec_max_depth = SpecMaxDepth;
+            s.spec_alpha = SpecAlpha;
             return s;
         }
     }
@@ -323,6 +364,11 @@ namespace Ember
         public double TimeToFirstTokenMs, TokensPerSecond, PrefillTokensPerSecond;
         public bool Finished;
         public EndReason EndReason;
+        /// <summary>Speculative decoding (0 without it): tokens the drafter proposed, drafted tokens the
+        /// model accepted, model passes that verified a tree.</summary>
+        public long DraftedTokens, AcceptedTokens, VerifyPasses;
+        /// <summary>AcceptedTokens / VerifyPasses.</summary>
+        public double MeanAcceptedLength;
     }
 
     /// <summary>One conversation. One stream at a time; use it from one thread at a time.</summary>
@@ -367,9 +413,18 @@ namespace Ember
         /// <summary>Starts generating from everything added so far; enumerate the Stream for text pieces.</summary>
         public Stream Generate(Sampling sampling = null)
         {
-            using (var raw = (sampling ?? new Sampling()).ToNative())
+            sampling = sampling ?? new Sampling();
+            var draft = sampling.SpecDraftModel;
+            using (var raw = sampling.ToNative())
             {
-                return new Stream(this, handle.Call(h => emberc.eb_stream_start(h, raw)));
+                if (draft == null) return new Stream(this, handle.Call(h => emberc.eb_stream_start(h, raw)), null);
+                // The draft model stays open across the start; the stream then keeps it loaded.
+                var st = draft.handle.Call(d =>
+                {
+                    raw.spec_draft_model = d;
+                    return handle.Call(h => emberc.eb_stream_start(h, raw));
+                });
+                return new Stream(this, st, draft);
             }
         }
 
@@ -403,9 +458,10 @@ namespace Ember
         private readonly object readLock = new object();
         private EndReason? end;
 
-        internal Stream(Session session, SWIGTYPE_p_ember_stream h)
+        internal Stream(Session session, SWIGTYPE_p_ember_stream h, Model draftModel)
         {
             Session = session;
+            DraftModel = draftModel;
             handle = new Handle<SWIGTYPE_p_ember_stream>(h, emberc.ember_stream_destroy, "Stream");
         }
 
@@ -413,6 +469,9 @@ namespace Ember
         ~Stream() { if (handle != null) handle.Close(emberc.ember_stream_release); }
 
         public Session Session { get; private set; }
+
+        /// <summary>The speculative draft model (Sampling.SpecDraftModel), held as long as the stream; or null.</summary>
+        public Model DraftModel { get; private set; }
 
         /// <summary>The next text piece, or null at the end. With timeoutMs &gt;= 0 throws
         /// EmberException(Timeout) when nothing came in time (manual-step engines poll with 0).</summary>
@@ -478,7 +537,9 @@ namespace Ember
                         PromptTokens = raw.prompt_tokens, GeneratedTokens = raw.generated_tokens,
                         TimeToFirstTokenMs = raw.time_to_first_token_ms, TokensPerSecond = raw.tokens_per_second,
                         PrefillTokensPerSecond = raw.prefill_tokens_per_second, Finished = raw.finished != 0,
-                        EndReason = (EndReason)raw.end_reason,
+                        EndReason = (EndReason)raw.end_reason, DraftedTokens = raw.drafted_tokens,
+                        AcceptedTokens = raw.accepted_tokens, VerifyPasses = raw.verify_passes,
+                        MeanAcceptedLength = raw.mean_accepted_length,
                     };
                 }
             }

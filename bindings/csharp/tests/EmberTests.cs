@@ -12,6 +12,8 @@ using Stream = Ember.Stream;
 static class EmberTests
 {
     const string Prompt = "Name three colors.";
+    // Every drafter drafts on it (tests/capi/speculative_test.cpp).
+    const string Counting = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,";
     const long Kv = 64L << 20; // as bindings/tools/greedy_ref.c
     static Model model;
     static Engine engine;
@@ -236,6 +238,144 @@ static class EmberTests
         finally { Directory.Delete(dir, true); }
     }
 
+    // ---------------------------------------------------------------- speculative decoding
+    /// The tokens and stats of one stream on a fresh session (counting text, or a chat message).
+    static KeyValuePair<int[], StreamStats> SpecRun(bool counting, Sampling sampling)
+    {
+        using (var s = engine.Session())
+        {
+            if (counting) s.AddText(Counting);
+            else s.AddMessage("user", Prompt);
+            using (var st = s.Generate(sampling))
+            {
+                st.ReadAll();
+                return new KeyValuePair<int[], StreamStats>(st.Tokens, st.Stats);
+            }
+        }
+    }
+
+    static void SpeculativeGreedyEqualsPlain()
+    {
+        using (var draft = new Model(ModelPath())) // the same file loaded twice: exactness, not speed
+        {
+            var drafters = new List<KeyValuePair<string, Func<Sampling>>>
+            {
+                new KeyValuePair<string, Func<Sampling>>("ngram", () => { var g = Greedy(24); g.SpecDrafter = "ngram"; return g; }),
+                new KeyValuePair<string, Func<Sampling>>("self", () => { var g = Greedy(24); g.SpecDrafter = "self"; g.SpecSelfLayers = 20; return g; }),
+                new KeyValuePair<string, Func<Sampling>>("draft", () => { var g = Greedy(24); g.SpecDrafter = "draft"; g.SpecDraftModel = draft; return g; }),
+                new KeyValuePair<string, Func<Sampling>>("draft (implied), chains", () =>
+                    new Sampling { MaxTokens = 24, Temperature = 0, SpecDraftModel = draft, SpecThreshold = 2f, SpecMaxNodes = 6,
+                                   SpecMaxDepth = 6, SpecAlpha = 0.5f }),
+            };
+            foreach (bool counting in new[] { true, false })
+            {
+                var plain = SpecRun(counting, Greedy(24));
+                Check(plain.Key.Length > 0, "plain tokens");
+                Eq(0L, plain.Value.DraftedTokens, "drafted without speculation");
+                Eq(0L, plain.Value.VerifyPasses, "verify passes without speculation");
+                foreach (var d in drafters)
+                {
+                    string what = d.Key + (counting ? " on counting" : " on chat");
+                    var r = SpecRun(counting, d.Value());
+                    var st = r.Value;
+                    Eq(Ids(plain.Key), Ids(r.Key), what);
+                    Eq(plain.Value.GeneratedTokens, st.GeneratedTokens, "generated " + what);
+                    Check(st.AcceptedTokens <= st.DraftedTokens, "accepted <= drafted " + what);
+                    if (counting)
+                    {
+                        Check(st.DraftedTokens > 0, "drafted " + what);
+                        Check(st.VerifyPasses > 0, "verify passes " + what);
+                        Check(Math.Abs(st.MeanAcceptedLength - (double)st.AcceptedTokens / st.VerifyPasses) < 1e-9, "mean " + what);
+                    }
+                }
+            }
+        }
+    }
+
+    static void SpeculativeStreamKeepsItsDraftModel()
+    {
+        var plain = SpecRun(true, Greedy(16)).Key;
+        var draft = new Model(ModelPath());
+        using (var s = engine.Session())
+        {
+            s.AddText(Counting);
+            var g = Greedy(16);
+            g.SpecDraftModel = draft;
+            using (var st = s.Generate(g))
+            {
+                Check(ReferenceEquals(st.DraftModel, draft), "the stream holds its draft model");
+                draft.Dispose(); // the stream keeps it loaded until it ends
+                st.ReadAll();
+                Eq(Ids(plain), Ids(st.Tokens), "tokens with the draft model closed");
+                Check(st.Stats.VerifyPasses > 0, "verify passes");
+            }
+        }
+        Throws(EmberException.InvalidArgument, () => { var g = Greedy(4); g.SpecDraftModel = draft; SpecRun(true, g); });
+    }
+
+    static Sampling Spec(string drafter, Action<Sampling> set = null)
+    {
+        var g = Greedy(4);
+        g.SpecDrafter = drafter;
+        if (set != null) set(g);
+        return g;
+    }
+
+    static void SpeculativeBadParameters()
+    {
+        var bad = new[]
+        {
+            Spec("ngram", g => g.SpecMaxNodes = 0), Spec("ngram", g => g.SpecMaxNodes = 1000),
+            Spec("ngram", g => g.SpecMaxDepth = 0), Spec("ngram", g => g.SpecThreshold = float.NaN),
+            Spec("ngram", g => g.SpecAlpha = 2f), Spec("self", g => g.SpecSelfLayers = 1000),
+            Spec("self", g => g.SpecSelfLayers = -1), Spec("draft"), // no draft model
+            Spec("eagle"), Spec("ngram", g => g.SpecDraftModel = model),
+        };
+        using (var s = engine.Session())
+        {
+            s.AddText(Counting);
+            foreach (var b in bad) Throws(EmberException.InvalidArgument, () => s.Generate(b));
+            var e = Throws(EmberException.InvalidArgument, () => s.Generate(Spec("ngram", g => g.SpecMaxNodes = 1000)));
+            Check(e.Message.Contains("max_nodes"), "message: " + e.Message);
+            // A draft model with another vocabulary is refused by the engine.
+            string other = Path.Combine(Path.GetDirectoryName(ModelPath()), "gemma-3-270m-q4_k_m.gguf");
+            if (File.Exists(other))
+            {
+                using (var gemma = new Model(other))
+                {
+                    var v = Throws(EmberException.InvalidArgument, () => s.Generate(Spec(null, g => g.SpecDraftModel = gemma)));
+                    Check(v.Message.Contains("vocabulary"), "message: " + v.Message);
+                }
+            }
+            else
+            {
+                Check(Environment.GetEnvironmentVariable("CI") == null, "model missing: " + other);
+            }
+            // Nothing above left the session busy.
+            Eq(4, RunGreedy(s, Spec("ngram")).Tokens.Length, "tokens after the errors");
+        }
+    }
+
+    static void SamplingDefaultsAreTheLibrarys()
+    {
+        var g = new Sampling();
+        using (var d = new Ember.LowLevel.eb_sampling())
+        {
+            Eq(d.max_tokens, g.MaxTokens, "MaxTokens");
+            Eq(d.temperature, g.Temperature, "Temperature");
+            Eq(d.top_k, g.TopK, "TopK");
+            Eq(d.top_p, g.TopP, "TopP");
+            Eq(d.min_p, g.MinP, "MinP");
+            Eq(d.repeat_penalty, g.RepeatPenalty, "RepeatPenalty");
+            Eq(d.spec_drafter, Ember.LowLevel.emberc.SPEC_NONE, "spec_drafter");
+            Eq(d.spec_self_layers, g.SpecSelfLayers, "SpecSelfLayers");
+            Eq(d.spec_threshold, g.SpecThreshold, "SpecThreshold");
+            Eq(d.spec_max_nodes, g.SpecMaxNodes, "SpecMaxNodes");
+            Eq(d.spec_max_depth, g.SpecMaxDepth, "SpecMaxDepth");
+            Eq(d.spec_alpha, g.SpecAlpha, "SpecAlpha");
+        }
+    }
+
     static void MissingAndCorruptFiles()
     {
         string missing = Path.Combine(Path.GetTempPath(), "ember-no-such-model.gguf");
@@ -382,6 +522,10 @@ static class EmberTests
             new KeyValuePair<string, Action>("cancel_from_another_thread", CancelFromAnotherThread),
             new KeyValuePair<string, Action>("two_sessions_on_two_threads", TwoSessionsOnTwoThreads),
             new KeyValuePair<string, Action>("save_load_continue_exactly", SaveLoadContinue),
+            new KeyValuePair<string, Action>("speculative_greedy_equals_plain", SpeculativeGreedyEqualsPlain),
+            new KeyValuePair<string, Action>("speculative_stream_keeps_its_draft_model", SpeculativeStreamKeepsItsDraftModel),
+            new KeyValuePair<string, Action>("speculative_bad_parameters", SpeculativeBadParameters),
+            new KeyValuePair<string, Action>("sampling_defaults_are_the_librarys", SamplingDefaultsAreTheLibrarys),
             new KeyValuePair<string, Action>("missing_and_corrupt_files", MissingAndCorruptFiles),
             new KeyValuePair<string, Action>("busy", Busy),
             new KeyValuePair<string, Action>("close_in_any_order", CloseInAnyOrder),
