@@ -465,6 +465,15 @@ type Sampling struct {
 	Seed          uint64
 	IgnoreEOS     bool
 	Stop          []string // generation ends before the first match (not emitted)
+
+	// Speculative decoding (same output, greedy or sampled; see docs/API.md).
+	SpecDrafter    string  // "" or "none" (default), "ngram" (prompt lookup), "self", "draft"
+	SpecSelfLayers int     // "self": the layers that draft; 0 = 7/8 of the model's
+	SpecDraftModel *Model  // "draft": same vocabulary (selects "draft" when SpecDrafter is ""); the stream holds it
+	SpecThreshold  float32 // a draft candidate this likely opens a branch (above 1: chains)
+	SpecMaxNodes   int     // drafted tokens per tree, 1..64
+	SpecMaxDepth   int     // drafted tokens per branch, 1..64
+	SpecAlpha      float32 // verify when the best branch's confidence falls below this, 0..1 (then adapts)
 }
 
 // DefaultSampling returns the library's defaults.
@@ -472,7 +481,30 @@ func DefaultSampling() Sampling {
 	d := emberc.NewEb_sampling()
 	defer emberc.DeleteEb_sampling(d)
 	return Sampling{MaxTokens: d.GetMax_tokens(), Temperature: d.GetTemperature(), TopK: d.GetTop_k(),
-		TopP: d.GetTop_p(), MinP: d.GetMin_p(), RepeatPenalty: d.GetRepeat_penalty(), Seed: uint64(d.GetSeed())}
+		TopP: d.GetTop_p(), MinP: d.GetMin_p(), RepeatPenalty: d.GetRepeat_penalty(), Seed: uint64(d.GetSeed()),
+		SpecSelfLayers: d.GetSpec_self_layers(), SpecThreshold: d.GetSpec_threshold(),
+		SpecMaxNodes: d.GetSpec_max_nodes(), SpecMaxDepth: d.GetSpec_max_depth(), SpecAlpha: d.GetSpec_alpha()}
+}
+
+// drafter is o's SPEC_* constant.
+func (o *Sampling) drafter() (int, error) {
+	d := o.SpecDrafter
+	if d == "" {
+		d = "none"
+		if o.SpecDraftModel != nil {
+			d = "draft"
+		}
+	}
+	kinds := map[string]int{"none": emberc.SPEC_NONE, "ngram": emberc.SPEC_NGRAM, "self": emberc.SPEC_SELF,
+		"draft": emberc.SPEC_DRAFT}
+	kind, ok := kinds[d]
+	if !ok {
+		return 0, &Error{StatusInvalidArgument, fmt.Sprintf("unknown spec drafter %q (none, ngram, self or draft)", d)}
+	}
+	if o.SpecDraftModel != nil && kind != emberc.SPEC_DRAFT {
+		return 0, &Error{StatusInvalidArgument, fmt.Sprintf("a spec draft model needs the drafter \"draft\", not %q", d)}
+	}
+	return kind, nil
 }
 
 // Generate starts generating from everything added so far (nil: DefaultSampling()).
@@ -480,6 +512,10 @@ func (s *Session) Generate(opts *Sampling) (*Stream, error) {
 	o := DefaultSampling()
 	if opts != nil {
 		o = *opts
+	}
+	drafter, err := o.drafter()
+	if err != nil {
+		return nil, err
 	}
 	raw := emberc.NewEb_sampling()
 	defer emberc.DeleteEb_sampling(raw)
@@ -494,13 +530,34 @@ func (s *Session) Generate(opts *Sampling) (*Stream, error) {
 	for _, x := range o.Stop {
 		raw.Add_stop(x)
 	}
-	p, err := use(s.h, func(h emberc.Struct_SS_ember_session) emberc.Struct_SS_ember_stream {
-		return emberc.Eb_stream_start(h, raw)
-	})
+	raw.SetSpec_drafter(drafter)
+	raw.SetSpec_self_layers(o.SpecSelfLayers)
+	raw.SetSpec_threshold(o.SpecThreshold)
+	raw.SetSpec_max_nodes(o.SpecMaxNodes)
+	raw.SetSpec_max_depth(o.SpecMaxDepth)
+	raw.SetSpec_alpha(o.SpecAlpha)
+	start := func() (emberc.Struct_SS_ember_stream, error) {
+		return use(s.h, func(h emberc.Struct_SS_ember_session) emberc.Struct_SS_ember_stream {
+			return emberc.Eb_stream_start(h, raw)
+		})
+	}
+	var p emberc.Struct_SS_ember_stream
+	if o.SpecDraftModel == nil {
+		p, err = start()
+	} else {
+		// The draft model stays open across the start; the stream then keeps it loaded.
+		var d emberc.Struct_SS_ember_model
+		if d, err = o.SpecDraftModel.h.acquire(); err == nil {
+			raw.SetSpec_draft_model(d)
+			p, err = start()
+			o.SpecDraftModel.h.done()
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
-	st := &Stream{h: newHandle(p, emberc.Ember_stream_destroy, "Stream"), Session: s, ev: emberc.NewEb_event()}
+	st := &Stream{h: newHandle(p, emberc.Ember_stream_destroy, "Stream"), Session: s, DraftModel: o.SpecDraftModel,
+		ev: emberc.NewEb_event()}
 	// The finalizer never waits for, or runs, engine steps: ember_stream_release.
 	runtime.SetFinalizer(st, func(st *Stream) {
 		gcClose(st.h, emberc.Ember_stream_release)
@@ -541,14 +598,15 @@ func (r EndReason) String() string {
 // Stream is one generation. Next returns its text pieces, then io.EOF.
 // Cancel may be called from any goroutine.
 type Stream struct {
-	h       *handle[emberc.Struct_SS_ember_stream]
-	Session *Session
-	mu      sync.Mutex
-	ev      emberc.Eb_event
-	text    strings.Builder
-	tokens  []int
-	ended   bool
-	reason  EndReason
+	h          *handle[emberc.Struct_SS_ember_stream]
+	Session    *Session
+	DraftModel *Model // the speculative draft model (Sampling.SpecDraftModel), held as long as the stream; or nil
+	mu         sync.Mutex
+	ev         emberc.Eb_event
+	text       strings.Builder
+	tokens     []int
+	ended      bool
+	reason     EndReason
 }
 
 // Next returns the next text piece, waiting for it; io.EOF at the end.
@@ -632,6 +690,10 @@ type StreamStats struct {
 	TimeToFirstTokenMs, TokensPerSecond, PrefillTokensPerSecond float64
 	Finished                                                    bool
 	EndReason                                                   EndReason
+	// Speculative decoding (0 without it): tokens the drafter proposed, drafted
+	// tokens the model accepted, model passes that verified a tree.
+	DraftedTokens, AcceptedTokens, VerifyPasses int64
+	MeanAcceptedLength                          float64 // AcceptedTokens / VerifyPasses
 }
 
 // Stats returns the stream's statistics.
@@ -643,7 +705,8 @@ func (st *Stream) Stats() (StreamStats, error) {
 	}
 	return StreamStats{raw.GetPrompt_tokens(), raw.GetGenerated_tokens(), raw.GetTime_to_first_token_ms(),
 		raw.GetTokens_per_second(), raw.GetPrefill_tokens_per_second(), raw.GetFinished() != 0,
-		EndReason(raw.GetEnd_reason())}, nil
+		EndReason(raw.GetEnd_reason()), raw.GetDrafted_tokens(), raw.GetAccepted_tokens(), raw.GetVerify_passes(),
+		raw.GetMean_accepted_length()}, nil
 }
 
 // Close cancels the stream if still running, waits for it to stop and releases it.

@@ -18,6 +18,9 @@ import (
 )
 
 const prompt = "Name three colors."
+
+// Every drafter drafts on it (tests/capi/speculative_test.cpp).
+const counting = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"
 const kv = 64 << 20 // as bindings/tools/greedy_ref.c
 
 func modelPath() string {
@@ -536,5 +539,138 @@ func TestScore(t *testing.T) {
 		if v > 0 {
 			t.Fatal(lp)
 		}
+	}
+}
+
+// specRun returns the tokens and stats of one stream on a fresh session
+// (counting text, or a chat message).
+func specRun(t *testing.T, e *Engine, countingText bool, opts *Sampling) ([]int, StreamStats) {
+	t.Helper()
+	s := must(e.NewSession(nil))(t)
+	defer s.Close()
+	if countingText {
+		ok(t, s.AddText(counting, false))
+	} else {
+		ok(t, s.AddMessage("user", prompt))
+	}
+	st := must(s.Generate(opts))(t)
+	defer st.Close()
+	must(st.ReadAll())(t)
+	return st.Tokens(), must(st.Stats())(t)
+}
+
+func spec(n int, set func(*Sampling)) *Sampling {
+	s := greedy(n)
+	set(s)
+	return s
+}
+
+func TestSpeculativeGreedyEqualsPlain(t *testing.T) {
+	_, e := setup(t)
+	draft := must(LoadModel(modelPath()))(t) // the same file loaded twice: exactness, not speed
+	defer draft.Close()
+	drafters := []struct {
+		name string
+		opts *Sampling
+	}{
+		{"ngram", spec(24, func(s *Sampling) { s.SpecDrafter = "ngram" })},
+		{"self", spec(24, func(s *Sampling) { s.SpecDrafter, s.SpecSelfLayers = "self", 20 })},
+		{"draft", spec(24, func(s *Sampling) { s.SpecDrafter, s.SpecDraftModel = "draft", draft })},
+		{"draft (implied), chains", spec(24, func(s *Sampling) {
+			s.SpecDraftModel, s.SpecThreshold, s.SpecMaxNodes, s.SpecMaxDepth, s.SpecAlpha = draft, 2, 6, 6, 0.5
+		})},
+	}
+	for _, countingText := range []bool{true, false} {
+		plain, ps := specRun(t, e, countingText, greedy(24))
+		if len(plain) == 0 || ps.DraftedTokens != 0 || ps.VerifyPasses != 0 {
+			t.Fatalf("plain: %v %+v", plain, ps)
+		}
+		for _, d := range drafters {
+			what := fmt.Sprintf("%s (counting %v)", d.name, countingText)
+			tokens, st := specRun(t, e, countingText, d.opts)
+			if fmt.Sprint(tokens) != fmt.Sprint(plain) {
+				t.Fatalf("%s: %v, want %v", what, tokens, plain)
+			}
+			if st.GeneratedTokens != ps.GeneratedTokens || st.AcceptedTokens > st.DraftedTokens {
+				t.Fatalf("%s: %+v", what, st)
+			}
+			if countingText && (st.DraftedTokens == 0 || st.VerifyPasses == 0 ||
+				math.Abs(st.MeanAcceptedLength-float64(st.AcceptedTokens)/float64(st.VerifyPasses)) > 1e-9) {
+				t.Fatalf("%s: %+v", what, st)
+			}
+		}
+	}
+}
+
+func TestSpeculativeStreamKeepsItsDraftModel(t *testing.T) {
+	_, e := setup(t)
+	plain, _ := specRun(t, e, true, greedy(16))
+	draft := must(LoadModel(modelPath()))(t)
+	s := must(e.NewSession(nil))(t)
+	defer s.Close()
+	ok(t, s.AddText(counting, false))
+	st := must(s.Generate(spec(16, func(o *Sampling) { o.SpecDraftModel = draft })))(t)
+	defer st.Close()
+	if st.DraftModel != draft {
+		t.Fatal("the stream does not hold its draft model")
+	}
+	draft.Close() // the stream keeps it loaded until it ends
+	must(st.ReadAll())(t)
+	if fmt.Sprint(st.Tokens()) != fmt.Sprint(plain) {
+		t.Fatalf("%v, want %v", st.Tokens(), plain)
+	}
+	if stats := must(st.Stats())(t); stats.VerifyPasses == 0 {
+		t.Fatalf("%+v", stats)
+	}
+	s2 := must(e.NewSession(nil))(t)
+	defer s2.Close()
+	ok(t, s2.AddText(counting, false))
+	_, err := s2.Generate(spec(4, func(o *Sampling) { o.SpecDraftModel = draft }))
+	expectStatus(t, err, StatusInvalidArgument) // a closed model
+}
+
+func TestSpeculativeBadParameters(t *testing.T) {
+	m, e := setup(t)
+	bad := []*Sampling{
+		spec(4, func(s *Sampling) { s.SpecDrafter, s.SpecMaxNodes = "ngram", 0 }),
+		spec(4, func(s *Sampling) { s.SpecDrafter, s.SpecMaxNodes = "ngram", 1000 }),
+		spec(4, func(s *Sampling) { s.SpecDrafter, s.SpecMaxDepth = "ngram", 0 }),
+		spec(4, func(s *Sampling) { s.SpecDrafter, s.SpecThreshold = "ngram", float32(math.NaN()) }),
+		spec(4, func(s *Sampling) { s.SpecDrafter, s.SpecAlpha = "ngram", 2 }),
+		spec(4, func(s *Sampling) { s.SpecDrafter, s.SpecSelfLayers = "self", 1000 }),
+		spec(4, func(s *Sampling) { s.SpecDrafter, s.SpecSelfLayers = "self", -1 }),
+		spec(4, func(s *Sampling) { s.SpecDrafter = "draft" }), // no draft model
+		spec(4, func(s *Sampling) { s.SpecDrafter = "eagle" }),
+		spec(4, func(s *Sampling) { s.SpecDrafter, s.SpecDraftModel = "ngram", m }),
+	}
+	s := must(e.NewSession(nil))(t)
+	defer s.Close()
+	ok(t, s.AddText(counting, false))
+	for i, b := range bad {
+		st, err := s.Generate(b)
+		if st != nil {
+			t.Fatalf("bad parameters %d accepted", i)
+		}
+		expectStatus(t, err, StatusInvalidArgument)
+	}
+	_, err := s.Generate(bad[1])
+	if be := expectStatus(t, err, StatusInvalidArgument); !strings.Contains(be.Message, "max_nodes") {
+		t.Fatal(be.Message)
+	}
+	// A draft model with another vocabulary is refused by the engine.
+	other := filepath.Join(filepath.Dir(modelPath()), "gemma-3-270m-q4_k_m.gguf")
+	if _, err := os.Stat(other); err == nil {
+		gemma := must(LoadModel(other))(t)
+		_, err := s.Generate(spec(4, func(o *Sampling) { o.SpecDraftModel = gemma }))
+		if ve := expectStatus(t, err, StatusInvalidArgument); !strings.Contains(ve.Message, "vocabulary") {
+			t.Fatal(ve.Message)
+		}
+		gemma.Close()
+	} else if os.Getenv("CI") != "" {
+		t.Fatalf("model missing: %s", other)
+	}
+	// Nothing above left the session busy.
+	if n := len(runGreedy(t, s, spec(4, func(o *Sampling) { o.SpecDrafter = "ngram" })).Tokens()); n != 4 {
+		t.Fatalf("%d tokens after the errors", n)
 	}
 }
