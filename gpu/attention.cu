@@ -109,9 +109,11 @@ __global__ void __launch_bounds__(kMaxWarps * 32) attention_kernel(AttnLaunch a)
       if (pos < max_len) {
         const int slot = pos >= td.map_from ? a.tree_slots[td.map_off + pos - td.map_from] : pos;
         const int64_t blk = table[slot / bs];
-        const int64_t off = blk * block_elems + (static_cast<int64_t>(h) * bs + slot % bs) * D + part * 8;
-        kk = *reinterpret_cast<const U32x4*>(k_layer + off);
-        vv = *reinterpret_cast<const U32x4*>(v_layer + off);
+        if (blk >= 0) {  // (-1: freed by a sliding-window group, outside every row's window: p = 0)
+          const int64_t off = blk * block_elems + (static_cast<int64_t>(h) * bs + slot % bs) * D + part * 8;
+          kk = *reinterpret_cast<const U32x4*>(k_layer + off);
+          vv = *reinterpret_cast<const U32x4*>(v_layer + off);
+        }
       }
       uint32_t* kd = k_s + j * kstride + part * 4;
       kd[0] = kk.x;

@@ -758,7 +758,8 @@ class CudaBackend final : public Backend, public BackendExtras {
     for (int32_t s = 0; s < n_seqs; ++s) {
       const AttentionSeq& sq = seqs[s];
       for (int32_t b = 0; b < sq.n_blocks; ++b) {
-        if (sq.block_table[b] < 0 || sq.block_table[b] >= geom_.num_blocks) {
+        // -1: a block a sliding-window layer group has freed (never inside a row's window).
+        if (sq.block_table[b] < -1 || sq.block_table[b] >= geom_.num_blocks) {
           fail(StatusCode::kInternal, "attention: block table entry outside the pool");
         }
         tables[off + b] = sq.block_table[b];

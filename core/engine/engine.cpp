@@ -66,7 +66,8 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineParams& params)
   if (blocks == 0) fail(StatusCode::kInvalidArgument, "engine: kv_memory_bytes is smaller than one KV block");
   if (blocks > (1u << 30)) fail(StatusCode::kInvalidArgument, "engine: kv_memory_bytes is absurdly large");
   g.num_blocks = static_cast<int32_t>(blocks);
-  kv_ = std::make_unique<KvManager>(*backend_, g, params_.prefix_caching, KvManager::Rope{model_->rope_specs()});
+  kv_ = std::make_unique<KvManager>(*backend_, g, model_->kv_groups(), params_.prefix_caching,
+                                    KvManager::Rope{model_->rope_specs()});
   scheduler_ = std::make_unique<Scheduler>(SchedulerConfig{params_.max_batch_tokens, params_.max_running});
   forward_ = arch->make_forward(model_, *backend_, g.block_size);
 }

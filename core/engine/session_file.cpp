@@ -201,7 +201,6 @@ void Session::save(const std::string& path) {
   require_idle_locked();
   const KvSequence& kv = *kv_;
   const std::unique_ptr<KvManager::Export> exported = kvm.export_blocks(*kv_);
-  const std::vector<int32_t>& blocks = exported->blocks();
   const CachePolicy& policy = kv.policy();
 
   Writer w;
@@ -230,11 +229,12 @@ void Session::save(const std::string& path) {
   w.value<uint32_t>(0);  // dtype: f16
   const size_t bpb = g.bytes_per_block();
   w.value<uint64_t>(bpb);
-  w.value<uint64_t>(blocks.size());
+  const size_t n_blocks = exported->n_blocks();
+  w.value<uint64_t>(n_blocks);
   std::vector<uint8_t>& buf = w.buffer();
   const size_t kv_at = buf.size();
-  buf.resize(kv_at + blocks.size() * bpb);
-  for (size_t i = 0; i < blocks.size(); ++i) kvm.read_block(blocks[i], buf.data() + kv_at + i * bpb);
+  buf.resize(kv_at + n_blocks * bpb);
+  for (size_t i = 0; i < n_blocks; ++i) exported->read(i, buf.data() + kv_at + i * bpb);
 
   const uint64_t fp = model_fingerprint(engine.model());
   const uint64_t payload = buf.size();

@@ -1,11 +1,50 @@
 #include "core/kv_cache/kv_cache.h"
 
 #include <algorithm>
+#include <map>
+#include <numeric>
 
 #include "core/util/fault.h"
 #include "core/util/status.h"
 
 namespace ember {
+
+bool KvLayerGroups::has_local() const {
+  return std::any_of(window.begin(), window.end(), [](int32_t w) { return w > 0; });
+}
+
+KvLayerGroups KvLayerGroups::from_windows(const std::vector<int32_t>& layer_window) {
+  KvLayerGroups g;
+  const int32_t n = static_cast<int32_t>(layer_window.size());
+  if (n == 0) return g;
+  std::map<int32_t, std::vector<int32_t>> classes;  // window -> its layers, in order
+  for (int32_t il = 0; il < n; ++il) classes[std::max(layer_window[il], 0)].push_back(il);
+  int32_t per = 0;
+  for (const auto& c : classes) per = std::gcd(per, static_cast<int32_t>(c.second.size()));
+  g.layers_per_group = per;
+  g.group_of_layer.assign(n, 0);
+  g.index_in_group.assign(n, 0);
+  for (const auto& [w, ls] : classes) {
+    for (size_t i = 0; i < ls.size(); i += static_cast<size_t>(per)) {
+      const int32_t group = g.n_groups();
+      g.window.push_back(w);
+      g.layers.emplace_back(ls.begin() + static_cast<std::ptrdiff_t>(i),
+                            ls.begin() + static_cast<std::ptrdiff_t>(i + static_cast<size_t>(per)));
+      for (int32_t j = 0; j < per; ++j) {
+        g.group_of_layer[ls[i + j]] = group;
+        g.index_in_group[ls[i + j]] = j;
+      }
+    }
+  }
+  return g;
+}
+
+size_t KvLayerGroups::first_needed_block(int32_t group, int64_t n, int32_t block_size) const {
+  const int32_t w = window[static_cast<size_t>(group)];
+  const int64_t first_slot = (n + 1 - w) & ~int64_t{31};
+  if (w <= 0 || first_slot <= 0) return 0;
+  return static_cast<size_t>(first_slot / block_size);
+}
 
 KvCache::KvCache(Backend& backend, const KvGeometry& geometry, bool prefix_caching)
     : backend_(backend), geometry_(geometry), prefix_caching_(prefix_caching) {
@@ -34,6 +73,13 @@ uint64_t KvCache::chain_hash(uint64_t parent, const int32_t* tokens, int32_t n) 
   h *= 0xff51afd7ed558ccdull;
   h ^= h >> 33;
   return h;
+}
+
+uint64_t KvCache::group_seed(int32_t group) {
+  if (group == 0) return 0;  // the plain layout keeps its keys
+  uint64_t z = static_cast<uint64_t>(group) * 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  return z ^ (z >> 27);
 }
 
 void KvCache::free_list_push_back(int32_t b) {
@@ -112,27 +158,38 @@ const int32_t* key_tokens(const int32_t* t, const uint8_t* decoded, size_t first
 }
 }  // namespace
 
-std::vector<int32_t> KvCache::match_prefix(const int32_t* tokens, size_t n_tokens, size_t max_blocks, bool count_stats,
-                                           const uint8_t* decoded) {
+std::vector<int32_t> KvCache::match_locked(const int32_t* tokens, size_t n, const uint8_t* decoded, int32_t group,
+                                           bool stop_at_missing) {
   std::vector<int32_t> out;
-  if (!prefix_caching_) return out;
   const int32_t bs = geometry_.block_size;
-  const size_t full = std::min(n_tokens / static_cast<size_t>(bs), max_blocks);
-  std::lock_guard<std::mutex> lock(mutex_);
-  uint64_t parent = 0;
+  uint64_t parent = group_seed(group);
   std::vector<int32_t> key;
-  for (size_t i = 0; i < full; ++i) {
+  for (size_t i = 0; i < n; ++i) {
     const int32_t* t = key_tokens(tokens + i * bs, decoded, i * bs, bs, key);
     const uint64_t h = chain_hash(parent, t, bs);
     auto it = index_.find(h);
-    if (it == index_.end()) break;
-    BlockMeta& m = blocks_[it->second];
-    if (m.parent_hash != parent || !std::equal(m.tokens.begin(), m.tokens.end(), t)) break;  // collision
-    if (m.in_free_list) free_list_remove(it->second);
-    ++m.refcount;
-    out.push_back(it->second);
+    int32_t found = kNoBlock;
+    if (it != index_.end()) {
+      BlockMeta& m = blocks_[it->second];
+      if (m.parent_hash == parent && std::equal(m.tokens.begin(), m.tokens.end(), t)) {  // else a collision
+        if (m.in_free_list) free_list_remove(it->second);
+        ++m.refcount;
+        found = it->second;
+      }
+    }
+    if (found == kNoBlock && stop_at_missing) break;
+    out.push_back(found);
     parent = h;
   }
+  return out;
+}
+
+std::vector<int32_t> KvCache::match_prefix(const int32_t* tokens, size_t n_tokens, size_t max_blocks, bool count_stats,
+                                           const uint8_t* decoded, int32_t group) {
+  if (!prefix_caching_) return {};
+  const size_t full = std::min(n_tokens / static_cast<size_t>(geometry_.block_size), max_blocks);
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<int32_t> out = match_locked(tokens, full, decoded, group, true);
   if (count_stats) {
     counters_.prefix_hits += out.size();
     counters_.prefix_misses += full - out.size();
@@ -140,46 +197,79 @@ std::vector<int32_t> KvCache::match_prefix(const int32_t* tokens, size_t n_token
   return out;
 }
 
-bool KvCache::reserve(std::vector<int32_t>& block_table, int32_t n_slots) {
-  const size_t need = (static_cast<size_t>(std::max(n_slots, 0)) + geometry_.block_size - 1) / geometry_.block_size;
-  if (need <= block_table.size()) return true;
+std::vector<int32_t> KvCache::find_blocks(const int32_t* tokens, size_t n_blocks, const uint8_t* decoded,
+                                          int32_t group) {
+  if (!prefix_caching_) return std::vector<int32_t>(n_blocks, kNoBlock);
   std::lock_guard<std::mutex> lock(mutex_);
-  const size_t extra = need - block_table.size();
+  return match_locked(tokens, n_blocks, decoded, group, false);
+}
+
+void KvCache::count_prefix(size_t hits, size_t misses) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  counters_.prefix_hits += hits;
+  counters_.prefix_misses += misses;
+}
+
+bool KvCache::reserve(std::vector<int32_t>& block_table, int32_t n_slots) {
+  std::vector<int32_t>* t = &block_table;
+  return reserve(&t, 1, n_slots);
+}
+
+bool KvCache::reserve(std::vector<int32_t>* const* tables, size_t n_tables, int32_t n_slots) {
+  const size_t need = (static_cast<size_t>(std::max(n_slots, 0)) + geometry_.block_size - 1) / geometry_.block_size;
+  size_t extra = 0;
+  for (size_t g = 0; g < n_tables; ++g) extra += need > tables[g]->size() ? need - tables[g]->size() : 0;
+  if (extra == 0) return true;
+  std::lock_guard<std::mutex> lock(mutex_);
   if (extra > free_count_ + cached_count_) return false;
   if (testing::inject_alloc_failure(testing::AllocSite::kKvBlock)) {
     fail(StatusCode::kOutOfMemory, "kv cache: cannot allocate " + std::to_string(extra) + " KV blocks (injected)");
   }
-  for (size_t i = 0; i < extra; ++i) block_table.push_back(take_free_block_locked());
+  for (size_t g = 0; g < n_tables; ++g) {
+    while (tables[g]->size() < need) tables[g]->push_back(take_free_block_locked());
+  }
   return true;
 }
 
 bool KvCache::prepare_write(std::vector<int32_t>& block_table, int32_t first_slot) {
+  std::vector<int32_t>* t = &block_table;
+  return prepare_write(&t, 1, first_slot);
+}
+
+bool KvCache::prepare_write(std::vector<int32_t>* const* tables, size_t n_tables, int32_t first_slot) {
   const size_t first_block = static_cast<size_t>(std::max(first_slot, 0)) / geometry_.block_size;
   std::vector<int32_t> src, dst;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    // All or nothing: a failure must not leave the table pointing at a copy
+    // All or nothing: a failure must not leave a table pointing at a copy
     // whose content was never copied.
     size_t copies = 0;
-    for (size_t i = first_block; i < block_table.size(); ++i) copies += blocks_[block_table[i]].refcount > 1;
+    for (size_t g = 0; g < n_tables; ++g) {
+      const std::vector<int32_t>& table = *tables[g];
+      for (size_t i = first_block; i < table.size(); ++i) copies += table[i] >= 0 && blocks_[table[i]].refcount > 1;
+    }
     if (copies > free_count_ + cached_count_) return false;
     if (copies > 0 && testing::inject_alloc_failure(testing::AllocSite::kKvBlock)) {
       fail(StatusCode::kOutOfMemory,
            "kv cache: cannot allocate " + std::to_string(copies) + " KV blocks for copy-on-write (injected)");
     }
-    for (size_t i = first_block; i < block_table.size(); ++i) {
-      const int32_t b = block_table[i];
-      BlockMeta& m = blocks_[b];
-      if (m.refcount > 1) {
-        const int32_t copy = take_free_block_locked();
-        if (copy < 0) return false;
-        --m.refcount;
-        block_table[i] = copy;
-        src.push_back(b);
-        dst.push_back(copy);
-        ++counters_.cow_copies;
-      } else if (m.hashed) {
-        unhash_locked(b);  // only we hold it: its content is about to change
+    for (size_t g = 0; g < n_tables; ++g) {
+      std::vector<int32_t>& table = *tables[g];
+      for (size_t i = first_block; i < table.size(); ++i) {
+        const int32_t b = table[i];
+        if (b < 0) continue;
+        BlockMeta& m = blocks_[b];
+        if (m.refcount > 1) {
+          const int32_t copy = take_free_block_locked();
+          if (copy < 0) return false;
+          --m.refcount;
+          table[i] = copy;
+          src.push_back(b);
+          dst.push_back(copy);
+          ++counters_.cow_copies;
+        } else if (m.hashed) {
+          unhash_locked(b);  // only we hold it: its content is about to change
+        }
       }
     }
   }
@@ -188,23 +278,34 @@ bool KvCache::prepare_write(std::vector<int32_t>& block_table, int32_t first_slo
 }
 
 void KvCache::commit(const std::vector<int32_t>& block_table, const int32_t* tokens, size_t n_filled,
-                     const uint8_t* decoded) {
+                     const uint8_t* decoded, int32_t group) {
   if (!prefix_caching_) return;
   const int32_t bs = geometry_.block_size;
   const size_t full = std::min(n_filled / static_cast<size_t>(bs), block_table.size());
   std::lock_guard<std::mutex> lock(mutex_);
-  uint64_t parent = 0;
+  uint64_t parent = group_seed(group);
+  bool parent_known = true;  // false past a freed entry, until a hashed block gives it again
   std::vector<int32_t> key;
   for (size_t i = 0; i < full; ++i) {
-    BlockMeta& m = blocks_[block_table[i]];
-    const int32_t* t = tokens + i * bs;
-    if (m.hashed) {
-      parent = m.hash;
+    const int32_t b = block_table[i];
+    if (b < 0) {
+      parent_known = false;
       continue;
     }
-    t = key_tokens(t, decoded, i * bs, bs, key);
+    BlockMeta& m = blocks_[b];
+    if (m.hashed) {
+      parent = m.hash;
+      parent_known = true;
+      continue;
+    }
+    if (!parent_known) {  // rare: an unindexed block right after freed ones
+      parent = group_seed(group);
+      for (size_t j = 0; j < i; ++j) parent = chain_hash(parent, key_tokens(tokens + j * bs, decoded, j * bs, bs, key), bs);
+      parent_known = true;
+    }
+    const int32_t* t = key_tokens(tokens + i * bs, decoded, i * bs, bs, key);
     const uint64_t h = chain_hash(parent, t, bs);
-    auto [it, inserted] = index_.emplace(h, block_table[i]);
+    auto [it, inserted] = index_.emplace(h, b);
     if (inserted) {
       m.hashed = true;
       m.hash = h;
@@ -227,7 +328,8 @@ void KvCache::truncate(std::vector<int32_t>& block_table, int32_t n_slots) {
   const size_t keep = (static_cast<size_t>(std::max(n_slots, 0)) + geometry_.block_size - 1) / geometry_.block_size;
   if (keep >= block_table.size()) return;
   std::lock_guard<std::mutex> lock(mutex_);
-  for (size_t i = block_table.size(); i-- > keep;) unref_locked(block_table[i]);
+  for (size_t i = block_table.size(); i-- > keep;)
+    if (block_table[i] >= 0) unref_locked(block_table[i]);
   block_table.resize(keep);
 }
 
@@ -235,9 +337,22 @@ void KvCache::drop_blocks(std::vector<int32_t>& block_table, size_t first, size_
   if (count == 0) return;
   if (first + count > block_table.size()) fail(StatusCode::kInternal, "kv cache: dropping blocks past the table");
   std::lock_guard<std::mutex> lock(mutex_);
-  for (size_t i = first; i < first + count; ++i) unref_locked(block_table[i]);
+  for (size_t i = first; i < first + count; ++i)
+    if (block_table[i] >= 0) unref_locked(block_table[i]);
   block_table.erase(block_table.begin() + static_cast<std::ptrdiff_t>(first),
                     block_table.begin() + static_cast<std::ptrdiff_t>(first + count));
+}
+
+void KvCache::free_entries(std::vector<int32_t>& block_table, size_t first, size_t last) {
+  last = std::min(last, block_table.size());
+  if (first >= last) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  // Oldest first: they are the first to be evicted.
+  for (size_t i = first; i < last; ++i) {
+    if (block_table[i] < 0) continue;
+    unref_locked(block_table[i]);
+    block_table[i] = kNoBlock;
+  }
 }
 
 void KvCache::shift_keys(const std::vector<int32_t>& blocks, int32_t delta, const std::vector<RopeSpec>& layers) {

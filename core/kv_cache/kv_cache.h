@@ -11,6 +11,10 @@
 // - Unreferenced blocks sit in one free list in eviction order: blocks freed
 //   last are reused last; a cached (hashed) block leaves the index only when
 //   the pool hands it out again.
+// - Layer groups (KvLayerGroups): a block may hold a group of the model's
+//   layers rather than all of them; a sequence then has one block table per
+//   group, and a group of sliding-window layers frees the blocks its window
+//   has left (entries kNoBlock in its table). Prefix keys include the group.
 // The storage lives in the backend (Backend::kv_init); this class does the
 // bookkeeping. Thread-safe.
 #pragma once
@@ -21,6 +25,7 @@
 #include <vector>
 
 #include "core/backend/backend.h"
+#include "core/kv_cache/layer_groups.h"
 
 namespace ember {
 
@@ -47,21 +52,35 @@ class KvCache {
   // are computed in the decode order (AttentionParams::decode_rows). It is
   // part of a block's key, here and in commit, so a reused block always
   // holds what the reusing sequence would have computed itself.
+  // `group`: the layer group the blocks belong to (its own keys).
   std::vector<int32_t> match_prefix(const int32_t* tokens, size_t n_tokens, size_t max_blocks, bool count_stats = true,
-                                    const uint8_t* decoded = nullptr);
+                                    const uint8_t* decoded = nullptr, int32_t group = 0);
+  // Like match_prefix, but looks up every one of the first `n_blocks` full
+  // blocks and does not stop at a missing one: its entry is kNoBlock (a
+  // sliding-window group needs only the blocks at the end of the prefix).
+  // Found blocks are referenced by the caller.
+  std::vector<int32_t> find_blocks(const int32_t* tokens, size_t n_blocks, const uint8_t* decoded, int32_t group);
+  // Prefix-cache statistics counted by the caller (in blocks).
+  void count_prefix(size_t hits, size_t misses);
 
   // Grows `block_table` so it covers `n_slots` slots, evicting cached blocks
   // if needed. All or nothing: false (table unchanged) when the pool lacks
   // blocks.
   bool reserve(std::vector<int32_t>& block_table, int32_t n_slots);
+  // The same for several tables at once (a sequence's layer groups), all or
+  // nothing.
+  bool reserve(std::vector<int32_t>* const* tables, size_t n_tables, int32_t n_slots);
   // Makes the block holding `first_slot` (and every later one) private to
   // this table before it is written: a shared block is copied, a cached
   // block leaves the index. False when no block is free for the copy.
   bool prepare_write(std::vector<int32_t>& block_table, int32_t first_slot);
+  // The same for several tables at once, all or nothing. kNoBlock entries are skipped.
+  bool prepare_write(std::vector<int32_t>* const* tables, size_t n_tables, int32_t first_slot);
   // Indexes the full blocks of a sequence whose first `n_filled` slots hold
   // the K/V of `tokens[0, n_filled)`. Blocks already indexed are skipped.
+  // kNoBlock entries are skipped (the chain of keys goes on through them).
   void commit(const std::vector<int32_t>& block_table, const int32_t* tokens, size_t n_filled,
-              const uint8_t* decoded = nullptr);
+              const uint8_t* decoded = nullptr, int32_t group = 0);
   // Shrinks `block_table` to cover `n_slots` slots, releasing the rest
   // (last block first, so the tail of a sequence is evicted before its head).
   void truncate(std::vector<int32_t>& block_table, int32_t n_slots);
@@ -70,6 +89,9 @@ class KvCache {
   // releases them (a cache policy evicting its oldest window blocks; the later
   // entries move down, no KV is copied).
   void drop_blocks(std::vector<int32_t>& block_table, size_t first, size_t count);
+  // Releases the blocks of table entries [first, last) and marks them
+  // kNoBlock (a sliding-window group freeing what its window has left).
+  void free_entries(std::vector<int32_t>& block_table, size_t first, size_t last);
   // K-shift of whole blocks (Backend::kv_rope_shift). The caller holds them
   // privately (prepare_write) and none of them is in the prefix index.
   // layers: one RopeSpec per layer (Backend::kv_rope_shift_layers).
@@ -95,6 +117,10 @@ class KvCache {
     bool in_free_list = false;
   };
   static uint64_t chain_hash(uint64_t parent, const int32_t* tokens, int32_t n);
+  static uint64_t group_seed(int32_t group);
+  // Looks up the first n full blocks (stop_at_missing: the leading run only).
+  std::vector<int32_t> match_locked(const int32_t* tokens, size_t n, const uint8_t* decoded, int32_t group,
+                                    bool stop_at_missing);
   void free_list_push_back(int32_t b);
   void free_list_remove(int32_t b);
   int32_t take_free_block_locked();  // evicts a cached block if needed; -1 if none

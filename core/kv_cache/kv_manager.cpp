@@ -11,8 +11,120 @@ size_t KvSequence::resident() const {
   return bounded() ? static_cast<size_t>(layout_.resident(static_cast<int64_t>(n_computed_))) : n_computed_;
 }
 
+size_t KvSequence::blocks_held() const {
+  size_t n = 0;
+  for (const auto& t : tables_) n += static_cast<size_t>(std::count_if(t.begin(), t.end(), [](int32_t b) { return b >= 0; }));
+  return n;
+}
+
+namespace {
+
+KvGeometry pool_geometry_for(const KvGeometry& all, const KvLayerGroups& groups) {
+  if (groups.n_layers() != all.num_layers || groups.n_groups() < 1 ||
+      groups.layers_per_group * groups.n_groups() != all.num_layers) {
+    fail(StatusCode::kInternal, "kv manager: layer groups do not cover the model's layers");
+  }
+  KvGeometry g = all;
+  g.num_layers = groups.layers_per_group;
+  const int64_t blocks = static_cast<int64_t>(all.num_blocks) * groups.n_groups();
+  if (blocks > (int64_t{1} << 30)) fail(StatusCode::kInvalidArgument, "kv cache: too many KV blocks");
+  g.num_blocks = static_cast<int32_t>(blocks);
+  return g;
+}
+
+}  // namespace
+
 KvManager::KvManager(Backend& backend, const KvGeometry& geometry, bool prefix_caching, Rope rope)
-    : pool_(backend, geometry, prefix_caching), rope_(std::move(rope)) {}
+    : KvManager(backend, geometry, KvLayerGroups::from_windows(std::vector<int32_t>(geometry.num_layers, 0)),
+                prefix_caching, std::move(rope)) {}
+
+KvManager::KvManager(Backend& backend, const KvGeometry& geometry, KvLayerGroups groups, bool prefix_caching,
+                     Rope rope)
+    : geometry_(geometry),
+      groups_(std::move(groups)),
+      pool_(backend, pool_geometry_for(geometry, groups_), prefix_caching),
+      rope_(std::move(rope)) {
+  if (!rope_.layers.empty()) {
+    if (static_cast<int32_t>(rope_.layers.size()) != groups_.n_layers()) {
+      fail(StatusCode::kInternal, "kv manager: one RoPE spec per layer is needed");
+    }
+    for (const auto& layers : groups_.layers) {
+      std::vector<RopeSpec> specs;
+      for (int32_t il : layers) specs.push_back(rope_.layers[static_cast<size_t>(il)]);
+      group_rope_.push_back(std::move(specs));
+    }
+  }
+}
+
+// ------------------------------------------------------------------ layer groups
+
+std::vector<std::vector<int32_t>*> KvManager::tables(KvSequence& seq) {
+  std::vector<std::vector<int32_t>*> out;
+  for (auto& t : seq.tables_) out.push_back(&t);
+  return out;
+}
+
+void KvManager::truncate_all(KvSequence& seq, int32_t n_slots) {
+  for (auto& t : seq.tables_) pool_.truncate(t, n_slots);
+}
+
+void KvManager::release_all(KvSequence& seq) {
+  for (auto& t : seq.tables_) pool_.release(t);
+}
+
+void KvManager::commit_all(KvSequence& seq) {
+  for (int32_t g = 0; g < groups_.n_groups(); ++g) {
+    pool_.commit(seq.tables_[static_cast<size_t>(g)], seq.tokens_.data(), seq.n_computed_, seq.generated_.data(), g);
+  }
+}
+
+void KvManager::trim_local(KvSequence& seq, size_t n) {
+  if (seq.bounded() || !groups_.has_local()) return;
+  for (int32_t g = 0; g < groups_.n_groups(); ++g) {
+    const int64_t from = std::max<int64_t>(static_cast<int64_t>(n) - KvLayerGroups::kRollbackSlots, 0);
+    const size_t first = groups_.first_needed_block(g, from, block_size());
+    if (first > 0) pool_.free_entries(seq.tables_[static_cast<size_t>(g)], 0, first);
+  }
+}
+
+size_t KvManager::regain_local(KvSequence& seq, size_t n) {
+  if (seq.bounded() || !groups_.has_local() || n == 0) return n;
+  const size_t bs = static_cast<size_t>(block_size());
+  const size_t end = (n + bs - 1) / bs;  // blocks holding tokens [0, n)
+  bool missing = false;
+  for (int32_t g = 0; g < groups_.n_groups() && !missing; ++g) {
+    std::vector<int32_t>& t = seq.tables_[static_cast<size_t>(g)];
+    const size_t first = groups_.first_needed_block(g, static_cast<int64_t>(n), block_size());
+    bool holes = false;
+    for (size_t i = first; i < end && i < t.size(); ++i) holes |= t[i] < 0;
+    if (!holes) continue;
+    // Freed blocks were indexed when they filled: the prefix cache may still hold them.
+    std::vector<int32_t> found = pool_.find_blocks(seq.tokens_.data(), std::min(end, n / bs), seq.generated_.data(), g);
+    for (size_t i = 0; i < found.size(); ++i) {
+      if (i >= first && i < t.size() && t[i] < 0 && found[i] >= 0) {
+        t[i] = found[i];
+        found[i] = kNoBlock;
+      }
+    }
+    pool_.release(found);  // (skips kNoBlock entries)
+    for (size_t i = first; i < end && i < t.size(); ++i) missing |= t[i] < 0;
+  }
+  if (!missing) return n;
+  release_all(seq);  // a block the window still needs is gone: recompute
+  return 0;
+}
+
+void KvManager::add_batch_rows(KvSequence& seq, Batch& batch, const int32_t* toks, const int32_t* pos,
+                               const int32_t* slot, int32_t n, int32_t first_logit, const uint8_t* decoded) {
+  const size_t n_tab = seq.n_blocks();
+  std::vector<int32_t> flat;
+  flat.reserve(n_tab * seq.tables_.size());
+  for (const auto& t : seq.tables_) flat.insert(flat.end(), t.begin(), t.end());
+  const bool hole = seq.bounded() && seq.layout_.hole_end() > seq.layout_.hole_begin();
+  batch.add_rows(toks, pos, slot, n, std::move(flat), hole ? seq.layout_.hole_begin() : 0,
+                 hole ? seq.layout_.hole_end() : 0, first_logit, decoded);
+  batch.seqs.back().n_groups = groups_.n_groups();
+}
 
 // ------------------------------------------------------------------ sequences
 
@@ -29,12 +141,12 @@ std::unique_ptr<KvSequence> KvManager::create(CachePolicy policy, int32_t n_ctx,
     layout = StreamingLayout(policy.sink_tokens, policy.window_tokens, pool_.block_size());
     const size_t bs = static_cast<size_t>(pool_.block_size());
     const size_t blocks = (static_cast<size_t>(layout.max_slots()) + bs - 1) / bs;
-    if (blocks > pool_.total_blocks()) {
+    if (blocks > total_blocks()) {
       fail(StatusCode::kOutOfMemory, "session: the cache policy needs " + std::to_string(blocks) +
-                                         " KV blocks but the pool has " + std::to_string(pool_.total_blocks()));
+                                         " KV blocks but the pool has " + std::to_string(total_blocks()));
     }
   }
-  return std::unique_ptr<KvSequence>(new KvSequence(policy, layout));
+  return std::unique_ptr<KvSequence>(new KvSequence(policy, layout, groups_.n_groups()));
 }
 
 void KvManager::reset(KvSequence& seq) {
@@ -46,7 +158,7 @@ void KvManager::reset(KvSequence& seq) {
 }
 
 void KvManager::release(KvSequence& seq) {
-  pool_.release(seq.block_table_);
+  release_all(seq);
   seq.n_computed_ = 0;
   seq.provisional_.clear();
 }
@@ -76,11 +188,11 @@ void KvManager::uncompute(KvSequence& seq, size_t n) {
                                          ", which its cache policy has already evicted");
     }
     seq.n_computed_ = n;
-    pool_.truncate(seq.block_table_, seq.layout_.kv_len(static_cast<int64_t>(n)));
+    truncate_all(seq, seq.layout_.kv_len(static_cast<int64_t>(n)));
     return;
   }
-  seq.n_computed_ = n;
-  pool_.truncate(seq.block_table_, static_cast<int32_t>(n));
+  truncate_all(seq, static_cast<int32_t>(n));
+  seq.n_computed_ = regain_local(seq, n);
 }
 
 // ------------------------------------------------------------------ scheduling
@@ -89,7 +201,7 @@ void KvManager::describe(const KvSequence& seq, SchedSequence& out) const {
   const bool bounded = seq.bounded();
   out.n_tokens = seq.tokens_.size();
   out.n_computed = seq.n_computed_;
-  out.running = !seq.block_table_.empty();
+  out.running = seq.n_blocks() > 0;
   out.max_chunk = bounded ? static_cast<size_t>(seq.layout_.chunk_limit(static_cast<int64_t>(seq.n_computed_))) : 0;
   out.max_slots = bounded ? static_cast<size_t>(seq.layout_.max_slots()) : 0;
   out.preemptible = !(bounded && seq.layout_.shifted());
@@ -104,28 +216,36 @@ bool KvManager::grow(KvSequence& seq, size_t n_new) {
   if (ev.any()) {
     // The kept window moves to lower positions: its blocks must be private
     // (a shared one is copied) and leave the prefix index before the K-shift.
-    if (!pool_.prepare_write(seq.block_table_, ev.first_block * bs)) return false;
+    std::vector<std::vector<int32_t>*> all = tables(seq);
+    if (!pool_.prepare_write(all.data(), all.size(), ev.first_block * bs)) return false;
     // Shift the blocks that stay (those after the dropped ones, up to the
     // last written slot) first: if the backend fails, nothing has changed.
     const size_t used = (static_cast<size_t>(seq.layout_.kv_len(done)) + bs - 1) / bs;
-    std::vector<int32_t> window;
-    for (size_t i = static_cast<size_t>(ev.first_block + ev.dropped_blocks);
-         i < std::min(used, seq.block_table_.size()); ++i) {
-      window.push_back(seq.block_table_[i]);
+    for (int32_t g = 0; g < groups_.n_groups(); ++g) {
+      const std::vector<int32_t>& t = seq.tables_[static_cast<size_t>(g)];
+      std::vector<int32_t> window;
+      for (size_t i = static_cast<size_t>(ev.first_block + ev.dropped_blocks); i < std::min(used, t.size()); ++i) {
+        window.push_back(t[i]);
+      }
+      pool_.shift_keys(window, -ev.shift, group_rope_.at(static_cast<size_t>(g)));
     }
-    pool_.shift_keys(window, -ev.shift, rope_.layers);
-    pool_.drop_blocks(seq.block_table_, static_cast<size_t>(ev.first_block), static_cast<size_t>(ev.dropped_blocks));
+    for (auto& t : seq.tables_) {
+      pool_.drop_blocks(t, static_cast<size_t>(ev.first_block), static_cast<size_t>(ev.dropped_blocks));
+    }
     seq.layout_.apply(ev);
   }
-  if (!pool_.reserve(seq.block_table_, seq.layout_.kv_len(done + static_cast<int64_t>(n_new)))) return false;
-  return pool_.prepare_write(seq.block_table_, seq.layout_.kv_len(done));
+  std::vector<std::vector<int32_t>*> all = tables(seq);
+  if (!pool_.reserve(all.data(), all.size(), seq.layout_.kv_len(done + static_cast<int64_t>(n_new)))) return false;
+  return pool_.prepare_write(all.data(), all.size(), seq.layout_.kv_len(done));
 }
 
 bool KvManager::allocate_locked(KvSequence& seq, size_t n_slots) {
   // n_slots counts history tokens; a bounded policy maps them to fewer slots.
   if (seq.bounded()) return grow(seq, n_slots - std::min(n_slots, seq.n_computed_));
-  if (!pool_.reserve(seq.block_table_, static_cast<int32_t>(n_slots))) return false;
-  return pool_.prepare_write(seq.block_table_, static_cast<int32_t>(seq.n_computed_));
+  trim_local(seq, seq.n_computed_);
+  std::vector<std::vector<int32_t>*> all = tables(seq);
+  if (!pool_.reserve(all.data(), all.size(), static_cast<int32_t>(n_slots))) return false;
+  return pool_.prepare_write(all.data(), all.size(), static_cast<int32_t>(seq.n_computed_));
 }
 
 void KvManager::free_locked(KvSequence& seq, SchedSequence& s) {
@@ -133,13 +253,13 @@ void KvManager::free_locked(KvSequence& seq, SchedSequence& s) {
   // preempted (SchedSequence::preemptible) and its pool share was checked
   // when it was created, so it keeps its blocks.
   if (seq.bounded() && seq.layout_.shifted()) return;
-  pool_.release(seq.block_table_);
+  release_all(seq);
   seq.n_computed_ = 0;
   s.n_computed = 0;
 }
 
 void KvManager::admit_locked(KvSequence& seq, size_t reuse_limit, SchedSequence& s) {
-  if (!seq.block_table_.empty() || seq.tokens_.empty()) return;
+  if (seq.n_blocks() > 0 || seq.tokens_.empty()) return;
   // Reuse cached full blocks, leaving at least the last token to compute
   // (and every token whose logits are wanted); a bounded sequence takes at
   // most its cache size.
@@ -147,11 +267,44 @@ void KvManager::admit_locked(KvSequence& seq, size_t reuse_limit, SchedSequence&
   size_t max_blocks = (seq.tokens_.size() - 1) / bs;
   if (reuse_limit != SIZE_MAX) max_blocks = std::min(max_blocks, reuse_limit / bs);
   if (seq.bounded()) max_blocks = std::min(max_blocks, static_cast<size_t>(seq.policy_.capacity()) / bs);
-  seq.block_table_ =
-      pool_.match_prefix(seq.tokens_.data(), seq.tokens_.size(), max_blocks, true, seq.generated_.data());
-  seq.n_computed_ = seq.block_table_.size() * bs;
+  const size_t hit = match_groups(seq, max_blocks, seq.tables_);
+  pool_.count_prefix(hit, std::min(max_blocks, seq.tokens_.size() / bs) - hit);
+  seq.n_computed_ = hit * bs;
   s.n_computed = seq.n_computed_;
   if (seq.bounded()) s.max_chunk = static_cast<size_t>(seq.layout_.chunk_limit(static_cast<int64_t>(seq.n_computed_)));
+}
+
+size_t KvManager::match_groups(const KvSequence& seq, size_t max_blocks, std::vector<std::vector<int32_t>>& out) {
+  const int32_t n_groups = groups_.n_groups();
+  const int32_t bs = block_size();
+  auto local = [&](int32_t g) { return !seq.bounded() && groups_.window[static_cast<size_t>(g)] > 0; };
+  out.assign(static_cast<size_t>(n_groups), {});
+  // Groups over the whole context need every block of the prefix...
+  size_t h = max_blocks;
+  for (int32_t g = 0; g < n_groups; ++g) {
+    if (local(g)) continue;
+    out[g] = pool_.match_prefix(seq.tokens_.data(), seq.tokens_.size(), h, false, seq.generated_.data(), g);
+    h = std::min(h, out[g].size());
+  }
+  // ...a sliding-window group only those its window sees from the end of it.
+  for (int32_t g = 0; g < n_groups; ++g) {
+    if (local(g)) out[g] = pool_.find_blocks(seq.tokens_.data(), h, seq.generated_.data(), g);
+  }
+  for (; h > 0; --h) {
+    bool ok = true;
+    for (int32_t g = 0; g < n_groups && ok; ++g) {
+      if (!local(g)) continue;
+      for (size_t i = groups_.first_needed_block(g, static_cast<int64_t>(h * bs), bs); i < h && ok; ++i) {
+        ok = out[g][i] >= 0;
+      }
+    }
+    if (ok) break;
+  }
+  for (int32_t g = 0; g < n_groups; ++g) {
+    pool_.truncate(out[g], static_cast<int32_t>(h * bs));
+    if (local(g)) pool_.free_entries(out[g], 0, groups_.first_needed_block(g, static_cast<int64_t>(h * bs), bs));
+  }
+  return h;
 }
 
 bool KvManager::StepBudget::allocate(SchedSequence& s, size_t n_slots) {
@@ -202,18 +355,15 @@ void KvManager::add_rows(KvSequence& seq, Batch& batch, int32_t n, size_t first_
   }
   const int32_t first =
       first_logit <= from ? 0 : static_cast<int32_t>(std::min<size_t>(first_logit - from, static_cast<size_t>(n)));
-  const bool hole = bounded && seq.layout_.hole_end() > seq.layout_.hole_begin();
-  batch.add_rows(seq.tokens_.data() + from, pos.data(), slot.data(), n, seq.block_table_,
-                 hole ? seq.layout_.hole_begin() : 0, hole ? seq.layout_.hole_end() : 0, first,
-                 seq.generated_.data() + from);
+  add_batch_rows(seq, batch, seq.tokens_.data() + from, pos.data(), slot.data(), n, first, seq.generated_.data() + from);
 }
 
 void KvManager::commit_computed(KvSequence& seq, size_t n, bool index) {
   seq.n_computed_ = std::min(seq.n_computed_ + n, seq.tokens_.size());
   // Blocks of a sequence that evicted tokens hold K/V at moved positions,
   // computed without the evicted context: never indexed.
-  if (index && !seq.layout_.shifted())
-    pool_.commit(seq.block_table_, seq.tokens_.data(), seq.n_computed_, seq.generated_.data());
+  if (index && !seq.layout_.shifted()) commit_all(seq);
+  trim_local(seq, seq.n_computed_);
 }
 
 // Between turns a full sequence pins no KV memory, so idle conversations can
@@ -225,8 +375,8 @@ void KvManager::commit_computed(KvSequence& seq, size_t n, bool index) {
 void KvManager::park(KvSequence& seq) {
   seq.provisional_.clear();
   if (seq.bounded()) return;
-  pool_.commit(seq.block_table_, seq.tokens_.data(), seq.n_computed_, seq.generated_.data());
-  pool_.release(seq.block_table_);
+  commit_all(seq);
+  release_all(seq);
   seq.n_computed_ = 0;
 }
 
@@ -256,9 +406,7 @@ void KvManager::add_provisional_rows(KvSequence& seq, Batch& batch) {
     seq.max_position_ = std::max(seq.max_position_, pos[i]);
   }
   const std::vector<uint8_t> generated(static_cast<size_t>(n), 1);
-  const bool hole = bounded && seq.layout_.hole_end() > seq.layout_.hole_begin();
-  batch.add_rows(seq.provisional_.data(), pos.data(), slot.data(), n, seq.block_table_,
-                 hole ? seq.layout_.hole_begin() : 0, hole ? seq.layout_.hole_end() : 0, 0, generated.data());
+  add_batch_rows(seq, batch, seq.provisional_.data(), pos.data(), slot.data(), n, 0, generated.data());
 }
 
 void KvManager::commit_provisional(KvSequence& seq, const std::vector<int32_t>& path, bool generated) {
@@ -281,7 +429,7 @@ void KvManager::commit_provisional(KvSequence& seq, const std::vector<int32_t>& 
       moves.emplace_back(slot_of(base + path[j]), slot_of(base + static_cast<int64_t>(j)));
     }
   }
-  copy_slots(seq.block_table_, moves);
+  copy_slots(seq, moves);
   std::vector<int32_t> kept;
   kept.reserve(path.size());
   for (int32_t i : path) kept.push_back(seq.provisional_[static_cast<size_t>(i)]);
@@ -290,15 +438,15 @@ void KvManager::commit_provisional(KvSequence& seq, const std::vector<int32_t>& 
   seq.n_computed_ = seq.tokens_.size();
   const int32_t kv_len =
       seq.bounded() ? seq.layout_.kv_len(static_cast<int64_t>(seq.n_computed_)) : static_cast<int32_t>(seq.n_computed_);
-  pool_.truncate(seq.block_table_, kv_len);
-  if (!seq.layout_.shifted())
-    pool_.commit(seq.block_table_, seq.tokens_.data(), seq.n_computed_, seq.generated_.data());
+  truncate_all(seq, kv_len);
+  if (!seq.layout_.shifted()) commit_all(seq);
+  trim_local(seq, seq.n_computed_);
 }
 
 void KvManager::rollback_provisional(KvSequence& seq) {
   seq.provisional_.clear();
   const int64_t n = static_cast<int64_t>(seq.tokens_.size());
-  pool_.truncate(seq.block_table_, seq.bounded() ? seq.layout_.kv_len(n) : static_cast<int32_t>(n));
+  truncate_all(seq, seq.bounded() ? seq.layout_.kv_len(n) : static_cast<int32_t>(n));
 }
 
 size_t KvManager::tree_room(const KvSequence& seq) const {
@@ -348,10 +496,8 @@ void KvManager::add_tree_rows(KvSequence& seq, Batch& batch, const std::vector<i
     seq.max_position_ = std::max(seq.max_position_, pos[r]);
     if (node == 0) decoded[r] = seq.generated_[static_cast<size_t>(root)];
   }
-  const bool hole = bounded && seq.layout_.hole_end() > seq.layout_.hole_begin();
   const int32_t first_row = batch.n_rows();
-  batch.add_rows(toks.data(), pos.data(), slot.data(), n, seq.block_table_, hole ? seq.layout_.hole_begin() : 0,
-                 hole ? seq.layout_.hole_end() : 0, 0, decoded.data());
+  add_batch_rows(seq, batch, toks.data(), pos.data(), slot.data(), n, 0, decoded.data());
   batch.seqs.back().decodes = true;
   // Index i >= the slot after the root is the ancestor at depth i - root slot
   // (the slots a chain of these tokens would occupy).
@@ -369,54 +515,80 @@ void KvManager::truncate_history(KvSequence& seq, size_t n) {
   seq.generated_.resize(n);
 }
 
-void KvManager::copy_slots(const std::vector<int32_t>& table, const std::vector<std::pair<int32_t, int32_t>>& moves) {
+void KvManager::copy_slots(KvSequence& seq, const std::vector<std::pair<int32_t, int32_t>>& moves) {
   if (moves.empty()) return;
-  const KvGeometry& g = geometry();
+  const KvGeometry& g = pool_geometry();
   const size_t bpb = g.bytes_per_block();
   const size_t head_bytes = static_cast<size_t>(g.head_dim) * sizeof(uint16_t);
   // Block layout (Backend::kv_read_block): per layer K then V, each
   // [num_kv_heads][block_size][head_dim] f16.
   std::vector<uint8_t> src(bpb), dst(bpb);
-  for (const auto& [from, to] : moves) {
-    const int32_t sb = table.at(static_cast<size_t>(from / g.block_size));
-    const int32_t db = table.at(static_cast<size_t>(to / g.block_size));
-    const int32_t so = from % g.block_size, dof = to % g.block_size;
-    pool_.read_block(sb, src.data());
-    if (db == sb) {
-      dst = src;
-    } else {
-      pool_.read_block(db, dst.data());
-    }
-    for (int32_t l = 0; l < g.num_layers; ++l) {
-      for (int kv = 0; kv < 2; ++kv) {
-        for (int32_t h = 0; h < g.num_kv_heads; ++h) {
-          const size_t part = (static_cast<size_t>(l) * 2 + kv) * g.num_kv_heads + h;
-          const size_t base = part * g.block_size * head_bytes;
-          std::memcpy(dst.data() + base + dof * head_bytes, src.data() + base + so * head_bytes, head_bytes);
+  for (const auto& table : seq.tables_) {
+    for (const auto& [from, to] : moves) {
+      const int32_t sb = table.at(static_cast<size_t>(from / g.block_size));
+      const int32_t db = table.at(static_cast<size_t>(to / g.block_size));
+      if (sb < 0 || db < 0) fail(StatusCode::kInternal, "kv manager: moving K/V of a freed block");
+      const int32_t so = from % g.block_size, dof = to % g.block_size;
+      pool_.read_block(sb, src.data());
+      if (db == sb) {
+        dst = src;
+      } else {
+        pool_.read_block(db, dst.data());
+      }
+      for (int32_t l = 0; l < g.num_layers; ++l) {
+        for (int kv = 0; kv < 2; ++kv) {
+          for (int32_t h = 0; h < g.num_kv_heads; ++h) {
+            const size_t part = (static_cast<size_t>(l) * 2 + kv) * g.num_kv_heads + h;
+            const size_t base = part * g.block_size * head_bytes;
+            std::memcpy(dst.data() + base + dof * head_bytes, src.data() + base + so * head_bytes, head_bytes);
+          }
         }
       }
+      pool_.write_block(db, dst.data());
     }
-    pool_.write_block(db, dst.data());
   }
 }
 
 // ------------------------------------------------------------------ session files
 
 KvManager::Export::~Export() {
-  if (borrowed_) kv_.pool_.release(blocks_);
+  if (borrowed_)
+    for (auto& t : tables_) kv_.pool_.release(t);
+}
+
+void KvManager::Export::read(size_t i, void* dst) const {
+  const KvLayerGroups& groups = kv_.groups_;
+  if (groups.n_groups() == 1) {
+    kv_.pool_.read_block(tables_[0].at(i), dst);
+    return;
+  }
+  const size_t layer_bytes = kv_.pool_geometry().bytes_per_block() / static_cast<size_t>(groups.layers_per_group);
+  std::vector<uint8_t> block(kv_.pool_geometry().bytes_per_block());
+  uint8_t* out = static_cast<uint8_t*>(dst);
+  for (int32_t g = 0; g < groups.n_groups(); ++g) {
+    const int32_t b = tables_[static_cast<size_t>(g)].at(i);
+    if (b >= 0) kv_.pool_.read_block(b, block.data());
+    for (int32_t j = 0; j < groups.layers_per_group; ++j) {
+      uint8_t* to = out + static_cast<size_t>(groups.layers[g][j]) * layer_bytes;
+      if (b >= 0) {
+        std::memcpy(to, block.data() + static_cast<size_t>(j) * layer_bytes, layer_bytes);
+      } else {
+        std::memset(to, 0, layer_bytes);
+      }
+    }
+  }
 }
 
 std::unique_ptr<KvManager::Export> KvManager::export_blocks(KvSequence& seq) {
   // A full sequence pins nothing between turns: export the prefix blocks the
   // pool still holds for it (what its next turn would reuse).
-  if (!seq.bounded() && seq.block_table_.empty() && !seq.tokens_.empty()) {
+  if (!seq.bounded() && seq.n_blocks() == 0 && !seq.tokens_.empty()) {
     const size_t max_blocks = (seq.tokens_.size() - 1) / static_cast<size_t>(block_size());
-    std::vector<int32_t> blocks = pool_.match_prefix(seq.tokens_.data(), seq.tokens_.size(), max_blocks,
-                                                     /*count_stats=*/false, seq.generated_.data());
-    const size_t n = blocks.size() * static_cast<size_t>(block_size());
-    return std::unique_ptr<Export>(new Export(*this, std::move(blocks), n, true));
+    std::vector<std::vector<int32_t>> found;
+    const size_t n = match_groups(seq, max_blocks, found) * static_cast<size_t>(block_size());
+    return std::unique_ptr<Export>(new Export(*this, std::move(found), n, true));
   }
-  return std::unique_ptr<Export>(new Export(*this, seq.block_table_, seq.n_computed_, false));
+  return std::unique_ptr<Export>(new Export(*this, seq.tables_, seq.n_computed_, false));
 }
 
 void KvManager::restore(KvSequence& seq, Saved saved, const std::function<void(const std::string&)>& corrupt) {
@@ -437,26 +609,50 @@ void KvManager::restore(KvSequence& seq, Saved saved, const std::function<void(c
     corrupt("a full session with evicted tokens");
   }
   if (static_cast<uint64_t>((kv_len + bs - 1) / bs) > saved.n_blocks) corrupt("fewer KV blocks than tokens processed");
-  if (!pool_.reserve(seq.block_table_, static_cast<int32_t>(saved.n_blocks * static_cast<uint64_t>(bs)))) {
+  std::vector<std::vector<int32_t>*> all = tables(seq);
+  if (!pool_.reserve(all.data(), all.size(), static_cast<int32_t>(saved.n_blocks * static_cast<uint64_t>(bs)))) {
     fail(StatusCode::kOutOfMemory,
          "load: the KV pool has no room for the session's " + std::to_string(saved.n_blocks) + " blocks now");
   }
   const size_t bpb = geometry().bytes_per_block();
-  for (size_t i = 0; i < seq.block_table_.size(); ++i) pool_.write_block(seq.block_table_[i], saved.blocks + i * bpb);
+  if (groups_.n_groups() == 1) {
+    for (size_t i = 0; i < seq.n_blocks(); ++i) pool_.write_block(seq.tables_[0][i], saved.blocks + i * bpb);
+  } else {  // scatter each all-layer block's layers into the groups' blocks
+    const size_t layer_bytes = pool_geometry().bytes_per_block() / static_cast<size_t>(groups_.layers_per_group);
+    std::vector<uint8_t> block(pool_geometry().bytes_per_block());
+    for (int32_t g = 0; g < groups_.n_groups(); ++g) {
+      for (size_t i = 0; i < seq.n_blocks(); ++i) {
+        for (int32_t j = 0; j < groups_.layers_per_group; ++j) {
+          std::memcpy(block.data() + static_cast<size_t>(j) * layer_bytes,
+                      saved.blocks + i * bpb + static_cast<size_t>(groups_.layers[g][j]) * layer_bytes, layer_bytes);
+        }
+        pool_.write_block(seq.tables_[static_cast<size_t>(g)][i], block.data());
+      }
+    }
+  }
   seq.tokens_ = std::move(saved.tokens);
   seq.generated_ = std::move(saved.generated);
   seq.max_position_ = saved.max_position;
   seq.n_computed_ = saved.n_computed;
-  pool_.truncate(seq.block_table_, static_cast<int32_t>(kv_len));
+  truncate_all(seq, static_cast<int32_t>(kv_len));
+  // What an export leaves out (zeros in the file) is below what rows from
+  // n_computed need: freed here, before anything could read it.
+  if (!seq.bounded() && groups_.has_local()) {
+    for (int32_t g = 0; g < groups_.n_groups(); ++g) {
+      const size_t first = groups_.first_needed_block(g, static_cast<int64_t>(seq.n_computed_), bs);
+      pool_.free_entries(seq.tables_[static_cast<size_t>(g)], 0, first);
+    }
+  }
   if (seq.bounded() && !seq.layout_.shifted()) {
-    pool_.commit(seq.block_table_, seq.tokens_.data(), seq.n_computed_, seq.generated_.data());
+    commit_all(seq);
   } else if (!seq.bounded()) {
     park(seq);  // into the prefix cache, as an idle full session
   }
 }
 
 bool KvManager::reserve_scratch(KvSequence& seq, size_t n_slots) {
-  return pool_.reserve(seq.block_table_, static_cast<int32_t>(n_slots));
+  std::vector<std::vector<int32_t>*> all = tables(seq);
+  return pool_.reserve(all.data(), all.size(), static_cast<int32_t>(n_slots));
 }
 
 }  // namespace ember

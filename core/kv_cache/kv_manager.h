@@ -18,6 +18,14 @@
 //   park       between turns a full sequence pins no block (prefix cache)
 //   files      export_blocks() / restore() for session save and load
 //
+// Layer groups (KvLayerGroups): with a model whose layers differ in their
+// attention span (Gemma 3's sliding-window and global layers) the pool's
+// blocks hold one group of layers each and a sequence has a block table per
+// group; a sliding-window group frees the blocks its window has left as the
+// sequence grows (full policy), so a long context holds only its global
+// layers' K/V in full. Batches carry every group's table; session files keep
+// the all-layer block layout.
+//
 // Threads: each KvSequence has a mutex that guards it (and, by convention,
 // its owner's own state: a Session locks it for its messages too). Every
 // method taking a KvSequence& expects the caller to hold that mutex, except
@@ -60,7 +68,10 @@ class KvSequence {
   // Provisional tokens (speculation) sit in the slots after the computed
   // ones until they are committed or rolled back; not part of the history.
   const std::vector<int32_t>& provisional() const { return provisional_; }
-  size_t n_blocks() const { return block_table_.size(); }
+  // Blocks (table entries) covering the cache: per layer group, the same count.
+  size_t n_blocks() const { return tables_.empty() ? 0 : tables_[0].size(); }
+  // Pool blocks the sequence holds now, every group (freed entries excluded).
+  size_t blocks_held() const;
   const StreamingLayout& layout() const { return layout_; }
   // Highest RoPE position any of its rows was given (-1: none).
   int32_t max_position() const { return max_position_; }
@@ -72,14 +83,15 @@ class KvSequence {
 
  private:
   friend class KvManager;
-  explicit KvSequence(const CachePolicy& policy, const StreamingLayout& layout) : policy_(policy), layout_(layout) {}
+  KvSequence(const CachePolicy& policy, const StreamingLayout& layout, int32_t n_groups)
+      : policy_(policy), layout_(layout), tables_(static_cast<size_t>(n_groups)) {}
 
   mutable std::mutex mutex_;
   CachePolicy policy_;
-  StreamingLayout layout_;  // bounded policies: where the tokens sit in block_table_
+  StreamingLayout layout_;  // bounded policies: where the tokens sit in the block tables
   std::vector<int32_t> tokens_;
   std::vector<uint8_t> generated_;
-  std::vector<int32_t> block_table_;
+  std::vector<std::vector<int32_t>> tables_;  // one block table per layer group
   size_t n_computed_ = 0;
   std::vector<int32_t> provisional_;
   int32_t max_position_ = -1;
@@ -93,11 +105,20 @@ class KvManager {
   struct Rope {
     std::vector<RopeSpec> layers;
   };
+  // geometry: every layer of the model (num_blocks: how many such blocks the
+  // memory holds); `groups` says how the pool splits them (the plain layout:
+  // one group).
   KvManager(Backend& backend, const KvGeometry& geometry, bool prefix_caching, Rope rope);
+  KvManager(Backend& backend, const KvGeometry& geometry, KvLayerGroups groups, bool prefix_caching, Rope rope);
 
-  const KvGeometry& geometry() const { return pool_.geometry(); }
+  // The all-layer view (session files): num_layers is the model's.
+  const KvGeometry& geometry() const { return geometry_; }
+  // The pool's own blocks: one layer group each.
+  const KvGeometry& pool_geometry() const { return pool_.geometry(); }
+  const KvLayerGroups& groups() const { return groups_; }
   int32_t block_size() const { return pool_.block_size(); }
-  size_t total_blocks() const { return pool_.total_blocks(); }
+  // Capacity in all-layer blocks (a sequence of n slots needs n / block_size).
+  size_t total_blocks() const { return pool_.total_blocks() / static_cast<size_t>(groups_.n_groups()); }
   KvCacheStats stats() const { return pool_.stats(); }
   std::string backend_name() const { return pool_.backend_name(); }
 
@@ -216,22 +237,30 @@ class KvManager {
    public:
     ~Export();
     Export(Export&&) = delete;
-    const std::vector<int32_t>& blocks() const { return blocks_; }
+    // The first layer group's table (the only one in the plain layout).
+    const std::vector<int32_t>& blocks() const { return tables_[0]; }
+    size_t n_blocks() const { return tables_[0].size(); }
     size_t n_computed() const { return n_computed_; }
+    // All-layer block i (geometry().bytes_per_block() bytes, layers in model
+    // order, K then V each): gathered from the groups' blocks; a freed
+    // sliding-window entry reads as zeros (no row can see it).
+    void read(size_t i, void* dst) const;
 
    private:
     friend class KvManager;
-    Export(KvManager& kv, std::vector<int32_t> blocks, size_t n, bool borrowed)
-        : kv_(kv), blocks_(std::move(blocks)), n_computed_(n), borrowed_(borrowed) {}
+    Export(KvManager& kv, std::vector<std::vector<int32_t>> tables, size_t n, bool borrowed)
+        : kv_(kv), tables_(std::move(tables)), n_computed_(n), borrowed_(borrowed) {}
     KvManager& kv_;
-    std::vector<int32_t> blocks_;
+    std::vector<std::vector<int32_t>> tables_;
     size_t n_computed_;
     bool borrowed_;
   };
   std::unique_ptr<Export> export_blocks(KvSequence& seq);
+  // One pool block (pool_geometry().bytes_per_block() bytes).
   void read_block(int32_t block, void* dst) const { pool_.read_block(block, dst); }
   // Restores a saved sequence into the empty `seq`: history, computed count,
-  // eviction state and the raw blocks (bytes_per_block() each, table order).
+  // eviction state and the raw blocks (geometry().bytes_per_block() each,
+  // table order).
   // Throws kBadFormat (inconsistent state, via `corrupt`) or kOutOfMemory.
   struct Saved {
     std::vector<int32_t> tokens;
@@ -254,10 +283,32 @@ class KvManager {
   void admit_locked(KvSequence& seq, size_t reuse_limit, SchedSequence& s);
   void free_locked(KvSequence& seq, SchedSequence& s);
   // Copies the K/V of single slots inside one table (tree compaction).
-  void copy_slots(const std::vector<int32_t>& table, const std::vector<std::pair<int32_t, int32_t>>& moves);
+  void copy_slots(KvSequence& seq, const std::vector<std::pair<int32_t, int32_t>>& moves);
+  // The longest cached prefix of the sequence's history (at most max_blocks
+  // blocks) that every layer group can resume from: `out` gets one table per
+  // group (referenced blocks; a sliding-window group's entries before what its
+  // window needs are kNoBlock). Returns its length in blocks.
+  size_t match_groups(const KvSequence& seq, size_t max_blocks, std::vector<std::vector<int32_t>>& out);
+  std::vector<std::vector<int32_t>*> tables(KvSequence& seq);
+  void truncate_all(KvSequence& seq, int32_t n_slots);
+  void commit_all(KvSequence& seq);
+  void release_all(KvSequence& seq);
+  // Frees what the sliding-window groups of a full sequence no longer need
+  // once rows from token n on are computed.
+  void trim_local(KvSequence& seq, size_t n);
+  // After the computed tokens went back to n: makes the sliding-window groups
+  // hold what rows from n on need again (from the prefix cache); returns the
+  // count they can resume from (n, or less when a block is gone).
+  size_t regain_local(KvSequence& seq, size_t n);
+  // Appends the sequence's rows to the batch with every group's table.
+  void add_batch_rows(KvSequence& seq, Batch& batch, const int32_t* toks, const int32_t* pos, const int32_t* slot,
+                      int32_t n, int32_t first_logit, const uint8_t* decoded);
 
+  KvGeometry geometry_;  // all layers
+  KvLayerGroups groups_;
   KvCache pool_;
   Rope rope_;
+  std::vector<std::vector<RopeSpec>> group_rope_;  // per group, its layers' specs
 };
 
 }  // namespace ember

@@ -12,7 +12,12 @@ namespace ember {
 struct BatchSeq {
   int32_t first_row = 0;
   int32_t n_rows = 0;
-  std::vector<int32_t> block_table;  // the sequence's blocks, covering every slot used
+  // The sequence's blocks, covering every slot used: with n_groups > 1 (the
+  // pool holds layer groups, core/kv_cache KvLayerGroups) the tables of the
+  // groups one after the other, each block_table.size() / n_groups long;
+  // entries a sliding-window group has freed are -1.
+  std::vector<int32_t> block_table;
+  int32_t n_groups = 1;
   // Cache slots [hole_begin, hole_end) are not attended (evicted by a cache
   // policy, see core/kv_cache/streaming.h); empty for most sequences.
   int32_t hole_begin = 0;

@@ -57,6 +57,14 @@ KvGeometry Model::kv_geometry(int32_t block_size) const {
   return g;
 }
 
+KvLayerGroups Model::kv_groups() const {
+  std::vector<int32_t> windows(static_cast<size_t>(config_.n_layers), 0);
+  for (int32_t il = 0; il < config_.n_layers; ++il) {
+    if (config_.layer_is_swa(il) && config_.sliding_window > 0) windows[il] = config_.sliding_window;
+  }
+  return KvLayerGroups::from_windows(windows);
+}
+
 RopeSpec Model::rope_spec(int32_t il) const {
   const ModelConfig& c = config_;
   RopeSpec r;

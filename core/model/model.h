@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/backend/backend.h"
+#include "core/kv_cache/layer_groups.h"
 
 namespace ember {
 
@@ -120,7 +121,10 @@ class Model {
   RopeSpec rope_spec(int32_t il) const;
   std::vector<RopeSpec> rope_specs() const;  // every layer's, in order
   // The shape of this model's KV blocks (num_blocks left 0 for the caller).
-  KvGeometry kv_geometry(int32_t block_size) const;
+  KvGeometry kv_geometry(int32_t block_size) const;  // every layer in a block
+  // How the paged pool groups the layers (sliding-window layers apart from
+  // global ones); one group of every layer for most models.
+  KvLayerGroups kv_groups() const;
 
  private:
   Model() = default;

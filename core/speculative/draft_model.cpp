@@ -43,7 +43,8 @@ DraftRunner::DraftRunner(std::shared_ptr<const Model> model, const std::string& 
   check_backend_limits(*backend_, c.head_dim, c.n_heads, c.n_kv_heads);
   KvGeometry g = model_->kv_geometry(16);
   g.num_blocks = static_cast<int32_t>(std::max<uint64_t>(kv_memory_bytes / g.bytes_per_block(), 1));
-  kv_ = std::make_unique<KvManager>(*backend_, g, /*prefix_caching=*/false, KvManager::Rope{model_->rope_specs()});
+  kv_ = std::make_unique<KvManager>(*backend_, g, model_->kv_groups(), /*prefix_caching=*/false,
+                                    KvManager::Rope{model_->rope_specs()});
   forward_ = arch->make_forward(model_, *backend_, g.block_size);
 }
 

@@ -133,5 +133,67 @@ TEST(Gemma3, SessionFileRoundTrip) {
   std::remove(path.c_str());
 }
 
+// The sliding-window layers keep only their window (core/kv_cache/
+// layer_groups.h): a prompt far past the window, run in 128-token chunks (the
+// local layers free blocks between chunks), continues exactly as when it runs
+// in one chunk; the stream holds far fewer blocks than all layers would; a
+// second session reuses the blocks through the prefix cache, and a saved
+// session resumes identically.
+TEST(Gemma3, SlidingWindowLayersFreeTheirBlocks) {
+  EMBER_REQUIRE_GEMMA3();
+  const auto prompt = book_tokens(1600);
+  ASSERT_EQ(prompt.size(), 1600u);
+  EngineParams whole;
+  whole.max_batch_tokens = 2048;
+  auto one = Engine::create(gemma(), whole);
+  auto a = std::make_shared<Session>(one, 0, "");
+  a->add_tokens(prompt);
+  const auto want = run(a, 24, true, nullptr);
+  ASSERT_EQ(want.size(), 24u);
+
+  EngineParams chunked;
+  chunked.max_batch_tokens = 128;
+  auto engine = Engine::create(gemma(), chunked);
+  auto b = std::make_shared<Session>(engine, 0, "");
+  b->add_tokens(prompt);
+  {
+    StreamParams p;
+    p.sampling.temperature = 0.0f;
+    p.max_tokens = 24;
+    p.ignore_eos = true;
+    auto stream = b->start(p);
+    std::vector<int32_t> got;
+    size_t used_while_streaming = 0;
+    for (;;) {
+      StreamEvent ev;
+      ASSERT_EQ(stream->next(ev, 120000), StatusCode::kOk);
+      if (ev.type != StreamEvent::kText) break;
+      if (got.empty()) used_while_streaming = (*engine)->cache_stats().blocks_used;
+      got.insert(got.end(), ev.tokens.begin(), ev.tokens.end());
+    }
+    EXPECT_EQ(got, want);
+    // 1 global group x 101 blocks + 5 local groups x ~37; all layers: 6 x 101.
+    const size_t flat = 6 * ((prompt.size() + 1 + 15) / 16);
+    std::printf("[ gemma3 kv] %zu-token context: %zu pool blocks held (all layers in every block: %zu)\n",
+                prompt.size() + 1, used_while_streaming, flat);
+    EXPECT_GT(used_while_streaming, flat / 6);
+    EXPECT_LT(used_while_streaming, flat * 6 / 10) << "of " << flat;
+  }
+  auto c = std::make_shared<Session>(engine, 0, "");
+  c->add_tokens(prompt);
+  EXPECT_EQ(run(c, 24, true, nullptr), want);
+  EXPECT_GT((*engine)->cache_stats().prefix_hits, 90u);
+
+  const std::string path = ::testing::TempDir() + "gemma3_long_session.bin";
+  auto d = std::make_shared<Session>(engine, 0, "");
+  d->add_tokens(prompt);
+  (void)run(d, 1, true, nullptr);
+  d->save(path);
+  const auto more = run(d, 8, true, nullptr);
+  auto e = Session::load(engine, path, -1);
+  EXPECT_EQ(run(e, 8, true, nullptr), more);
+  std::remove(path.c_str());
+}
+
 }  // namespace
 }  // namespace ember

@@ -17,7 +17,7 @@ namespace ember {
 void load_llama_hparams(const gguf::GgufFile&, const std::string&, ModelConfig&) {}
 
 LlamaForward::LlamaForward(std::shared_ptr<const Model> model, Backend& backend, int32_t block_size)
-    : model_(std::move(model)), backend_(backend), block_size_(block_size) {
+    : model_(std::move(model)), backend_(backend), block_size_(block_size), groups_(model_->kv_groups()) {
   token_embd_ = backend_.upload_weight(model_->token_embd());
   output_norm_ = backend_.upload_weight(model_->output_norm());
   output_ = backend_.upload_weight(model_->output());
@@ -95,32 +95,46 @@ void LlamaForward::forward_layers(const Batch& batch, float* logits, int32_t n_l
   const int32_t n_out = static_cast<int32_t>(batch.logit_rows.size());
   ensure_capacity(n, n_out);
 
-  // Physical cache slots and per-sequence attention views.
-  std::vector<int32_t> phys_slots(n);
-  std::vector<AttentionSeq> seqs(batch.seqs.size());
+  // The pool's layer groups (core/kv_cache/layer_groups.h): a batch carries
+  // one block table per group, or one for all layers (a flat pool).
+  const int32_t n_groups = batch.seqs.empty() ? 1 : batch.seqs[0].n_groups;
+  const bool grouped = n_groups > 1;
+  if (grouped && n_groups != groups_.n_groups()) {
+    fail(StatusCode::kInternal, "forward: the batch's block tables do not match the model's layer groups");
+  }
+  // Physical cache slots and per-sequence attention views, per group.
+  std::vector<std::vector<int32_t>> phys_slots(static_cast<size_t>(n_groups), std::vector<int32_t>(n));
+  std::vector<std::vector<AttentionSeq>> seqs(static_cast<size_t>(n_groups),
+                                              std::vector<AttentionSeq>(batch.seqs.size()));
   for (size_t s = 0; s < batch.seqs.size(); ++s) {
     const auto& bs = batch.seqs[s];
-    seqs[s] =
-        AttentionSeq{bs.first_row,  bs.n_rows,  bs.block_table.data(), static_cast<int32_t>(bs.block_table.size()),
-                     bs.hole_begin, bs.hole_end};
-    for (int32_t r = bs.first_row; r < bs.first_row + bs.n_rows; ++r) {
-      const int32_t logical = batch.slots[r];
-      const int32_t b = logical / block_size_;
-      if (b < 0 || b >= static_cast<int32_t>(bs.block_table.size()) ||
-          (batch.kv_len[r] + block_size_ - 1) / block_size_ > static_cast<int32_t>(bs.block_table.size())) {
-        fail(StatusCode::kInternal, "forward: a row's cache slot is not covered by its block table");
-      }
-      phys_slots[r] = bs.block_table[b] * block_size_ + logical % block_size_;
-      if (batch.has_tree() && batch.tree_from[r] >= 0) {
-        const int32_t cap = static_cast<int32_t>(bs.block_table.size()) * block_size_;
-        const int32_t from = batch.tree_from[r], n_path = batch.kv_len[r] - from;
-        if (from < 0 || n_path < 1 || batch.tree_begin[r] < 0 ||
-            static_cast<size_t>(batch.tree_begin[r]) + n_path > batch.tree_slots.size()) {
-          fail(StatusCode::kInternal, "forward: a tree row's path is out of range");
+    if (bs.n_groups != n_groups || bs.block_table.size() % static_cast<size_t>(n_groups) != 0) {
+      fail(StatusCode::kInternal, "forward: a sequence's block tables do not match the batch's layer groups");
+    }
+    const int32_t n_tab = static_cast<int32_t>(bs.block_table.size() / static_cast<size_t>(n_groups));
+    for (int32_t g = 0; g < n_groups; ++g) {
+      const int32_t* table = bs.block_table.data() + static_cast<size_t>(g) * n_tab;
+      seqs[g][s] = AttentionSeq{bs.first_row, bs.n_rows, table, n_tab, bs.hole_begin, bs.hole_end};
+      for (int32_t r = bs.first_row; r < bs.first_row + bs.n_rows; ++r) {
+        const int32_t logical = batch.slots[r];
+        const int32_t b = logical / block_size_;
+        if (b < 0 || b >= n_tab || table[b] < 0 || (batch.kv_len[r] + block_size_ - 1) / block_size_ > n_tab) {
+          fail(StatusCode::kInternal, "forward: a row's cache slot is not covered by its block table");
         }
-        for (int32_t i = 0; i < n_path; ++i) {
-          const int32_t t = batch.tree_slots[static_cast<size_t>(batch.tree_begin[r]) + i];
-          if (t < 0 || t >= cap) fail(StatusCode::kInternal, "forward: a tree slot is not covered by its block table");
+        phys_slots[g][r] = table[b] * block_size_ + logical % block_size_;
+        if (batch.has_tree() && batch.tree_from[r] >= 0) {
+          const int32_t cap = n_tab * block_size_;
+          const int32_t from = batch.tree_from[r], n_path = batch.kv_len[r] - from;
+          if (from < 0 || n_path < 1 || batch.tree_begin[r] < 0 ||
+              static_cast<size_t>(batch.tree_begin[r]) + n_path > batch.tree_slots.size()) {
+            fail(StatusCode::kInternal, "forward: a tree row's path is out of range");
+          }
+          for (int32_t i = 0; i < n_path; ++i) {
+            const int32_t t = batch.tree_slots[static_cast<size_t>(batch.tree_begin[r]) + i];
+            if (t < 0 || t >= cap || table[t / block_size_] < 0) {
+              fail(StatusCode::kInternal, "forward: a tree slot is not covered by its block table");
+            }
+          }
         }
       }
     }
@@ -216,9 +230,11 @@ void LlamaForward::forward_layers(const Batch& batch, float* logits, int32_t n_l
     }
     if (c.attention_scale > 0.0f)
       backend_.scale(q_, static_cast<size_t>(n) * c.n_heads * c.head_dim, c.attention_scale);
-    backend_.kv_store(il, k_, v_, phys_slots.data(), n);
+    const int32_t g = grouped ? groups_.group_of_layer[il] : 0;
+    const int32_t kv_layer = grouped ? groups_.index_in_group[il] : il;
+    backend_.kv_store(kv_layer, k_, v_, phys_slots[g].data(), n);
     ap.window = swa ? c.sliding_window : 0;
-    backend_.attention(il, q_, seqs.data(), static_cast<int32_t>(seqs.size()), ap, attn_);
+    backend_.attention(kv_layer, q_, seqs[g].data(), static_cast<int32_t>(seqs[g].size()), ap, attn_);
     matmul(*w.wo, attn_, h_);
     if (w.post_attn_norm) backend_.rms_norm(h_, *w.post_attn_norm, n, c.n_embd, c.rms_eps, h_);
     backend_.add(x_, h_, n_embd_all);

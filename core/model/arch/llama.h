@@ -37,6 +37,7 @@ class LlamaForward final : public Forward {
   std::shared_ptr<const Model> model_;
   Backend& backend_;
   int32_t block_size_;
+  KvLayerGroups groups_;  // the model's (batches with one table per group use it)
   std::unique_ptr<DeviceWeight> token_embd_, output_norm_, output_;
   std::vector<LayerWeights> layers_;
   std::vector<float> rope_freqs_;  // host copy of rope_freqs.weight (config().rope_freqs)

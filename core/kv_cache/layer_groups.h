@@ -1,0 +1,44 @@
+// core::KvLayerGroups: how the paged KV pool splits a model's layers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace ember {
+
+// A table entry whose block a sliding-window group has freed.
+constexpr int32_t kNoBlock = -1;
+
+// How a model's layers share the pool's blocks. Layers that attend over the
+// same span (all of the context, or one sliding window) form a class; each
+// class is cut into groups of `layers_per_group` layers (the gcd of the class
+// sizes, so no block holds an unused layer), and a block holds one group's
+// K/V for block_size slots. A model whose layers all see the whole context
+// has one group of every layer: the plain layout, one table per sequence.
+// A sliding-window group keeps only the blocks its window can still see
+// (vLLM v1's hybrid allocator does the same with its KV cache groups).
+struct KvLayerGroups {
+  int32_t layers_per_group = 0;
+  std::vector<int32_t> window;          // per group: 0 = the whole context, else the window in tokens
+  std::vector<int32_t> group_of_layer;  // per model layer
+  std::vector<int32_t> index_in_group;  // per model layer: its layer inside the pool's blocks
+  std::vector<std::vector<int32_t>> layers;  // per group: its model layers, by index in group
+
+  int32_t n_groups() const { return static_cast<int32_t>(window.size()); }
+  int32_t n_layers() const { return static_cast<int32_t>(group_of_layer.size()); }
+  bool has_local() const;
+  // layer_window: per model layer, 0 (whole context) or its sliding window.
+  static KvLayerGroups from_windows(const std::vector<int32_t>& layer_window);
+  // The first block `group` must still hold when rows for tokens n, n+1, ...
+  // are computed (a sequence whose tokens sit at slots == positions): its
+  // window reaches back to slot n + 1 - window, and attention kernels may
+  // touch the table from the 32-slot step holding it.
+  size_t first_needed_block(int32_t group, int64_t n, int32_t block_size) const;
+  // A growing sequence frees only below first_needed_block(n -
+  // kRollbackSlots), so a short rollback (a stop string, a re-run last token)
+  // resumes without fetching or recomputing anything.
+  static constexpr int32_t kRollbackSlots = 64;
+};
+
+}  // namespace ember
