@@ -281,7 +281,8 @@ class CpuBackend final : public Backend {
     // matmul() computes it). Other prefill chunks: oneDNN, weight by weight.
     if (batch_invariant_ || (rows_are_decodes && M <= cpu::decode_max_m())) {
       cpu::matmul_group(views, y, n, x, M, scratch_,
-                        batch_invariant_ ? cpu::MatmulPath::kRowInvariant : cpu::MatmulPath::kAuto);
+                        batch_invariant_ ? cpu::MatmulPath::kRowInvariant : cpu::MatmulPath::kAuto,
+                        row_kind(rows_are_decodes));
     } else {
       for (int32_t i = 0; i < n; ++i) matmul_locked(*w[i], x, M, y[i], rows_are_decodes);
     }
@@ -296,7 +297,7 @@ class CpuBackend final : public Backend {
       // Ember's kernels for every M: a row's result never depends on what it
       // is batched with (and on CPUs without native bf16 they also beat the
       // oneDNN f32 path, see docs/BENCHMARKS.md).
-      cpu::matmul(view, x, M, y, scratch_, cpu::MatmulPath::kRowInvariant);
+      cpu::matmul(view, x, M, y, scratch_, cpu::MatmulPath::kRowInvariant, row_kind(rows_are_decodes));
       return;
     }
     if (!rows_are_decodes) {
@@ -308,8 +309,14 @@ class CpuBackend final : public Backend {
     const int64_t chunk = std::max<int64_t>(1, cpu::decode_max_m());
     for (int64_t first = 0; first < M; first += chunk) {
       const int64_t m = std::min<int64_t>(chunk, M - first);
-      cpu::matmul(view, x + first * d.cols, m, y + first * d.rows, scratch_);
+      cpu::matmul(view, x + first * d.cols, m, y + first * d.rows, scratch_, cpu::MatmulPath::kAuto,
+                  cpu::RowKind::kDecode);
     }
+  }
+  // Decode rows: llama.cpp's one-row kernels' orders; other rows: its
+  // batched kernels' (cpu::RowKind).
+  static cpu::RowKind row_kind(bool rows_are_decodes) {
+    return rows_are_decodes ? cpu::RowKind::kDecode : cpu::RowKind::kPrompt;
   }
 
   void rope(float* x, const int32_t* positions, int32_t rows, int32_t num_heads, int32_t head_dim, int32_t rot_dim,

@@ -131,7 +131,8 @@ int decode_threads(size_t bytes, int64_t M) {
   return static_cast<int>(std::clamp<size_t>(t, 1, static_cast<size_t>(max_t)));
 }
 
-void run_decode_group(const WeightView* w, float* const* y, int n, const float* x, int64_t M, MatmulScratch::Impl& s);
+void run_decode_group(const WeightView* w, float* const* y, int n, const float* x, int64_t M, RowKind rows,
+                      MatmulScratch::Impl& s);
 void run_prefill(const detail::IsaImpl& impl, const WeightView& w, const float* x, int64_t M, float* y,
                  MatmulScratch::Impl& s);
 int64_t decode_chunk_rows(int64_t N, int nt);
@@ -183,7 +184,8 @@ int64_t decode_chunk_rows(int64_t N, int nt) {
   return std::max<int64_t>(8, (chunk + 7) & ~int64_t{7});
 }
 
-void run_decode_group(const WeightView* w, float* const* y, int n, const float* x, int64_t M, MatmulScratch::Impl& s) {
+void run_decode_group(const WeightView* w, float* const* y, int n, const float* x, int64_t M, RowKind rows,
+                      MatmulScratch::Impl& s) {
   const int64_t K = w[0].cols;
   const detail::IsaImpl* impls[kMaxGroup];
   size_t act_off[kMaxGroup], arb[kMaxGroup];
@@ -222,6 +224,7 @@ void run_decode_group(const WeightView* w, float* const* y, int n, const float* 
                                y[i],
                                w[i].rows};
     use_packed(*impls[i], w[i], ctx[i]);
+    ctx[i].korder = detail::kquant_order(w[i].type, w[i].rows, rows == RowKind::kDecode);
     kernels[i] = impls[i]->kernel(w[i].type);
   }
   const int nt = decode_threads(total_weight_bytes, M);
@@ -310,7 +313,8 @@ bool matmul_supports(DType type) {
   }
 }
 
-void matmul(const WeightView& w, const float* x, int64_t M, float* y, MatmulScratch& scratch, MatmulPath path) {
+void matmul(const WeightView& w, const float* x, int64_t M, float* y, MatmulScratch& scratch, MatmulPath path,
+            RowKind rows) {
   check_weight(w, "matmul");
   if (M < 0) fail(StatusCode::kInvalidArgument, "matmul: negative M");
   if (M == 0 || w.rows == 0) return;
@@ -318,13 +322,13 @@ void matmul(const WeightView& w, const float* x, int64_t M, float* y, MatmulScra
   const detail::IsaImpl& impl = isa_impl(active_isa(), w.type);
   const bool decode = path == MatmulPath::kRowInvariant || (path == MatmulPath::kAuto && M <= decode_max_m(w.type));
   if (decode)
-    run_decode_group(&w, &y, 1, x, M, scratch.impl());
+    run_decode_group(&w, &y, 1, x, M, rows, scratch.impl());
   else
     run_prefill(impl, w, x, M, y, scratch.impl());
 }
 
 void matmul_group(const WeightView* w, float* const* y, int n, const float* x, int64_t M, MatmulScratch& scratch,
-                  MatmulPath path) {
+                  MatmulPath path, RowKind rows) {
   if (n < 1 || n > kMaxGroup || !w || !y)
     fail(StatusCode::kInvalidArgument, "matmul_group: 1 to " + std::to_string(kMaxGroup) + " weights");
   for (int i = 0; i < n; ++i) {
@@ -341,10 +345,10 @@ void matmul_group(const WeightView* w, float* const* y, int n, const float* x, i
              (path == MatmulPath::kRowInvariant || (path == MatmulPath::kAuto && M <= decode_max_m(w[i].type)));
   }
   if (!decode) {
-    for (int i = 0; i < n; ++i) matmul(w[i], x, M, y[i], scratch, path);
+    for (int i = 0; i < n; ++i) matmul(w[i], x, M, y[i], scratch, path, rows);
     return;
   }
-  run_decode_group(w, y, n, x, M, scratch.impl());
+  run_decode_group(w, y, n, x, M, rows, scratch.impl());
 }
 
 size_t packed_bytes(DType type, int64_t rows, int64_t cols) {

@@ -82,10 +82,24 @@ enum class MatmulPath : int {
                       // for M = 1, whatever M is (batch-invariant results)
 };
 
+// What the rows of a call are, for K-quant weights (Q4_K / Q5_K / Q6_K),
+// which Ember's kernels sum in the order llama.cpp's x86 CPU backend uses for
+// such rows (detail::kquant_order; the other types have one order):
+//  * kPrompt: prompt / scored rows, llama.cpp's batched kernels (Q4_K with
+//    N % 8 == 0: its repacked q4_K_8x8 GEMM; others: its "tiled" kernels);
+//  * kDecode: generated tokens fed back one at a time, llama.cpp's one-row
+//    batches (Q4_K with N % 8 == 0: the q4_K_8x8 GEMV; others: ggml_vec_dot).
+// Either way every row is computed independently of M and of the other rows.
+// (llama.cpp itself picks by batch: GEMM for rows in groups of 4 and GEMV for
+// the last M % 4, tiled only for 8+ rows; its batches whose rows all take the
+// batched kernels give exactly Ember's kPrompt rows.) oneDNN (the prefill
+// path for large M with MatmulPath::kAuto) has no such order.
+enum class RowKind : int { kPrompt = 0, kDecode = 1 };
+
 // y[M, N] = x[M, K] · W^T. x must not alias y. M >= 0 (M == 0 is a no-op).
 // Uses up to omp_get_max_threads() threads.
 void matmul(const WeightView& w, const float* x, int64_t M, float* y, MatmulScratch& scratch,
-            MatmulPath path = MatmulPath::kAuto);
+            MatmulPath path = MatmulPath::kAuto, RowKind rows = RowKind::kPrompt);
 
 // y[i][M, N_i] = x[M, K] · W_i^T for n weights that read the same x (Q, K
 // and V; gate and up): when every W_i takes the decode path, their rows are
@@ -95,7 +109,7 @@ void matmul(const WeightView& w, const float* x, int64_t M, float* y, MatmulScra
 // not alias x or each other. 1 <= n <= kMaxGroup.
 constexpr int kMaxGroup = 4;
 void matmul_group(const WeightView* w, float* const* y, int n, const float* x, int64_t M, MatmulScratch& scratch,
-                  MatmulPath path = MatmulPath::kAuto);
+                  MatmulPath path = MatmulPath::kAuto, RowKind rows = RowKind::kPrompt);
 
 // Dequantize rows [row_begin, row_begin + n_rows) of W to f32:
 // out[(r - row_begin) * K + k]. Used for embedding lookups. Single-threaded.

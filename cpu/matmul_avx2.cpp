@@ -369,22 +369,92 @@ inline void kblock_load(const uint8_t* blk, KBlockRegs<T>& r) {
   }
 }
 
-// y[m0..m0+MT)[n] for weight row n.
-template <DType T, int MT>
+inline int hsum_epi32(__m256i v) {  // exact: the order of integer additions does not matter
+  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(1, 0, 3, 2)));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(t);
+}
+inline int hsum_epi32(__m128i t) {
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(1, 0, 3, 2)));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(t);
+}
+// The totals of four vectors' lanes: [sum(a), sum(b), sum(c), sum(d)].
+inline __m128i hsum4_epi32(__m256i a, __m256i b, __m256i c, __m256i d) {
+  const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
+  return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+// The float steps of kquant_dot_reference after a super-block's exact
+// integer parts, for one weight row and one activation row, in order O.
+// sumi: the 8 kVec lanes (Q6_K offset applied); pairs: for kGemm8x8 the
+// totals of the four pairs of groups; mins: madd(mins, q8s), the four
+// pairs' min terms (Q4_K / Q5_K).
+template <DType T, KOrder O>
+struct KAcc {
+  __m256 lanes = _mm256_setzero_ps();
+  __m128 accm = _mm_setzero_ps();
+  float summs = 0.f, acc = 0.f, acc_min = 0.f;
+
+  inline void add(float dx, float dw, float dmw, __m256i sumi, __m128i pairs, __m128i mins) {
+    if constexpr (O == KOrder::kVec) {
+      if constexpr (T != DType::Q6_K) {
+        const float dmin = -dx * dmw;
+        if constexpr (T == DType::Q4_K) {
+          accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins), accm);
+        } else {
+          const float isum = static_cast<float>(hsum_epi32(mins));
+          summs = kQ5KSummsFused ? __builtin_fmaf(dmin, isum, summs) : summs + dmin * isum;
+        }
+      }
+      lanes = _mm256_fmadd_ps(_mm256_set1_ps(dx * dw), _mm256_cvtepi32_ps(sumi), lanes);
+    } else if constexpr (O == KOrder::kTiled) {
+      float r = static_cast<float>(hsum_epi32(sumi)) * dw;
+      if constexpr (T != DType::Q6_K) r = __builtin_fmaf(-dmw, static_cast<float>(hsum_epi32(mins)), r);
+      acc = __builtin_fmaf(r, dx, acc);
+    } else if constexpr (O == KOrder::kGemv8x8) {
+      acc = __builtin_fmaf(static_cast<float>(hsum_epi32(sumi)), dw * dx, acc);
+      acc_min = __builtin_fmaf(static_cast<float>(hsum_epi32(mins)), dmw * dx, acc_min);
+    } else {
+      const float sd = dw * dx, sm = dmw * dx;
+      alignas(16) float ps[4], pm[4];
+      _mm_store_ps(ps, _mm_cvtepi32_ps(pairs));
+      _mm_store_ps(pm, _mm_cvtepi32_ps(mins));
+      for (int p = 0; p < 4; ++p) {
+        acc = __builtin_fmaf(ps[p], sd, acc);
+        acc_min = __builtin_fmaf(pm[p], sm, acc_min);
+      }
+    }
+  }
+  inline float result() const {
+    if constexpr (O == KOrder::kVec) {
+      float v = hsum8(lanes);
+      if constexpr (T == DType::Q4_K) {
+        __m128 t = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
+        t = _mm_add_ss(t, _mm_movehdup_ps(t));
+        v += _mm_cvtss_f32(t);
+      } else if constexpr (T == DType::Q5_K) {
+        v += summs;
+      }
+      return v;
+    } else if constexpr (O == KOrder::kTiled) {
+      return acc;
+    } else {
+      return acc - acc_min;
+    }
+  }
+};
+
+// y[m0..m0+MT)[n] for weight row n, in order O.
+template <DType T, KOrder O, int MT>
 inline void ktile(const DecodeCtx& c, int64_t n, int64_t m0) {
   const int64_t nbk = c.K / kQK_K;
   constexpr size_t kBytes = kquant_block_bytes(T);
   const uint8_t* wr = c.w + static_cast<size_t>(n) * c.w_row_bytes;
   const Q8KBlock* a[MT];
   for (int m = 0; m < MT; ++m) a[m] = q8k_row(c.act, c.act_row_bytes, m0 + m);
-  __m256 acc[MT];
-  __m128 accm[MT];
-  float summs[MT];
-  for (int m = 0; m < MT; ++m) {
-    acc[m] = _mm256_setzero_ps();
-    accm[m] = _mm_setzero_ps();
-    summs[m] = 0.f;
-  }
+  KAcc<T, O> acc[MT];
   KBlockRegs<T> r;
   for (int64_t i = 0; i < nbk; ++i) {
     const uint8_t* blk = wr + static_cast<size_t>(i) * kBytes;
@@ -392,55 +462,56 @@ inline void ktile(const DecodeCtx& c, int64_t n, int64_t m0) {
     kblock_load<T>(blk, r);
     for (int m = 0; m < MT; ++m) {
       const Q8KBlock& y = a[m][i];
-      __m256i sumi = _mm256_setzero_si256();
-      for (int g = 0; g < 8; ++g) {
-        const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.qs + 32 * g));
-        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(r.sc[g], _mm256_maddubs_epi16(r.q[g], av)));
+      __m256i part[4];
+      for (int p = 0; p < 4; ++p) {
+        const __m256i a0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.qs + 64 * p));
+        const __m256i a1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.qs + 64 * p + 32));
+        part[p] = _mm256_add_epi32(_mm256_madd_epi16(r.sc[2 * p], _mm256_maddubs_epi16(r.q[2 * p], a0)),
+                                   _mm256_madd_epi16(r.sc[2 * p + 1], _mm256_maddubs_epi16(r.q[2 * p + 1], a1)));
       }
+      __m256i sumi = _mm256_add_epi32(_mm256_add_epi32(part[0], part[1]), _mm256_add_epi32(part[2], part[3]));
+      __m128i pairs = _mm_setzero_si128(), mins = _mm_setzero_si128();
+      if constexpr (O == KOrder::kGemm8x8) pairs = hsum4_epi32(part[0], part[1], part[2], part[3]);
       const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.bsums));
       if constexpr (T == DType::Q6_K) {
         sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(_mm256_madd_epi16(bsums, r.sc16), 5));
       } else {
-        const float dmin = -y.d * r.dmin;
         const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
-        const __m128i prod = _mm_madd_epi16(r.mins, q8s);
-        if constexpr (T == DType::Q4_K) {
-          accm[m] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), accm[m]);
-        } else {
-          __m128i t = _mm_add_epi32(prod, _mm_shuffle_epi32(prod, _MM_SHUFFLE(1, 0, 3, 2)));
-          t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1)));
-          const float isum = static_cast<float>(_mm_cvtsi128_si32(t));
-          summs[m] = kQ5KSummsFused ? __builtin_fmaf(dmin, isum, summs[m]) : summs[m] + dmin * isum;
-        }
+        mins = _mm_madd_epi16(r.mins, q8s);
       }
-      acc[m] = _mm256_fmadd_ps(_mm256_set1_ps(y.d * r.d), _mm256_cvtepi32_ps(sumi), acc[m]);
+      acc[m].add(y.d, r.d, r.dmin, sumi, pairs, mins);
     }
   }
-  for (int m = 0; m < MT; ++m) {
-    float v = hsum8(acc[m]);
-    if constexpr (T == DType::Q4_K) {
-      __m128 t = _mm_add_ps(accm[m], _mm_movehl_ps(accm[m], accm[m]));
-      t = _mm_add_ss(t, _mm_movehdup_ps(t));
-      v += _mm_cvtss_f32(t);
-    } else if constexpr (T == DType::Q5_K) {
-      v += summs[m];
+  for (int m = 0; m < MT; ++m) c.y[(m0 + m) * c.ldy + n] = acc[m].result();
+}
+
+template <DType T, KOrder O>
+void kkernel_o(const DecodeCtx& c, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n) {
+    int64_t m = 0;
+    for (; m + 4 <= c.M; m += 4) ktile<T, O, 4>(c, n, m);
+    switch (c.M - m) {
+      case 3: ktile<T, O, 3>(c, n, m); break;
+      case 2: ktile<T, O, 2>(c, n, m); break;
+      case 1: ktile<T, O, 1>(c, n, m); break;
+      default: break;
     }
-    c.y[(m0 + m) * c.ldy + n] = v;
   }
 }
 
 template <DType T>
 void kkernel(const DecodeCtx& c, int64_t n0, int64_t n1) {
-  for (int64_t n = n0; n < n1; ++n) {
-    int64_t m = 0;
-    for (; m + 4 <= c.M; m += 4) ktile<T, 4>(c, n, m);
-    switch (c.M - m) {
-      case 3: ktile<T, 3>(c, n, m); break;
-      case 2: ktile<T, 2>(c, n, m); break;
-      case 1: ktile<T, 1>(c, n, m); break;
-      default: break;
-    }
+  switch (c.korder) {
+    case KOrder::kVec: return kkernel_o<T, KOrder::kVec>(c, n0, n1);
+    case KOrder::kTiled: return kkernel_o<T, KOrder::kTiled>(c, n0, n1);
+    case KOrder::kGemv8x8:
+      if constexpr (T == DType::Q4_K) return kkernel_o<T, KOrder::kGemv8x8>(c, n0, n1);
+      break;
+    case KOrder::kGemm8x8:
+      if constexpr (T == DType::Q4_K) return kkernel_o<T, KOrder::kGemm8x8>(c, n0, n1);
+      break;
   }
+  kkernel_o<T, KOrder::kVec>(c, n0, n1);  // (kquant_order gives the 8x8 orders to Q4_K only)
 }
 
 // ---------------------------------------------------------------- float kernels

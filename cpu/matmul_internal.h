@@ -110,6 +110,29 @@ inline size_t packed_scale_offset(DType t, int64_t K, int64_t q, int64_t j) {
          static_cast<size_t>(q * kPackRows + j) * packed_scale_bytes(t);
 }
 
+// The order in which a K-quant dot product is summed: one of the computations
+// llama.cpp's x86 CPU backend runs for a weight (see kquant_dot_reference).
+enum class KOrder : uint8_t {
+  kVec = 0,      // ggml_vec_dot_q{4,5,6}_K_q8_K: a one-row batch (decode), Q5_K/Q6_K
+  kTiled = 1,    // ggml-cpu/tiled (batches of 8+ rows): Q5_K, Q6_K
+  kGemv8x8 = 2,  // repacked q4_K_8x8, ggml_gemv_q4_K_8x8_q8_K (one row): Q4_K
+  kGemm8x8 = 3,  // repacked q4_K_8x8, ggml_gemm_q4_K_8x8_q8_K (groups of 4 rows): Q4_K
+};
+// llama.cpp (x86, AVX2 or AVX-512) repacks a Q4_K weight whose row count is
+// a multiple of 8 into q4_K_8x8 and runs every batch of it through the 8x8
+// GEMV / GEMM; the other K-quant weights (and Q4_K with other row counts)
+// take ggml_vec_dot for batches of fewer than 8 rows and the "tiled" kernels
+// for 8 or more. Ember computes decode rows (generated tokens fed back, one
+// per sequence: llama.cpp's one-row batches) in the one-row order and every
+// other row in the batched order, whatever the batch: a row's result never
+// depends on what it is batched with.
+namespace {
+inline KOrder kquant_order(DType t, int64_t rows, bool decode) {
+  if (t == DType::Q4_K && rows % 8 == 0) return decode ? KOrder::kGemv8x8 : KOrder::kGemm8x8;
+  return decode ? KOrder::kVec : KOrder::kTiled;
+}
+}  // namespace
+
 // Everything a decode kernel needs. Activations are "prepared" once per call
 // by the variant's prepare_acts() into act (layout private to the variant);
 // float weight types may read x directly.
@@ -126,6 +149,7 @@ struct DecodeCtx {
   int64_t ldy;
   const uint8_t* packed = nullptr;  // the packed weight, for a variant that reads it
   size_t packed_group_bytes = 0;
+  KOrder korder = KOrder::kVec;  // K-quant weights: which of llama.cpp's sums (kquant_order)
 };
 
 // Computes y[0..M)[n0..n1) for the weight rows n0..n1.
@@ -404,60 +428,114 @@ inline constexpr size_t kquant_block_bytes(DType t) {
 inline constexpr bool kQ5KSummsFused = true;
 
 // One K-quant dot product (a weight row of nbk super-blocks against a Q8_K
-// activation row) in the order of llama.cpp's AVX2 kernels
-// (ggml_vec_dot_q{4,5,6}_K_q8_K); every variant returns exactly this value.
-// Per super-block, all integer (exact) into 8 s32 lanes, lane k collecting the
-// elements 4k..4k+3 of every group of 32, each times its sub-block scale:
-//   Q6_K additionally subtracts 32 * (bsums[2k]*sc[2k] + bsums[2k+1]*sc[2k+1])
-//   (the -32 offset); then lane_acc[k] = fma(d, float(lane_k), lane_acc[k]),
-//   d = dx * dw.
-// The min term (Q4_K / Q5_K): q8s[g] = bsums[2g] + bsums[2g+1],
-//   Q4_K: 4 f32 lanes, acc_m[k] = fma(dmin, float(mn[2k]*q8s[2k] + mn[2k+1]*q8s[2k+1]), acc_m[k]),
-//         summed at the end as (m0 + m2) + (m1 + m3);
-//   Q5_K: summs = fma(dmin, float(sum over g of mn[g]*q8s[g]), summs);
-//   dmin = -(dx * dmin_w).
-// result = hsum8_reference(lane_acc) + min term.
+// activation row) in one of llama.cpp's orders (KOrder); every variant
+// returns exactly this value. Per super-block the integer part is exact
+// whatever the order: with q the unsigned weight values, a the activations,
+// per group g of 32 elements
+//   gs[g] = sum over its elements of sc * q * a  (sc: the group's scale;
+//           Q6_K: each 16-element half's own scale),
+//   Q6_K: minus 32 * (bsums[2g]*sc[2g] + bsums[2g+1]*sc[2g+1]) (the -32 offset);
+//   Q4_K / Q5_K: mg[g] = mn[g] * q8s[g], q8s[g] = bsums[2g] + bsums[2g+1].
+// dx: the activation block's d (f32), dw / dmw: the weight's d / dmin (f16).
+// The float steps differ:
+//  kVec (llama.cpp's AVX2 ggml_vec_dot_q{4,5,6}_K_q8_K): 8 s32 lanes, lane k
+//   collecting elements 4k..4k+3 of every group (Q6_K: minus its two
+//   16-element halves' offset terms); lane_acc[k] = fma(dx*dw, float(lane_k),
+//   lane_acc[k]); the min term (Q4_K): 4 f32 lanes, acc_m[k] = fma(dmin,
+//   float(mg[2k] + mg[2k+1]), acc_m[k]), summed (m0 + m2) + (m1 + m3);
+//   (Q5_K): summs = fma(dmin, float(sum mg), summs); dmin = -(dx * dmw);
+//   result = hsum8_reference(lane_acc) + min term.
+//  kTiled (ggml-cpu/tiled, its AVX2 and AVX-512 VNNI microtiles alike, as
+//   GCC contracts them): per super-block r = float(sum gs) * dw, Q4_K/Q5_K
+//   r = fma(-dmw, float(sum mg), r); acc = fma(r, dx, acc); result = acc.
+//  kGemv8x8 (ggml_gemv_q4_K_8x8_q8_K): per super-block
+//   acc = fma(float(sum gs), dw*dx, acc), accm = fma(float(sum mg), dmw*dx, accm);
+//   result = acc - accm.
+//  kGemm8x8 (ggml_gemm_q4_K_8x8_q8_K, its AVX2 and AVX-512 paths alike): as
+//   kGemv8x8 but one step per pair of groups (64 elements): gs[2p] + gs[2p+1],
+//   mg[2p] + mg[2p+1], p = 0..3.
 template <DType T>
-inline float kquant_dot_reference(const uint8_t* wrow, const Q8KBlock* a, int64_t nbk) {
+inline float kquant_dot_reference(const uint8_t* wrow, const Q8KBlock* a, int64_t nbk, KOrder order = KOrder::kVec) {
   float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   float accm[4] = {0, 0, 0, 0};
-  float summs = 0.f;
+  float summs = 0.f, acc = 0.f, acc_min = 0.f;
   KUnpacked<T> u;
   for (int64_t i = 0; i < nbk; ++i) {
     kquant_unpack<T>(wrow + static_cast<size_t>(i) * kquant_block_bytes(T), u);
     const Q8KBlock& y = a[i];
-    const float d = y.d * u.d;
     int sumi[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int gs[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int g = 0; g < 8; ++g)
       for (int k = 0; k < 8; ++k) {
         int s = 0;
         for (int e = 32 * g + 4 * k; e < 32 * g + 4 * k + 4; ++e) s += u.q[e] * y.qs[e];
         const int sc = T == DType::Q6_K ? u.sc[(32 * g + 4 * k) / 16] : u.sc[g];
         sumi[k] += sc * s;
+        gs[g] += sc * s;
       }
+    int mg[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     if constexpr (T == DType::Q6_K) {
-      for (int k = 0; k < 8; ++k) sumi[k] -= 32 * (y.bsums[2 * k] * u.sc[2 * k] + y.bsums[2 * k + 1] * u.sc[2 * k + 1]);
+      for (int k = 0; k < 8; ++k) {
+        const int off = 32 * (y.bsums[2 * k] * u.sc[2 * k] + y.bsums[2 * k + 1] * u.sc[2 * k + 1]);
+        sumi[k] -= off;
+        gs[k] -= off;  // (group k's offset: the same two 16-element halves)
+      }
     } else {
-      const float dmin = -y.d * u.dmin;
-      int q8s[8];
-      for (int g = 0; g < 8; ++g) q8s[g] = static_cast<int16_t>(y.bsums[2 * g] + y.bsums[2 * g + 1]);
-      if constexpr (T == DType::Q4_K) {
-        for (int k = 0; k < 4; ++k)
-          accm[k] = __builtin_fmaf(
-              dmin, static_cast<float>(u.mn[2 * k] * q8s[2 * k] + u.mn[2 * k + 1] * q8s[2 * k + 1]), accm[k]);
-      } else {
-        int isum = 0;
-        for (int g = 0; g < 8; ++g) isum += u.mn[g] * q8s[g];
-        summs = kQ5KSummsFused ? __builtin_fmaf(dmin, static_cast<float>(isum), summs)
-                               : summs + dmin * static_cast<float>(isum);
+      for (int g = 0; g < 8; ++g) mg[g] = u.mn[g] * static_cast<int16_t>(y.bsums[2 * g] + y.bsums[2 * g + 1]);
+    }
+    const float dw = u.d, dmw = u.dmin;
+    switch (order) {
+      case KOrder::kVec: {
+        if constexpr (T != DType::Q6_K) {
+          const float dmin = -y.d * dmw;
+          if constexpr (T == DType::Q4_K) {
+            for (int k = 0; k < 4; ++k)
+              accm[k] = __builtin_fmaf(dmin, static_cast<float>(mg[2 * k] + mg[2 * k + 1]), accm[k]);
+          } else {
+            int isum = 0;
+            for (int g = 0; g < 8; ++g) isum += mg[g];
+            summs = kQ5KSummsFused ? __builtin_fmaf(dmin, static_cast<float>(isum), summs)
+                                   : summs + dmin * static_cast<float>(isum);
+          }
+        }
+        const float d = y.d * dw;
+        for (int k = 0; k < 8; ++k) lanes[k] = __builtin_fmaf(d, static_cast<float>(sumi[k]), lanes[k]);
+        break;
+      }
+      case KOrder::kTiled: {
+        int s1 = 0, s2 = 0;
+        for (int g = 0; g < 8; ++g) s1 += gs[g], s2 += mg[g];
+        float r = static_cast<float>(s1) * dw;
+        if constexpr (T != DType::Q6_K) r = __builtin_fmaf(-dmw, static_cast<float>(s2), r);
+        acc = __builtin_fmaf(r, y.d, acc);
+        break;
+      }
+      case KOrder::kGemv8x8:
+      case KOrder::kGemm8x8: {
+        const float sd = dw * y.d, sm = dmw * y.d;
+        const int steps = order == KOrder::kGemv8x8 ? 1 : 4, per = 8 / steps;
+        for (int p = 0; p < steps; ++p) {
+          int is = 0, im = 0;
+          for (int g = per * p; g < per * (p + 1); ++g) is += gs[g], im += mg[g];
+          acc = __builtin_fmaf(static_cast<float>(is), sd, acc);
+          acc_min = __builtin_fmaf(static_cast<float>(im), sm, acc_min);
+        }
+        break;
       }
     }
-    for (int k = 0; k < 8; ++k) lanes[k] = __builtin_fmaf(d, static_cast<float>(sumi[k]), lanes[k]);
   }
-  const float r = hsum8_reference(lanes);
-  if constexpr (T == DType::Q4_K) return r + ((accm[0] + accm[2]) + (accm[1] + accm[3]));
-  if constexpr (T == DType::Q5_K) return r + summs;
-  return r;
+  switch (order) {
+    case KOrder::kVec: {
+      const float r = hsum8_reference(lanes);
+      if constexpr (T == DType::Q4_K) return r + ((accm[0] + accm[2]) + (accm[1] + accm[3]));
+      if constexpr (T == DType::Q5_K) return r + summs;
+      return r;
+    }
+    case KOrder::kTiled: return acc;
+    case KOrder::kGemv8x8:
+    case KOrder::kGemm8x8: break;
+  }
+  return acc - acc_min;
 }
 
 // Reference dequantization through the type table (used by every variant

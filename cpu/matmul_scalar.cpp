@@ -50,7 +50,7 @@ void kquant_kernel(const DecodeCtx& c, int64_t n0, int64_t n1) {
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* wr = c.w + static_cast<size_t>(n) * c.w_row_bytes;
     for (int64_t m = 0; m < c.M; ++m)
-      c.y[m * c.ldy + n] = kquant_dot_reference<T>(wr, q8k_row(c.act, c.act_row_bytes, m), nbk);
+      c.y[m * c.ldy + n] = kquant_dot_reference<T>(wr, q8k_row(c.act, c.act_row_bytes, m), nbk, c.korder);
   }
 }
 

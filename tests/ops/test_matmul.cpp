@@ -755,32 +755,40 @@ TEST_P(EmulatedAvx512Test, Dequantize) {
 }
 
 // The AVX-512 K-quant kernels (emulated) equal the scalar variant, which
-// follows llama.cpp's order, to the bit: every M tile, several rows.
+// follows llama.cpp's orders, to the bit: every M tile, several rows, decode
+// and prompt rows (N = 16: Q4_K's q4_K_8x8 GEMV / GEMM orders; N = 11: the
+// vec_dot / tiled orders).
 TEST(EmulatedAvx512KQuants, EqualTheScalarVariantBitForBit) {
   if (!isa_supported(Isa::kAvx2)) GTEST_SKIP() << "the emulation needs AVX2";
   KnobGuard guard;
   set_decode_max_m(std::numeric_limits<int64_t>::max());
-  const int64_t N = 11, K = 768;
+  const int64_t K = 768;
   const auto& avx2 = detail::avx2_impl();
-  for (DType t : {DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
-    const auto w = make_weight(t, N, K, 31);
-    for (int64_t M : {1, 2, 3, 4, 5, 9}) {
-      const auto x = make_x(M, K, static_cast<uint32_t>(M + 40));
-      std::vector<float> ys(static_cast<size_t>(M * N)), ye(ys.size(), std::nanf(""));
-      MatmulScratch scratch;
-      force_isa(Isa::kScalar);
-      matmul({t, N, K, w.data()}, x.data(), M, ys.data(), scratch);
-      const size_t arb = avx2.act_row_bytes(t, K);
-      std::vector<uint8_t> act(arb * static_cast<size_t>(M) + 64);
-      avx2.prepare_acts(t, x.data(), M, K, act.data());
-      const detail::DecodeCtx c{t, w.data(), row_bytes(t, K), K, M, x.data(), act.data(), arb, ye.data(), N};
-      const detail::DecodeKernel k = detail::avx512emu::kquant(t);
-      ASSERT_NE(k, nullptr);
-      k(c, 0, 4);
-      k(c, 4, N);
-      for (size_t i = 0; i < ys.size(); ++i)
-        ASSERT_EQ(std::memcmp(&ys[i], &ye[i], 4), 0)
-            << name_of(t) << " M=" << M << " output " << i << ": scalar " << ys[i] << " emulated avx512 " << ye[i];
+  for (const int64_t N : {int64_t{11}, int64_t{16}}) {
+    for (DType t : {DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+      const auto w = make_weight(t, N, K, 31);
+      for (const RowKind rk : {RowKind::kPrompt, RowKind::kDecode}) {
+        for (int64_t M : {1, 2, 3, 4, 5, 9}) {
+          const auto x = make_x(M, K, static_cast<uint32_t>(M + 40));
+          std::vector<float> ys(static_cast<size_t>(M * N)), ye(ys.size(), std::nanf(""));
+          MatmulScratch scratch;
+          force_isa(Isa::kScalar);
+          matmul({t, N, K, w.data()}, x.data(), M, ys.data(), scratch, MatmulPath::kRowInvariant, rk);
+          const size_t arb = avx2.act_row_bytes(t, K);
+          std::vector<uint8_t> act(arb * static_cast<size_t>(M) + 64);
+          avx2.prepare_acts(t, x.data(), M, K, act.data());
+          detail::DecodeCtx c{t, w.data(), row_bytes(t, K), K, M, x.data(), act.data(), arb, ye.data(), N};
+          c.korder = detail::kquant_order(t, N, rk == RowKind::kDecode);
+          const detail::DecodeKernel k = detail::avx512emu::kquant(t);
+          ASSERT_NE(k, nullptr);
+          k(c, 0, 4);
+          k(c, 4, N);
+          for (size_t i = 0; i < ys.size(); ++i)
+            ASSERT_EQ(std::memcmp(&ys[i], &ye[i], 4), 0)
+                << name_of(t) << " N=" << N << " order " << static_cast<int>(c.korder) << " M=" << M << " output " << i
+                << ": scalar " << ys[i] << " emulated avx512 " << ye[i];
+        }
+      }
     }
   }
 }

@@ -3,9 +3,10 @@
 //    (forced for all M) and prefill (oneDNN) x M = 1..40 x odd N, against
 //    the type table's reference dequantizer + a double-precision dot, with
 //    the rounding of the activation quantization as the tolerance;
-//  * the decode kernels bit-identical to the reference summation order
-//    (matmul_internal.h: quant_dot_reference / kquant_dot_reference, which is
-//    llama.cpp's AVX2 order), on every variant, 1 and 2 threads;
+//  * the decode kernels bit-identical to the reference summation orders
+//    (matmul_internal.h: quant_dot_reference / kquant_dot_reference, which
+//    are llama.cpp's: K-quants in its one-row and batched orders, RowKind),
+//    on every variant, 1 and 2 threads;
 //  * dequantize_rows (embedding lookup) equal to the reference dequantizer;
 //  * the reference dequantizers on hand-built blocks with known values.
 #include <gtest/gtest.h>
@@ -144,7 +145,8 @@ void expect_close(const std::vector<float>& wf, const std::vector<float>& x, con
 // The reference-order dot product of the scalar variant's prepared
 // activations (what every variant's decode kernel must return bit for bit).
 std::vector<float> reference_order(DType t, const std::vector<uint8_t>& w, const std::vector<float>& x, int64_t M,
-                                   int64_t N, int64_t K) {
+                                   int64_t N, int64_t K, RowKind rows = RowKind::kPrompt) {
+  const detail::KOrder order = detail::kquant_order(t, N, rows == RowKind::kDecode);
   const auto& sc = detail::scalar_impl();
   const size_t arb = sc.act_row_bytes(t, K);
   std::vector<uint8_t> act(arb * static_cast<size_t>(M) + 64);
@@ -157,9 +159,9 @@ std::vector<float> reference_order(DType t, const std::vector<uint8_t>& w, const
       float r = 0;
       if (detail::is_kquant(t)) {
         const detail::Q8KBlock* a = detail::q8k_row(act.data(), arb, m);
-        r = t == DType::Q4_K   ? detail::kquant_dot_reference<DType::Q4_K>(wr, a, K / 256)
-            : t == DType::Q5_K ? detail::kquant_dot_reference<DType::Q5_K>(wr, a, K / 256)
-                               : detail::kquant_dot_reference<DType::Q6_K>(wr, a, K / 256);
+        r = t == DType::Q4_K   ? detail::kquant_dot_reference<DType::Q4_K>(wr, a, K / 256, order)
+            : t == DType::Q5_K ? detail::kquant_dot_reference<DType::Q5_K>(wr, a, K / 256, order)
+                               : detail::kquant_dot_reference<DType::Q6_K>(wr, a, K / 256, order);
       } else {
         const detail::Q8Row a = detail::q8_natural_row(act.data(), arb, K, m);
         r = t == DType::Q5_0 ? detail::quant_dot_reference<DType::Q5_0>(wr, a, K / 32)
@@ -190,28 +192,35 @@ class KQuantMatmulTest : public testing::TestWithParam<Param> {
   Guard guard_;
 };
 
+// Both row kinds (K-quants: llama.cpp's one-row and batched orders), and for
+// N = 16 Q4_K's q4_K_8x8 GEMV / GEMM orders (N = 13: its vec_dot / tiled).
 TEST_P(KQuantMatmulTest, DecodeIsBitIdenticalToTheReferenceOrder) {
   set_decode_max_m(std::numeric_limits<int64_t>::max());
   const DType t = type();
-  const int64_t N = 13, K = this->K();
-  const auto w = make_weight(t, N, K, 7);
-  const auto wf = ref_dequant(t, w.data(), N, K);
-  const WeightView view{t, N, K, w.data()};
-  MatmulScratch scratch;
-  for (int64_t M = 1; M <= 40; ++M) {
-    const auto x = make_x(M, K, static_cast<uint32_t>(M * 3 + 1));
-    const auto yr = reference_order(t, w, x, M, N, K);
-    for (int th : {1, 2}) {
-      omp_set_num_threads(th);
-      std::vector<float> y(static_cast<size_t>(M * N), std::nanf(""));
-      matmul(view, x.data(), M, y.data(), scratch);
-      for (size_t i = 0; i < y.size(); ++i)
-        ASSERT_EQ(std::memcmp(&y[i], &yr[i], 4), 0)
-            << tname(t) << " " << isa_name() << " M=" << M << " threads=" << th << " output " << i << ": got " << y[i]
-            << " reference order " << yr[i];
-      expect_close(wf, x, y, M, N, K, detail::is_kquant(t) ? 256 : 32, false,
-                   tname(t) + " decode " + isa_name() + " M=" + std::to_string(M));
-      if (HasFailure()) return;
+  const int64_t K = this->K();
+  for (const int64_t N : {int64_t{13}, int64_t{16}}) {
+    const auto w = make_weight(t, N, K, 7);
+    const auto wf = ref_dequant(t, w.data(), N, K);
+    const WeightView view{t, N, K, w.data()};
+    MatmulScratch scratch;
+    for (const RowKind rk : {RowKind::kPrompt, RowKind::kDecode}) {
+      for (int64_t M = 1; M <= 40; M += N == 13 ? 1 : 3) {
+        const auto x = make_x(M, K, static_cast<uint32_t>(M * 3 + 1));
+        const auto yr = reference_order(t, w, x, M, N, K, rk);
+        for (int th : {1, 2}) {
+          omp_set_num_threads(th);
+          std::vector<float> y(static_cast<size_t>(M * N), std::nanf(""));
+          matmul(view, x.data(), M, y.data(), scratch, MatmulPath::kAuto, rk);
+          for (size_t i = 0; i < y.size(); ++i)
+            ASSERT_EQ(std::memcmp(&y[i], &yr[i], 4), 0)
+                << tname(t) << " " << isa_name() << " N=" << N << (rk == RowKind::kDecode ? " decode" : " prompt")
+                << " M=" << M << " threads=" << th << " output " << i << ": got " << y[i] << " reference order "
+                << yr[i];
+          expect_close(wf, x, y, M, N, K, detail::is_kquant(t) ? 256 : 32, false,
+                       tname(t) + " decode " + isa_name() + " M=" + std::to_string(M));
+          if (HasFailure()) return;
+        }
+      }
     }
   }
 }
@@ -219,16 +228,21 @@ TEST_P(KQuantMatmulTest, DecodeIsBitIdenticalToTheReferenceOrder) {
 TEST_P(KQuantMatmulTest, DecodeWiderShapes) {
   set_decode_max_m(std::numeric_limits<int64_t>::max());
   const DType t = type();
-  const int64_t N = 301, K = detail::is_kquant(t) ? 2048 : 1024;
-  const auto w = make_weight(t, N, K, 11);
-  const WeightView view{t, N, K, w.data()};
-  MatmulScratch scratch;
-  for (int64_t M : {1, 4, 7}) {
-    const auto x = make_x(M, K, static_cast<uint32_t>(M + 100));
-    const auto yr = reference_order(t, w, x, M, N, K);
-    std::vector<float> y(static_cast<size_t>(M * N), std::nanf(""));
-    matmul(view, x.data(), M, y.data(), scratch);
-    ASSERT_EQ(std::memcmp(y.data(), yr.data(), y.size() * 4), 0) << tname(t) << " M=" << M;
+  const int64_t K = detail::is_kquant(t) ? 2048 : 1024;
+  for (const int64_t N : {int64_t{301}, int64_t{304}}) {
+    const auto w = make_weight(t, N, K, 11);
+    const WeightView view{t, N, K, w.data()};
+    MatmulScratch scratch;
+    for (const RowKind rk : {RowKind::kPrompt, RowKind::kDecode}) {
+      for (int64_t M : {1, 4, 7}) {
+        const auto x = make_x(M, K, static_cast<uint32_t>(M + 100));
+        const auto yr = reference_order(t, w, x, M, N, K, rk);
+        std::vector<float> y(static_cast<size_t>(M * N), std::nanf(""));
+        matmul(view, x.data(), M, y.data(), scratch, MatmulPath::kAuto, rk);
+        ASSERT_EQ(std::memcmp(y.data(), yr.data(), y.size() * 4), 0)
+            << tname(t) << " N=" << N << " kind " << static_cast<int>(rk) << " M=" << M;
+      }
+    }
   }
 }
 
