@@ -8,9 +8,14 @@
 // same outputs with cpu::matmul on the decode path, on every ISA variant
 // this CPU can run. Prints per type and variant the number of outputs whose
 // f32 bits differ; exit 0 when all are identical, 1 otherwise, 77 when the
-// library cannot be loaded. The AVX-512 variant's dot products sum four
-// blocks per register, another order than llama.cpp's (EMBER_CPU_ISA=avx2
-// gives llama.cpp's): their differences are printed, not counted.
+// library cannot be loaded. The AVX-512 variant's Q4_0 / Q4_1 / Q8_0 dot
+// products sum four blocks per register, another order than llama.cpp's
+// (EMBER_CPU_ISA=avx2 gives llama.cpp's): their differences are printed, not
+// counted. K-quant weights are also checked in llama.cpp's batched paths:
+// decode rows (cpu::RowKind::kDecode) of a Q4_K weight with N % 8 == 0
+// against its q4_K_8x8 GEMV, prompt rows against its GEMM (16 rows, the
+// activations through ggml_quantize_mat_q8_K_4x8), and prompt rows of the
+// other K-quant weights against its tiled kernels (a ggml graph, 16 rows).
 //
 //   ggml_dot_check [--gguf MODEL.gguf] [path/to/libggml-cpu.so]
 //   (default: $EMBER_GGML_CPU_LIB, else the reference venv's copy)
@@ -25,6 +30,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/gguf/gguf.h"
@@ -94,9 +100,157 @@ std::vector<uint8_t> make_weight(DType t, int64_t N, int64_t K, uint32_t seed) {
   return w;
 }
 
-// Whether a variant's dot products follow llama.cpp's summation order.
-bool llama_order(cpu::Isa isa) { return isa != cpu::Isa::kAvx512Vnni; }
-const char* order_note(cpu::Isa isa) { return llama_order(isa) ? "" : " [another summation order: not counted]"; }
+// Whether a variant's dot products follow llama.cpp's summation order (the
+// AVX-512 variant: for K-quants yes, for Q4_0 / Q4_1 / Q8_0 no).
+bool llama_order(cpu::Isa isa, DType t) {
+  return isa != cpu::Isa::kAvx512Vnni || t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K;
+}
+const char* order_note(cpu::Isa isa, DType t) {
+  return llama_order(isa, t) ? "" : " [another summation order: not counted]";
+}
+
+// llama.cpp's batched K-quant paths on x86 (ggml-cpu/repack.cpp,
+// ggml-cpu/tiled): the q4_K_8x8 GEMV / GEMM (exported, called on weights
+// interleaved here as its repack does) and the tiled kernels (through a
+// ggml graph: a weight outside a repack buffer with 8+ activation rows).
+struct BlockQ4Kx8 {
+  uint16_t d[8], dmin[8];
+  uint8_t scales[96];
+  uint8_t qs[1024];
+};
+struct ggml_init_params {
+  size_t mem_size;
+  void* mem_buffer;
+  bool no_alloc;
+};
+struct LlamaBatched {
+  using gemx_t = void (*)(int n, float* s, size_t bs, const void* vx, const void* vy, int nr, int nc);
+  using qmat_t = void (*)(const float* x, void* vy, int64_t k);
+  gemx_t gemv = nullptr, gemm = nullptr;
+  qmat_t quantize_mat = nullptr;  // 4 rows -> block_q8_Kx4
+  ggml_from_float_t q8k = nullptr;
+  void* (*init)(ggml_init_params) = nullptr;
+  void (*free)(void*) = nullptr;
+  void* (*new_tensor_2d)(void*, int, int64_t, int64_t) = nullptr;
+  void* (*mul_mat)(void*, void*, void*) = nullptr;
+  void* (*new_graph)(void*) = nullptr;
+  void (*build)(void*, void*) = nullptr;
+  void* (*get_data)(const void*) = nullptr;
+  int (*compute)(void*, void*, int) = nullptr;
+  bool ok() const {
+    return gemv && gemm && quantize_mat && q8k && init && free && new_tensor_2d && mul_mat && new_graph && build &&
+           get_data && compute;
+  }
+};
+
+// make_block_q4_Kx8 (interleave 8): rows r..r+7 of each super-block.
+std::vector<BlockQ4Kx8> repack_q4k_8x8(const uint8_t* w, int64_t N, int64_t K) {
+  const int64_t nb = K / 256;
+  std::vector<BlockQ4Kx8> out(static_cast<size_t>(N / 8 * nb));
+  for (int64_t g = 0; g < N / 8; ++g)
+    for (int64_t b = 0; b < nb; ++b) {
+      BlockQ4_K in[8];
+      for (int i = 0; i < 8; ++i)
+        std::memcpy(&in[i], w + static_cast<size_t>(g * 8 + i) * row_bytes(DType::Q4_K, K) + b * sizeof(BlockQ4_K),
+                    sizeof(BlockQ4_K));
+      BlockQ4Kx8& o = out[static_cast<size_t>(g * nb + b)];
+      for (int i = 0; i < 8; ++i) o.d[i] = in[i].d, o.dmin[i] = in[i].dmin;
+      for (int i = 0; i < 128; ++i) std::memcpy(o.qs + 8 * i, in[i % 8].qs + (i / 8) * 8, 8);
+      uint8_t sc[8], mn[8];
+      for (int half = 0; half < 2; ++half)
+        for (int i = 0; i < 4; ++i) {
+          for (int j = 0; j < 8; ++j) {
+            if (half == 0) {
+              sc[j] = in[j].scales[i] & 63;
+              mn[j] = in[j].scales[i + 4] & 63;
+            } else {
+              sc[j] = static_cast<uint8_t>(((in[j].scales[i] & 192) >> 2) | (in[j].scales[i + 8] & 15));
+              mn[j] = static_cast<uint8_t>(((in[j].scales[i + 4] & 192) >> 2) | ((in[j].scales[i + 8] & 240) >> 4));
+            }
+          }
+          uint8_t* q = o.scales + 48 * half + 12 * i;
+          for (int j = 0; j < 4; ++j) {
+            q[j] = static_cast<uint8_t>((sc[j] & 63) + ((sc[j + 4] & 48) << 2));
+            q[4 + j] = static_cast<uint8_t>((mn[j] & 63) + ((mn[j + 4] & 48) << 2));
+            q[8 + j] = static_cast<uint8_t>((sc[j + 4] & 15) + ((mn[j + 4] & 15) << 4));
+          }
+        }
+    }
+  return out;
+}
+
+// y[M][N] as llama.cpp computes a weight that takes its batched path
+// (decode: the one-row kernels), or an empty vector when it cannot.
+std::vector<float> llama_batched(const LlamaBatched& L, DType t, const uint8_t* w, int64_t N, int64_t K,
+                                 const std::vector<float>& x, int64_t M, bool decode) {
+  std::vector<float> y(static_cast<size_t>(M * N));
+  if (t == DType::Q4_K && N % 8 == 0) {
+    const auto packed = repack_q4k_8x8(w, N, K);
+    const size_t q8k_bytes = static_cast<size_t>(K / 256) * 292;
+    if (decode) {
+      std::vector<uint8_t> a(q8k_bytes);
+      for (int64_t m = 0; m < M; ++m) {
+        L.q8k(x.data() + m * K, a.data(), K);
+        L.gemv(static_cast<int>(K), y.data() + m * N, static_cast<size_t>(N), packed.data(), a.data(), 1,
+               static_cast<int>(N));
+      }
+    } else {
+      if (M % 4 != 0) return {};
+      std::vector<uint8_t> a(q8k_bytes * static_cast<size_t>(M));
+      for (int64_t m = 0; m < M; m += 4) L.quantize_mat(x.data() + m * K, a.data() + q8k_bytes * m, K);
+      L.gemm(static_cast<int>(K), y.data(), static_cast<size_t>(N), packed.data(), a.data(), static_cast<int>(M),
+             static_cast<int>(N));
+    }
+    return y;
+  }
+  if (decode || M < 8) return {};  // (vec_dot: checked separately)
+  void* ctx = L.init({size_t{64} << 20, nullptr, false});
+  void* a = L.new_tensor_2d(ctx, static_cast<int>(t), K, N);
+  void* b = L.new_tensor_2d(ctx, 0 /* F32 */, K, M);
+  std::memcpy(L.get_data(a), w, row_bytes(t, K) * static_cast<size_t>(N));
+  std::memcpy(L.get_data(b), x.data(), x.size() * sizeof(float));
+  void* c = L.mul_mat(ctx, a, b);
+  void* gf = L.new_graph(ctx);
+  L.build(gf, c);
+  L.compute(ctx, gf, 2);
+  std::memcpy(y.data(), L.get_data(c), y.size() * sizeof(float));
+  L.free(ctx);
+  return y;
+}
+
+// Ember's K-quant rows of both kinds against llama.cpp's batched paths;
+// returns the number of outputs that differ.
+int check_batched(const LlamaBatched& L, const char* what, DType t, const uint8_t* w, int64_t N, int64_t K,
+                  uint32_t seed) {
+  if (!L.ok() || (t != DType::Q4_K && t != DType::Q5_K && t != DType::Q6_K)) return 0;
+  const int64_t M = 16;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> x(static_cast<size_t>(M * K));
+  for (auto& v : x) v = normal(rng);
+  int total = 0;
+  for (const bool decode : {false, true}) {
+    const auto yg = llama_batched(L, t, w, N, K, x, M, decode);
+    if (yg.empty()) continue;
+    const char* path = t == DType::Q4_K && N % 8 == 0 ? (decode ? "q4_K_8x8 gemv" : "q4_K_8x8 gemm") : "tiled";
+    for (cpu::Isa isa : {cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512Vnni}) {
+      if (!cpu::isa_supported(isa)) continue;
+      cpu::force_isa(isa);
+      std::vector<float> ye(yg.size());
+      cpu::MatmulScratch scratch;
+      cpu::matmul({t, N, K, w}, x.data(), M, ye.data(), scratch, cpu::MatmulPath::kRowInvariant,
+                  decode ? cpu::RowKind::kDecode : cpu::RowKind::kPrompt);
+      int bad = 0;
+      for (size_t i = 0; i < ye.size(); ++i) bad += std::memcmp(&ye[i], &yg[i], 4) != 0;
+      std::printf("%-28s %-5s %lld x %lld, %s rows vs llama.cpp's %s, %-12s %4d of %zu outputs differ\n", what,
+                  type_name(static_cast<uint32_t>(t)), static_cast<long long>(N), static_cast<long long>(K),
+                  decode ? "decode" : "prompt", path, cpu::isa_to_string(isa), bad, ye.size());
+      total += bad;
+    }
+    cpu::reset_isa();
+  }
+  return total;
+}
 
 }  // namespace
 
@@ -124,6 +278,25 @@ int main(int argc, char** argv) {
   }
   cpu_init();
   auto get_base_traits = reinterpret_cast<get_base_traits_t>(dlsym(RTLD_DEFAULT, "ggml_get_type_traits"));
+  LlamaBatched lb;
+  {
+    auto sym = [&](auto& f, const char* name) {
+      f = reinterpret_cast<std::remove_reference_t<decltype(f)>>(dlsym(RTLD_DEFAULT, name));
+    };
+    sym(lb.gemv, "ggml_gemv_q4_K_8x8_q8_K");
+    sym(lb.gemm, "ggml_gemm_q4_K_8x8_q8_K");
+    sym(lb.quantize_mat, "ggml_quantize_mat_q8_K_4x8");
+    sym(lb.init, "ggml_init");
+    sym(lb.free, "ggml_free");
+    sym(lb.new_tensor_2d, "ggml_new_tensor_2d");
+    sym(lb.mul_mat, "ggml_mul_mat");
+    sym(lb.new_graph, "ggml_new_graph");
+    sym(lb.build, "ggml_build_forward_expand");
+    sym(lb.get_data, "ggml_get_data");
+    sym(lb.compute, "ggml_graph_compute_with_ctx");
+    lb.q8k = get_traits(15 /* GGML_TYPE_Q8_K */)->from_float;
+    if (!lb.ok()) std::printf("(no q4_K_8x8 / graph symbols in %s: batched paths not checked)\n", lib.c_str());
+  }
   int total_bad = 0;
   if (!gguf_path.empty()) {
     try {
@@ -156,18 +329,23 @@ int main(int argc, char** argv) {
           if (!cpu::isa_supported(isa)) continue;
           cpu::force_isa(isa);
           cpu::MatmulScratch scratch;
-          cpu::matmul({t.type, N, K, w}, x.data(), M, ye.data(), scratch);
+          cpu::matmul({t.type, N, K, w}, x.data(), M, ye.data(), scratch, cpu::MatmulPath::kRowInvariant,
+                      cpu::RowKind::kDecode);
           cpu::dequantize_rows({t.type, N, K, w}, 0, N, de.data());
           int bad = 0, badd = 0;
-          for (size_t i = 0; i < ye.size(); ++i) bad += std::memcmp(&ye[i], &yg[i], 4) != 0;
+          // (decode rows of a repacked Q4_K weight take the q4_K_8x8 GEMV, checked below)
+          const bool vec = !(t.type == DType::Q4_K && N % 8 == 0);
+          for (size_t i = 0; vec && i < ye.size(); ++i) bad += std::memcmp(&ye[i], &yg[i], 4) != 0;
           for (size_t i = 0; i < de.size(); ++i) badd += std::memcmp(&de[i], &dg[i], 4) != 0;
           if (bad || badd)
             std::printf("%s (%s, %lld x %lld) %s: %d outputs, %d dequantized values differ%s\n", t.name.c_str(),
                         type_name(static_cast<uint32_t>(t.type)), static_cast<long long>(t.ne[1]),
-                        static_cast<long long>(K), cpu::isa_to_string(isa), bad, badd, order_note(isa));
-          total_bad += (llama_order(isa) ? bad : 0) + badd;
+                        static_cast<long long>(K), cpu::isa_to_string(isa), bad, badd, order_note(isa, t.type));
+          total_bad += (llama_order(isa, t.type) ? bad : 0) + badd;
         }
         cpu::reset_isa();
+        if (t.type == DType::Q4_K || t.type == DType::Q5_K || t.type == DType::Q6_K)
+          total_bad += check_batched(lb, t.name.c_str(), t.type, w, N, K, static_cast<uint32_t>(K * 7 + N));
         ++n_checked;
       }
       std::printf("%s: %d quantized tensors checked (first 64 rows each), %d values differ from llama.cpp\n",
@@ -226,7 +404,8 @@ int main(int argc, char** argv) {
         cpu::force_isa(isa);
         std::vector<float> ye(static_cast<size_t>(M * N));
         cpu::MatmulScratch scratch;
-        cpu::matmul({t, N, K, w.data()}, x.data(), M, ye.data(), scratch);
+        cpu::matmul({t, N, K, w.data()}, x.data(), M, ye.data(), scratch, cpu::MatmulPath::kRowInvariant,
+                    cpu::RowKind::kDecode);  // (N = 67: every type's decode rows take ggml_vec_dot)
         int bad = 0;
         double maxrel = 0;
         for (size_t i = 0; i < ye.size(); ++i)
@@ -238,10 +417,16 @@ int main(int argc, char** argv) {
         std::printf("%-5s K=%-5lld %-12s %4d of %zu outputs differ from llama.cpp%s%s\n",
                     type_name(static_cast<uint32_t>(t)), static_cast<long long>(K), cpu::isa_to_string(isa), bad,
                     ye.size(), bad ? (" (max rel " + std::to_string(maxrel) + ")").c_str() : "",
-                    bad ? order_note(isa) : "");
-        if (llama_order(isa)) total_bad += bad;
+                    bad ? order_note(isa, t) : "");
+        if (llama_order(isa, t)) total_bad += bad;
       }
       cpu::reset_isa();
+      // The batched paths: N = 64 (Q4_K repacked: GEMV / GEMM) and N = 67 (tiled).
+      if (kq) {
+        const auto w64 = make_weight(t, 64, K, static_cast<uint32_t>(K + 5 * static_cast<int>(t)));
+        total_bad += check_batched(lb, "random", t, w64.data(), 64, K, static_cast<uint32_t>(K + 1));
+        total_bad += check_batched(lb, "random", t, w.data(), N, K, static_cast<uint32_t>(K + 2));
+      }
     }
   }
   return total_bad == 0 ? 0 : 1;
