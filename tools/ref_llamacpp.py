@@ -73,11 +73,66 @@ def header(args) -> None:
 # ----------------------------------------------------------------- llama.cpp
 
 
-def load_llama(args, n_ctx: int, logits_all: bool, n_batch: int = 512):
+def load_llama(args, n_ctx: int, logits_all: bool, n_batch: int = 512, two_seqs: bool = False):
+    """two_seqs: a context for llama_prompt_eval's padding sequence (2 sequences, one unified KV cache)."""
+    import llama_cpp
     from llama_cpp import Llama
 
-    return Llama(model_path=args.model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, logits_all=logits_all,
-                 n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
+    orig = llama_cpp.llama_context_default_params
+
+    def params():
+        p = orig()
+        if two_seqs:
+            p.n_seq_max = 2
+            p.kv_unified = True
+        return p
+
+    llama_cpp.llama_cpp.llama_context_default_params = params
+    try:
+        return Llama(model_path=args.model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, logits_all=logits_all,
+                     n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
+    finally:
+        llama_cpp.llama_cpp.llama_context_default_params = orig
+
+
+def llama_prompt_eval(llm, prompt: list[int]) -> None:
+    """Evaluates a prompt (from an empty cache) in one llama_decode whose rows all take llama.cpp's batched
+    kernels, as Ember computes prompt rows.
+
+    llama.cpp picks K-quant kernels by batch: a repacked Q4_K weight runs rows in groups of 4 through its
+    q4_K_8x8 GEMM and the last M % 4 rows through its GEMV, and Q5_K/Q6_K weights take the "tiled" kernels
+    only for batches of 8+ rows (ggml_vec_dot below). Ember computes a row the same way whatever its batch
+    (docs/BENCHMARKS.md): every prompt row in the batched order. So the prompt's batch is padded with a
+    second sequence (tokens of the prompt itself, its own positions, invisible to sequence 0) to a multiple
+    of 4 rows, at least 8, every row an output (llama.cpp computes only output rows in the last layer), and
+    the padding sequence is then removed from the cache (its cells are freed and the cache head moves back,
+    so sequence 0's next tokens take the following cells, as without padding). Needs a context from
+    load_llama(..., two_seqs=True)."""
+    import llama_cpp
+
+    n = len(prompt)
+    pad = 0 if n == 1 else max(8, (n + 3) // 4 * 4) - n
+    llm.reset()
+    if pad == 0 or llama_cpp.llama_n_seq_max(llm._ctx.ctx) < 2:  # (a one-sequence context: unpadded)
+        llm.eval(prompt)
+        return
+    llm._ctx.kv_cache_seq_rm(-1, 0, -1)
+    b = llm._batch
+    b.set_batch(batch=prompt, n_past=0, logits_all=True)
+    for i in range(pad):
+        j = n + i
+        b.batch.token[j] = prompt[i % n]
+        b.batch.pos[j] = i
+        b.batch.seq_id[j][0] = 1
+        b.batch.n_seq_id[j] = 1
+        b.batch.logits[j] = True
+    b.batch.n_tokens = n + pad
+    llm._ctx.decode(b)
+    logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=((n + pad) * llm._n_vocab,))
+    llm.scores[:n, :] = logits.reshape(n + pad, llm._n_vocab)[:n]
+    llm.input_ids[:n] = prompt
+    llm.n_tokens = n
+    llm._ctx.kv_cache_seq_rm(1, -1, -1)
 
 
 def llama_tokenize(llm, text: str, special: bool = False) -> list[int]:
@@ -94,9 +149,9 @@ def llama_logits(llm, ids: list[int]) -> np.ndarray:
 def llama_greedy(llm, prompt: list[int], n: int, rows: list | None = None) -> tuple[list[int], list[float]]:
     """Greedy continuation (argmax, EOS ignored) by incremental decode, one token per llama_decode.
 
+    The prompt is evaluated by llama_prompt_eval (every prompt row in llama.cpp's batched kernels).
     Returns the ids and llama's top1-top2 logit gap per step; appends each step's logits to `rows`."""
-    llm.reset()
-    llm.eval(prompt)
+    llama_prompt_eval(llm, prompt)
     out, gaps = [], []
     for _ in range(n):
         row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
@@ -384,7 +439,7 @@ def prompt_ids(llm) -> list[tuple[str, list[int]]]:
 
 def cmd_greedy(args) -> None:
     header(args)
-    llm = load_llama(args, n_ctx=2048, logits_all=True)
+    llm = load_llama(args, n_ctx=2048, logits_all=True, two_seqs=True)
     em = Ember(args.lib, args.model, args.threads)
     n = args.n
     total = match = full = 0
@@ -561,7 +616,7 @@ def cmd_golden(args) -> None:
 
     header(args)
     os.makedirs(GOLDEN_DIR, exist_ok=True)
-    llm = load_llama(args, n_ctx=2048, logits_all=True)
+    llm = load_llama(args, n_ctx=2048, logits_all=True, two_seqs=True)
     common = [f"# command: (cd <repo> && {command_line().replace(ROOT + '/', '')})",
               f"# reference: llama.cpp via llama-cpp-python {llama_cpp.__version__}, n_threads={args.threads}",
               f"# model: {os.path.basename(args.model)} sha256={sha256(args.model)}",
