@@ -102,9 +102,7 @@ EMBER_HD int quant_qs_bytes(DType t) {
 }
 // Bytes of header (scale, min) per block on the device (Q4_K / Q5_K: none,
 // their d and dmin stay in the block).
-EMBER_HD int quant_header_bytes(DType t) {
-  return t == DType::Q4_K || t == DType::Q5_K ? 0 : has_min(t) ? 4 : 2;
-}
+EMBER_HD int quant_header_bytes(DType t) { return t == DType::Q4_K || t == DType::Q5_K ? 0 : has_min(t) ? 4 : 2; }
 EMBER_HD int gguf_block_bytes(DType t) {
   return t == DType::Q5_0   ? 22
          : t == DType::Q5_1 ? 24
@@ -389,11 +387,11 @@ EMBER_HD float block_accumulate(DType t, int sumi, uint32_t hdr, ActScale xs, fl
 
 struct QuantGemvArgs {
   DType type;
-  int64_t K;           // multiple of 32
-  const uint8_t* qs;   // device quants, row 0
-  const uint8_t* sc;   // device headers, row 0
-  const int8_t* xq;    // [M][K]
-  const ActScale* xs;  // [M][K / 32] (32-element types)
+  int64_t K;                      // multiple of 32
+  const uint8_t* qs;              // device quants, row 0
+  const uint8_t* sc;              // device headers, row 0
+  const int8_t* xq;               // [M][K]
+  const ActScale* xs;             // [M][K / 32] (32-element types)
   const KActBlock* xk = nullptr;  // [M][K / 256] (K-quants)
 };
 

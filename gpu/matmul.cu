@@ -259,7 +259,7 @@ cudaError_t quantize_activations(DType type, const float* x, int64_t M, int64_t 
     const int64_t total = M * (K / kQK_K);
     if (total <= 0) return cudaSuccess;
     quantize_q8k_kernel<<<blocks_for(total * kWarp, 256), 256, 0, stream>>>(x, total, xq,
-                                                                          reinterpret_cast<KActBlock*>(xs));
+                                                                            reinterpret_cast<KActBlock*>(xs));
     return cudaGetLastError();
   }
   const int64_t total = M * (K / kQK);

@@ -24,8 +24,8 @@
 namespace ember {
 namespace {
 
-constexpr DType kQuantTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_0, DType::Q5_1,
-                                 DType::Q4_K, DType::Q5_K, DType::Q6_K};
+constexpr DType kQuantTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_0,
+                                 DType::Q5_1, DType::Q4_K, DType::Q5_K, DType::Q6_K};
 constexpr DType kKQuants[] = {DType::Q4_K, DType::Q5_K, DType::Q6_K};
 constexpr DType kFloatTypes[] = {DType::F16, DType::BF16, DType::F32};
 
@@ -225,9 +225,9 @@ TEST(GpuLayout, KQuantUnitsCoverTheBlock) {
           for (int i = 0; i < 16; ++i) {
             const int q = static_cast<int>((words[i / 4] >> (8 * (i % 4))) & 0xFFu);
             ASSERT_LT(q, t == DType::Q4_K ? 16 : t == DType::Q5_K ? 32 : 64);
-            const float v = t == DType::Q6_K
-                                ? ku.d * static_cast<float>(sc) * static_cast<float>(q - 32)
-                                : ku.d * static_cast<float>(sc) * static_cast<float>(q) - ku.dmin * static_cast<float>(mn);
+            const float v = t == DType::Q6_K ? ku.d * static_cast<float>(sc) * static_cast<float>(q - 32)
+                                             : ku.d * static_cast<float>(sc) * static_cast<float>(q) -
+                                                   ku.dmin * static_cast<float>(mn);
             ASSERT_EQ(v, ref[e + i]) << type_name(static_cast<uint32_t>(t)) << " seed " << seed << " u " << u << " e "
                                      << e + i;
             ++seen[e + i];
@@ -396,8 +396,8 @@ TEST(GpuLayout, GemvMatchesCpuDecodeAndDoubleReference) {
 }
 
 TEST(GpuLayout, GemvRowsDoNotDependOnM) {
-  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::F16,
-                  DType::BF16, DType::F32}) {
+  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::F16, DType::BF16,
+                  DType::F32}) {
     const int64_t N = 5, K = gpu::is_kquant(t) ? 1280 : 320, M = 11;
     const auto w = make_weight(t, N, K, 77);
     const auto x = make_x(M, K, 78);
