@@ -997,8 +997,11 @@ TEST_P(BackendOps, KvRopeShiftPerLayerNeox) {
 // same bits whatever else is in the batch.
 TEST_P(BackendOps, BatchInvariantRows) {
   if (extras_) extras_->set_batch_invariant(true);
-  // Matmul: a 37-row prefill equals its rows one at a time.
-  for (DType t : {DType::Q4_0, DType::Q6_K, DType::F16}) {
+  // Matmul: a 37-row prefill equals its rows one at a time (as decodes; the
+  // CPU computes K-quant prompt rows in llama.cpp's batched order, another
+  // order than its decode rows', so there a K-quant row is compared with a
+  // one-row prompt; CUDA's K-quant rows are the same either way).
+  for (DType t : {DType::Q4_0, DType::Q4_K, DType::Q6_K, DType::F16}) {
     const int64_t N = 40, K = gpu::is_kquant(t) ? 256 : 128;
     const int32_t M = 37;
     const auto w = make_weight(t, N, K, 9);
@@ -1010,10 +1013,13 @@ TEST_P(BackendOps, BatchInvariantRows) {
     for (int32_t m : {0, 17, 36}) {
       std::vector<float> xr(x.begin() + m * K, x.begin() + (m + 1) * K);
       Buf bx1(b(), xr), by1(b(), N * 4);
-      b().matmul(*dw, bx1.f(), 1, by1.f(), true);
-      const auto one = by1.get();
-      ASSERT_EQ(std::memcmp(one.data(), all.data() + m * N, N * 4), 0)
-          << type_name(static_cast<uint32_t>(t)) << " row " << m;
+      for (bool decode : {true, false}) {
+        if (decode && gpu::is_kquant(t) && !cuda()) continue;
+        b().matmul(*dw, bx1.f(), 1, by1.f(), decode);
+        const auto one = by1.get();
+        ASSERT_EQ(std::memcmp(one.data(), all.data() + m * N, N * 4), 0)
+            << type_name(static_cast<uint32_t>(t)) << " row " << m << (decode ? " (decode)" : " (prompt)");
+      }
     }
   }
   // Attention: a 20-token prefill computed next to a decode on a 3000-slot
