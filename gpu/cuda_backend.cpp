@@ -618,17 +618,17 @@ class CudaBackend final : public Backend, public BackendExtras {
       op.path = GemmPath::kGemv;
       if (gpu::is_quant(w.type)) {
         const size_t q_bytes = round_up(static_cast<size_t>(M) * w.K, 256);
-        auto* base = static_cast<uint8_t*>(scratch(act_, q_bytes + static_cast<size_t>(M) * (w.K / 32) * 8));
+        auto* base = static_cast<uint8_t*>(scratch(act_, q_bytes + gpu::act_scale_bytes(w.type, M, w.K)));
         op.xq = reinterpret_cast<int8_t*>(base);
-        op.xs = reinterpret_cast<gpu::ActScale*>(base + q_bytes);
+        op.xs = reinterpret_cast<gpu::ActScale*>(base + q_bytes);  // K-quants: gpu::KActBlock
         // The scales depend on the weight type (Q4_1's s differs, gpu/layout.h
-        // act_block_scale): reuse only for the same kind.
-        const bool q41 = gpu::has_min(w.type);
+        // act_block_scale; K-quants read Q8_K): reuse only for the same kind.
+        const int kind = gpu::act_kind(w.type);
         op.reuse_xq = last_quant_.x == x && last_quant_.M == M && last_quant_.K == w.K && last_quant_.xq == op.xq &&
-                      last_quant_.q41 == q41;
+                      last_quant_.kind == kind;
       }
       submit(op);
-      if (gpu::is_quant(w.type)) last_quant_ = LastQuant{x, M, w.K, op.xq, gpu::has_min(w.type)};
+      if (gpu::is_quant(w.type)) last_quant_ = LastQuant{x, M, w.K, op.xq, gpu::act_kind(w.type)};
       return;
     }
     // cuBLAS. Activations in the weight's 16-bit type (F32 weights: f32).
@@ -1096,8 +1096,12 @@ class CudaBackend final : public Backend, public BackendExtras {
     v.K = d.cols;
     const auto* host = static_cast<const uint8_t*>(d.host_data);
     if (gpu::is_quant(d.type)) {
-      if (d.cols % gpu::kQK != 0) fail(StatusCode::kInvalidArgument, "cuda backend: K is not a multiple of 32");
-      const int64_t nb = d.cols / gpu::kQK;
+      const int be = gpu::block_elems(d.type);
+      if (d.cols % be != 0) {
+        fail(StatusCode::kInvalidArgument, std::string("cuda backend: K is not a multiple of ") + std::to_string(be) +
+                                               " (" + type_name(static_cast<uint32_t>(d.type)) + ")");
+      }
+      const int64_t nb = d.cols / be;
       const int64_t total = d.rows * nb;
       st->qs = DeviceBuffer(std::max<size_t>(static_cast<size_t>(total) * gpu::quant_qs_bytes(d.type), 16));
       st->sc = DeviceBuffer(std::max<size_t>(static_cast<size_t>(total) * gpu::quant_header_bytes(d.type), 16));
@@ -1388,7 +1392,7 @@ class CudaBackend final : public Backend, public BackendExtras {
     const float* x = nullptr;
     int64_t M = 0, K = 0;
     const int8_t* xq = nullptr;
-    bool q41 = false;  // quantized for Q4_1 weights (fp16 s)
+    int kind = -1;  // gpu::act_kind of the weight it was quantized for
   };
   LastQuant last_quant_;
   int gemv_max_m_ = gpu::kGemvMaxNR;

@@ -16,12 +16,24 @@
 //    so a lane loads one block's quants with one 16-byte load (two for Q8_0)
 //    and a warp reads 512 contiguous bytes: no 18-/20-/34-byte strides.
 //    The bits are GGUF's, only split: nothing is re-quantized.
+//  * Q4_K / Q5_K / Q6_K (K-quants, super-blocks of 256 elements): block gb of
+//    the weight (row n, super-block i: gb = n * (K / 256) + i) is
+//        Q4_K, Q5_K: qs[gb][144 | 176] = the GGUF block verbatim (d, dmin,
+//                    scales[12], [qh[32],] qs[128]); no header array
+//        Q6_K:       qs[gb][208] = ql[128], qh[64], scales[16]; sc[gb] = uint16 d
+//    Every field a lane loads with a 16-byte load (Q4_K/Q5_K: d..scales,
+//    qh halves, 16-byte pieces of qs; Q6_K: pieces of ql and qh) is at a
+//    multiple of 16 bytes (144, 176, 208 are multiples of 16; GGUF's Q6_K
+//    block is 210 bytes, hence its d moves to the header array). Same bits.
 //  * F16 / BF16 / F32: row-major with the row stride rounded up to a multiple
 //    of 8 elements (zero padding), so 16-byte loads are always aligned.
 //
 // Activations of the quantized GEMV (as the CPU decode path, see
 // cpu/matmul_internal.h quantize_block_q8_scalar): per row, int8 xq[K] and per
 // block of 32 an ActScale {d, s}: x ~= d * q, s ~= d * sum(q) (act_block_scale).
+// K-quant weights: the CPU's Q8_K (quantize_row_q8k): int8 xq[K] and per
+// super-block of 256 a KActBlock {d (f32), bsums[16]} (x ~= d * q, bsums[g]
+// = sum of the q of elements 16g..16g+15), in the same buffer as the ActScales.
 #pragma once
 
 #include <cmath>
@@ -58,25 +70,56 @@ struct alignas(8) ActScale {
   float d;  // block scale
   float s;  // d * sum(q)
 };
+// One Q8_K activation super-block's scale and group sums (the quants are in
+// xq as for the other types).
+struct KActBlock {
+  float d;            // x ~= d * q (f32, negative when the largest |x| is positive: llama.cpp's Q8_K)
+  int16_t bsums[16];  // sum of the q of elements 16g..16g+15
+};
+static_assert(sizeof(KActBlock) == 36, "packed f32 + 16 x int16");
 
 // ---------------------------------------------------------------- types
 
 // Q5_0 / Q5_1 are expanded at upload to one int8 per element (Q5_0: q - 16,
 // Q5_1: q) and then computed as Q8_0 / Q4_1 are (a block costs 34 / 36 bytes
 // on the device instead of 22 / 24: simple, exact, not memory-optimal).
-// K-quants have no CUDA kernels yet (the backend rejects them).
+// K-quants keep their GGUF bits (see the layouts above) and have their own
+// lane code (kquant_gemv_lane).
+EMBER_HD bool is_kquant(DType t) { return t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K; }
 EMBER_HD bool is_quant(DType t) {
-  return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0 || t == DType::Q5_0 || t == DType::Q5_1;
+  return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0 || t == DType::Q5_0 || t == DType::Q5_1 ||
+         is_kquant(t);
 }
-EMBER_HD bool has_min(DType t) { return t == DType::Q4_1 || t == DType::Q5_1; }  // header d, m; q8_1 s
+// Header d, m (32-element blocks only; K-quants' mins are per sub-block); q8_1 s.
+EMBER_HD bool has_min(DType t) { return t == DType::Q4_1 || t == DType::Q5_1; }
 EMBER_HD bool int8_quants(DType t) { return t == DType::Q8_0 || t == DType::Q5_0 || t == DType::Q5_1; }
 EMBER_HD bool is_float(DType t) { return t == DType::F16 || t == DType::BF16 || t == DType::F32; }
+// Elements per weight block (32, or 256 for K-quants).
+EMBER_HD int block_elems(DType t) { return is_kquant(t) ? kQK_K : kQK; }
 // Bytes of quants per block on the device.
-EMBER_HD int quant_qs_bytes(DType t) { return int8_quants(t) ? 32 : 16; }
-// Bytes of header (scale, min) per block, in GGUF and on the device.
-EMBER_HD int quant_header_bytes(DType t) { return has_min(t) ? 4 : 2; }
+EMBER_HD int quant_qs_bytes(DType t) {
+  return t == DType::Q4_K ? 144 : t == DType::Q5_K ? 176 : t == DType::Q6_K ? 208 : int8_quants(t) ? 32 : 16;
+}
+// Bytes of header (scale, min) per block on the device (Q4_K / Q5_K: none,
+// their d and dmin stay in the block).
+EMBER_HD int quant_header_bytes(DType t) { return t == DType::Q4_K || t == DType::Q5_K ? 0 : has_min(t) ? 4 : 2; }
 EMBER_HD int gguf_block_bytes(DType t) {
-  return t == DType::Q5_0 ? 22 : t == DType::Q5_1 ? 24 : quant_header_bytes(t) + quant_qs_bytes(t);
+  return t == DType::Q5_0   ? 22
+         : t == DType::Q5_1 ? 24
+         : t == DType::Q4_K ? 144
+         : t == DType::Q5_K ? 176
+         : t == DType::Q6_K ? 210
+                            : quant_header_bytes(t) + quant_qs_bytes(t);
+}
+// Which activation quantization a quant weight reads (a quantized input is
+// shared only between weights of the same kind): 0 q8_0 scales, 1 q8_1
+// (Q4_1/Q5_1: fp16 s), 2 Q8_K (K-quants).
+EMBER_HD int act_kind(DType t) { return is_kquant(t) ? 2 : has_min(t) ? 1 : 0; }
+// Bytes of the activation scales of M rows of K (ActScale per 32 or
+// KActBlock per 256 elements).
+EMBER_HD size_t act_scale_bytes(DType t, int64_t M, int64_t K) {
+  return is_kquant(t) ? static_cast<size_t>(M) * static_cast<size_t>(K / kQK_K) * sizeof(KActBlock)
+                      : static_cast<size_t>(M) * static_cast<size_t>(K / kQK) * sizeof(ActScale);
 }
 EMBER_HD int float_elem_bytes(DType t) { return t == DType::F32 ? 4 : 2; }
 EMBER_HD int64_t float_row_stride(int64_t K) { return (K + 7) / 8 * 8; }
@@ -166,6 +209,11 @@ EMBER_HD int dp4a(int a, int b, int c) {
 // Splits one GGUF block (src: any alignment) into its device quants and header.
 EMBER_HD void split_block(DType t, const uint8_t* src, uint8_t* qs_dst, uint8_t* header_dst) {
   const int hb = quant_header_bytes(t), qb = quant_qs_bytes(t);
+  if (is_kquant(t)) {  // Q4_K, Q5_K: the block as is; Q6_K: ql, qh, scales | d
+    for (int i = 0; i < qb; ++i) qs_dst[i] = src[i];
+    for (int i = 0; i < hb; ++i) header_dst[i] = src[qb + i];
+    return;
+  }
   for (int i = 0; i < hb; ++i) header_dst[i] = src[i];
   if (t == DType::Q5_0 || t == DType::Q5_1) {  // d [, m], qh[4], qs[16] -> 32 int8 values
     const uint8_t* qh = src + hb;
@@ -181,8 +229,10 @@ EMBER_HD void split_block(DType t, const uint8_t* src, uint8_t* qs_dst, uint8_t*
   for (int i = 0; i < qb; ++i) qs_dst[i] = src[hb + i];
 }
 
-// The header of block gb (a global block index n * nb + b).
+// The header of block gb (a global block index n * nb + b); 0 for Q4_K / Q5_K
+// (no header array).
 EMBER_HD uint32_t load_header(DType t, const uint8_t* sc, int64_t gb) {
+  if (t == DType::Q4_K || t == DType::Q5_K) return 0;
   if (has_min(t)) return reinterpret_cast<const uint32_t*>(sc)[gb];
   return reinterpret_cast<const uint16_t*>(sc)[gb];
 }
@@ -200,6 +250,78 @@ EMBER_HD float dequant_elem(DType t, const uint8_t* qs, uint32_t hdr, int j) {
   // Q4_1, as dequantize_row_q4_1 compiled with FMA contraction (the library's
   // baseline flags): one fused multiply-add on host and device alike.
   return fma_rn(static_cast<float>(q), d, m);
+}
+
+// ---------------------------------------------------------------- K-quant blocks
+
+// Byte k (0..3) of a little-endian word.
+EMBER_HD int byte_of(uint32_t w, int k) { return static_cast<int>((w >> (8 * k)) & 0xFFu); }
+
+// The 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K block, as
+// kquant_scale_min / ggml's get_scale_min_k4, from the three words of
+// scales[12]: s0 = scales[0..3], s1 = scales[4..7], s2 = scales[8..11].
+//   j < 4:  sc = scales[j] & 63,                                  m = scales[j + 4] & 63
+//   j >= 4: sc = (scales[j + 4] & 15) | (scales[j - 4] >> 6) << 4, m = (scales[j + 4] >> 4) | (scales[j] >> 6) << 4
+EMBER_HD void kq_scale_min(int j, uint32_t s0, uint32_t s1, uint32_t s2, int* sc, int* m) {
+  const int k = j & 3;
+  const int a = byte_of(s0, k), b = byte_of(s1, k), c = byte_of(s2, k);  // scales[k], [k + 4], [k + 8]
+  if (j < 4) {
+    *sc = a & 63;
+    *m = b & 63;
+  } else {
+    *sc = (c & 0xF) | ((a >> 6) << 4);
+    *m = (c >> 4) | ((b >> 6) << 4);
+  }
+}
+// A little-endian word from any alignment.
+EMBER_HD uint32_t load_u32_bytes(const uint8_t* p) {
+  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 | static_cast<uint32_t>(p[2]) << 16 |
+         static_cast<uint32_t>(p[3]) << 24;
+}
+
+// Element e (0..255) of a K-quant device block (blk: its quants, hdr: its
+// header, only Q6_K has one), as the reference dequantizers
+// (core/tensor/types.cpp):
+//   Q4_K / Q5_K: (d * sc) * q - dmin * m     sub-block e / 32; qs[32 * (e / 64) + e % 32],
+//                                            low nibble for (e / 32) even, high for odd;
+//                                            Q5_K: 5th bit = bit e / 32 of qh[e % 32]
+//   Q6_K:        (d * sc[e / 16]) * (q - 32) half h = e / 128, r = e % 128, l = r % 32, quarter c = r / 32:
+//                                            ql[64 h + 32 (c & 1) + l], low nibble for c < 2, high otherwise;
+//                                            high 2 bits = bits 2c, 2c+1 of qh[32 h + l]
+// Every product is exact in f32 (at most 11 + 8 + 6 significant bits), so the
+// value does not depend on the order or on contraction into FMAs.
+EMBER_HD float kquant_elem(DType t, const uint8_t* blk, uint32_t hdr, int e) {
+  if (t == DType::Q6_K) {
+    const int h = e >> 7, r = e & 127, l = r & 31, c = r >> 5;
+    const int ql = blk[64 * h + 32 * (c & 1) + l];
+    const int qh = blk[128 + 32 * h + l];
+    const int q = ((c < 2 ? ql & 0xF : ql >> 4) | (((qh >> (2 * c)) & 3) << 4)) - 32;
+    const float d = f16_to_f32(static_cast<uint16_t>(hdr & 0xFFFFu));
+    const int sc = static_cast<int8_t>(blk[192 + (e >> 4)]);
+    return fmul_rn(fmul_rn(d, static_cast<float>(sc)), static_cast<float>(q));
+  }
+  const uint32_t w0 = load_u32_bytes(blk);
+  const float d = f16_to_f32(static_cast<uint16_t>(w0 & 0xFFFFu));
+  const float dmin = f16_to_f32(static_cast<uint16_t>(w0 >> 16));
+  const int sub = e >> 5, l = e & 31;
+  int sc, m;
+  kq_scale_min(sub, load_u32_bytes(blk + 4), load_u32_bytes(blk + 8), load_u32_bytes(blk + 12), &sc, &m);
+  const int qs_off = t == DType::Q5_K ? 48 : 16;
+  const int byte = blk[qs_off + 32 * (sub >> 1) + l];
+  int q = (sub & 1) ? byte >> 4 : byte & 0xF;
+  if (t == DType::Q5_K) q |= ((blk[16 + l] >> sub) & 1) << 4;
+  const float d1 = fmul_rn(d, static_cast<float>(sc)), m1 = fmul_rn(dmin, static_cast<float>(m));
+  return fadd_rn(fmul_rn(d1, static_cast<float>(q)), -m1);
+}
+
+// Element k of row n of a quant-type device weight (K columns).
+EMBER_HD float quant_weight_elem(DType t, const uint8_t* qs, const uint8_t* sc, int64_t K, int64_t n, int64_t k) {
+  const int be = block_elems(t);
+  const int64_t gb = n * (K / be) + k / be;
+  const uint8_t* blk = qs + gb * quant_qs_bytes(t);
+  const uint32_t hdr = load_header(t, sc, gb);
+  if (is_kquant(t)) return kquant_elem(t, blk, hdr, static_cast<int>(k % be));
+  return dequant_elem(t, blk, hdr, static_cast<int>(k % be));
 }
 
 // Element k of row n of a float-type device weight.
@@ -265,11 +387,12 @@ EMBER_HD float block_accumulate(DType t, int sumi, uint32_t hdr, ActScale xs, fl
 
 struct QuantGemvArgs {
   DType type;
-  int64_t K;           // multiple of 32
-  const uint8_t* qs;   // device quants, row 0
-  const uint8_t* sc;   // device headers, row 0
-  const int8_t* xq;    // [M][K]
-  const ActScale* xs;  // [M][K / 32]
+  int64_t K;                      // multiple of 32
+  const uint8_t* qs;              // device quants, row 0
+  const uint8_t* sc;              // device headers, row 0
+  const int8_t* xq;               // [M][K]
+  const ActScale* xs;             // [M][K / 32] (32-element types)
+  const KActBlock* xk = nullptr;  // [M][K / 256] (K-quants)
 };
 
 template <int NR>
@@ -297,6 +420,142 @@ EMBER_HD void quant_gemv_lane(const QuantGemvArgs& g, int64_t n, int64_t m0, int
                           static_cast<int>(a1.z), static_cast<int>(a1.w)};
         const int sumi = block_sumi(g.type, wq, a);
         acc[j] = block_accumulate(g.type, sumi, hdr, g.xs[m * nb + b], acc[j]);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- K-quant GEMV lanes
+//
+// A super-block of 256 is 8 units of 32 elements, one per lane: lane l takes
+// unit u = l % 8 of the super-blocks l / 8, l / 8 + 4, l / 8 + 8, ... (in
+// increasing order), so 8 lanes read one block's quants with 8 contiguous
+// 16-byte loads. A unit is two runs of 16 elements, e0..e0+15 and
+// e1..e1+15, from one 16-byte piece of the low-bit quants:
+//   Q4_K / Q5_K: j = u / 2, s = u % 2: qs bytes 32j + 16s ..+16 (= 16u):
+//                low nibbles = elements e0 = 64j + 16s + i (sub-block 2j),
+//                high nibbles = e1 = e0 + 32 (sub-block 2j + 1);
+//                Q5_K's 5th bits: bits 2j / 2j + 1 of qh bytes 16s ..+16.
+//   Q6_K:        h = u / 4, r = (u / 2) % 2, s = u % 2: ql bytes
+//                64h + 32r + 16s ..+16 (= 16u): low nibbles = e0 = 128h + 32r
+//                + 16s + i, high nibbles = e1 = e0 + 64; the high 2 bits:
+//                bits 2r, 2r+1 (e0) and 4+2r, 5+2r (e1) of qh bytes 32h + 16s ..+16;
+//                scales sc[e0 / 16], sc[e1 / 16].
+// The unit's integer dot with the Q8_K activations (exact, as the CPU's):
+//   s0 = sum q * a over the e0 run, s1 over the e1 run (4 __dp4a each)
+//   Q4_K / Q5_K: sumi = sc0 * s0 + sc1 * s1, mins = m0 * bsums[e0 / 16] + m1 * bsums[e1 / 16]
+//                acc = fma(-(dx * dmin), mins, fma(dx * d, sumi, acc))
+//   Q6_K:        sumi = sc0 * (s0 - 32 * bsums[e0 / 16]) + sc1 * (s1 - 32 * bsums[e1 / 16])
+//                acc = fma(dx * d, sumi, acc)
+// |sumi| < 2^24 and |mins| < 2^18, so the int -> float conversions are exact;
+// the CPU (kquant_dot_reference) forms the same products of integers and
+// scales, summed in another order (different f32 rounding only).
+
+struct KUnit {
+  uint32_t lo[4], hi[4];  // the 16 + 16 quant values (0..63), one per byte, runs e0 and e1
+  int sc0, sc1;           // the runs' scales (Q6_K: signed)
+  int m0, m1;             // the runs' mins (Q4_K / Q5_K)
+  float d, dmin;
+  int g0, g1;  // the runs' groups of 16 (bsums index): e0 / 16, e1 / 16
+  int e0, e1;
+};
+
+// Unit u of the device block blk (16-byte aligned) of type t; hdr: its header.
+EMBER_HD KUnit kquant_load_unit(DType t, const uint8_t* blk, uint32_t hdr, int u) {
+  KUnit w;
+  if (t == DType::Q6_K) {
+    const int h = u >> 2, r = (u >> 1) & 1, s = u & 1;
+    const U32x4 ql = *reinterpret_cast<const U32x4*>(blk + 16 * u);
+    const U32x4 qh = *reinterpret_cast<const U32x4*>(blk + 128 + 32 * h + 16 * s);
+    const uint32_t l4[4] = {ql.x, ql.y, ql.z, ql.w}, h4[4] = {qh.x, qh.y, qh.z, qh.w};
+    for (int k = 0; k < 4; ++k) {
+      w.lo[k] = (l4[k] & 0x0F0F0F0Fu) | (((h4[k] >> (2 * r)) & 0x03030303u) << 4);
+      w.hi[k] = ((l4[k] >> 4) & 0x0F0F0F0Fu) | (((h4[k] >> (4 + 2 * r)) & 0x03030303u) << 4);
+    }
+    w.e0 = 128 * h + 32 * r + 16 * s;
+    w.e1 = w.e0 + 64;
+    w.g0 = w.e0 >> 4;
+    w.g1 = w.e1 >> 4;
+    w.sc0 = static_cast<int8_t>(blk[192 + w.g0]);
+    w.sc1 = static_cast<int8_t>(blk[192 + w.g1]);
+    w.m0 = w.m1 = 0;
+    w.d = f16_to_f32(static_cast<uint16_t>(hdr & 0xFFFFu));
+    w.dmin = 0.0f;
+    return w;
+  }
+  // Q4_K / Q5_K: d, dmin, scales[12] in the first 16 bytes.
+  const U32x4 head = *reinterpret_cast<const U32x4*>(blk);
+  const int j = u >> 1, s = u & 1;
+  w.d = f16_to_f32(static_cast<uint16_t>(head.x & 0xFFFFu));
+  w.dmin = f16_to_f32(static_cast<uint16_t>(head.x >> 16));
+  kq_scale_min(2 * j, head.y, head.z, head.w, &w.sc0, &w.m0);
+  kq_scale_min(2 * j + 1, head.y, head.z, head.w, &w.sc1, &w.m1);
+  const U32x4 q = *reinterpret_cast<const U32x4*>(blk + (t == DType::Q5_K ? 48 : 16) + 16 * u);
+  const uint32_t q4[4] = {q.x, q.y, q.z, q.w};
+  for (int k = 0; k < 4; ++k) {
+    w.lo[k] = q4[k] & 0x0F0F0F0Fu;
+    w.hi[k] = (q4[k] >> 4) & 0x0F0F0F0Fu;
+  }
+  if (t == DType::Q5_K) {
+    const U32x4 qh = *reinterpret_cast<const U32x4*>(blk + 16 + 16 * s);
+    const uint32_t h4[4] = {qh.x, qh.y, qh.z, qh.w};
+    for (int k = 0; k < 4; ++k) {
+      w.lo[k] |= ((h4[k] >> (2 * j)) & 0x01010101u) << 4;
+      w.hi[k] |= ((h4[k] >> (2 * j + 1)) & 0x01010101u) << 4;
+    }
+  }
+  w.e0 = 64 * j + 16 * s;
+  w.e1 = w.e0 + 32;
+  w.g0 = w.e0 >> 4;
+  w.g1 = w.e1 >> 4;
+  return w;
+}
+
+// acc + the unit's contribution against one activation row's super-block
+// (a: its 256 quants, 16-byte aligned; xb: its scale and sums).
+EMBER_HD float kquant_unit_accumulate(DType t, const KUnit& w, const int8_t* a, const KActBlock& xb, float acc) {
+  const U32x4 a0 = *reinterpret_cast<const U32x4*>(a + w.e0);
+  const U32x4 a1 = *reinterpret_cast<const U32x4*>(a + w.e1);
+  int s0 = 0, s1 = 0;
+  s0 = dp4a(static_cast<int>(w.lo[0]), static_cast<int>(a0.x), s0);
+  s0 = dp4a(static_cast<int>(w.lo[1]), static_cast<int>(a0.y), s0);
+  s0 = dp4a(static_cast<int>(w.lo[2]), static_cast<int>(a0.z), s0);
+  s0 = dp4a(static_cast<int>(w.lo[3]), static_cast<int>(a0.w), s0);
+  s1 = dp4a(static_cast<int>(w.hi[0]), static_cast<int>(a1.x), s1);
+  s1 = dp4a(static_cast<int>(w.hi[1]), static_cast<int>(a1.y), s1);
+  s1 = dp4a(static_cast<int>(w.hi[2]), static_cast<int>(a1.z), s1);
+  s1 = dp4a(static_cast<int>(w.hi[3]), static_cast<int>(a1.w), s1);
+  const int b0 = xb.bsums[w.g0], b1 = xb.bsums[w.g1];
+  const float dd = fmul_rn(xb.d, w.d);
+  if (t == DType::Q6_K) {
+    const int sumi = w.sc0 * (s0 - 32 * b0) + w.sc1 * (s1 - 32 * b1);
+    return fma_rn(dd, static_cast<float>(sumi), acc);
+  }
+  const int sumi = w.sc0 * s0 + w.sc1 * s1;
+  const int mins = w.m0 * b0 + w.m1 * b1;
+  const float dm = fmul_rn(xb.d, w.dmin);
+  return fma_rn(-dm, static_cast<float>(mins), fma_rn(dd, static_cast<float>(sumi), acc));
+}
+
+template <int NR>
+EMBER_HD void kquant_gemv_lane(const QuantGemvArgs& g, int64_t n, int64_t m0, int m_valid, int lane, float* acc) {
+  const int64_t nbk = g.K / kQK_K;
+  const int qb = quant_qs_bytes(g.type);
+  const int u = lane & 7;
+  for (int j = 0; j < NR; ++j) acc[j] = 0.0f;
+#if defined(__CUDA_ARCH__)
+#pragma unroll 2
+#endif
+  for (int64_t i = lane >> 3; i < nbk; i += kWarp / 8) {
+    const int64_t gb = n * nbk + i;
+    const KUnit w = kquant_load_unit(g.type, g.qs + gb * qb, load_header(g.type, g.sc, gb), u);
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int j = 0; j < NR; ++j) {
+      if (j < m_valid) {
+        const int64_t m = m0 + j;
+        acc[j] = kquant_unit_accumulate(g.type, w, g.xq + m * g.K + i * kQK_K, g.xk[m * nbk + i], acc[j]);
       }
     }
   }
@@ -417,6 +676,112 @@ inline void quantize_block_host(DType t, const float* x, int8_t* q, ActScale* ou
   *out = act_block_scale(t, amax, sum);
 }
 
+// Quantizes one super-block of 256 activations to Q8_K exactly as the CPU's
+// quantize_row_q8k (cpu/matmul_internal.h, llama.cpp's quantize_row_q8_K_ref):
+// the first element of largest |x| gives mx, iscale = -127 / mx,
+// q = rint(iscale * x) clamped to [-128, 127], d = 1 / iscale; an all-zero
+// block (or one of NaNs) gets d = 0 and q = 0. On the device a warp does one
+// super-block (lane l: elements 8l..8l+7); this is the host reference.
+inline void quantize_kblock_host(const float* x, int8_t* q, KActBlock* out) {
+  float mx = 0.0f, amax = 0.0f;
+  for (int j = 0; j < kQK_K; ++j) {
+    const float ax = std::fabs(x[j]);
+    if (ax > amax) {
+      amax = ax;
+      mx = x[j];
+    }
+  }
+  if (amax == 0.0f) {
+    for (int j = 0; j < kQK_K; ++j) q[j] = 0;
+    out->d = 0.0f;
+    for (auto& b : out->bsums) b = 0;
+    return;
+  }
+  const float iscale = -127.0f / mx;
+  for (int j = 0; j < kQK_K; ++j) {
+    float v = std::nearbyint(iscale * x[j]);
+    v = std::fmax(-128.0f, std::fmin(127.0f, v));
+    q[j] = static_cast<int8_t>(static_cast<int>(v));
+  }
+  for (int g = 0; g < kQK_K / 16; ++g) {
+    int sum = 0;
+    for (int i = 0; i < 16; ++i) sum += q[16 * g + i];
+    out->bsums[g] = static_cast<int16_t>(sum);
+  }
+  out->d = 1.0f / iscale;
+}
+
+// The device's Q8_K quantization, split into the pieces a lane runs (one warp
+// per super-block, lane l: elements 8l..8l+7), shared with the host test that
+// runs them for 32 emulated lanes against quantize_kblock_host:
+//  1. q8k_lane_max over the lane's 8 values in order (strict >: the first of
+//     equal |x| wins, NaNs never do);
+//  2. the warp butterfly (xor 16, 8, 4, 2, 1) of q8k_max_combine: the larger
+//     |x|, on equal |x| the smaller index (a total order, so every lane ends
+//     with the block's first largest element);
+//  3. q8k_lane_quantize with that element's value (amax == 0: an all-zero
+//     block); the lane's sum plus its neighbour's (xor 1) is bsums[l / 2].
+EMBER_HD float fabs_f(float v) {
+#if defined(__CUDA_ARCH__)
+  return fabsf(v);
+#else
+  return std::fabs(v);
+#endif
+}
+// Round half to even (the default rounding mode on the host), then clamp to
+// [-128, 127] (a NaN gives 127: fmin returns the other operand).
+EMBER_HD float round_clamp_q8k(float v) {
+#if defined(__CUDA_ARCH__)
+  return fmaxf(-128.0f, fminf(127.0f, rintf(v)));
+#else
+  return std::fmax(-128.0f, std::fmin(127.0f, std::nearbyint(v)));
+#endif
+}
+struct Q8KMax {
+  float amax;  // |x| of the candidate (0: none)
+  float mx;    // its value
+  int idx;     // its index in the super-block
+};
+EMBER_HD Q8KMax q8k_lane_max(const float* v, int lane) {
+  Q8KMax r{0.0f, 0.0f, 0x7FFFFFFF};
+  for (int i = 0; i < 8; ++i) {
+    const float ax = fabs_f(v[i]);
+    if (ax > r.amax) {
+      r.amax = ax;
+      r.mx = v[i];
+      r.idx = lane * 8 + i;
+    }
+  }
+  return r;
+}
+EMBER_HD Q8KMax q8k_max_combine(Q8KMax mine, Q8KMax other) {
+  return (other.amax > mine.amax || (other.amax == mine.amax && other.idx < mine.idx)) ? other : mine;
+}
+// Quantizes the lane's 8 values (q[i], 4 per word, little-endian); returns
+// their sum; *d = the block's scale. mx: the block's first largest element.
+EMBER_HD int q8k_lane_quantize(const float* v, float amax, float mx, uint32_t* q, float* d) {
+  q[0] = q[1] = 0u;
+  *d = 0.0f;
+  if (amax == 0.0f) return 0;
+#if defined(__CUDA_ARCH__)
+  const float iscale = __fdiv_rn(-127.0f, mx);
+#else
+  const float iscale = -127.0f / mx;
+#endif
+  int sum = 0;
+  for (int i = 0; i < 8; ++i) {
+    const int qi = static_cast<int>(round_clamp_q8k(fmul_rn(iscale, v[i])));
+    sum += qi;
+    q[i / 4] |= (static_cast<uint32_t>(qi) & 0xFFu) << (8 * (i % 4));
+  }
+#if defined(__CUDA_ARCH__)
+  *d = __fdiv_rn(1.0f, iscale);
+#else
+  *d = 1.0f / iscale;
+#endif
+  return sum;
+}
+
 // ---------------------------------------------------------------- KV cache
 
 // Element offset of (layer, K|V, block, kv head, slot) in the pool, laid out
@@ -521,7 +886,8 @@ inline void reference_gemv(DType type, const void* w, int64_t N, int64_t K, cons
   const int nr = force_nr ? force_nr : gemv_pass_rows(M);
   const auto* src = static_cast<const uint8_t*>(w);
   if (is_quant(type)) {
-    const int64_t nb = K / kQK, total = N * nb;
+    const int be = block_elems(type);
+    const int64_t nb = K / be, total = N * nb;
     const int qb = quant_qs_bytes(type), hb = quant_header_bytes(type);
     std::vector<U32x4> qs(static_cast<size_t>(total) * qb / 16 + 1);
     std::vector<uint32_t> sc(static_cast<size_t>(total) * hb / 4 + 1);
@@ -530,16 +896,30 @@ inline void reference_gemv(DType type, const void* w, int64_t N, int64_t K, cons
                   reinterpret_cast<uint8_t*>(sc.data()) + b * hb);
     }
     std::vector<U32x4> xq(static_cast<size_t>(M * K) / 16 + 1);
-    std::vector<ActScale> xs(static_cast<size_t>(M * nb) + 1);
     auto* xq8 = reinterpret_cast<int8_t*>(xq.data());
-    for (int64_t i = 0; i < M * nb; ++i) quantize_block_host(type, x + i * kQK, xq8 + i * kQK, &xs[i]);
-    const QuantGemvArgs g{
-        type, K,        reinterpret_cast<const uint8_t*>(qs.data()), reinterpret_cast<const uint8_t*>(sc.data()),
-        xq8,  xs.data()};
+    std::vector<ActScale> xs;
+    std::vector<KActBlock> xk;
+    if (is_kquant(type)) {
+      xk.resize(static_cast<size_t>(M * nb) + 1);
+      for (int64_t i = 0; i < M * nb; ++i) quantize_kblock_host(x + i * kQK_K, xq8 + i * kQK_K, &xk[i]);
+    } else {
+      xs.resize(static_cast<size_t>(M * nb) + 1);
+      for (int64_t i = 0; i < M * nb; ++i) quantize_block_host(type, x + i * kQK, xq8 + i * kQK, &xs[i]);
+    }
+    const QuantGemvArgs g{type,
+                          K,
+                          reinterpret_cast<const uint8_t*>(qs.data()),
+                          reinterpret_cast<const uint8_t*>(sc.data()),
+                          xq8,
+                          xs.empty() ? nullptr : xs.data(),
+                          xk.empty() ? nullptr : xk.data()};
     auto run = [&](auto nr_tag) {
       constexpr int NR = decltype(nr_tag)::value;
       host_gemv_passes<NR>(N, M, y, [&](int64_t n, int64_t m0, int mv, int lane, float* acc) {
-        quant_gemv_lane<NR>(g, n, m0, mv, lane, acc);
+        if (is_kquant(type))
+          kquant_gemv_lane<NR>(g, n, m0, mv, lane, acc);
+        else
+          quant_gemv_lane<NR>(g, n, m0, mv, lane, acc);
       });
     };
     if (nr == 1)

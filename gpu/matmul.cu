@@ -36,13 +36,42 @@ __global__ void split_blocks_kernel(DType type, const uint8_t* __restrict__ raw,
   split_block(type, raw + i * gguf_block_bytes(type), qs + i * qb, sc + i * hb);
 }
 
-__global__ void dequant_f16_kernel(DevWeight w, int64_t first_block, int64_t n_blocks, __half* __restrict__ out) {
+// K-quants: one thread per byte of the output (the GGUF Q6_K block is 210
+// bytes, so a per-block copy would be unaligned and uncoalesced): qs bytes
+// first, then the header bytes.
+__global__ void split_kblocks_kernel(DType type, const uint8_t* __restrict__ raw, int64_t n_blocks,
+                                     uint8_t* __restrict__ qs, uint8_t* __restrict__ sc) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= n_blocks) return;
-  const int64_t gb = first_block + i;
-  const uint8_t* qs = w.qs + gb * quant_qs_bytes(w.type);
-  const uint32_t hdr = load_header(w.type, w.sc, gb);
+  const int qb = quant_qs_bytes(type), hb = quant_header_bytes(type), bb = gguf_block_bytes(type);
+  const int64_t n_qs = n_blocks * qb;
+  if (i < n_qs) {
+    qs[i] = raw[(i / qb) * bb + i % qb];
+  } else if (i < n_qs + n_blocks * hb) {
+    const int64_t j = i - n_qs;
+    sc[j] = raw[(j / hb) * bb + qb + j % hb];
+  }
+}
+
+// One thread per 32 elements (a block, or a K-quant sub-block): chunk c of
+// the weight is row c / (K / 32), columns (c % (K / 32)) * 32 ..+32.
+__global__ void dequant_f16_kernel(DevWeight w, int64_t first_chunk, int64_t n_chunks, __half* __restrict__ out) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n_chunks) return;
+  const int64_t c = first_chunk + i;
   __half2* o = reinterpret_cast<__half2*>(out + i * kQK);
+  if (is_kquant(w.type)) {
+    const int64_t gb = c / (kQK_K / kQK);  // K is a multiple of 256: a row's chunks never straddle a super-block
+    const int e0 = static_cast<int>(c % (kQK_K / kQK)) * kQK;
+    const uint8_t* blk = w.qs + gb * quant_qs_bytes(w.type);
+    const uint32_t hdr = load_header(w.type, w.sc, gb);
+#pragma unroll 4
+    for (int j = 0; j < kQK; j += 2) {
+      o[j / 2] = __floats2half2_rn(kquant_elem(w.type, blk, hdr, e0 + j), kquant_elem(w.type, blk, hdr, e0 + j + 1));
+    }
+    return;
+  }
+  const uint8_t* qs = w.qs + c * quant_qs_bytes(w.type);
+  const uint32_t hdr = load_header(w.type, w.sc, c);
 #pragma unroll
   for (int j = 0; j < kQK; j += 2) {
     o[j / 2] = __floats2half2_rn(dequant_elem(w.type, qs, hdr, j), dequant_elem(w.type, qs, hdr, j + 1));
@@ -71,6 +100,38 @@ __global__ void quantize_act_kernel(DType type, const float* __restrict__ x, int
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(kFull, sum, off);
   if (lane == 0) xs[wid] = act_block_scale(type, amax, sum);
+}
+
+// Q8_K (K-quant weights): one warp per super-block of 256, lane l: elements
+// 8l..8l+7; exactly quantize_kblock_host (layout.h) / the CPU's
+// quantize_row_q8k. The element of largest |x| is the first one on ties (a
+// lane scans its elements in order with a strict >, lanes combine by
+// (|x| larger, then index smaller)); NaNs never win (comparisons are false).
+__global__ void quantize_q8k_kernel(const float* __restrict__ x, int64_t total_blocks, int8_t* __restrict__ xq,
+                                    KActBlock* __restrict__ xk) {
+  const int64_t wid = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kWarp;
+  const int lane = threadIdx.x & (kWarp - 1);
+  if (wid >= total_blocks) return;  // uniform per warp
+  const float* xb = x + wid * kQK_K + lane * 8;
+  float v[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = xb[i];
+  Q8KMax best = q8k_lane_max(v, lane);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    Q8KMax other;
+    other.amax = __shfl_xor_sync(kFull, best.amax, off);
+    other.mx = __shfl_xor_sync(kFull, best.mx, off);
+    other.idx = __shfl_xor_sync(kFull, best.idx, off);
+    best = q8k_max_combine(best, other);
+  }
+  uint32_t q[2];
+  float d;
+  int sum = q8k_lane_quantize(v, best.amax, best.mx, q, &d);
+  *reinterpret_cast<uint2*>(xq + wid * kQK_K + lane * 8) = make_uint2(q[0], q[1]);
+  sum += __shfl_xor_sync(kFull, sum, 1);  // the group of 16: lanes 2g, 2g + 1
+  if ((lane & 1) == 0) xk[wid].bsums[lane / 2] = static_cast<int16_t>(sum);
+  if (lane == 0) xk[wid].d = d;
 }
 
 __global__ void f32_to_f16_kernel(const float* __restrict__ x, int64_t n, __half* __restrict__ out) {
@@ -106,7 +167,11 @@ __global__ void __launch_bounds__(kGemvWarps* kWarp)
   const int64_t m0 = static_cast<int64_t>(group) * NR;
   const int m_valid = static_cast<int>(M - m0 < NR ? M - m0 : NR);
   float acc[NR];
-  quant_gemv_lane<NR>(g, n, m0, m_valid, lane, acc);
+  if constexpr (T == DType::Q4_K || T == DType::Q5_K || T == DType::Q6_K) {
+    kquant_gemv_lane<NR>(g, n, m0, m_valid, lane, acc);
+  } else {
+    quant_gemv_lane<NR>(g, n, m0, m_valid, lane, acc);
+  }
 #pragma unroll
   for (int j = 0; j < NR; ++j) acc[j] = warp_sum_ordered(acc[j]);
   if (lane == 0) {
@@ -150,8 +215,12 @@ cudaError_t launch_gemv_nr(const DevWeight& w, const float* x, const int8_t* xq,
   const dim3 grid(static_cast<unsigned>(blocks)), block(kGemvWarps * kWarp);
   const int ng = static_cast<int>(n_groups);
   if (is_quant(w.type)) {
-    QuantGemvArgs g{w.type, w.K, w.qs, w.sc, xq, xs};
+    // K-quants: the scale area holds KActBlocks (quantize_activations).
+    QuantGemvArgs g{w.type, w.K, w.qs, w.sc, xq, xs, reinterpret_cast<const KActBlock*>(xs)};
     switch (w.type) {
+      case DType::Q4_K: quant_gemv_kernel<DType::Q4_K, NR><<<grid, block, 0, stream>>>(g, w.N, M, ng, y); break;
+      case DType::Q5_K: quant_gemv_kernel<DType::Q5_K, NR><<<grid, block, 0, stream>>>(g, w.N, M, ng, y); break;
+      case DType::Q6_K: quant_gemv_kernel<DType::Q6_K, NR><<<grid, block, 0, stream>>>(g, w.N, M, ng, y); break;
       case DType::Q4_0: quant_gemv_kernel<DType::Q4_0, NR><<<grid, block, 0, stream>>>(g, w.N, M, ng, y); break;
       case DType::Q4_1: quant_gemv_kernel<DType::Q4_1, NR><<<grid, block, 0, stream>>>(g, w.N, M, ng, y); break;
       case DType::Q5_0: quant_gemv_kernel<DType::Q5_0, NR><<<grid, block, 0, stream>>>(g, w.N, M, ng, y); break;
@@ -175,12 +244,24 @@ cudaError_t launch_gemv_nr(const DevWeight& w, const float* x, const int8_t* xq,
 cudaError_t split_quant_blocks(DType type, const uint8_t* raw, int64_t n_blocks, uint8_t* qs, uint8_t* sc,
                                cudaStream_t stream) {
   if (n_blocks <= 0) return cudaSuccess;
+  if (is_kquant(type)) {
+    const int64_t bytes = n_blocks * (quant_qs_bytes(type) + quant_header_bytes(type));
+    split_kblocks_kernel<<<blocks_for(bytes, 256), 256, 0, stream>>>(type, raw, n_blocks, qs, sc);
+    return cudaGetLastError();
+  }
   split_blocks_kernel<<<blocks_for(n_blocks, 256), 256, 0, stream>>>(type, raw, n_blocks, qs, sc);
   return cudaGetLastError();
 }
 
 cudaError_t quantize_activations(DType type, const float* x, int64_t M, int64_t K, int8_t* xq, ActScale* xs,
                                  cudaStream_t stream) {
+  if (is_kquant(type)) {
+    const int64_t total = M * (K / kQK_K);
+    if (total <= 0) return cudaSuccess;
+    quantize_q8k_kernel<<<blocks_for(total * kWarp, 256), 256, 0, stream>>>(x, total, xq,
+                                                                            reinterpret_cast<KActBlock*>(xs));
+    return cudaGetLastError();
+  }
   const int64_t total = M * (K / kQK);
   if (total <= 0) return cudaSuccess;
   quantize_act_kernel<<<blocks_for(total * kWarp, 256), 256, 0, stream>>>(type, x, total, xq, xs);
@@ -198,10 +279,10 @@ cudaError_t gemv(const DevWeight& w, const float* x, const int8_t* xq, const Act
 }
 
 cudaError_t dequantize_to_f16(const DevWeight& w, int64_t row0, int64_t n_rows, uint16_t* out, cudaStream_t stream) {
-  const int64_t nb = w.K / kQK;
-  const int64_t n_blocks = n_rows * nb;
-  if (n_blocks <= 0) return cudaSuccess;
-  dequant_f16_kernel<<<blocks_for(n_blocks, 128), 128, 0, stream>>>(w, row0 * nb, n_blocks,
+  const int64_t nc = w.K / kQK;  // chunks of 32 per row (K-quants: 8 per super-block)
+  const int64_t n_chunks = n_rows * nc;
+  if (n_chunks <= 0) return cudaSuccess;
+  dequant_f16_kernel<<<blocks_for(n_chunks, 128), 128, 0, stream>>>(w, row0 * nc, n_chunks,
                                                                     reinterpret_cast<__half*>(out));
   return cudaGetLastError();
 }

@@ -50,10 +50,7 @@ __global__ void embed_kernel(DevWeight w, const int32_t* __restrict__ ids, int32
     const int64_t row = ids[r];
     float v;
     if (is_quant(w.type)) {
-      const int64_t nb = w.K / kQK;
-      const int64_t gb = row * nb + k / kQK;
-      v = dequant_elem(w.type, w.qs + gb * quant_qs_bytes(w.type), load_header(w.type, w.sc, gb),
-                       static_cast<int>(k % kQK));
+      v = quant_weight_elem(w.type, w.qs, w.sc, w.K, row, k);  // 32-element blocks and K-quants
     } else {
       v = float_weight_elem(w.type, w.data, w.stride, row, k);
     }

@@ -11,9 +11,11 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -115,6 +117,27 @@ std::vector<uint8_t> make_weight(DType t, int64_t N, int64_t K, uint32_t seed) {
         }
         for (size_t i = q0; i < bb; ++i) p[i] = static_cast<uint8_t>(byte(rng));
       }
+    } else if (t == DType::Q5_0 || t == DType::Q5_1 || gpu::is_kquant(t)) {
+      // Random quant (and sub-block scale) bits, f16 scales of a realistic magnitude.
+      const size_t bb = type_traits(t)->type_size;
+      for (int64_t b = 0; b < K / type_traits(t)->block_size; ++b, p += bb) {
+        for (size_t i = 0; i < bb; ++i) p[i] = static_cast<uint8_t>(byte(rng));
+        auto put = [&](size_t at, float v) {
+          const uint16_t h = fp32_to_fp16(v);
+          std::memcpy(p + at, &h, 2);
+        };
+        if (t == DType::Q5_0) {
+          put(0, scale(rng) / 2.f);
+        } else if (t == DType::Q5_1) {
+          put(0, scale(rng) / 2.f);
+          put(2, -16.f * scale(rng) / 2.f);
+        } else if (t == DType::Q6_K) {
+          put(offsetof(BlockQ6_K, d), scale(rng) / 64.f);
+        } else {  // Q4_K, Q5_K
+          put(0, scale(rng) / 16.f);
+          put(2, scale(rng) / 16.f);
+        }
+      }
     } else {
       for (int64_t k = 0; k < K; ++k) {
         const float f = normal(rng);
@@ -164,11 +187,12 @@ class BackendOps : public ::testing::TestWithParam<std::string> {
   BackendExtras* extras_ = nullptr;
 };
 
-constexpr DType kAllTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::F16, DType::BF16, DType::F32};
+constexpr DType kAllTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_0, DType::Q5_1, DType::Q4_K,
+                               DType::Q5_K, DType::Q6_K, DType::F16,  DType::BF16, DType::F32};
 
 TEST_P(BackendOps, EmbedIsExact) {
   for (DType t : kAllTypes) {
-    const int64_t N = 50, K = 96;
+    const int64_t N = 50, K = gpu::is_kquant(t) ? 512 : 96;
     const auto w = make_weight(t, N, K, 3);
     auto dw = b().upload_weight(WeightDesc{t, N, K, w.data()});
     const std::vector<int32_t> ids = {3, 0, 49, 3};
@@ -212,7 +236,7 @@ TEST_P(BackendOps, RmsNorm) {
 
 TEST_P(BackendOps, MatmulAllTypesPathsAndDecodeRows) {
   for (DType t : kAllTypes) {
-    for (int64_t K : {96, 256}) {
+    for (int64_t K : gpu::is_kquant(t) ? std::vector<int64_t>{256, 768} : std::vector<int64_t>{96, 256}) {
       const int64_t N = 67;
       const auto w = make_weight(t, N, K, static_cast<uint32_t>(K + static_cast<int>(t)));
       auto dw = b().upload_weight(WeightDesc{t, N, K, w.data()});
@@ -302,6 +326,55 @@ TEST_P(BackendOps, QuantMatmulsSharingAnInput) {
   for (auto& v : x) v = v + v;
   b().matmul(*d3, bx.f(), M, y3.f(), true);
   check(w3, DType::Q4_0, N2, y3, x);
+}
+
+// The same with K-quant weights (a Q4_K_M-style Q, K, V: Q4_K, Q4_K, Q6_K,
+// all reading Q8_K activations) next to 32-element types on the same input
+// (which need their own quantization).
+TEST_P(BackendOps, KQuantMatmulsSharingAnInput) {
+  const int64_t K = 512;
+  const int32_t M = 3;
+  struct W {
+    DType t;
+    int64_t N;
+    std::vector<uint8_t> host;
+    std::unique_ptr<DeviceWeight> dev;
+  };
+  std::vector<W> ws;
+  const DType order[] = {DType::Q4_K, DType::Q4_K, DType::Q6_K, DType::Q4_0, DType::Q5_K, DType::Q4_1, DType::Q6_K};
+  for (size_t i = 0; i < std::size(order); ++i) {
+    W w{order[i], 32 + 8 * static_cast<int64_t>(i), {}, nullptr};
+    w.host = make_weight(w.t, w.N, K, static_cast<uint32_t>(40 + i));
+    w.dev = b().upload_weight(WeightDesc{w.t, w.N, K, w.host.data()});
+    ws.push_back(std::move(w));
+  }
+  const auto x = randn(static_cast<size_t>(M) * K, 41);
+  Buf bx(b(), x);
+  std::vector<std::unique_ptr<Buf>> ys;
+  for (auto& w : ws) {
+    ys.push_back(std::make_unique<Buf>(b(), static_cast<size_t>(M) * w.N * 4));
+    b().matmul(*w.dev, bx.f(), M, ys.back()->f(), true);
+  }
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const auto& w = ws[i];
+    const auto wf = dequant(w.t, w.host.data(), w.N, K);
+    const auto got = ys[i]->get();
+    std::vector<float> alone_ref;
+    if (cuda()) {
+      alone_ref.resize(static_cast<size_t>(M) * w.N);
+      gpu::reference_gemv(w.t, w.host.data(), w.N, K, x.data(), M, alone_ref.data());
+      ASSERT_EQ(std::memcmp(alone_ref.data(), got.data(), got.size() * 4), 0) << type_name(static_cast<uint32_t>(w.t));
+    }
+    for (int32_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < w.N; ++n) {
+        double ref = 0, mag = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          ref += static_cast<double>(wf[n * K + k]) * x[m * K + k];
+          mag += std::fabs(static_cast<double>(wf[n * K + k]) * x[m * K + k]);
+        }
+        ASSERT_NEAR(got[m * w.N + n], ref, 0.02 * mag + 1e-4) << type_name(static_cast<uint32_t>(w.t)) << " " << m;
+      }
+  }
 }
 
 TEST_P(BackendOps, RopeAdjacentPairs) {
@@ -924,9 +997,12 @@ TEST_P(BackendOps, KvRopeShiftPerLayerNeox) {
 // same bits whatever else is in the batch.
 TEST_P(BackendOps, BatchInvariantRows) {
   if (extras_) extras_->set_batch_invariant(true);
-  // Matmul: a 37-row prefill equals its rows one at a time.
-  for (DType t : {DType::Q4_0, DType::F16}) {
-    const int64_t N = 40, K = 128;
+  // Matmul: a 37-row prefill equals its rows one at a time (as decodes; the
+  // CPU computes K-quant prompt rows in llama.cpp's batched order, another
+  // order than its decode rows', so there a K-quant row is compared with a
+  // one-row prompt; CUDA's K-quant rows are the same either way).
+  for (DType t : {DType::Q4_0, DType::Q4_K, DType::Q6_K, DType::F16}) {
+    const int64_t N = 40, K = gpu::is_kquant(t) ? 256 : 128;
     const int32_t M = 37;
     const auto w = make_weight(t, N, K, 9);
     auto dw = b().upload_weight(WeightDesc{t, N, K, w.data()});
@@ -937,10 +1013,13 @@ TEST_P(BackendOps, BatchInvariantRows) {
     for (int32_t m : {0, 17, 36}) {
       std::vector<float> xr(x.begin() + m * K, x.begin() + (m + 1) * K);
       Buf bx1(b(), xr), by1(b(), N * 4);
-      b().matmul(*dw, bx1.f(), 1, by1.f(), true);
-      const auto one = by1.get();
-      ASSERT_EQ(std::memcmp(one.data(), all.data() + m * N, N * 4), 0)
-          << type_name(static_cast<uint32_t>(t)) << " row " << m;
+      for (bool decode : {true, false}) {
+        if (decode && gpu::is_kquant(t) && !cuda()) continue;
+        b().matmul(*dw, bx1.f(), 1, by1.f(), decode);
+        const auto one = by1.get();
+        ASSERT_EQ(std::memcmp(one.data(), all.data() + m * N, N * 4), 0)
+            << type_name(static_cast<uint32_t>(t)) << " row " << m << (decode ? " (decode)" : " (prompt)");
+      }
     }
   }
   // Attention: a 20-token prefill computed next to a decode on a 3000-slot

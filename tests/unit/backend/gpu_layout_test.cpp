@@ -8,10 +8,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/tensor/types.h"
@@ -22,7 +24,9 @@
 namespace ember {
 namespace {
 
-constexpr DType kQuantTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_0, DType::Q5_1};
+constexpr DType kQuantTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_0,
+                                 DType::Q5_1, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+constexpr DType kKQuants[] = {DType::Q4_K, DType::Q5_K, DType::Q6_K};
 constexpr DType kFloatTypes[] = {DType::F16, DType::BF16, DType::F32};
 
 // Random weights in the GGUF layout (as tests/ops/test_matmul.cpp).
@@ -80,6 +84,25 @@ std::vector<uint8_t> make_weight(DType t, int64_t N, int64_t K, uint32_t seed) {
           std::memcpy(p, &blk, sizeof(blk));
         }
         break;
+      // K-quants: random quant and scale bits, f16 super-block scales of a
+      // realistic magnitude (as tests/ops/test_matmul_kquants.cpp).
+      case DType::Q4_K:
+      case DType::Q5_K:
+      case DType::Q6_K: {
+        const size_t bb = type_traits(t)->type_size;
+        for (int64_t b = 0; b < K / kQK_K; ++b, p += bb) {
+          for (size_t i = 0; i < bb; ++i) p[i] = static_cast<uint8_t>(byte(rng));
+          if (t == DType::Q6_K) {
+            const uint16_t d = fp32_to_fp16((byte(rng) & 1 ? -1.f : 1.f) * scale(rng) / 64.f);
+            std::memcpy(p + offsetof(BlockQ6_K, d), &d, 2);
+          } else {
+            const uint16_t d = fp32_to_fp16(scale(rng) / 16.f), dmin = fp32_to_fp16(scale(rng) / 16.f);
+            std::memcpy(p, &d, 2);
+            std::memcpy(p + 2, &dmin, 2);
+          }
+        }
+        break;
+      }
       case DType::F16:
         for (int64_t k = 0; k < K; ++k, p += 2) {
           const uint16_t h = fp32_to_fp16(normal(rng));
@@ -124,24 +147,94 @@ std::vector<float> dequant(DType t, const std::vector<uint8_t>& w, int64_t N, in
 
 TEST(GpuLayout, SplitBlocksDequantizeExactlyAsTheReference) {
   for (DType t : kQuantTypes) {
-    const int64_t N = 3, K = 96, nb = K / 32;
-    const auto w = make_weight(t, N, K, 11);
-    const auto ref = dequant(t, w, N, K);
-    std::vector<uint8_t> qs(static_cast<size_t>(N * nb) * gpu::quant_qs_bytes(t));
-    std::vector<uint32_t> sc(static_cast<size_t>(N * nb));
-    for (int64_t b = 0; b < N * nb; ++b) {
-      gpu::split_block(t, w.data() + b * gpu::gguf_block_bytes(t), qs.data() + b * gpu::quant_qs_bytes(t),
-                       reinterpret_cast<uint8_t*>(sc.data()) + b * gpu::quant_header_bytes(t));
-    }
-    EXPECT_EQ(static_cast<size_t>(gpu::gguf_block_bytes(t)), type_traits(t)->type_size);
-    for (int64_t n = 0; n < N; ++n) {
-      for (int64_t k = 0; k < K; ++k) {
-        const int64_t gb = n * nb + k / 32;
-        const float v =
-            gpu::dequant_elem(t, qs.data() + gb * gpu::quant_qs_bytes(t),
-                              gpu::load_header(t, reinterpret_cast<uint8_t*>(sc.data()), gb), static_cast<int>(k % 32));
-        ASSERT_EQ(v, ref[n * K + k]) << type_name(static_cast<uint32_t>(t)) << " n=" << n << " k=" << k;
+    for (uint32_t seed : {11u, 12u, 13u}) {
+      const int64_t N = 3, K = gpu::is_kquant(t) ? 768 : 96, be = gpu::block_elems(t), nb = K / be;
+      const auto w = make_weight(t, N, K, seed);
+      const auto ref = dequant(t, w, N, K);
+      std::vector<gpu::U32x4> qs(static_cast<size_t>(N * nb) * gpu::quant_qs_bytes(t) / 16 + 1);
+      std::vector<uint32_t> sc(static_cast<size_t>(N * nb));
+      auto* qs8 = reinterpret_cast<uint8_t*>(qs.data());
+      auto* sc8 = reinterpret_cast<uint8_t*>(sc.data());
+      for (int64_t b = 0; b < N * nb; ++b) {
+        gpu::split_block(t, w.data() + b * gpu::gguf_block_bytes(t), qs8 + b * gpu::quant_qs_bytes(t),
+                         sc8 + b * gpu::quant_header_bytes(t));
       }
+      EXPECT_EQ(static_cast<size_t>(gpu::gguf_block_bytes(t)), type_traits(t)->type_size);
+      EXPECT_EQ(static_cast<uint32_t>(be), type_traits(t)->block_size);
+      EXPECT_EQ(gpu::quant_qs_bytes(t) % 16, 0) << "16-byte loads of the device blocks";
+      for (int64_t n = 0; n < N; ++n) {
+        for (int64_t k = 0; k < K; ++k) {
+          const float v = gpu::quant_weight_elem(t, qs8, sc8, K, n, k);
+          ASSERT_EQ(v, ref[n * K + k]) << type_name(static_cast<uint32_t>(t)) << " n=" << n << " k=" << k;
+          if (!gpu::is_kquant(t)) {
+            const int64_t gb = n * nb + k / 32;
+            ASSERT_EQ(gpu::dequant_elem(t, qs8 + gb * gpu::quant_qs_bytes(t), gpu::load_header(t, sc8, gb),
+                                        static_cast<int>(k % 32)),
+                      v);
+          }
+        }
+      }
+    }
+  }
+}
+
+// The device's 6-bit scale/min unpacking from three words (kq_scale_min) is
+// ggml's get_scale_min_k4 (kquant_scale_min) for every sub-block.
+TEST(GpuLayout, KQuantScaleMinUnpacking) {
+  std::mt19937 rng(21);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (int trial = 0; trial < 2000; ++trial) {
+    uint8_t q[12];
+    for (auto& b : q) b = static_cast<uint8_t>(trial == 0 ? 0xFF : trial == 1 ? 0 : byte(rng));
+    const uint32_t s0 = gpu::load_u32_bytes(q), s1 = gpu::load_u32_bytes(q + 4), s2 = gpu::load_u32_bytes(q + 8);
+    for (int j = 0; j < 8; ++j) {
+      uint8_t sc, m;
+      kquant_scale_min(j, q, &sc, &m);
+      int gsc, gm;
+      gpu::kq_scale_min(j, s0, s1, s2, &gsc, &gm);
+      ASSERT_EQ(gsc, sc) << trial << " " << j;
+      ASSERT_EQ(gm, m) << trial << " " << j;
+    }
+  }
+}
+
+// The K-quant GEMV unit decomposition: the 8 units of a super-block cover
+// each of its 256 elements exactly once, with the quant value, scale and min
+// the reference dequantizer uses (checked through the integer identity
+// value = d * sc * q - dmin * m, q and the scales recovered from the unit).
+TEST(GpuLayout, KQuantUnitsCoverTheBlock) {
+  for (DType t : kKQuants) {
+    const int64_t K = 256;
+    for (uint32_t seed = 0; seed < 20; ++seed) {
+      const auto w = make_weight(t, 1, K, 100 + seed);
+      const auto ref = dequant(t, w, 1, K);
+      std::vector<gpu::U32x4> qs(gpu::quant_qs_bytes(t) / 16 + 1);
+      uint32_t hdr = 0;
+      gpu::split_block(t, w.data(), reinterpret_cast<uint8_t*>(qs.data()), reinterpret_cast<uint8_t*>(&hdr));
+      std::vector<int> seen(K, 0);
+      for (int u = 0; u < 8; ++u) {
+        const gpu::KUnit ku = gpu::kquant_load_unit(t, reinterpret_cast<const uint8_t*>(qs.data()), hdr, u);
+        ASSERT_EQ(ku.g0, ku.e0 / 16);
+        ASSERT_EQ(ku.g1, ku.e1 / 16);
+        ASSERT_EQ(ku.e0 % 16, 0);
+        ASSERT_EQ(ku.e1 % 16, 0);
+        for (int run = 0; run < 2; ++run) {
+          const int e = run ? ku.e1 : ku.e0;
+          const uint32_t* words = run ? ku.hi : ku.lo;
+          const int sc = run ? ku.sc1 : ku.sc0, mn = run ? ku.m1 : ku.m0;
+          for (int i = 0; i < 16; ++i) {
+            const int q = static_cast<int>((words[i / 4] >> (8 * (i % 4))) & 0xFFu);
+            ASSERT_LT(q, t == DType::Q4_K ? 16 : t == DType::Q5_K ? 32 : 64);
+            const float v = t == DType::Q6_K ? ku.d * static_cast<float>(sc) * static_cast<float>(q - 32)
+                                             : ku.d * static_cast<float>(sc) * static_cast<float>(q) -
+                                                   ku.dmin * static_cast<float>(mn);
+            ASSERT_EQ(v, ref[e + i]) << type_name(static_cast<uint32_t>(t)) << " seed " << seed << " u " << u << " e "
+                                     << e + i;
+            ++seen[e + i];
+          }
+        }
+      }
+      for (int e = 0; e < K; ++e) ASSERT_EQ(seen[e], 1) << e;
     }
   }
 }
@@ -181,6 +274,68 @@ TEST(GpuLayout, ActivationQuantizationIsTheCpus) {
   }
 }
 
+// Q8_K activations (K-quant weights): the host reference and the device's
+// lane pieces (32 emulated lanes + butterfly) against the CPU's
+// quantize_row_q8k, bit for bit, including ties of |x| (the first wins),
+// zeros, NaN, infinities and huge values.
+TEST(GpuLayout, KQuantActivationQuantizationIsTheCpus) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.f, 3.f);
+  std::uniform_int_distribution<int> pos(0, 255);
+  for (int trial = 0; trial < 300; ++trial) {
+    float x[256];
+    for (float& v : x) v = trial == 0 ? 0.0f : normal(rng);
+    switch (trial % 8) {
+      case 1: {  // a tie of |x| with opposite signs: the first one's sign decides d's
+        const int a = pos(rng), b = pos(rng);
+        x[a] = 50.0f;
+        x[b] = -50.0f;
+        break;
+      }
+      case 2: x[pos(rng)] = std::numeric_limits<float>::quiet_NaN(); break;
+      case 3: x[pos(rng)] = 1e30f; break;
+      case 4: x[pos(rng)] = -std::numeric_limits<float>::infinity(); break;
+      case 5:
+        for (float& v : x) v = std::round(v);  // many ties
+        break;
+      case 6:
+        for (float& v : x) v = 0.0f;
+        x[pos(rng)] = std::numeric_limits<float>::quiet_NaN();  // only a NaN: an all-zero block
+        break;
+      case 7: x[pos(rng)] = -std::numeric_limits<float>::denorm_min(); break;
+      default: break;
+    }
+    cpu::detail::Q8KBlock cpu_b;
+    cpu::detail::quantize_row_q8k(x, 256, &cpu_b);
+    int8_t q[256];
+    gpu::KActBlock kb;
+    gpu::quantize_kblock_host(x, q, &kb);
+    ASSERT_EQ(std::memcmp(q, cpu_b.qs, 256), 0) << trial;
+    ASSERT_EQ(std::memcmp(&kb.d, &cpu_b.d, 4), 0) << trial << " " << kb.d << " " << cpu_b.d;
+    ASSERT_EQ(std::memcmp(kb.bsums, cpu_b.bsums, sizeof(kb.bsums)), 0) << trial;
+    // The device's lane pieces.
+    gpu::Q8KMax lanes[32];
+    for (int l = 0; l < 32; ++l) lanes[l] = gpu::q8k_lane_max(x + 8 * l, l);
+    for (int off = 16; off > 0; off >>= 1) {
+      gpu::Q8KMax next[32];
+      for (int l = 0; l < 32; ++l) next[l] = gpu::q8k_max_combine(lanes[l], lanes[l ^ off]);
+      for (int l = 0; l < 32; ++l) lanes[l] = next[l];
+    }
+    int sums[32];
+    float ds[32];
+    int8_t qd[256];
+    for (int l = 0; l < 32; ++l) {
+      ASSERT_EQ(std::memcmp(&lanes[l], &lanes[0], sizeof(gpu::Q8KMax)), 0) << "lanes disagree, trial " << trial;
+      uint32_t w[2];
+      sums[l] = gpu::q8k_lane_quantize(x + 8 * l, lanes[l].amax, lanes[l].mx, w, &ds[l]);
+      std::memcpy(qd + 8 * l, w, 8);
+    }
+    ASSERT_EQ(std::memcmp(qd, cpu_b.qs, 256), 0) << trial;
+    ASSERT_EQ(std::memcmp(&ds[0], &cpu_b.d, 4), 0) << trial;
+    for (int g = 0; g < 16; ++g) ASSERT_EQ(static_cast<int16_t>(sums[2 * g] + sums[2 * g + 1]), cpu_b.bsums[g]) << g;
+  }
+}
+
 TEST(GpuLayout, Dp4aEmulation) {
   EXPECT_EQ(gpu::dp4a(0x01020304, 0x01010101, 5), 1 + 2 + 3 + 4 + 5);
   EXPECT_EQ(gpu::dp4a(static_cast<int>(0xFF80017Fu), static_cast<int>(0x7F7F7F7Fu), 0),
@@ -201,9 +356,12 @@ std::vector<float> cpu_decode(DType t, const std::vector<uint8_t>& w, int64_t N,
 }
 
 TEST(GpuLayout, GemvMatchesCpuDecodeAndDoubleReference) {
-  for (DType t :
-       {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_0, DType::Q5_1, DType::F16, DType::BF16, DType::F32}) {
-    for (int64_t K : {32, 96, 256, 1056}) {
+  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_0, DType::Q5_1, DType::Q4_K, DType::Q5_K,
+                  DType::Q6_K, DType::F16, DType::BF16, DType::F32}) {
+    // K-quants: 1 super-block (8 busy lanes), 3, and 17 (lanes with 5 and 4).
+    const std::vector<int64_t> ks =
+        gpu::is_kquant(t) ? std::vector<int64_t>{256, 768, 4352} : std::vector<int64_t>{32, 96, 256, 1056};
+    for (int64_t K : ks) {
       for (int64_t M : {1, 2, 3, 5, 8, 11}) {
         const int64_t N = 7;
         const auto w = make_weight(t, N, K, static_cast<uint32_t>(K * 31 + M));
@@ -238,8 +396,9 @@ TEST(GpuLayout, GemvMatchesCpuDecodeAndDoubleReference) {
 }
 
 TEST(GpuLayout, GemvRowsDoNotDependOnM) {
-  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::F16, DType::BF16, DType::F32}) {
-    const int64_t N = 5, K = 320, M = 11;
+  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::F16, DType::BF16,
+                  DType::F32}) {
+    const int64_t N = 5, K = gpu::is_kquant(t) ? 1280 : 320, M = 11;
     const auto w = make_weight(t, N, K, 77);
     const auto x = make_x(M, K, 78);
     std::vector<float> all(static_cast<size_t>(M * N));
