@@ -160,10 +160,25 @@ class CpuBackend final : public Backend {
 
   void kv_rope_shift_layers(const int32_t* blocks, int32_t n, int32_t delta, const RopeSpec* specs,
                             int32_t n_layers) override {
+    if (n_layers != geom_.num_layers) fail(StatusCode::kInternal, "kv_rope_shift: one spec per layer needed");
+    rope_shift(KvView{geom_.num_kv_heads, geom_.head_dim}, blocks, n, delta, specs, n_layers);
+  }
+
+  bool supports_kv_views() const override { return true; }
+
+  void kv_rope_shift_view(const KvView& view, const int32_t* blocks, int32_t n, int32_t delta, const RopeSpec* specs,
+                          int32_t n_layers) override {
+    check_view(view);
+    if (n_layers <= 0 || n_layers > geom_.num_layers) fail(StatusCode::kInternal, "kv_rope_shift: bad layer count");
+    rope_shift(view, blocks, n, delta, specs, n_layers);
+  }
+
+  // The K of the first n_layers pool layers, rows laid out as `view`.
+  void rope_shift(const KvView& view, const int32_t* blocks, int32_t n, int32_t delta, const RopeSpec* specs,
+                  int32_t n_layers) {
     // One rotation by `delta` for every slot (RoPE(p+d) = R(d) RoPE(p)); the
     // angles in double so that repeated shifts add only the f16 rounding.
-    const int32_t hd = geom_.head_dim;
-    if (n_layers != geom_.num_layers) fail(StatusCode::kInternal, "kv_rope_shift: one spec per layer needed");
+    const int32_t hd = view.head_dim;
     for (int32_t l = 0; l < n_layers; ++l) {
       if (hd > 512 || specs[l].rot_dim > hd || specs[l].rot_dim <= 0 || specs[l].rot_dim % 2 != 0) {
         fail(StatusCode::kInternal, "kv_rope_shift: unsupported head_dim / rot_dim");
@@ -189,8 +204,8 @@ class CpuBackend final : public Backend {
         sn[b] = s;
       }
     }
-    const int32_t items = geom_.num_layers * n;
-    const size_t rows = static_cast<size_t>(geom_.num_kv_heads) * geom_.block_size;
+    const int32_t items = n_layers * n;
+    const size_t rows = static_cast<size_t>(view.num_kv_heads) * geom_.block_size;
     const cpu::detail::BackendKernels& kernels = cpu::detail::backend_kernels();
 #pragma omp parallel for num_threads(threads()) if (items > 4)
     for (int32_t it = 0; it < items; ++it) {
@@ -344,7 +359,29 @@ class CpuBackend final : public Backend {
   }
 
   void kv_store(int32_t layer, const float* k, const float* v, const int32_t* slots, int32_t rows) override {
-    const int32_t nkv = geom_.num_kv_heads, hd = geom_.head_dim, bs = geom_.block_size;
+    store_rows(KvView{geom_.num_kv_heads, geom_.head_dim}, layer, k, v, slots, rows);
+  }
+
+  void kv_store_view(const KvView& view, int32_t layer, const float* k, const float* v, const int32_t* slots,
+                     int32_t rows) override {
+    check_view(view);
+    store_rows(view, layer, k, v, slots, rows);
+  }
+
+  // A view's rows must fit the pool's (and the kernels' head sizes).
+  void check_view(const KvView& view) const {
+    if (view.num_kv_heads <= 0 || view.head_dim <= 0 || view.head_dim % 8 != 0 ||
+        static_cast<int64_t>(view.num_kv_heads) * view.head_dim >
+            static_cast<int64_t>(geom_.num_kv_heads) * geom_.head_dim) {
+      fail(StatusCode::kInternal, "kv view: " + std::to_string(view.num_kv_heads) + " x " +
+                                      std::to_string(view.head_dim) + " rows do not fit the pool's");
+    }
+  }
+
+  void store_rows(const KvView& view, int32_t layer, const float* k, const float* v, const int32_t* slots,
+                  int32_t rows) {
+    const int32_t nkv = view.num_kv_heads, hd = view.head_dim, bs = geom_.block_size;
+    if (layer < 0 || layer >= geom_.num_layers) fail(StatusCode::kInternal, "kv_store: layer outside the pool");
     const cpu::detail::BackendKernels& kernels = cpu::detail::backend_kernels();
     for (int32_t r = 0; r < rows; ++r) {
       const int32_t block = slots[r] / bs, off = slots[r] % bs;
@@ -368,6 +405,10 @@ class CpuBackend final : public Backend {
       for (int32_t r = 0; r < seqs[s].n_rows; ++r) rows.emplace_back(s, seqs[s].first_row + r);
     }
     // Checked here, not in the workers: nothing may throw inside an OpenMP region.
+    if (layer < 0 || layer >= geom_.num_layers ||
+        static_cast<int64_t>(p.num_kv_heads) * p.head_dim > static_cast<int64_t>(geom_.num_kv_heads) * geom_.head_dim) {
+      fail(StatusCode::kInternal, "cpu attention: layer or K/V row width outside the pool");
+    }
     if (p.num_kv_heads <= 0 || p.num_heads % p.num_kv_heads != 0 || p.num_heads / p.num_kv_heads > kAttnMaxGroup ||
         p.head_dim <= 0 || p.head_dim > kAttnMaxHeadDim || p.head_dim % 8 != 0) {
       fail(StatusCode::kUnsupported,

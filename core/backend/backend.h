@@ -47,6 +47,17 @@ struct KvGeometry {
   }
 };
 
+// Another model's K/V rows inside the pool's blocks (a draft model's KV in the
+// target engine's pool): per pool layer and block, num_kv_heads x block_size
+// x head_dim f16 at the start of the pool's chunk for that layer and block,
+// the same arrangement as the pool's own (num_kv_heads * head_dim <= the
+// pool's). Attention reads such rows when AttentionParams' num_kv_heads and
+// head_dim are the view's.
+struct KvView {
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+};
+
 // One sequence's view in an attention call: the rows of the batch that
 // belong to it and the cache blocks that hold its keys/values.
 struct AttentionSeq {
@@ -153,7 +164,9 @@ class Backend {
   // slots[r] = block * block_size + offset.
   virtual void kv_store(int32_t layer, const float* k, const float* v, const int32_t* slots, int32_t rows) = 0;
   // out[rows, num_heads*head_dim] = softmax(q K^T * scale) V per sequence,
-  // over the paged cache of `layer`.
+  // over the paged cache of `layer`. With params.num_kv_heads and head_dim
+  // other than the pool's (at most its row width), the cache holds rows of a
+  // KvView (supports_kv_views()).
   virtual void attention(int32_t layer, const float* q, const AttentionSeq* seqs, int32_t n_seqs,
                          const AttentionParams& params, float* out) = 0;
   // Window/sink cache policies need kv_rope_shift and attention that skips
@@ -193,6 +206,25 @@ class Backend {
     (void)block, (void)src;
     unsupported("kv_write_block");
   }
+  // ---- Other models' K/V in this pool (plugin ABI 6): a backend that can
+  // store and attend over KvView rows (and K-shift them) says so; the engine
+  // then keeps a draft model's KV in its own pool instead of a second one.
+  virtual bool supports_kv_views() const { return false; }
+  // kv_store of rows laid out as `view` (view.num_kv_heads * view.head_dim
+  // floats per row).
+  virtual void kv_store_view(const KvView& view, int32_t layer, const float* k, const float* v, const int32_t* slots,
+                             int32_t rows) {
+    (void)view, (void)layer, (void)k, (void)v, (void)slots, (void)rows;
+    unsupported("kv_store_view");
+  }
+  // kv_rope_shift_layers over the first n_layers pool layers of the blocks,
+  // holding rows laid out as `view`.
+  virtual void kv_rope_shift_view(const KvView& view, const int32_t* blocks, int32_t n, int32_t delta,
+                                  const RopeSpec* layers, int32_t n_layers) {
+    (void)view, (void)blocks, (void)n, (void)delta, (void)layers, (void)n_layers;
+    unsupported("kv_rope_shift_view");
+  }
+
   // out = silu(gate) * up, n elements.
   virtual void swiglu(const float* gate, const float* up, size_t n, float* out) = 0;
 

@@ -261,6 +261,9 @@ void Engine::drop_finished_streams(std::vector<std::shared_ptr<Stream>>* live) {
     streams_.resize(keep);
     if (live) *live = streams_;
   }
+  for (auto& s : finished) {
+    if (s->drafter()) s->set_speculation(nullptr);
+  }
   // Dropped outside mutex_: the last reference to a finished stream may
   // destroy its session and with it the engine's last owner, whose
   // stop_worker() takes mutex_. (The engine itself stays alive: whoever
@@ -438,6 +441,11 @@ void Engine::commit_and_sample(StepWork& w) {
     const int32_t token = s.sample(row, history);
     s.on_token(token, tok.is_eog(token));  // events: text, and end on a stop condition
   }
+  // A finished stream's drafter gives back what it holds (a draft model's KV
+  // in the pool) now, not when the host lets go of the stream.
+  for (auto& en : w.entries) {
+    if (en.stream->finished() && en.stream->drafter()) en.stream->set_speculation(nullptr);
+  }
 }
 
 // ------------------------------------------------------------------ speculation
@@ -470,8 +478,16 @@ void Engine::prepare_speculation(Stream& stream) {
           if (&r->model() == sp.draft_model.get()) runner = r;
         }
         if (!runner) {
-          runner = std::make_shared<speculative::DraftRunner>(sp.draft_model, params_.device, params_.n_threads,
-                                                              params_.batch_invariant);
+          // In this engine's pool when the backend can hold the draft's rows
+          // there; else a backend and pool of its own.
+          try {
+            runner = std::make_shared<speculative::DraftRunner>(sp.draft_model, *backend_, kv_->pool(), forward_mutex_);
+          } catch (const Error& e) {
+            if (e.code() != StatusCode::kUnsupported) throw;
+            log(LogLevel::kInfo, "speculation: the draft model's KV gets a pool of its own (%s)", e.what());
+            runner = std::make_shared<speculative::DraftRunner>(sp.draft_model, params_.device, params_.n_threads,
+                                                                params_.batch_invariant);
+          }
           draft_runners_.push_back(runner);
         }
       }

@@ -39,6 +39,21 @@ KvLayerGroups KvLayerGroups::from_windows(const std::vector<int32_t>& layer_wind
   return g;
 }
 
+KvLayerGroups KvLayerGroups::chunked(int32_t n_layers, int32_t per_group) {
+  KvLayerGroups g;
+  g.layers_per_group = per_group;
+  for (int32_t il = 0; il < n_layers; ++il) {
+    if (il % per_group == 0) {
+      g.window.push_back(0);
+      g.layers.emplace_back();
+    }
+    g.group_of_layer.push_back(g.n_groups() - 1);
+    g.index_in_group.push_back(il % per_group);
+    g.layers.back().push_back(il);
+  }
+  return g;
+}
+
 size_t KvLayerGroups::first_needed_block(int32_t group, int64_t n, int32_t block_size) const {
   const int32_t w = window[static_cast<size_t>(group)];
   const int64_t first_slot = (n + 1 - w) & ~int64_t{31};
@@ -355,7 +370,8 @@ void KvCache::free_entries(std::vector<int32_t>& block_table, size_t first, size
   }
 }
 
-void KvCache::shift_keys(const std::vector<int32_t>& blocks, int32_t delta, const std::vector<RopeSpec>& layers) {
+void KvCache::shift_keys(const std::vector<int32_t>& blocks, int32_t delta, const std::vector<RopeSpec>& layers,
+                         const KvView* view) {
   if (blocks.empty() || delta == 0) return;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -364,6 +380,14 @@ void KvCache::shift_keys(const std::vector<int32_t>& blocks, int32_t delta, cons
         fail(StatusCode::kInternal, "kv cache: K-shift of a block that is shared or indexed");
       }
     }
+  }
+  if (view) {
+    if (layers.empty() || static_cast<int32_t>(layers.size()) > geometry_.num_layers) {
+      fail(StatusCode::kInternal, "kv cache: K-shift of a view needs one RoPE spec per layer it uses");
+    }
+    backend_.kv_rope_shift_view(*view, blocks.data(), static_cast<int32_t>(blocks.size()), delta, layers.data(),
+                                static_cast<int32_t>(layers.size()));
+    return;
   }
   if (static_cast<int32_t>(layers.size()) != geometry_.num_layers) {
     fail(StatusCode::kInternal, "kv cache: K-shift needs one RoPE spec per layer");

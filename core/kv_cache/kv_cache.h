@@ -95,7 +95,11 @@ class KvCache {
   // K-shift of whole blocks (Backend::kv_rope_shift). The caller holds them
   // privately (prepare_write) and none of them is in the prefix index.
   // layers: one RopeSpec per layer (Backend::kv_rope_shift_layers).
-  void shift_keys(const std::vector<int32_t>& blocks, int32_t delta, const std::vector<RopeSpec>& layers);
+  // view (may be null): the blocks hold another model's rows (KvView), in
+  // the first layers.size() pool layers.
+  void shift_keys(const std::vector<int32_t>& blocks, int32_t delta, const std::vector<RopeSpec>& layers,
+                  const KvView* view = nullptr);
+  bool supports_kv_views() const { return backend_.supports_kv_views(); }
   bool supports_cache_policies() const { return backend_.supports_cache_policies(); }
   std::string backend_name() const { return backend_.name(); }
   // Raw block contents (KvGeometry::bytes_per_block() bytes): save/restore.

@@ -19,10 +19,22 @@ size_t KvSequence::blocks_held() const {
 
 namespace {
 
+void check_groups(const KvLayerGroups& groups, int32_t n_layers) {
+  bool ok = groups.n_layers() == n_layers && groups.n_groups() >= 1 &&
+            static_cast<int32_t>(groups.layers.size()) == groups.n_groups();
+  int32_t total = 0;
+  for (size_t g = 0; ok && g < groups.layers.size(); ++g) {
+    const auto& ls = groups.layers[g];
+    ok = !ls.empty() && static_cast<int32_t>(ls.size()) <= groups.layers_per_group;
+    total += static_cast<int32_t>(ls.size());
+  }
+  if (!ok || total != n_layers) fail(StatusCode::kInternal, "kv manager: layer groups do not cover the model's layers");
+}
+
 KvGeometry pool_geometry_for(const KvGeometry& all, const KvLayerGroups& groups) {
-  if (groups.n_layers() != all.num_layers || groups.n_groups() < 1 ||
-      groups.layers_per_group * groups.n_groups() != all.num_layers) {
-    fail(StatusCode::kInternal, "kv manager: layer groups do not cover the model's layers");
+  check_groups(groups, all.num_layers);
+  if (groups.layers_per_group * groups.n_groups() != all.num_layers) {
+    fail(StatusCode::kInternal, "kv manager: layer groups of unequal sizes in the model's own pool");
   }
   KvGeometry g = all;
   g.num_layers = groups.layers_per_group;
@@ -42,8 +54,35 @@ KvManager::KvManager(Backend& backend, const KvGeometry& geometry, KvLayerGroups
                      Rope rope)
     : geometry_(geometry),
       groups_(std::move(groups)),
-      pool_(backend, pool_geometry_for(geometry, groups_), prefix_caching),
+      pool_(std::make_shared<KvCache>(backend, pool_geometry_for(geometry, groups_), prefix_caching)),
       rope_(std::move(rope)) {
+  init_rope();
+}
+
+KvManager::KvManager(std::shared_ptr<KvCache> pool, const KvGeometry& geometry, Rope rope)
+    : geometry_(geometry),
+      groups_(KvLayerGroups::chunked(geometry.num_layers, pool->geometry().num_layers)),
+      pool_(std::move(pool)),
+      index_(false),
+      view_{geometry.num_kv_heads, geometry.head_dim},
+      rope_(std::move(rope)) {
+  const KvGeometry& p = pool_->geometry();
+  if (!pool_->supports_kv_views()) {
+    fail(StatusCode::kUnsupported, "kv manager: the " + pool_->backend_name() + " backend has no KV views");
+  }
+  if (geometry.block_size != p.block_size || geometry.num_layers <= 0 || geometry.head_dim <= 0 ||
+      geometry.head_dim % 8 != 0 ||
+      static_cast<int64_t>(geometry.num_kv_heads) * geometry.head_dim >
+          static_cast<int64_t>(p.num_kv_heads) * p.head_dim) {
+    fail(StatusCode::kUnsupported, "kv manager: " + std::to_string(geometry.num_kv_heads) + " x " +
+                                       std::to_string(geometry.head_dim) + " K/V rows do not fit the pool's " +
+                                       std::to_string(p.num_kv_heads) + " x " + std::to_string(p.head_dim));
+  }
+  check_groups(groups_, geometry.num_layers);
+  init_rope();
+}
+
+void KvManager::init_rope() {
   if (!rope_.layers.empty()) {
     if (static_cast<int32_t>(rope_.layers.size()) != groups_.n_layers()) {
       fail(StatusCode::kInternal, "kv manager: one RoPE spec per layer is needed");
@@ -65,16 +104,17 @@ std::vector<std::vector<int32_t>*> KvManager::tables(KvSequence& seq) {
 }
 
 void KvManager::truncate_all(KvSequence& seq, int32_t n_slots) {
-  for (auto& t : seq.tables_) pool_.truncate(t, n_slots);
+  for (auto& t : seq.tables_) pool_->truncate(t, n_slots);
 }
 
 void KvManager::release_all(KvSequence& seq) {
-  for (auto& t : seq.tables_) pool_.release(t);
+  for (auto& t : seq.tables_) pool_->release(t);
 }
 
 void KvManager::commit_all(KvSequence& seq) {
+  if (!index_) return;
   for (int32_t g = 0; g < groups_.n_groups(); ++g) {
-    pool_.commit(seq.tables_[static_cast<size_t>(g)], seq.tokens_.data(), seq.n_computed_, seq.generated_.data(), g);
+    pool_->commit(seq.tables_[static_cast<size_t>(g)], seq.tokens_.data(), seq.n_computed_, seq.generated_.data(), g);
   }
 }
 
@@ -83,7 +123,7 @@ void KvManager::trim_local(KvSequence& seq, size_t n) {
   for (int32_t g = 0; g < groups_.n_groups(); ++g) {
     const int64_t from = std::max<int64_t>(static_cast<int64_t>(n) - KvLayerGroups::kRollbackSlots, 0);
     const size_t first = groups_.first_needed_block(g, from, block_size());
-    if (first > 0) pool_.free_entries(seq.tables_[static_cast<size_t>(g)], 0, first);
+    if (first > 0) pool_->free_entries(seq.tables_[static_cast<size_t>(g)], 0, first);
   }
 }
 
@@ -99,14 +139,14 @@ size_t KvManager::regain_local(KvSequence& seq, size_t n) {
     for (size_t i = first; i < end && i < t.size(); ++i) holes |= t[i] < 0;
     if (!holes) continue;
     // Freed blocks were indexed when they filled: the prefix cache may still hold them.
-    std::vector<int32_t> found = pool_.find_blocks(seq.tokens_.data(), std::min(end, n / bs), seq.generated_.data(), g);
+    std::vector<int32_t> found = pool_->find_blocks(seq.tokens_.data(), std::min(end, n / bs), seq.generated_.data(), g);
     for (size_t i = 0; i < found.size(); ++i) {
       if (i >= first && i < t.size() && t[i] < 0 && found[i] >= 0) {
         t[i] = found[i];
         found[i] = kNoBlock;
       }
     }
-    pool_.release(found);  // (skips kNoBlock entries)
+    pool_->release(found);  // (skips kNoBlock entries)
     for (size_t i = first; i < end && i < t.size(); ++i) missing |= t[i] < 0;
   }
   if (!missing) return n;
@@ -131,15 +171,15 @@ void KvManager::add_batch_rows(KvSequence& seq, Batch& batch, const int32_t* tok
 std::unique_ptr<KvSequence> KvManager::create(CachePolicy policy, int32_t n_ctx, int32_t n_ctx_train) const {
   StreamingLayout layout;
   if (policy.bounded()) {
-    if (!pool_.supports_cache_policies()) {
+    if (!pool_->supports_cache_policies()) {
       fail(StatusCode::kUnsupported,
-           "session: the " + pool_.backend_name() + " backend does not support window/sink cache policies yet");
+           "session: the " + pool_->backend_name() + " backend does not support window/sink cache policies yet");
     }
     if (policy.kind == CachePolicyKind::kWindow) policy.sink_tokens = 0;
     if (policy.window_tokens == 0) policy.window_tokens = n_ctx - policy.sink_tokens;
-    policy.validate(pool_.block_size(), n_ctx_train);
-    layout = StreamingLayout(policy.sink_tokens, policy.window_tokens, pool_.block_size());
-    const size_t bs = static_cast<size_t>(pool_.block_size());
+    policy.validate(pool_->block_size(), n_ctx_train);
+    layout = StreamingLayout(policy.sink_tokens, policy.window_tokens, pool_->block_size());
+    const size_t bs = static_cast<size_t>(pool_->block_size());
     const size_t blocks = (static_cast<size_t>(layout.max_slots()) + bs - 1) / bs;
     if (blocks > total_blocks()) {
       fail(StatusCode::kOutOfMemory, "session: the cache policy needs " + std::to_string(blocks) +
@@ -217,7 +257,7 @@ bool KvManager::grow(KvSequence& seq, size_t n_new) {
     // The kept window moves to lower positions: its blocks must be private
     // (a shared one is copied) and leave the prefix index before the K-shift.
     std::vector<std::vector<int32_t>*> all = tables(seq);
-    if (!pool_.prepare_write(all.data(), all.size(), ev.first_block * bs)) return false;
+    if (!pool_->prepare_write(all.data(), all.size(), ev.first_block * bs)) return false;
     // Shift the blocks that stay (those after the dropped ones, up to the
     // last written slot) first: if the backend fails, nothing has changed.
     const size_t used = (static_cast<size_t>(seq.layout_.kv_len(done)) + bs - 1) / bs;
@@ -227,16 +267,16 @@ bool KvManager::grow(KvSequence& seq, size_t n_new) {
       for (size_t i = static_cast<size_t>(ev.first_block + ev.dropped_blocks); i < std::min(used, t.size()); ++i) {
         window.push_back(t[i]);
       }
-      pool_.shift_keys(window, -ev.shift, group_rope_.at(static_cast<size_t>(g)));
+      pool_->shift_keys(window, -ev.shift, group_rope_.at(static_cast<size_t>(g)), view());
     }
     for (auto& t : seq.tables_) {
-      pool_.drop_blocks(t, static_cast<size_t>(ev.first_block), static_cast<size_t>(ev.dropped_blocks));
+      pool_->drop_blocks(t, static_cast<size_t>(ev.first_block), static_cast<size_t>(ev.dropped_blocks));
     }
     seq.layout_.apply(ev);
   }
   std::vector<std::vector<int32_t>*> all = tables(seq);
-  if (!pool_.reserve(all.data(), all.size(), seq.layout_.kv_len(done + static_cast<int64_t>(n_new)))) return false;
-  return pool_.prepare_write(all.data(), all.size(), seq.layout_.kv_len(done));
+  if (!pool_->reserve(all.data(), all.size(), seq.layout_.kv_len(done + static_cast<int64_t>(n_new)))) return false;
+  return pool_->prepare_write(all.data(), all.size(), seq.layout_.kv_len(done));
 }
 
 bool KvManager::allocate_locked(KvSequence& seq, size_t n_slots) {
@@ -244,8 +284,8 @@ bool KvManager::allocate_locked(KvSequence& seq, size_t n_slots) {
   if (seq.bounded()) return grow(seq, n_slots - std::min(n_slots, seq.n_computed_));
   trim_local(seq, seq.n_computed_);
   std::vector<std::vector<int32_t>*> all = tables(seq);
-  if (!pool_.reserve(all.data(), all.size(), static_cast<int32_t>(n_slots))) return false;
-  return pool_.prepare_write(all.data(), all.size(), static_cast<int32_t>(seq.n_computed_));
+  if (!pool_->reserve(all.data(), all.size(), static_cast<int32_t>(n_slots))) return false;
+  return pool_->prepare_write(all.data(), all.size(), static_cast<int32_t>(seq.n_computed_));
 }
 
 void KvManager::free_locked(KvSequence& seq, SchedSequence& s) {
@@ -268,7 +308,7 @@ void KvManager::admit_locked(KvSequence& seq, size_t reuse_limit, SchedSequence&
   if (reuse_limit != SIZE_MAX) max_blocks = std::min(max_blocks, reuse_limit / bs);
   if (seq.bounded()) max_blocks = std::min(max_blocks, static_cast<size_t>(seq.policy_.capacity()) / bs);
   const size_t hit = match_groups(seq, max_blocks, seq.tables_);
-  pool_.count_prefix(hit, std::min(max_blocks, seq.tokens_.size() / bs) - hit);
+  pool_->count_prefix(hit, std::min(max_blocks, seq.tokens_.size() / bs) - hit);
   seq.n_computed_ = hit * bs;
   s.n_computed = seq.n_computed_;
   if (seq.bounded()) s.max_chunk = static_cast<size_t>(seq.layout_.chunk_limit(static_cast<int64_t>(seq.n_computed_)));
@@ -276,6 +316,10 @@ void KvManager::admit_locked(KvSequence& seq, size_t reuse_limit, SchedSequence&
 
 size_t KvManager::match_groups(const KvSequence& seq, size_t max_blocks, std::vector<std::vector<int32_t>>& out) {
   const int32_t n_groups = groups_.n_groups();
+  if (!index_) {
+    out.assign(static_cast<size_t>(n_groups), {});
+    return 0;
+  }
   const int32_t bs = block_size();
   auto local = [&](int32_t g) { return !seq.bounded() && groups_.window[static_cast<size_t>(g)] > 0; };
   out.assign(static_cast<size_t>(n_groups), {});
@@ -283,12 +327,12 @@ size_t KvManager::match_groups(const KvSequence& seq, size_t max_blocks, std::ve
   size_t h = max_blocks;
   for (int32_t g = 0; g < n_groups; ++g) {
     if (local(g)) continue;
-    out[g] = pool_.match_prefix(seq.tokens_.data(), seq.tokens_.size(), h, false, seq.generated_.data(), g);
+    out[g] = pool_->match_prefix(seq.tokens_.data(), seq.tokens_.size(), h, false, seq.generated_.data(), g);
     h = std::min(h, out[g].size());
   }
   // ...a sliding-window group only those its window sees from the end of it.
   for (int32_t g = 0; g < n_groups; ++g) {
-    if (local(g)) out[g] = pool_.find_blocks(seq.tokens_.data(), h, seq.generated_.data(), g);
+    if (local(g)) out[g] = pool_->find_blocks(seq.tokens_.data(), h, seq.generated_.data(), g);
   }
   for (; h > 0; --h) {
     bool ok = true;
@@ -301,8 +345,8 @@ size_t KvManager::match_groups(const KvSequence& seq, size_t max_blocks, std::ve
     if (ok) break;
   }
   for (int32_t g = 0; g < n_groups; ++g) {
-    pool_.truncate(out[g], static_cast<int32_t>(h * bs));
-    if (local(g)) pool_.free_entries(out[g], 0, groups_.first_needed_block(g, static_cast<int64_t>(h * bs), bs));
+    pool_->truncate(out[g], static_cast<int32_t>(h * bs));
+    if (local(g)) pool_->free_entries(out[g], 0, groups_.first_needed_block(g, static_cast<int64_t>(h * bs), bs));
   }
   return h;
 }
@@ -519,32 +563,36 @@ void KvManager::copy_slots(KvSequence& seq, const std::vector<std::pair<int32_t,
   if (moves.empty()) return;
   const KvGeometry& g = pool_geometry();
   const size_t bpb = g.bytes_per_block();
-  const size_t head_bytes = static_cast<size_t>(g.head_dim) * sizeof(uint16_t);
-  // Block layout (Backend::kv_read_block): per layer K then V, each
-  // [num_kv_heads][block_size][head_dim] f16.
+  // Block layout (Backend::kv_read_block): per pool layer K then V, each a
+  // chunk of [num_kv_heads][block_size][head_dim] f16, the pool's or, for a
+  // view, the view's at the start of the pool's chunk.
+  const size_t chunk_bytes = static_cast<size_t>(g.num_kv_heads) * g.block_size * g.head_dim * sizeof(uint16_t);
+  const int32_t n_heads = view() ? view_.num_kv_heads : g.num_kv_heads;
+  const size_t head_bytes = static_cast<size_t>(view() ? view_.head_dim : g.head_dim) * sizeof(uint16_t);
   std::vector<uint8_t> src(bpb), dst(bpb);
-  for (const auto& table : seq.tables_) {
+  for (size_t gi = 0; gi < seq.tables_.size(); ++gi) {
+    const std::vector<int32_t>& table = seq.tables_[gi];
+    const int32_t n_layers = static_cast<int32_t>(groups_.layers[gi].size());
     for (const auto& [from, to] : moves) {
       const int32_t sb = table.at(static_cast<size_t>(from / g.block_size));
       const int32_t db = table.at(static_cast<size_t>(to / g.block_size));
       if (sb < 0 || db < 0) fail(StatusCode::kInternal, "kv manager: moving K/V of a freed block");
       const int32_t so = from % g.block_size, dof = to % g.block_size;
-      pool_.read_block(sb, src.data());
+      pool_->read_block(sb, src.data());
       if (db == sb) {
         dst = src;
       } else {
-        pool_.read_block(db, dst.data());
+        pool_->read_block(db, dst.data());
       }
-      for (int32_t l = 0; l < g.num_layers; ++l) {
+      for (int32_t l = 0; l < n_layers; ++l) {
         for (int kv = 0; kv < 2; ++kv) {
-          for (int32_t h = 0; h < g.num_kv_heads; ++h) {
-            const size_t part = (static_cast<size_t>(l) * 2 + kv) * g.num_kv_heads + h;
-            const size_t base = part * g.block_size * head_bytes;
+          for (int32_t h = 0; h < n_heads; ++h) {
+            const size_t base = (static_cast<size_t>(l) * 2 + kv) * chunk_bytes + h * g.block_size * head_bytes;
             std::memcpy(dst.data() + base + dof * head_bytes, src.data() + base + so * head_bytes, head_bytes);
           }
         }
       }
-      pool_.write_block(db, dst.data());
+      pool_->write_block(db, dst.data());
     }
   }
 }
@@ -553,13 +601,14 @@ void KvManager::copy_slots(KvSequence& seq, const std::vector<std::pair<int32_t,
 
 KvManager::Export::~Export() {
   if (borrowed_)
-    for (auto& t : tables_) kv_.pool_.release(t);
+    for (auto& t : tables_) kv_.pool_->release(t);
 }
 
 void KvManager::Export::read(size_t i, void* dst) const {
+  if (kv_.view()) fail(StatusCode::kInternal, "kv manager: another model's KV has no session files");
   const KvLayerGroups& groups = kv_.groups_;
   if (groups.n_groups() == 1) {
-    kv_.pool_.read_block(tables_[0].at(i), dst);
+    kv_.pool_->read_block(tables_[0].at(i), dst);
     return;
   }
   const size_t layer_bytes = kv_.pool_geometry().bytes_per_block() / static_cast<size_t>(groups.layers_per_group);
@@ -567,7 +616,7 @@ void KvManager::Export::read(size_t i, void* dst) const {
   uint8_t* out = static_cast<uint8_t*>(dst);
   for (int32_t g = 0; g < groups.n_groups(); ++g) {
     const int32_t b = tables_[static_cast<size_t>(g)].at(i);
-    if (b >= 0) kv_.pool_.read_block(b, block.data());
+    if (b >= 0) kv_.pool_->read_block(b, block.data());
     for (int32_t j = 0; j < groups.layers_per_group; ++j) {
       uint8_t* to = out + static_cast<size_t>(groups.layers[g][j]) * layer_bytes;
       if (b >= 0) {
@@ -592,6 +641,7 @@ std::unique_ptr<KvManager::Export> KvManager::export_blocks(KvSequence& seq) {
 }
 
 void KvManager::restore(KvSequence& seq, Saved saved, const std::function<void(const std::string&)>& corrupt) {
+  if (view()) fail(StatusCode::kInternal, "kv manager: another model's KV has no session files");
   const int32_t bs = block_size();
   int64_t kv_len = static_cast<int64_t>(saved.n_computed);
   if (saved.n_computed > saved.tokens.size()) corrupt("more tokens processed than in the history");
@@ -610,13 +660,13 @@ void KvManager::restore(KvSequence& seq, Saved saved, const std::function<void(c
   }
   if (static_cast<uint64_t>((kv_len + bs - 1) / bs) > saved.n_blocks) corrupt("fewer KV blocks than tokens processed");
   std::vector<std::vector<int32_t>*> all = tables(seq);
-  if (!pool_.reserve(all.data(), all.size(), static_cast<int32_t>(saved.n_blocks * static_cast<uint64_t>(bs)))) {
+  if (!pool_->reserve(all.data(), all.size(), static_cast<int32_t>(saved.n_blocks * static_cast<uint64_t>(bs)))) {
     fail(StatusCode::kOutOfMemory,
          "load: the KV pool has no room for the session's " + std::to_string(saved.n_blocks) + " blocks now");
   }
   const size_t bpb = geometry().bytes_per_block();
   if (groups_.n_groups() == 1) {
-    for (size_t i = 0; i < seq.n_blocks(); ++i) pool_.write_block(seq.tables_[0][i], saved.blocks + i * bpb);
+    for (size_t i = 0; i < seq.n_blocks(); ++i) pool_->write_block(seq.tables_[0][i], saved.blocks + i * bpb);
   } else {  // scatter each all-layer block's layers into the groups' blocks
     const size_t layer_bytes = pool_geometry().bytes_per_block() / static_cast<size_t>(groups_.layers_per_group);
     std::vector<uint8_t> block(pool_geometry().bytes_per_block());
@@ -626,7 +676,7 @@ void KvManager::restore(KvSequence& seq, Saved saved, const std::function<void(c
           std::memcpy(block.data() + static_cast<size_t>(j) * layer_bytes,
                       saved.blocks + i * bpb + static_cast<size_t>(groups_.layers[g][j]) * layer_bytes, layer_bytes);
         }
-        pool_.write_block(seq.tables_[static_cast<size_t>(g)][i], block.data());
+        pool_->write_block(seq.tables_[static_cast<size_t>(g)][i], block.data());
       }
     }
   }
@@ -640,7 +690,7 @@ void KvManager::restore(KvSequence& seq, Saved saved, const std::function<void(c
   if (!seq.bounded() && groups_.has_local()) {
     for (int32_t g = 0; g < groups_.n_groups(); ++g) {
       const size_t first = groups_.first_needed_block(g, static_cast<int64_t>(seq.n_computed_), bs);
-      pool_.free_entries(seq.tables_[static_cast<size_t>(g)], 0, first);
+      pool_->free_entries(seq.tables_[static_cast<size_t>(g)], 0, first);
     }
   }
   if (seq.bounded() && !seq.layout_.shifted()) {
@@ -652,7 +702,7 @@ void KvManager::restore(KvSequence& seq, Saved saved, const std::function<void(c
 
 bool KvManager::reserve_scratch(KvSequence& seq, size_t n_slots) {
   std::vector<std::vector<int32_t>*> all = tables(seq);
-  return pool_.reserve(all.data(), all.size(), static_cast<int32_t>(n_slots));
+  return pool_->reserve(all.data(), all.size(), static_cast<int32_t>(n_slots));
 }
 
 }  // namespace ember

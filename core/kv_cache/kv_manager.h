@@ -110,17 +110,29 @@ class KvManager {
   // one group).
   KvManager(Backend& backend, const KvGeometry& geometry, bool prefix_caching, Rope rope);
   KvManager(Backend& backend, const KvGeometry& geometry, KvLayerGroups groups, bool prefix_caching, Rope rope);
+  // Another model's sequences in `pool` (a draft model's KV in the target
+  // engine's pool): `geometry` is that model's (its layers, KV heads and head
+  // size; the block size must be the pool's), its layers go in order into the
+  // pool's layers, a block per group of them, as rows of a KvView. Its blocks
+  // are never prefix-indexed nor matched, and it has no session files.
+  // Throws kUnsupported when the pool's backend has no KV views or the rows
+  // are wider than the pool's.
+  KvManager(std::shared_ptr<KvCache> pool, const KvGeometry& geometry, Rope rope);
+  // The pool, to share with a KvView manager.
+  const std::shared_ptr<KvCache>& pool() const { return pool_; }
+  // The layout of this manager's rows when they are another model's.
+  const KvView* view() const { return view_.num_kv_heads > 0 ? &view_ : nullptr; }
 
   // The all-layer view (session files): num_layers is the model's.
   const KvGeometry& geometry() const { return geometry_; }
   // The pool's own blocks: one layer group each.
-  const KvGeometry& pool_geometry() const { return pool_.geometry(); }
+  const KvGeometry& pool_geometry() const { return pool_->geometry(); }
   const KvLayerGroups& groups() const { return groups_; }
-  int32_t block_size() const { return pool_.block_size(); }
+  int32_t block_size() const { return pool_->block_size(); }
   // Capacity in all-layer blocks (a sequence of n slots needs n / block_size).
-  size_t total_blocks() const { return pool_.total_blocks() / static_cast<size_t>(groups_.n_groups()); }
-  KvCacheStats stats() const { return pool_.stats(); }
-  std::string backend_name() const { return pool_.backend_name(); }
+  size_t total_blocks() const { return pool_->total_blocks() / static_cast<size_t>(groups_.n_groups()); }
+  KvCacheStats stats() const { return pool_->stats(); }
+  std::string backend_name() const { return pool_->backend_name(); }
 
   // ---- sequences
   // A new empty sequence. A bounded policy is completed (window size from
@@ -257,7 +269,7 @@ class KvManager {
   };
   std::unique_ptr<Export> export_blocks(KvSequence& seq);
   // One pool block (pool_geometry().bytes_per_block() bytes).
-  void read_block(int32_t block, void* dst) const { pool_.read_block(block, dst); }
+  void read_block(int32_t block, void* dst) const { pool_->read_block(block, dst); }
   // Restores a saved sequence into the empty `seq`: history, computed count,
   // eviction state and the raw blocks (geometry().bytes_per_block() each,
   // table order).
@@ -284,6 +296,7 @@ class KvManager {
   void free_locked(KvSequence& seq, SchedSequence& s);
   // Copies the K/V of single slots inside one table (tree compaction).
   void copy_slots(KvSequence& seq, const std::vector<std::pair<int32_t, int32_t>>& moves);
+  void init_rope();
   // The longest cached prefix of the sequence's history (at most max_blocks
   // blocks) that every layer group can resume from: `out` gets one table per
   // group (referenced blocks; a sliding-window group's entries before what its
@@ -306,7 +319,9 @@ class KvManager {
 
   KvGeometry geometry_;  // all layers
   KvLayerGroups groups_;
-  KvCache pool_;
+  std::shared_ptr<KvCache> pool_;
+  bool index_ = true;  // prefix matching and indexing (off for a view)
+  KvView view_;        // num_kv_heads 0: the pool's own rows
   Rope rope_;
   std::vector<std::vector<RopeSpec>> group_rope_;  // per group, its layers' specs
 };

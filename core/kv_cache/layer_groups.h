@@ -30,6 +30,10 @@ struct KvLayerGroups {
   bool has_local() const;
   // layer_window: per model layer, 0 (whole context) or its sliding window.
   static KvLayerGroups from_windows(const std::vector<int32_t>& layer_window);
+  // Layers in order, `per_group` to a group (the last may hold fewer), every
+  // one over the whole context: another model's layers in a pool whose
+  // blocks hold per_group layers.
+  static KvLayerGroups chunked(int32_t n_layers, int32_t per_group);
   // The first block `group` must still hold when rows for tokens n, n+1, ...
   // are computed (a sequence whose tokens sit at slots == positions): its
   // window reaches back to slot n + 1 - window, and attention kernels may

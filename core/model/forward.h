@@ -2,6 +2,8 @@
 // architecture in core/model/arch/, chosen by core/model/arch/registry.h).
 #pragma once
 
+#include "core/backend/backend.h"
+#include "core/kv_cache/layer_groups.h"
 #include "core/model/batch.h"
 
 namespace ember {
@@ -16,6 +18,10 @@ class Forward {
   // layers (writing their K/V), then the final norm and the output head.
   // n_layers >= the model's layer count is forward(). Throws ember::Error.
   virtual void forward_layers(const Batch& batch, float* logits, int32_t n_layers) = 0;
+  // Where the K/V go: the pool's layer groups for this model's layers (a
+  // batch's tables follow them) and, for another model's pool, the layout of
+  // its rows (KvManager::view()). By default the model's own groups.
+  virtual void use_kv_layout(const KvLayerGroups& groups, const KvView* view) = 0;
 };
 
 }  // namespace ember

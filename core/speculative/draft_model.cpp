@@ -39,13 +39,39 @@ DraftRunner::DraftRunner(std::shared_ptr<const Model> model, const std::string& 
     fail(StatusCode::kUnsupported,
          "speculation: the draft model's architecture '" + model_->architecture() + "' is not supported");
   }
-  backend_ = create_backend(device, BackendOptions{n_threads, batch_invariant}).backend;
-  check_backend_limits(*backend_, c.head_dim, c.n_heads, c.n_kv_heads);
+  own_backend_ = create_backend(device, BackendOptions{n_threads, batch_invariant}).backend;
+  check_backend_limits(*own_backend_, c.head_dim, c.n_heads, c.n_kv_heads);
   KvGeometry g = model_->kv_geometry(16);
   g.num_blocks = static_cast<int32_t>(std::max<uint64_t>(kv_memory_bytes / g.bytes_per_block(), 1));
-  kv_ = std::make_unique<KvManager>(*backend_, g, model_->kv_groups(), /*prefix_caching=*/false,
+  kv_ = std::make_unique<KvManager>(*own_backend_, g, model_->kv_groups(), /*prefix_caching=*/false,
                                     KvManager::Rope{model_->rope_specs()});
-  forward_ = arch->make_forward(model_, *backend_, g.block_size);
+  forward_ = arch->make_forward(model_, *own_backend_, g.block_size);
+}
+
+DraftRunner::DraftRunner(std::shared_ptr<const Model> model, Backend& backend, std::shared_ptr<KvCache> pool,
+                         std::mutex& forward_mutex)
+    : model_(std::move(model)), shared_forward_mutex_(&forward_mutex) {
+  const auto& c = model_->config();
+  const Architecture* arch = find_architecture(model_->architecture());
+  if (!arch) {
+    fail(StatusCode::kUnsupported,
+         "speculation: the draft model's architecture '" + model_->architecture() + "' is not supported");
+  }
+  check_backend_limits(backend, c.head_dim, c.n_heads, c.n_kv_heads);
+  const int32_t block_size = pool->block_size();
+  kv_ = std::make_unique<KvManager>(std::move(pool), model_->kv_geometry(block_size),
+                                    KvManager::Rope{model_->rope_specs()});
+  forward_ = arch->make_forward(model_, backend, block_size);
+  forward_->use_kv_layout(kv_->groups(), kv_->view());
+}
+
+void DraftRunner::forward(const Batch& batch, float* logits) {
+  if (!shared_forward_mutex_) {
+    forward_->forward(batch, logits);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(*shared_forward_mutex_);
+  forward_->forward(batch, logits);
 }
 
 DraftRunner::~DraftRunner() {
@@ -66,8 +92,17 @@ DraftModelDrafter::~DraftModelDrafter() {
   runner_->kv().release(*seq_);
 }
 
-void DraftModelDrafter::catch_up(const KvSequence& target, int32_t n_nodes) {
+bool DraftModelDrafter::catch_up(const KvSequence& target, int32_t n_nodes) {
   KvManager& kv = runner_->kv();
+  // The pool is shared with the target's sequences, which come first: with
+  // no room, a full draft sequence gives its blocks back (it recomputes when
+  // there is room again) and a few trees are skipped.
+  auto no_room = [&] {
+    kv.rollback_provisional(*seq_);
+    if (!seq_->bounded()) kv.release(*seq_);
+    backoff_ = 8;
+    return false;
+  };
   // The target's history only grew by accepted tokens since the last tree
   // (a changed history keeps the common prefix; a bounded draft that has
   // evicted a changed token cannot, and throws).
@@ -80,15 +115,16 @@ void DraftModelDrafter::catch_up(const KvSequence& target, int32_t n_nodes) {
       const size_t limit = static_cast<size_t>(seq_->layout().chunk_limit(static_cast<int64_t>(seq_->n_computed())));
       n = std::min(n, std::max<size_t>(limit, 1));
     }
-    if (!kv.grow(*seq_, n)) fail(StatusCode::kOutOfMemory, "speculation: the draft model's KV pool is full");
+    if (!kv.grow(*seq_, n)) return no_room();
     Batch batch;
     kv.add_rows(*seq_, batch, static_cast<int32_t>(n), SIZE_MAX);
-    runner_->forward().forward(batch, none.data());
+    runner_->forward(batch, none.data());
     kv.commit_computed(*seq_, n, /*index=*/false);
   }
   if (static_cast<size_t>(n_nodes) > kv.tree_room(*seq_) || !kv.reserve_tree(*seq_, static_cast<size_t>(n_nodes))) {
-    fail(StatusCode::kOutOfMemory, "speculation: no room for a token tree in the draft model's KV pool");
+    return no_room();
   }
+  return true;
 }
 
 void DraftModelDrafter::propose(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,
@@ -97,15 +133,20 @@ void DraftModelDrafter::propose(KvSequence& seq, const DraftTree& tree, int32_t 
   std::lock_guard<std::mutex> seq_lock(seq_->mutex());
   KvManager& kv = runner_->kv();
   if (!tree_open_) {
+    out.clear();
+    if (backoff_ > 0) {
+      --backoff_;
+      return;
+    }
     // Room for every node the target reserved (its slots after the root).
-    catch_up(seq, static_cast<int32_t>(std::min<size_t>(64, kv.tree_room(*seq_))));
+    if (!catch_up(seq, static_cast<int32_t>(std::min<size_t>(64, kv.tree_room(*seq_))))) return;
     tree_open_ = true;
   }
   Batch batch;
   kv.add_tree_rows(*seq_, batch, tree.token, tree.parent, {leaf});
   const int32_t n_vocab = runner_->model().config().n_vocab;
   logits_.resize(static_cast<size_t>(n_vocab));
-  runner_->forward().forward(batch, logits_.data());
+  runner_->forward(batch, logits_.data());
   top_candidates(logits_.data(), n_vocab, max_candidates, out);
 }
 

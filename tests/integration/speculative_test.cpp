@@ -6,6 +6,8 @@
 // on purpose), which a deliberately broken acceptance rule fails.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -240,6 +242,57 @@ TEST(Speculative, BatchedSinkSessionAndSessionFile) {
 }
 
 std::string synthetic(const char* name) { return std::string(EMBER_SYNTHETIC_DIR) + "/" + name; }
+
+// The draft model's KV lives in the engine's pool: its 3 layers of 16-wide
+// K/V rows as a KvView in the target's 2-layer blocks of 32-wide rows. The
+// greedy output is the plain one (the draft is random: few tokens accepted,
+// many drafted); while the stream runs the pool holds the draft's blocks
+// beside the target's (two groups of its layers: twice the target's count),
+// and gives them back at the end of the step that finishes the stream. With
+// too small a pool for both, the stream still decodes exactly, drafting less.
+TEST(Speculative, DraftModelKvLivesInTheEnginesPool) {
+  auto target = Model::load(synthetic("spec_target.gguf"));
+  auto draft = Model::load(synthetic("spec_draft.gguf"));
+  ASSERT_NE(draft->config().n_layers, target->config().n_layers);
+  ASSERT_LT(draft->config().head_dim, target->config().head_dim);
+  const uint64_t block_bytes = 2 * 2 * 16 * 32 * 2;  // the target's: layers x K/V x slots x row x f16
+  for (uint64_t blocks : {uint64_t{16384}, uint64_t{40}}) {
+    EngineParams ep;
+    ep.n_threads = 1;
+    ep.kv_memory_bytes = blocks * block_bytes;
+    ep.manual = true;  // steps run here, so the pool can be read between them
+    auto engine = Engine::create(target, ep);
+    auto drive = [&](const std::shared_ptr<Stream>& stream, size_t* peak) {
+      while (!stream->finished()) {
+        (*engine)->run_steps(0, 64);
+        if (peak) *peak = std::max<size_t>(*peak, (*engine)->cache_stats().blocks_used);
+      }
+      return run(stream);
+    };
+    uint64_t drafted = 0;
+    for (const std::vector<int32_t>& prompt : {std::vector<int32_t>{5, 9, 14, 7}, std::vector<int32_t>{1, 2, 3},
+                                               std::vector<int32_t>(300, 11)}) {
+      auto a = std::make_shared<Session>(engine, 0, "");
+      a->add_tokens(prompt);
+      size_t plain_peak = 0, spec_peak = 0;
+      const Outcome plain = drive(a->start(greedy(40)), &plain_peak);
+      auto b = std::make_shared<Session>(engine, 0, "");
+      b->add_tokens(prompt);
+      StreamParams sp = with_spec(greedy(40), SpecParams::Kind::kDraft, 0, draft);
+      sp.spec.tree.min_confidence = 0.0f;  // (the random draft's distributions are flat)
+      std::shared_ptr<Stream> stream = b->start(sp);
+      const Outcome spec = drive(stream, &spec_peak);
+      EXPECT_EQ(spec.tokens, plain.tokens) << prompt.size() << " tokens, pool " << blocks;
+      drafted += spec.stats.drafted_tokens;
+      if (blocks > 1000 && prompt.size() == 300) {
+        EXPECT_GE(spec_peak, 3 * (prompt.size() + 40) / 16) << "the draft's blocks are not in the engine's pool";
+        EXPECT_LE(plain_peak, (prompt.size() + 40) / 16 + 2);
+      }
+      EXPECT_EQ((*engine)->cache_stats().blocks_used, 0u) << "a finished stream still holds blocks";
+    }
+    EXPECT_GT(drafted, 0u) << "pool of " << blocks << " blocks";
+  }
+}
 
 TEST(Speculative, DraftWithAnotherVocabularyIsRefused) {
   EMBER_REQUIRE_MODEL();

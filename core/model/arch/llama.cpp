@@ -82,6 +82,14 @@ void LlamaForward::ensure_capacity(int32_t rows, int32_t logit_rows) {
   capacity_logits_ = static_cast<int32_t>(lr);
 }
 
+void LlamaForward::use_kv_layout(const KvLayerGroups& groups, const KvView* view) {
+  if (groups.n_layers() != model_->config().n_layers) {
+    fail(StatusCode::kInternal, "forward: KV layer groups for another layer count");
+  }
+  groups_ = groups;
+  view_ = view ? *view : KvView{};
+}
+
 void LlamaForward::forward(const Batch& batch, float* logits) {
   forward_layers(batch, logits, model_->config().n_layers);
 }
@@ -232,7 +240,11 @@ void LlamaForward::forward_layers(const Batch& batch, float* logits, int32_t n_l
       backend_.scale(q_, static_cast<size_t>(n) * c.n_heads * c.head_dim, c.attention_scale);
     const int32_t g = grouped ? groups_.group_of_layer[il] : 0;
     const int32_t kv_layer = grouped ? groups_.index_in_group[il] : il;
-    backend_.kv_store(kv_layer, k_, v_, phys_slots[g].data(), n);
+    if (view_.num_kv_heads > 0) {
+      backend_.kv_store_view(view_, kv_layer, k_, v_, phys_slots[g].data(), n);
+    } else {
+      backend_.kv_store(kv_layer, k_, v_, phys_slots[g].data(), n);
+    }
     ap.window = swa ? c.sliding_window : 0;
     backend_.attention(kv_layer, q_, seqs[g].data(), static_cast<int32_t>(seqs[g].size()), ap, attn_);
     matmul(*w.wo, attn_, h_);

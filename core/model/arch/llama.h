@@ -25,6 +25,7 @@ class LlamaForward final : public Forward {
   // `logits` (host, logit_rows.size() * n_vocab floats).
   void forward(const Batch& batch, float* logits) override;
   void forward_layers(const Batch& batch, float* logits, int32_t n_layers) override;
+  void use_kv_layout(const KvLayerGroups& groups, const KvView* view) override;
 
  private:
   void ensure_capacity(int32_t rows, int32_t logit_rows);
@@ -37,7 +38,8 @@ class LlamaForward final : public Forward {
   std::shared_ptr<const Model> model_;
   Backend& backend_;
   int32_t block_size_;
-  KvLayerGroups groups_;  // the model's (batches with one table per group use it)
+  KvLayerGroups groups_;  // the pool's (batches with one table per group use it)
+  KvView view_;           // num_kv_heads 0: the pool's own rows
   std::unique_ptr<DeviceWeight> token_embd_, output_norm_, output_;
   std::vector<LayerWeights> layers_;
   std::vector<float> rope_freqs_;  // host copy of rope_freqs.weight (config().rope_freqs)
