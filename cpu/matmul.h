@@ -11,8 +11,10 @@
 //    the Q4 offset/min terms; K-quants: llama.cpp's Q8_K blocks of 256 with
 //    16-element sums) and the dot products are integer (AVX2
 //    maddubs/madd, AVX-512 VNNI dpbusd). Every weight block loaded is used
-//    for all M activation rows. OpenMP over output rows. Q5_0/Q5_1 and the
-//    K-quants have scalar and AVX2 kernels (on AVX-512 CPUs the AVX2 ones).
+//    for all M activation rows. OpenMP over output rows. Q5_0/Q5_1 have
+//    scalar and AVX2 kernels (on AVX-512 CPUs the AVX2 ones); the K-quants
+//    scalar, AVX2 and AVX-512 ones, all summing in the order llama.cpp's x86
+//    build uses for the rows' kind (RowKind below).
 //  * prefill (larger M): W is dequantized (SIMD, in row tiles) into the
 //    scratch and multiplied with oneDNN's matmul primitive (bf16 where the
 //    CPU has native AVX512_BF16/AMX, f32 otherwise), f32 output.

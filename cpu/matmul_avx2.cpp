@@ -298,7 +298,8 @@ void qkernel(const DecodeCtx& c, int64_t n0, int64_t n1) {
 // ---------------------------------------------------------------- K-quant kernels
 //
 // Q4_K / Q5_K / Q6_K against Q8_K activations, in the order of
-// kquant_dot_reference (llama.cpp's AVX2 ggml_vec_dot_q{4,5,6}_K_q8_K):
+// kquant_dot_reference for the call's DecodeCtx::korder (llama.cpp's
+// ggml_vec_dot_q{4,5,6}_K_q8_K, its tiled kernels, its q4_K_8x8 GEMV / GEMM):
 // bit-identical to the scalar variant. A super-block is unpacked once per
 // group of up to 4 activation rows into 8 registers of 32 unsigned values
 // (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63; maddubs pairs <= 2*63*127, no
