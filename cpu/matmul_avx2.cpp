@@ -485,10 +485,60 @@ inline void ktile(const DecodeCtx& c, int64_t n, int64_t m0) {
   for (int m = 0; m < MT; ++m) c.y[(m0 + m) * c.ldy + n] = acc[m].result();
 }
 
+// kGemm8x8 (Q4_K) for four activation rows at once: the float steps run on
+// f32x4 vectors whose lane m is row m (lane by lane KAcc's operations, so
+// the same bits), the integer pair totals come out of one hadd tree per pair
+// with the rows already in lanes.
+inline void ktile_gemm4(const DecodeCtx& c, int64_t n, int64_t m0) {
+  constexpr DType T = DType::Q4_K;
+  const int64_t nbk = c.K / kQK_K;
+  const uint8_t* wr = c.w + static_cast<size_t>(n) * c.w_row_bytes;
+  const Q8KBlock* a[4];
+  for (int m = 0; m < 4; ++m) a[m] = q8k_row(c.act, c.act_row_bytes, m0 + m);
+  __m128 acc = _mm_setzero_ps(), accm = _mm_setzero_ps();
+  KBlockRegs<T> r;
+  for (int64_t i = 0; i < nbk; ++i) {
+    const uint8_t* blk = wr + static_cast<size_t>(i) * sizeof(BlockQ4_K);
+    prefetch(blk + c.w_row_bytes);
+    kblock_load<T>(blk, r);
+    __m128 mf[4];
+    alignas(16) float dx[4];
+    for (int m = 0; m < 4; ++m) {
+      const Q8KBlock& y = a[m][i];
+      dx[m] = y.d;
+      const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.bsums));
+      const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
+      mf[m] = _mm_cvtepi32_ps(_mm_madd_epi16(r.mins, q8s));  // lane p: the min term of pair p
+    }
+    _MM_TRANSPOSE4_PS(mf[0], mf[1], mf[2], mf[3]);  // mf[p] lane m
+    const __m128 dx4 = _mm_load_ps(dx);
+    const __m128 sd = _mm_mul_ps(_mm_set1_ps(r.d), dx4), sm = _mm_mul_ps(_mm_set1_ps(r.dmin), dx4);
+    for (int p = 0; p < 4; ++p) {
+      __m256i part[4];
+      for (int m = 0; m < 4; ++m) {
+        const int8_t* qs = a[m][i].qs + 64 * p;
+        const __m256i a0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs));
+        const __m256i a1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32));
+        part[m] = _mm256_add_epi32(_mm256_madd_epi16(r.sc[2 * p], _mm256_maddubs_epi16(r.q[2 * p], a0)),
+                                   _mm256_madd_epi16(r.sc[2 * p + 1], _mm256_maddubs_epi16(r.q[2 * p + 1], a1)));
+      }
+      const __m128i tot = hsum4_epi32(part[0], part[1], part[2], part[3]);  // lane m
+      acc = _mm_fmadd_ps(_mm_cvtepi32_ps(tot), sd, acc);
+      accm = _mm_fmadd_ps(mf[p], sm, accm);
+    }
+  }
+  alignas(16) float out[4];
+  _mm_store_ps(out, _mm_sub_ps(acc, accm));
+  for (int m = 0; m < 4; ++m) c.y[(m0 + m) * c.ldy + n] = out[m];
+}
+
 template <DType T, KOrder O>
 void kkernel_o(const DecodeCtx& c, int64_t n0, int64_t n1) {
   for (int64_t n = n0; n < n1; ++n) {
     int64_t m = 0;
+    if constexpr (T == DType::Q4_K && O == KOrder::kGemm8x8) {
+      for (; m + 4 <= c.M; m += 4) ktile_gemm4(c, n, m);
+    }
     for (; m + 4 <= c.M; m += 4) ktile<T, O, 4>(c, n, m);
     switch (c.M - m) {
       case 3: ktile<T, O, 3>(c, n, m); break;

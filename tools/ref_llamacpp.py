@@ -67,7 +67,18 @@ def header(args) -> None:
     print(f"# machine: {machine()}")
     print(f"# model: {args.model}")
     print(f"# llama-cpp-python {llama_cpp.__version__}; ember lib {args.lib}; threads {args.threads}")
+    print(f"# llama.cpp build: {llama_system_info()}")
     sys.stdout.flush()
+
+
+def llama_system_info() -> str:
+    """The reference build's CPU features. Ember's reference order is llama.cpp's AVX2 build
+    (tools/setup_reference.sh); an AVX-512 build sums attention (16-lane tinyBLAS, its AVX-512 expf) in
+    other orders."""
+    import llama_cpp
+
+    info = llama_cpp.llama_print_system_info().decode(errors="replace").strip().rstrip("|").strip()
+    return info + ("  [AVX-512 build: not Ember's reference order]" if "AVX512 = 1" in info else "")
 
 
 # ----------------------------------------------------------------- llama.cpp
@@ -619,6 +630,7 @@ def cmd_golden(args) -> None:
     llm = load_llama(args, n_ctx=2048, logits_all=True, two_seqs=True)
     common = [f"# command: (cd <repo> && {command_line().replace(ROOT + '/', '')})",
               f"# reference: llama.cpp via llama-cpp-python {llama_cpp.__version__}, n_threads={args.threads}",
+              f"# llama.cpp build: {llama_system_info()}",
               f"# model: {os.path.basename(args.model)} sha256={sha256(args.model)}",
               f"# date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d')}"]
     # Greedy continuations.

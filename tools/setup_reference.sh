@@ -1,22 +1,30 @@
 #!/usr/bin/env bash
 # Builds the reference environment that compares Ember against llama.cpp:
 # a venv at $EMBER_HOME/refvenv (default ~/.cache/ember/refvenv) with
-# llama-cpp-python built from source (its vendored llama.cpp, native CPU
-# flags), numpy, jinja2 and sentencepiece. Slow the first time (~15 min on 2
+# llama-cpp-python built from source (its vendored llama.cpp for AVX2 + FMA +
+# F16C, not the native flags: Ember's reference order is llama.cpp's AVX2
+# build; on an AVX-512 CPU a native build sums attention and SiLU in other
+# orders, so Ember's logits would not be its bit for bit), numpy, jinja2 and
+# sentencepiece. EMBER_REFVENV overrides the venv's path. Slow the first time (~15 min on 2
 # cores); does nothing if the venv already imports llama_cpp at the pinned
 # version. Not needed for the test suite: golden files are committed.
 set -euo pipefail
 home="${EMBER_HOME:-$HOME/.cache/ember}"
-venv="$home/refvenv"
+venv="${EMBER_REFVENV:-$home/refvenv}"
 version="${EMBER_LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 if [ -x "$venv/bin/python" ] &&
    "$venv/bin/python" -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$version')" 2>/dev/null; then
+  if "$venv/bin/python" -c "import llama_cpp, sys; sys.exit('AVX512 = 1' not in llama_cpp.llama_print_system_info().decode())" 2>/dev/null; then
+    echo "setup_reference: $venv is an AVX-512 build of llama.cpp, not Ember's reference order (AVX2);" \
+         "remove it and run this again (or EMBER_REFVENV=<other path>)" >&2
+  fi
   exit 0
 fi
 mkdir -p "$home"
 python3 -m venv "$venv"
 "$venv/bin/pip" install --quiet --upgrade pip
 "$venv/bin/pip" install --quiet numpy jinja2 sentencepiece
-CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_CURL=OFF" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
-  "$venv/bin/pip" install --quiet --no-binary llama-cpp-python "llama-cpp-python==$version"
+CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF -DLLAMA_CURL=OFF" \
+  CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+  "$venv/bin/pip" install --quiet --no-cache-dir --no-binary llama-cpp-python "llama-cpp-python==$version"
 "$venv/bin/python" -c "import llama_cpp; print('setup_reference:', llama_cpp.__version__)"
