@@ -441,11 +441,4 @@ PrefillPrecision prefill_precision() {
 }
 const char* prefill_precision_name() { return use_bf16_prefill() ? "bf16" : "f32"; }
 
-namespace detail {
-bool llama_repacks_q2_k() {
-  static const bool avx512 = cpu_features().avx512f && cpu_features().os_avx512;
-  return avx512;
-}
-}  // namespace detail
-
 }  // namespace ember::cpu

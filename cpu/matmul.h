@@ -87,10 +87,9 @@ enum class MatmulPath : int {
 // which Ember's kernels sum in the order llama.cpp's x86 CPU backend uses for
 // such rows (detail::kquant_order; the other types have one order):
 //  * kPrompt: prompt / scored rows, llama.cpp's batched kernels (Q4_K with
-//    N % 8 == 0, and Q2_K so on AVX-512 CPUs: its repacked q{4,2}_K_8x8 GEMM;
-//    others: its "tiled" kernels);
+//    N % 8 == 0: its repacked q4_K_8x8 GEMM; others: its "tiled" kernels);
 //  * kDecode: generated tokens fed back one at a time, llama.cpp's one-row
-//    batches (the same Q4_K / Q2_K: the 8x8 GEMV; others: ggml_vec_dot).
+//    batches (Q4_K with N % 8 == 0: the q4_K_8x8 GEMV; others: ggml_vec_dot).
 // Either way every row is computed independently of M and of the other rows.
 // (llama.cpp itself picks by batch: GEMM for rows in groups of 4 and GEMV for
 // the last M % 4, tiled only for 8+ rows; its batches whose rows all take the

@@ -443,7 +443,7 @@ struct KAcc {
   template <typename Mins>
   inline void add(float dx, float dw, float dmw, __m256i sumi, __m128i pairs, Mins mins) {
     if constexpr (T == DType::Q2_K) {
-      add_q2k(dx, dw, dmw, sumi, pairs, mins);
+      add_q2k(dx, dw, dmw, sumi, mins);
     } else if constexpr (O == KOrder::kVec) {
       if constexpr (T == DType::Q4_K || T == DType::Q5_K) {
         const float dmin = -dx * dmw;
@@ -474,26 +474,15 @@ struct KAcc {
       }
     }
   }
-  inline void add_q2k(float dx, float dw, float dmw, __m256i sumi, __m128i pairs, __m256i mins) {
+  // Q2_K: vec_dot and tiled only (kquant_order).
+  inline void add_q2k(float dx, float dw, float dmw, __m256i sumi, __m256i mins) {
     if constexpr (O == KOrder::kVec) {  // the min term first, in the same lanes
       lanes = _mm256_fmadd_ps(_mm256_set1_ps(-dx * dmw), _mm256_cvtepi32_ps(mins), lanes);
       lanes = _mm256_fmadd_ps(_mm256_set1_ps(dx * dw), _mm256_cvtepi32_ps(sumi), lanes);
-    } else if constexpr (O == KOrder::kTiled) {
+    } else {
       float r = static_cast<float>(hsum_epi32(sumi)) * dw;
       r = __builtin_fmaf(-dmw, static_cast<float>(hsum_epi32(mins)), r);
       acc = __builtin_fmaf(r, dx, acc);
-    } else if constexpr (O == KOrder::kGemv8x8) {
-      acc = __builtin_fmaf(static_cast<float>(hsum_epi32(sumi)), dw * dx, acc);
-      acc_min = __builtin_fmaf(static_cast<float>(hsum_epi32(mins)), dmw * dx, acc_min);
-    } else {  // two halves of 128 elements: pairs 0+1, 2+3; min lanes 0..3, 4..7
-      const float sd = dw * dx, sm = dmw * dx;
-      alignas(16) int ps[4];
-      _mm_store_si128(reinterpret_cast<__m128i*>(ps), pairs);
-      const int m_lo = hsum_epi32(_mm256_castsi256_si128(mins)), m_hi = hsum_epi32(_mm256_extracti128_si256(mins, 1));
-      acc = __builtin_fmaf(static_cast<float>(ps[0] + ps[1]), sd, acc);
-      acc_min = __builtin_fmaf(static_cast<float>(m_lo), sm, acc_min);
-      acc = __builtin_fmaf(static_cast<float>(ps[2] + ps[3]), sd, acc);
-      acc_min = __builtin_fmaf(static_cast<float>(m_hi), sm, acc_min);
     }
   }
   inline float result() const {
@@ -583,13 +572,13 @@ void kkernel(const DecodeCtx& c, int64_t n0, int64_t n1) {
     case KOrder::kVec: return kkernel_o<T, KOrder::kVec>(c, n0, n1);
     case KOrder::kTiled: return kkernel_o<T, KOrder::kTiled>(c, n0, n1);
     case KOrder::kGemv8x8:
-      if constexpr (T == DType::Q4_K || T == DType::Q2_K) return kkernel_o<T, KOrder::kGemv8x8>(c, n0, n1);
+      if constexpr (T == DType::Q4_K) return kkernel_o<T, KOrder::kGemv8x8>(c, n0, n1);
       break;
     case KOrder::kGemm8x8:
-      if constexpr (T == DType::Q4_K || T == DType::Q2_K) return kkernel_o<T, KOrder::kGemm8x8>(c, n0, n1);
+      if constexpr (T == DType::Q4_K) return kkernel_o<T, KOrder::kGemm8x8>(c, n0, n1);
       break;
   }
-  kkernel_o<T, KOrder::kVec>(c, n0, n1);  // (kquant_order gives the 8x8 orders to Q4_K / Q2_K only)
+  kkernel_o<T, KOrder::kVec>(c, n0, n1);  // (kquant_order gives the 8x8 orders to Q4_K only)
 }
 
 // ---------------------------------------------------------------- float kernels

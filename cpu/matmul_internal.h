@@ -122,25 +122,24 @@ inline size_t packed_scale_offset(DType t, int64_t K, int64_t q, int64_t j) {
 enum class KOrder : uint8_t {
   kVec = 0,      // ggml_vec_dot_q{2,3,4,5,6}_K_q8_K: a one-row batch (decode)
   kTiled = 1,    // ggml-cpu/tiled (batches of 8+ rows)
-  kGemv8x8 = 2,  // repacked q{2,4}_K_8x8, ggml_gemv_q{2,4}_K_8x8_q8_K (one row): Q4_K, Q2_K
-  kGemm8x8 = 3,  // repacked q{2,4}_K_8x8, ggml_gemm_q{2,4}_K_8x8_q8_K (groups of 4 rows): Q4_K, Q2_K
+  kGemv8x8 = 2,  // repacked q4_K_8x8, ggml_gemv_q4_K_8x8_q8_K (one row): Q4_K
+  kGemm8x8 = 3,  // repacked q4_K_8x8, ggml_gemm_q4_K_8x8_q8_K (groups of 4 rows): Q4_K
 };
 // llama.cpp (x86, AVX2 or AVX-512) repacks a Q4_K weight whose row count is
 // a multiple of 8 into q4_K_8x8 and runs every batch of it through the 8x8
-// GEMV / GEMM; a build for AVX-512 (ggml_cpu_has_avx512: what a native build
-// on an AVX-512 CPU is) does the same with Q2_K (q2_K_8x8). The other K-quant
-// weights (and Q4_K / Q2_K with other row counts) take ggml_vec_dot for
-// batches of fewer than 8 rows and the "tiled" kernels for 8 or more. Ember
+// GEMV / GEMM; the other K-quant weights (and Q4_K with other row counts)
+// take ggml_vec_dot for batches of fewer than 8 rows and the "tiled" kernels
+// for 8 or more. (A llama.cpp build for AVX-512, ggml_cpu_has_avx512, also
+// repacks Q2_K into q2_K_8x8; Ember follows the AVX2 build, the reference
+// whose attention it matches bit for bit. Commit 6c66e56 had Q2_K's 8x8
+// orders, verified against an AVX-512 build, if they are ever wanted.) Ember
 // computes decode rows (generated tokens fed back, one per sequence:
 // llama.cpp's one-row batches) in the one-row order and every other row in
 // the batched order, whatever the batch: a row's result never depends on what
-// it is batched with. Q2_K follows the llama.cpp this CPU would run (AVX-512F
-// or not), whatever Ember variant computes it.
-bool llama_repacks_q2_k();  // (matmul.cpp: the CPU has AVX-512F)
+// it is batched with.
 namespace {
 inline KOrder kquant_order(DType t, int64_t rows, bool decode) {
-  if ((t == DType::Q4_K || (t == DType::Q2_K && llama_repacks_q2_k())) && rows % 8 == 0)
-    return decode ? KOrder::kGemv8x8 : KOrder::kGemm8x8;
+  if (t == DType::Q4_K && rows % 8 == 0) return decode ? KOrder::kGemv8x8 : KOrder::kGemm8x8;
   return decode ? KOrder::kVec : KOrder::kTiled;
 }
 }  // namespace
@@ -460,9 +459,6 @@ inline constexpr size_t kquant_block_bytes(DType t) {
          : t == DType::Q5_K ? sizeof(BlockQ5_K)
                             : sizeof(BlockQ6_K);
 }
-// Steps per super-block of llama.cpp's 8x8 GEMM: Q4_K one per 64 elements,
-// Q2_K one per 128.
-inline constexpr int kquant_gemm_steps(DType t) { return t == DType::Q2_K ? 2 : 4; }
 
 // Whether llama.cpp's AVX2 ggml_vec_dot_q5_K_q8_K's `summs += dmin * isum`
 // is a fused multiply-add: GCC contracts it (-ffp-contract=fast, the GNU C
@@ -492,13 +488,12 @@ inline constexpr bool kQ5KSummsFused = true;
 //  kTiled (ggml-cpu/tiled, its AVX2 and AVX-512 VNNI microtiles alike, as
 //   GCC contracts them): per super-block r = float(sum gs) * dw, Q2_K/Q4_K/Q5_K
 //   r = fma(-dmw, float(sum mg), r); acc = fma(r, dx, acc); result = acc.
-//  kGemv8x8 (ggml_gemv_q{2,4}_K_8x8_q8_K): per super-block
+//  kGemv8x8 (ggml_gemv_q4_K_8x8_q8_K): per super-block
 //   acc = fma(float(sum gs), dw*dx, acc), accm = fma(float(sum mg), dmw*dx, accm);
 //   result = acc - accm.
-//  kGemm8x8 (ggml_gemm_q{2,4}_K_8x8_q8_K, its AVX2 and AVX-512 paths alike): as
-//   kGemv8x8 but one step per kquant_gemm_steps part of the super-block
-//   (Q4_K: pairs of groups, gs[2p] + gs[2p+1], mg[2p] + mg[2p+1], p = 0..3;
-//   Q2_K: halves of 128 elements, groups 4p..4p+3, p = 0..1).
+//  kGemm8x8 (ggml_gemm_q4_K_8x8_q8_K, its AVX2 and AVX-512 paths alike): as
+//   kGemv8x8 but one step per pair of groups (64 elements): gs[2p] + gs[2p+1],
+//   mg[2p] + mg[2p+1], p = 0..3.
 template <DType T>
 inline float kquant_dot_reference(const uint8_t* wrow, const Q8KBlock* a, int64_t nbk, KOrder order = KOrder::kVec) {
   float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -565,7 +560,7 @@ inline float kquant_dot_reference(const uint8_t* wrow, const Q8KBlock* a, int64_
       case KOrder::kGemv8x8:
       case KOrder::kGemm8x8: {
         const float sd = dw * y.d, sm = dmw * y.d;
-        const int steps = order == KOrder::kGemv8x8 ? 1 : kquant_gemm_steps(T), per = 8 / steps;
+        const int steps = order == KOrder::kGemv8x8 ? 1 : 4, per = 8 / steps;
         for (int p = 0; p < steps; ++p) {
           int is = 0, im = 0;
           for (int g = per * p; g < per * (p + 1); ++g) is += gs[g], im += mg[g];

@@ -13,10 +13,11 @@
 // (EMBER_CPU_ISA=avx2 gives llama.cpp's): their differences are printed, not
 // counted. K-quant weights are also checked in llama.cpp's batched paths:
 // decode rows (cpu::RowKind::kDecode) of a Q4_K weight with N % 8 == 0
-// (and of a Q2_K one where the library is an AVX-512 build) against its
-// q{4,2}_K_8x8 GEMV, prompt rows against its GEMM (16 rows, the activations
-// through ggml_quantize_mat_q8_K_4x8), and prompt rows of the other K-quant
-// weights against its tiled kernels (a ggml graph, 16 rows).
+// against its q4_K_8x8 GEMV, prompt rows against its GEMM (16 rows, the
+// activations through ggml_quantize_mat_q8_K_4x8), and prompt rows of the
+// other K-quant weights against its tiled kernels (a ggml graph, 16 rows;
+// Q2_K included: the graph's weight is not in a repack buffer, so an AVX-512
+// build, which would repack Q2_K into q2_K_8x8, takes its tiled kernels too).
 //
 //   ggml_dot_check [--gguf MODEL.gguf] [path/to/libggml-cpu.so]
 //   (default: $EMBER_GGML_CPU_LIB, else the reference venv's copy)
@@ -112,14 +113,6 @@ bool is_kquant(DType t) {
   return t == DType::Q2_K || t == DType::Q3_K || t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K;
 }
 bool llama_order(cpu::Isa isa, DType t) { return isa != cpu::Isa::kAvx512Vnni || is_kquant(t); }
-// Whether Ember takes Q2_K's 8x8 orders here (cpu/matmul_internal.h
-// kquant_order: what a native llama.cpp build on this CPU does).
-bool ember_q2k_8x8() { return cpu::cpu_features().avx512f && cpu::cpu_features().os_avx512; }
-// Whether llama.cpp repacks a weight of N rows into its 8x8 layout (Q4_K;
-// Q2_K in a build for AVX-512, ggml_cpu_has_avx512).
-bool repacked_8x8(DType t, int64_t N, bool q2k_repack) {
-  return N % 8 == 0 && (t == DType::Q4_K || (t == DType::Q2_K && q2k_repack));
-}
 const char* order_note(cpu::Isa isa, DType t) {
   return llama_order(isa, t) ? "" : " [another summation order: not counted]";
 }
@@ -138,17 +131,10 @@ struct ggml_init_params {
   void* mem_buffer;
   bool no_alloc;
 };
-struct BlockQ2Kx8 {
-  uint16_t d[8], dmin[8];
-  uint8_t scales[128];
-  uint8_t qs[512];
-};
 struct LlamaBatched {
   using gemx_t = void (*)(int n, float* s, size_t bs, const void* vx, const void* vy, int nr, int nc);
   using qmat_t = void (*)(const float* x, void* vy, int64_t k);
   gemx_t gemv = nullptr, gemm = nullptr;
-  gemx_t gemv_q2k = nullptr, gemm_q2k = nullptr;
-  bool q2k_repack = false;  // ggml_cpu_has_avx512(): llama.cpp repacks Q2_K
   qmat_t quantize_mat = nullptr;  // 4 rows -> block_q8_Kx4
   ggml_from_float_t q8k = nullptr;
   void* (*init)(ggml_init_params) = nullptr;
@@ -201,56 +187,27 @@ std::vector<BlockQ4Kx8> repack_q4k_8x8(const uint8_t* w, int64_t N, int64_t K) {
   return out;
 }
 
-// make_block_q2_Kx8 (interleave 8).
-std::vector<BlockQ2Kx8> repack_q2k_8x8(const uint8_t* w, int64_t N, int64_t K) {
-  const int64_t nb = K / 256;
-  std::vector<BlockQ2Kx8> out(static_cast<size_t>(N / 8 * nb));
-  for (int64_t g = 0; g < N / 8; ++g)
-    for (int64_t b = 0; b < nb; ++b) {
-      BlockQ2_K in[8];
-      for (int i = 0; i < 8; ++i)
-        std::memcpy(&in[i], w + static_cast<size_t>(g * 8 + i) * row_bytes(DType::Q2_K, K) + b * sizeof(BlockQ2_K),
-                    sizeof(BlockQ2_K));
-      BlockQ2Kx8& o = out[static_cast<size_t>(g * nb + b)];
-      for (int i = 0; i < 8; ++i) o.d[i] = in[i].d, o.dmin[i] = in[i].dmin;
-      for (int i = 0; i < 64; ++i) std::memcpy(o.qs + 8 * i, in[i % 8].qs + (i / 8) * 8, 8);
-      for (int i = 0; i < 128; ++i) o.scales[i] = in[(i % 16) / 2].scales[(i / 16) * 2 + i % 2];
-    }
-  return out;
-}
-
 // y[M][N] as llama.cpp computes a weight that takes its batched path
 // (decode: the one-row kernels), or an empty vector when it cannot.
 std::vector<float> llama_batched(const LlamaBatched& L, DType t, const uint8_t* w, int64_t N, int64_t K,
                                  const std::vector<float>& x, int64_t M, bool decode) {
   std::vector<float> y(static_cast<size_t>(M * N));
-  if (repacked_8x8(t, N, L.q2k_repack)) {
-    if (t == DType::Q2_K && !(L.gemv_q2k && L.gemm_q2k)) return {};
-    std::vector<BlockQ4Kx8> p4;
-    std::vector<BlockQ2Kx8> p2;
-    const void* packed = nullptr;
-    if (t == DType::Q4_K) {
-      p4 = repack_q4k_8x8(w, N, K);
-      packed = p4.data();
-    } else {
-      p2 = repack_q2k_8x8(w, N, K);
-      packed = p2.data();
-    }
-    const LlamaBatched::gemx_t gemv = t == DType::Q4_K ? L.gemv : L.gemv_q2k;
-    const LlamaBatched::gemx_t gemm = t == DType::Q4_K ? L.gemm : L.gemm_q2k;
+  if (t == DType::Q4_K && N % 8 == 0) {
+    const auto packed = repack_q4k_8x8(w, N, K);
     const size_t q8k_bytes = static_cast<size_t>(K / 256) * 292;
     if (decode) {
       std::vector<uint8_t> a(q8k_bytes);
       for (int64_t m = 0; m < M; ++m) {
         L.q8k(x.data() + m * K, a.data(), K);
-        gemv(static_cast<int>(K), y.data() + m * N, static_cast<size_t>(N), packed, a.data(), 1, static_cast<int>(N));
+        L.gemv(static_cast<int>(K), y.data() + m * N, static_cast<size_t>(N), packed.data(), a.data(), 1,
+               static_cast<int>(N));
       }
     } else {
       if (M % 4 != 0) return {};
       std::vector<uint8_t> a(q8k_bytes * static_cast<size_t>(M));
       for (int64_t m = 0; m < M; m += 4) L.quantize_mat(x.data() + m * K, a.data() + q8k_bytes * m, K);
-      gemm(static_cast<int>(K), y.data(), static_cast<size_t>(N), packed, a.data(), static_cast<int>(M),
-           static_cast<int>(N));
+      L.gemm(static_cast<int>(K), y.data(), static_cast<size_t>(N), packed.data(), a.data(), static_cast<int>(M),
+             static_cast<int>(N));
     }
     return y;
   }
@@ -274,12 +231,6 @@ std::vector<float> llama_batched(const LlamaBatched& L, DType t, const uint8_t* 
 int check_batched(const LlamaBatched& L, const char* what, DType t, const uint8_t* w, int64_t N, int64_t K,
                   uint32_t seed) {
   if (!L.ok() || !is_kquant(t)) return 0;
-  if (t == DType::Q2_K && N % 8 == 0 && L.q2k_repack != ember_q2k_8x8()) {
-    std::printf("%-28s %-5s %lld x %lld: batched rows not compared (this library %s Q2_K, Ember here %s)\n", what,
-                type_name(static_cast<uint32_t>(t)), static_cast<long long>(N), static_cast<long long>(K),
-                L.q2k_repack ? "repacks" : "does not repack", ember_q2k_8x8() ? "does" : "does not");
-    return 0;
-  }
   const int64_t M = 16;
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.f, 1.f);
@@ -289,9 +240,7 @@ int check_batched(const LlamaBatched& L, const char* what, DType t, const uint8_
   for (const bool decode : {false, true}) {
     const auto yg = llama_batched(L, t, w, N, K, x, M, decode);
     if (yg.empty()) continue;
-    const bool r8 = repacked_8x8(t, N, L.q2k_repack);
-    const std::string path = r8 ? std::string(t == DType::Q4_K ? "q4_K_8x8 " : "q2_K_8x8 ") + (decode ? "gemv" : "gemm")
-                                : std::string("tiled");
+    const char* path = t == DType::Q4_K && N % 8 == 0 ? (decode ? "q4_K_8x8 gemv" : "q4_K_8x8 gemm") : "tiled";
     for (cpu::Isa isa : {cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512Vnni}) {
       if (!cpu::isa_supported(isa)) continue;
       cpu::force_isa(isa);
@@ -303,7 +252,7 @@ int check_batched(const LlamaBatched& L, const char* what, DType t, const uint8_
       for (size_t i = 0; i < ye.size(); ++i) bad += std::memcmp(&ye[i], &yg[i], 4) != 0;
       std::printf("%-28s %-5s %lld x %lld, %s rows vs llama.cpp's %s, %-12s %4d of %zu outputs differ\n", what,
                   type_name(static_cast<uint32_t>(t)), static_cast<long long>(N), static_cast<long long>(K),
-                  decode ? "decode" : "prompt", path.c_str(), cpu::isa_to_string(isa), bad, ye.size());
+                  decode ? "decode" : "prompt", path, cpu::isa_to_string(isa), bad, ye.size());
       total += bad;
     }
     cpu::reset_isa();
@@ -345,11 +294,6 @@ int main(int argc, char** argv) {
     sym(lb.gemv, "ggml_gemv_q4_K_8x8_q8_K");
     sym(lb.gemm, "ggml_gemm_q4_K_8x8_q8_K");
     sym(lb.quantize_mat, "ggml_quantize_mat_q8_K_4x8");
-    sym(lb.gemv_q2k, "ggml_gemv_q2_K_8x8_q8_K");
-    sym(lb.gemm_q2k, "ggml_gemm_q2_K_8x8_q8_K");
-    int (*has_avx512)() = nullptr;
-    sym(has_avx512, "ggml_cpu_has_avx512");
-    lb.q2k_repack = has_avx512 && has_avx512();
     sym(lb.init, "ggml_init");
     sym(lb.free, "ggml_free");
     sym(lb.new_tensor_2d, "ggml_new_tensor_2d");
@@ -397,8 +341,8 @@ int main(int argc, char** argv) {
                       cpu::RowKind::kDecode);
           cpu::dequantize_rows({t.type, N, K, w}, 0, N, de.data());
           int bad = 0, badd = 0;
-          // (decode rows of a repacked Q4_K / Q2_K weight take the 8x8 GEMV, checked below)
-          const bool vec = !repacked_8x8(t.type, N, ember_q2k_8x8());
+          // (decode rows of a repacked Q4_K weight take the q4_K_8x8 GEMV, checked below)
+          const bool vec = !(t.type == DType::Q4_K && N % 8 == 0);
           for (size_t i = 0; vec && i < ye.size(); ++i) bad += std::memcmp(&ye[i], &yg[i], 4) != 0;
           for (size_t i = 0; i < de.size(); ++i) badd += std::memcmp(&de[i], &dg[i], 4) != 0;
           if (bad || badd)
@@ -485,7 +429,7 @@ int main(int argc, char** argv) {
         if (llama_order(isa, t)) total_bad += bad;
       }
       cpu::reset_isa();
-      // The batched paths: N = 64 (Q4_K, Q2_K on AVX-512 repacked: GEMV / GEMM) and N = 67 (tiled).
+      // The batched paths: N = 64 (Q4_K repacked: GEMV / GEMM) and N = 67 (tiled).
       if (kq) {
         const auto w64 = make_weight(t, 64, K, static_cast<uint32_t>(K + 5 * static_cast<int>(t)));
         total_bad += check_batched(lb, "random", t, w64.data(), 64, K, static_cast<uint32_t>(K + 1));

@@ -202,8 +202,7 @@ class KQuantMatmulTest : public testing::TestWithParam<Param> {
 };
 
 // Both row kinds (K-quants: llama.cpp's one-row and batched orders), and for
-// N = 16 Q4_K's q4_K_8x8 GEMV / GEMM orders, also Q2_K's q2_K_8x8 ones on an
-// AVX-512 CPU (N = 13: their vec_dot / tiled).
+// N = 16 Q4_K's q4_K_8x8 GEMV / GEMM orders (N = 13: its vec_dot / tiled).
 TEST_P(KQuantMatmulTest, DecodeIsBitIdenticalToTheReferenceOrder) {
   set_decode_max_m(std::numeric_limits<int64_t>::max());
   const DType t = type();
@@ -310,16 +309,14 @@ TEST(KQuantMatmul, SupportedTypes) {
   EXPECT_FALSE(matmul_supports(DType::Q8_K));
 }
 
-// Which of llama.cpp's orders each K-quant's rows take (its x86 backend:
-// repacked 8x8 kernels for Q4_K, and Q2_K on AVX-512 builds, with N % 8 == 0;
-// else vec_dot for one-row batches and the tiled kernels for 8+ rows).
+// Which of llama.cpp's orders each K-quant's rows take (its x86 AVX2 build:
+// the repacked q4_K_8x8 kernels for Q4_K with N % 8 == 0; else vec_dot for
+// one-row batches and the tiled kernels for 8+ rows).
 TEST(KQuantMatmul, Orders) {
   using detail::KOrder;
-  const bool q2k_8x8 = cpu_features().avx512f && cpu_features().os_avx512;
-  EXPECT_EQ(detail::llama_repacks_q2_k(), q2k_8x8);
   for (DType t : {DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
     SCOPED_TRACE(tname(t));
-    const bool repacked = t == DType::Q4_K || (t == DType::Q2_K && q2k_8x8);
+    const bool repacked = t == DType::Q4_K;
     EXPECT_EQ(detail::kquant_order(t, 16, true), repacked ? KOrder::kGemv8x8 : KOrder::kVec);
     EXPECT_EQ(detail::kquant_order(t, 16, false), repacked ? KOrder::kGemm8x8 : KOrder::kTiled);
     EXPECT_EQ(detail::kquant_order(t, 13, true), KOrder::kVec);
