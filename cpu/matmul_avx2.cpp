@@ -306,10 +306,10 @@ void qkernel(const DecodeCtx& c, int64_t n0, int64_t n1) {
 
 template <DType T>
 struct KBlockRegs {
-  __m256i q[8];   // groups of 32 elements
-  __m256i sc[8];  // s16 scale per element pair, per group
-  __m256i sc16;   // Q6_K: the 16 scales as s16 (for the -32 offset term)
-  __m128i mins;   // Q4_K / Q5_K: the 8 mins as s16
+  __m256i q[8];    // groups of 32 elements
+  __m256i sc[8];   // s16 scale per element pair, per group
+  __m256i sc16;    // Q6_K: the 16 scales as s16 (for the -32 offset term)
+  __m128i mins;    // Q4_K / Q5_K: the 8 mins as s16
   __m256i mins16;  // Q2_K: the 16 mins as s16
   float d, dmin;
 };

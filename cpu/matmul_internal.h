@@ -398,7 +398,8 @@ inline void kquant_unpack(const uint8_t* blk, KUnpacked<T>& u) {
     u.d = h2f(b.d);
     u.dmin = h2f(b.dmin);
     for (int i = 0; i < 16; ++i) u.sc[i] = b.scales[i] & 0xF, u.mn[i] = b.scales[i] >> 4;
-    for (int e = 0; e < kQK_K; ++e) u.q[e] = static_cast<uint8_t>((b.qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3);
+    for (int e = 0; e < kQK_K; ++e)
+      u.q[e] = static_cast<uint8_t>((b.qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3);
   } else if constexpr (T == DType::Q3_K) {
     BlockQ3_K b;
     __builtin_memcpy(&b, blk, sizeof(b));

@@ -77,12 +77,13 @@ struct Options {
 
 [[noreturn]] void usage(const char* msg) {
   if (msg) std::fprintf(stderr, "make_synthetic_model: %s\n\n", msg);
-  std::fprintf(stderr,
-               "usage: make_synthetic_model --out PATH [--preset llama3-8b|smollm2-135m|tiny]\n"
-               "         [--layers N] [--embd N] [--ff N] [--heads N] [--kv-heads N] [--vocab N] [--ctx N]\n"
-               "         [--type q4_0|q4_1|q5_0|q5_1|q8_0|q2_k|q3_k|q4_k|q5_k|q6_k|q4_k_m|f16|bf16|f32] [--rope-base F]\n"
-               "         [--tied|--untied] [--seed N] [--arch llama|llama3|qwen2|gemma3|mistral] [--window N]\n"
-               "         [--verify] [--verify-device cuda[:N]] [--tolerance F]\n");
+  std::fprintf(
+      stderr,
+      "usage: make_synthetic_model --out PATH [--preset llama3-8b|smollm2-135m|tiny]\n"
+      "         [--layers N] [--embd N] [--ff N] [--heads N] [--kv-heads N] [--vocab N] [--ctx N]\n"
+      "         [--type q4_0|q4_1|q5_0|q5_1|q8_0|q2_k|q3_k|q4_k|q5_k|q6_k|q4_k_m|f16|bf16|f32] [--rope-base F]\n"
+      "         [--tied|--untied] [--seed N] [--arch llama|llama3|qwen2|gemma3|mistral] [--window N]\n"
+      "         [--verify] [--verify-device cuda[:N]] [--tolerance F]\n");
   std::exit(2);
 }
 

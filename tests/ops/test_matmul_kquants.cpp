@@ -38,7 +38,7 @@ namespace {
 constexpr double kBf16Ulp = 0x1p-7;
 
 constexpr DType kNewTypes[] = {DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
-                                DType::Q4_K, DType::Q5_K, DType::Q6_K};
+                               DType::Q4_K, DType::Q5_K, DType::Q6_K};
 constexpr Isa kAllIsas[] = {Isa::kScalar, Isa::kAvx2, Isa::kAvx512Vnni};
 
 struct Guard {

@@ -42,7 +42,7 @@ const Row kRows[] = {
     {DType::Q4_1, "q4_1", 32, 20, true},    {DType::Q5_0, "q5_0", 32, 22, true},
     {DType::Q5_1, "q5_1", 32, 24, true},    {DType::Q8_0, "q8_0", 32, 34, true},
     {DType::Q8_1, "q8_1", 32, 36, false},   {DType::Q2_K, "q2_K", 256, 84, true},
-    {DType::Q3_K, "q3_K", 256, 110, true}, {DType::Q4_K, "q4_K", 256, 144, true},
+    {DType::Q3_K, "q3_K", 256, 110, true},  {DType::Q4_K, "q4_K", 256, 144, true},
     {DType::Q5_K, "q5_K", 256, 176, true},  {DType::Q6_K, "q6_K", 256, 210, true},
     {DType::Q8_K, "q8_K", 256, 292, false}, {DType::I8, "i8", 1, 1, false},
     {DType::I16, "i16", 1, 2, false},       {DType::I32, "i32", 1, 4, false},
