@@ -1,7 +1,8 @@
 // CPU matmul for linear layers: y[M, N] = x[M, K] · W[N, K]^T.
 //
 // W is a GGUF weight (N rows of K elements, row-major, in its on-disk block
-// format: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16 or F32);
+// format: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F16, BF16
+// or F32);
 // x and y are f32 row-major.
 //
 // Two paths, chosen by M:
@@ -84,7 +85,7 @@ enum class MatmulPath : int {
                       // for M = 1, whatever M is (batch-invariant results)
 };
 
-// What the rows of a call are, for K-quant weights (Q4_K / Q5_K / Q6_K),
+// What the rows of a call are, for K-quant weights (Q2_K ... Q6_K),
 // which Ember's kernels sum in the order llama.cpp's x86 CPU backend uses for
 // such rows (detail::kquant_order; the other types have one order):
 //  * kPrompt: prompt / scored rows, llama.cpp's batched kernels (Q4_K with

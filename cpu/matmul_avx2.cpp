@@ -297,27 +297,68 @@ void qkernel(const DecodeCtx& c, int64_t n0, int64_t n1) {
 
 // ---------------------------------------------------------------- K-quant kernels
 //
-// Q4_K / Q5_K / Q6_K against Q8_K activations, in the order of
+// Q2_K ... Q6_K against Q8_K activations, in the order of
 // kquant_dot_reference for the call's DecodeCtx::korder (llama.cpp's
-// ggml_vec_dot_q{4,5,6}_K_q8_K, its tiled kernels, its q4_K_8x8 GEMV / GEMM):
+// ggml_vec_dot_q{2,...,6}_K_q8_K, its tiled kernels, its q4_K_8x8 GEMV / GEMM):
 // bit-identical to the scalar variant. A super-block is unpacked once per
 // group of up to 4 activation rows into 8 registers of 32 unsigned values
-// (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63; maddubs pairs <= 2*63*127, no
-// saturation) plus per-group s16 scale vectors.
+// (Q2_K 0..3, Q3_K 0..7 (biased by 4), Q4_K 0..15, Q5_K 0..31, Q6_K 0..63;
+// maddubs pairs <= 2*63*127, no saturation) plus per-group s16 scale vectors.
 
 template <DType T>
 struct KBlockRegs {
-  __m256i q[8];   // groups of 32 elements
-  __m256i sc[8];  // s16 scale per element pair, per group
-  __m256i sc16;   // Q6_K: the 16 scales as s16 (for the -32 offset term)
-  __m128i mins;   // Q4_K / Q5_K: the 8 mins as s16
+  __m256i q[8];    // groups of 32 elements
+  __m256i sc[8];   // s16 scale per element pair, per group
+  __m256i sc16;    // Q6_K: the 16 scales as s16 (for the -32 offset term)
+  __m128i mins;    // Q4_K / Q5_K: the 8 mins as s16
+  __m256i mins16;  // Q2_K: the 16 mins as s16
   float d, dmin;
 };
+
+// Per-group s16 scales of sub-blocks of 16: the low 128 bits sub-block 2g,
+// the high 2g+1.
+inline void sub16_scales(const int* sc, __m256i* out) {
+  for (int g = 0; g < 8; ++g)
+    out[g] = _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(sc[2 * g + 1])),
+                              _mm_set1_epi16(static_cast<int16_t>(sc[2 * g])));
+}
 
 template <DType T>
 inline void kblock_load(const uint8_t* blk, KBlockRegs<T>& r) {
   const __m256i m4 = _mm256_set1_epi8(0x0F);
-  if constexpr (T == DType::Q6_K) {
+  if constexpr (T == DType::Q2_K || T == DType::Q3_K) {
+    const __m256i m3 = _mm256_set1_epi8(3);
+    const uint8_t* qs = blk + (T == DType::Q2_K ? offsetof(BlockQ2_K, qs) : offsetof(BlockQ3_K, qs));
+    __m256i hb = _mm256_setzero_si256();
+    if constexpr (T == DType::Q3_K) hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk));  // hmask
+    const __m256i one = _mm256_set1_epi8(1);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * h));
+      for (int j = 0; j < 4; ++j) {
+        __m256i q = _mm256_and_si256(_mm256_srl_epi16(bits, _mm_cvtsi32_si128(2 * j)), m3);
+        if constexpr (T == DType::Q3_K) {
+          const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(4 * h + j)), one);
+          q = _mm256_or_si256(q, _mm256_slli_epi16(hi, 2));
+        }
+        r.q[4 * h + j] = q;
+      }
+    }
+    int sc[16];
+    if constexpr (T == DType::Q2_K) {
+      const auto* b = reinterpret_cast<const BlockQ2_K*>(blk);
+      r.d = h2f(load_u16(blk + offsetof(BlockQ2_K, d)));
+      r.dmin = h2f(load_u16(blk + offsetof(BlockQ2_K, dmin)));
+      const __m128i ms = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales));
+      r.mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(ms, 4), _mm_set1_epi8(0x0F)));
+      for (int i = 0; i < 16; ++i) sc[i] = b->scales[i] & 0xF;
+    } else {
+      const auto* b = reinterpret_cast<const BlockQ3_K*>(blk);
+      r.d = h2f(load_u16(blk + offsetof(BlockQ3_K, d)));
+      q3k_scales(b->scales, sc);
+      for (int i = 0; i < 16; ++i) sc[i] -= 32;
+    }
+    sub16_scales(sc, r.sc);
+  } else if constexpr (T == DType::Q6_K) {
     const auto* b = reinterpret_cast<const BlockQ6_K*>(blk);
     r.d = h2f(load_u16(blk + offsetof(BlockQ6_K, d)));
     const __m256i m3 = _mm256_set1_epi8(3);
@@ -389,18 +430,23 @@ inline __m128i hsum4_epi32(__m256i a, __m256i b, __m256i c, __m256i d) {
 
 // The float steps of kquant_dot_reference after a super-block's exact
 // integer parts, for one weight row and one activation row, in order O.
-// sumi: the 8 kVec lanes (Q6_K offset applied); pairs: for kGemm8x8 the
-// totals of the four pairs of groups; mins: madd(mins, q8s), the four
-// pairs' min terms (Q4_K / Q5_K).
+// sumi: the 8 kVec lanes (Q6_K / Q3_K offsets applied); pairs: for kGemm8x8
+// the totals of the four pairs of groups; mins: madd(mins, q8s), the four
+// pairs' min terms (Q4_K / Q5_K), or madd(mins16, bsums), the eight groups'
+// (Q2_K).
 template <DType T, KOrder O>
 struct KAcc {
   __m256 lanes = _mm256_setzero_ps();
   __m128 accm = _mm_setzero_ps();
   float summs = 0.f, acc = 0.f, acc_min = 0.f;
 
-  inline void add(float dx, float dw, float dmw, __m256i sumi, __m128i pairs, __m128i mins) {
-    if constexpr (O == KOrder::kVec) {
-      if constexpr (T != DType::Q6_K) {
+  // (Q2_K: mins is madd(mins16, bsums), 8 lanes, lane g the min term of group g.)
+  template <typename Mins>
+  inline void add(float dx, float dw, float dmw, __m256i sumi, __m128i pairs, Mins mins) {
+    if constexpr (T == DType::Q2_K) {
+      add_q2k(dx, dw, dmw, sumi, mins);
+    } else if constexpr (O == KOrder::kVec) {
+      if constexpr (T == DType::Q4_K || T == DType::Q5_K) {
         const float dmin = -dx * dmw;
         if constexpr (T == DType::Q4_K) {
           accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins), accm);
@@ -412,7 +458,8 @@ struct KAcc {
       lanes = _mm256_fmadd_ps(_mm256_set1_ps(dx * dw), _mm256_cvtepi32_ps(sumi), lanes);
     } else if constexpr (O == KOrder::kTiled) {
       float r = static_cast<float>(hsum_epi32(sumi)) * dw;
-      if constexpr (T != DType::Q6_K) r = __builtin_fmaf(-dmw, static_cast<float>(hsum_epi32(mins)), r);
+      if constexpr (T == DType::Q4_K || T == DType::Q5_K)
+        r = __builtin_fmaf(-dmw, static_cast<float>(hsum_epi32(mins)), r);
       acc = __builtin_fmaf(r, dx, acc);
     } else if constexpr (O == KOrder::kGemv8x8) {
       acc = __builtin_fmaf(static_cast<float>(hsum_epi32(sumi)), dw * dx, acc);
@@ -426,6 +473,17 @@ struct KAcc {
         acc = __builtin_fmaf(ps[p], sd, acc);
         acc_min = __builtin_fmaf(pm[p], sm, acc_min);
       }
+    }
+  }
+  // Q2_K: vec_dot and tiled only (kquant_order).
+  inline void add_q2k(float dx, float dw, float dmw, __m256i sumi, __m256i mins) {
+    if constexpr (O == KOrder::kVec) {  // the min term first, in the same lanes
+      lanes = _mm256_fmadd_ps(_mm256_set1_ps(-dx * dmw), _mm256_cvtepi32_ps(mins), lanes);
+      lanes = _mm256_fmadd_ps(_mm256_set1_ps(dx * dw), _mm256_cvtepi32_ps(sumi), lanes);
+    } else {
+      float r = static_cast<float>(hsum_epi32(sumi)) * dw;
+      r = __builtin_fmaf(-dmw, static_cast<float>(hsum_epi32(mins)), r);
+      acc = __builtin_fmaf(r, dx, acc);
     }
   }
   inline float result() const {
@@ -467,20 +525,29 @@ inline void ktile(const DecodeCtx& c, int64_t n, int64_t m0) {
       for (int p = 0; p < 4; ++p) {
         const __m256i a0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.qs + 64 * p));
         const __m256i a1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.qs + 64 * p + 32));
-        part[p] = _mm256_add_epi32(_mm256_madd_epi16(r.sc[2 * p], _mm256_maddubs_epi16(r.q[2 * p], a0)),
-                                   _mm256_madd_epi16(r.sc[2 * p + 1], _mm256_maddubs_epi16(r.q[2 * p + 1], a1)));
+        __m256i p0 = _mm256_maddubs_epi16(r.q[2 * p], a0), p1 = _mm256_maddubs_epi16(r.q[2 * p + 1], a1);
+        if constexpr (T == DType::Q3_K) {  // the -4 offset, per s16 lane as llama.cpp subtracts it
+          const __m256i four = _mm256_set1_epi8(4);
+          p0 = _mm256_sub_epi16(p0, _mm256_maddubs_epi16(four, a0));
+          p1 = _mm256_sub_epi16(p1, _mm256_maddubs_epi16(four, a1));
+        }
+        part[p] = _mm256_add_epi32(_mm256_madd_epi16(r.sc[2 * p], p0), _mm256_madd_epi16(r.sc[2 * p + 1], p1));
       }
       __m256i sumi = _mm256_add_epi32(_mm256_add_epi32(part[0], part[1]), _mm256_add_epi32(part[2], part[3]));
       __m128i pairs = _mm_setzero_si128(), mins = _mm_setzero_si128();
       if constexpr (O == KOrder::kGemm8x8) pairs = hsum4_epi32(part[0], part[1], part[2], part[3]);
       const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.bsums));
-      if constexpr (T == DType::Q6_K) {
-        sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(_mm256_madd_epi16(bsums, r.sc16), 5));
+      if constexpr (T == DType::Q2_K) {
+        acc[m].add(y.d, r.d, r.dmin, sumi, pairs, _mm256_madd_epi16(r.mins16, bsums));
       } else {
-        const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
-        mins = _mm_madd_epi16(r.mins, q8s);
+        if constexpr (T == DType::Q6_K) {
+          sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(_mm256_madd_epi16(bsums, r.sc16), 5));
+        } else if constexpr (T != DType::Q3_K) {
+          const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
+          mins = _mm_madd_epi16(r.mins, q8s);
+        }
+        acc[m].add(y.d, r.d, r.dmin, sumi, pairs, mins);
       }
-      acc[m].add(y.d, r.d, r.dmin, sumi, pairs, mins);
     }
   }
   for (int m = 0; m < MT; ++m) c.y[(m0 + m) * c.ldy + n] = acc[m].result();
@@ -664,6 +731,8 @@ DecodeKernel kernel(DType t) {
     case DType::Q8_0: return qkernel<DType::Q8_0>;
     case DType::Q5_0: return qkernel<DType::Q5_0>;
     case DType::Q5_1: return qkernel<DType::Q5_1>;
+    case DType::Q2_K: return kkernel<DType::Q2_K>;
+    case DType::Q3_K: return kkernel<DType::Q3_K>;
     case DType::Q4_K: return kkernel<DType::Q4_K>;
     case DType::Q5_K: return kkernel<DType::Q5_K>;
     case DType::Q6_K: return kkernel<DType::Q6_K>;
@@ -729,13 +798,26 @@ inline void emit_block_i8(__m256i q, __m256 d, __m256 off, Sink& out) {
 // One K-quant super-block: 8 groups of 32 values (r.q, element order),
 // per 8 elements out = q * dsc [- off], the products and the subtraction
 // rounded separately, exactly as the reference dequantizers compute
-// (d*sc)*q - dmin*m and (d*sc)*(q - 32).
+// (d*sc)*q - dmin*m, (d*sc)*(q - 32) and (d*(sc - 32))*(q - 4).
 template <DType T, typename Sink>
 inline void dequant_kblock(const uint8_t* blk, Sink& out) {
   KBlockRegs<T> r;
   kblock_load<T>(blk, r);
-  float dsc[16], off[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  if constexpr (T == DType::Q6_K) {
+  float dsc[16], off[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  if constexpr (T == DType::Q2_K || T == DType::Q3_K) {
+    int sc[16];
+    if constexpr (T == DType::Q2_K) {
+      const auto* b = reinterpret_cast<const BlockQ2_K*>(blk);
+      for (int i = 0; i < 16; ++i) {
+        sc[i] = b->scales[i] & 0xF;
+        off[i] = r.dmin * static_cast<float>(b->scales[i] >> 4);
+      }
+    } else {
+      q3k_scales(reinterpret_cast<const BlockQ3_K*>(blk)->scales, sc);
+      for (int i = 0; i < 16; ++i) sc[i] -= 32;
+    }
+    for (int i = 0; i < 16; ++i) dsc[i] = r.d * static_cast<float>(sc[i]);
+  } else if constexpr (T == DType::Q6_K) {
     const auto* b = reinterpret_cast<const BlockQ6_K*>(blk);
     for (int i = 0; i < 16; ++i) dsc[i] = r.d * static_cast<float>(b->scales[i]);
   } else {
@@ -751,11 +833,15 @@ inline void dequant_kblock(const uint8_t* blk, Sink& out) {
   for (int g = 0; g < 8; ++g) {
     __m256i q = r.q[g];
     if constexpr (T == DType::Q6_K) q = _mm256_sub_epi8(q, _mm256_set1_epi8(32));
+    if constexpr (T == DType::Q3_K) q = _mm256_sub_epi8(q, _mm256_set1_epi8(4));
     const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
     const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
     for (int i = 0; i < 4; ++i) {
       const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[i]));
-      if constexpr (T == DType::Q6_K) {
+      if constexpr (T == DType::Q2_K) {
+        const int s = 2 * g + i / 2;
+        out.put8(_mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(dsc[s]), v), _mm256_set1_ps(off[s])));
+      } else if constexpr (T == DType::Q6_K || T == DType::Q3_K) {
         out.put8(_mm256_mul_ps(_mm256_set1_ps(dsc[2 * g + i / 2]), v));
       } else {
         out.put8(_mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(dsc[g]), v), _mm256_set1_ps(off[g])));
@@ -767,6 +853,12 @@ inline void dequant_kblock(const uint8_t* blk, Sink& out) {
 template <typename Sink>
 void dequant_any(DType type, const uint8_t* p, int64_t n, Sink& out) {
   switch (type) {
+    case DType::Q2_K:
+      for (int64_t b = 0; b < n / kQK_K; ++b, p += sizeof(BlockQ2_K)) dequant_kblock<DType::Q2_K>(p, out);
+      break;
+    case DType::Q3_K:
+      for (int64_t b = 0; b < n / kQK_K; ++b, p += sizeof(BlockQ3_K)) dequant_kblock<DType::Q3_K>(p, out);
+      break;
     case DType::Q4_K:
       for (int64_t b = 0; b < n / kQK_K; ++b, p += sizeof(BlockQ4_K)) dequant_kblock<DType::Q4_K>(p, out);
       break;

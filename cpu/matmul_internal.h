@@ -55,7 +55,12 @@ inline bool is_quant(DType t) {
   return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0 || t == DType::Q5_0 || t == DType::Q5_1;
 }
 // K-quants (super-blocks of 256; activations quantized to Q8_K, see below).
-inline bool is_kquant(DType t) { return t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K; }
+inline bool is_kquant(DType t) {
+  return t == DType::Q2_K || t == DType::Q3_K || t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K;
+}
+// K-quants the AVX-512 variant has kernels for (Q2_K / Q3_K run the AVX2
+// variant's kernels on AVX-512 CPUs: the same results).
+inline bool has_avx512_kquant_kernels(DType t) { return t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K; }
 // Types with Q8_1-style activations (the sum term s rounded to fp16).
 inline bool uses_q8_1(DType t) { return t == DType::Q4_1 || t == DType::Q5_1; }
 // Types the AVX-512 variant computes itself.
@@ -71,6 +76,8 @@ inline size_t weight_row_bytes(DType t, int64_t K) {
     case DType::Q8_0: return static_cast<size_t>(K / kQK) * sizeof(BlockQ8_0);
     case DType::Q5_0: return static_cast<size_t>(K / kQK) * sizeof(BlockQ5_0);
     case DType::Q5_1: return static_cast<size_t>(K / kQK) * sizeof(BlockQ5_1);
+    case DType::Q2_K: return static_cast<size_t>(K / kQK_K) * sizeof(BlockQ2_K);
+    case DType::Q3_K: return static_cast<size_t>(K / kQK_K) * sizeof(BlockQ3_K);
     case DType::Q4_K: return static_cast<size_t>(K / kQK_K) * sizeof(BlockQ4_K);
     case DType::Q5_K: return static_cast<size_t>(K / kQK_K) * sizeof(BlockQ5_K);
     case DType::Q6_K: return static_cast<size_t>(K / kQK_K) * sizeof(BlockQ6_K);
@@ -113,8 +120,8 @@ inline size_t packed_scale_offset(DType t, int64_t K, int64_t q, int64_t j) {
 // The order in which a K-quant dot product is summed: one of the computations
 // llama.cpp's x86 CPU backend runs for a weight (see kquant_dot_reference).
 enum class KOrder : uint8_t {
-  kVec = 0,      // ggml_vec_dot_q{4,5,6}_K_q8_K: a one-row batch (decode), Q5_K/Q6_K
-  kTiled = 1,    // ggml-cpu/tiled (batches of 8+ rows): Q5_K, Q6_K
+  kVec = 0,      // ggml_vec_dot_q{2,3,4,5,6}_K_q8_K: a one-row batch (decode)
+  kTiled = 1,    // ggml-cpu/tiled (batches of 8+ rows)
   kGemv8x8 = 2,  // repacked q4_K_8x8, ggml_gemv_q4_K_8x8_q8_K (one row): Q4_K
   kGemm8x8 = 3,  // repacked q4_K_8x8, ggml_gemm_q4_K_8x8_q8_K (groups of 4 rows): Q4_K
 };
@@ -122,10 +129,14 @@ enum class KOrder : uint8_t {
 // a multiple of 8 into q4_K_8x8 and runs every batch of it through the 8x8
 // GEMV / GEMM; the other K-quant weights (and Q4_K with other row counts)
 // take ggml_vec_dot for batches of fewer than 8 rows and the "tiled" kernels
-// for 8 or more. Ember computes decode rows (generated tokens fed back, one
-// per sequence: llama.cpp's one-row batches) in the one-row order and every
-// other row in the batched order, whatever the batch: a row's result never
-// depends on what it is batched with.
+// for 8 or more. (A llama.cpp build for AVX-512, ggml_cpu_has_avx512, also
+// repacks Q2_K into q2_K_8x8; Ember follows the AVX2 build, the reference
+// whose attention it matches bit for bit. Commit 6c66e56 had Q2_K's 8x8
+// orders, verified against an AVX-512 build, if they are ever wanted.) Ember
+// computes decode rows (generated tokens fed back, one per sequence:
+// llama.cpp's one-row batches) in the one-row order and every other row in
+// the batched order, whatever the batch: a row's result never depends on what
+// it is batched with.
 namespace {
 inline KOrder kquant_order(DType t, int64_t rows, bool decode) {
   if (t == DType::Q4_K && rows % 8 == 0) return decode ? KOrder::kGemv8x8 : KOrder::kGemm8x8;
@@ -365,18 +376,42 @@ inline void quantize_row_q8k(const float* x, int64_t K, Q8KBlock* y) {
 
 // A K-quant super-block unpacked: q[256] unsigned values in element order,
 // per-element scale index groups (Q4_K/Q5_K: sc[8], mn[8] per 32 elements;
-// Q6_K: sc[16] per 16 elements, values biased by +32).
+// Q6_K: sc[16] per 16 elements, values biased by +32; Q3_K: sc[16] signed
+// (stored - 32), values biased by +4; Q2_K: sc[16], mn[16] per 16 elements).
 template <DType T>
 struct KUnpacked {
   uint8_t q[kQK_K];
   int sc[16];
-  int mn[8];
+  int mn[16];
   float d, dmin;
 };
+// Sub-blocks of 16 elements (Q2_K, Q3_K, Q6_K) rather than 32.
+inline constexpr bool kquant_sub16(DType t) { return t == DType::Q2_K || t == DType::Q3_K || t == DType::Q6_K; }
+// The bias of the unpacked values (subtracted through the activation sums).
+inline constexpr int kquant_bias(DType t) { return t == DType::Q6_K ? 32 : t == DType::Q3_K ? 4 : 0; }
 
 template <DType T>
 inline void kquant_unpack(const uint8_t* blk, KUnpacked<T>& u) {
-  if constexpr (T == DType::Q6_K) {
+  if constexpr (T == DType::Q2_K) {
+    BlockQ2_K b;
+    __builtin_memcpy(&b, blk, sizeof(b));
+    u.d = h2f(b.d);
+    u.dmin = h2f(b.dmin);
+    for (int i = 0; i < 16; ++i) u.sc[i] = b.scales[i] & 0xF, u.mn[i] = b.scales[i] >> 4;
+    for (int e = 0; e < kQK_K; ++e)
+      u.q[e] = static_cast<uint8_t>((b.qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3);
+  } else if constexpr (T == DType::Q3_K) {
+    BlockQ3_K b;
+    __builtin_memcpy(&b, blk, sizeof(b));
+    u.d = h2f(b.d);
+    u.dmin = 0.f;
+    q3k_scales(b.scales, u.sc);
+    for (int i = 0; i < 16; ++i) u.sc[i] -= 32;
+    for (int e = 0; e < kQK_K; ++e) {
+      const int h = e / 128, j = (e % 128) / 32, l = e % 32;
+      u.q[e] = static_cast<uint8_t>(((b.qs[32 * h + l] >> (2 * j)) & 3) | (((b.hmask[l] >> (4 * h + j)) & 1) << 2));
+    }
+  } else if constexpr (T == DType::Q6_K) {
     BlockQ6_K b;
     __builtin_memcpy(&b, blk, sizeof(b));
     u.d = h2f(b.d);
@@ -419,7 +454,11 @@ inline void kquant_unpack(const uint8_t* blk, KUnpacked<T>& u) {
 }
 
 inline constexpr size_t kquant_block_bytes(DType t) {
-  return t == DType::Q4_K ? sizeof(BlockQ4_K) : t == DType::Q5_K ? sizeof(BlockQ5_K) : sizeof(BlockQ6_K);
+  return t == DType::Q2_K   ? sizeof(BlockQ2_K)
+         : t == DType::Q3_K ? sizeof(BlockQ3_K)
+         : t == DType::Q4_K ? sizeof(BlockQ4_K)
+         : t == DType::Q5_K ? sizeof(BlockQ5_K)
+                            : sizeof(BlockQ6_K);
 }
 
 // Whether llama.cpp's AVX2 ggml_vec_dot_q5_K_q8_K's `summs += dmin * isum`
@@ -433,20 +472,22 @@ inline constexpr bool kQ5KSummsFused = true;
 // whatever the order: with q the unsigned weight values, a the activations,
 // per group g of 32 elements
 //   gs[g] = sum over its elements of sc * q * a  (sc: the group's scale;
-//           Q6_K: each 16-element half's own scale),
+//           Q2_K / Q3_K / Q6_K: each 16-element half's own scale; Q3_K: q - 4),
 //   Q6_K: minus 32 * (bsums[2g]*sc[2g] + bsums[2g+1]*sc[2g+1]) (the -32 offset);
-//   Q4_K / Q5_K: mg[g] = mn[g] * q8s[g], q8s[g] = bsums[2g] + bsums[2g+1].
+//   Q4_K / Q5_K: mg[g] = mn[g] * q8s[g], q8s[g] = bsums[2g] + bsums[2g+1];
+//   Q2_K: mg[g] = mn[2g] * bsums[2g] + mn[2g+1] * bsums[2g+1].
 // dx: the activation block's d (f32), dw / dmw: the weight's d / dmin (f16).
 // The float steps differ:
-//  kVec (llama.cpp's AVX2 ggml_vec_dot_q{4,5,6}_K_q8_K): 8 s32 lanes, lane k
-//   collecting elements 4k..4k+3 of every group (Q6_K: minus its two
+//  kVec (llama.cpp's AVX2 ggml_vec_dot_q{2,3,4,5,6}_K_q8_K): 8 s32 lanes,
+//   lane k collecting elements 4k..4k+3 of every group (Q6_K: minus its two
 //   16-element halves' offset terms); lane_acc[k] = fma(dx*dw, float(lane_k),
+//   lane_acc[k]), for Q2_K after lane_acc[k] = fma(dmin, float(mg[k]),
 //   lane_acc[k]); the min term (Q4_K): 4 f32 lanes, acc_m[k] = fma(dmin,
 //   float(mg[2k] + mg[2k+1]), acc_m[k]), summed (m0 + m2) + (m1 + m3);
 //   (Q5_K): summs = fma(dmin, float(sum mg), summs); dmin = -(dx * dmw);
 //   result = hsum8_reference(lane_acc) + min term.
 //  kTiled (ggml-cpu/tiled, its AVX2 and AVX-512 VNNI microtiles alike, as
-//   GCC contracts them): per super-block r = float(sum gs) * dw, Q4_K/Q5_K
+//   GCC contracts them): per super-block r = float(sum gs) * dw, Q2_K/Q4_K/Q5_K
 //   r = fma(-dmw, float(sum mg), r); acc = fma(r, dx, acc); result = acc.
 //  kGemv8x8 (ggml_gemv_q4_K_8x8_q8_K): per super-block
 //   acc = fma(float(sum gs), dw*dx, acc), accm = fma(float(sum mg), dmw*dx, accm);
@@ -468,8 +509,10 @@ inline float kquant_dot_reference(const uint8_t* wrow, const Q8KBlock* a, int64_
     for (int g = 0; g < 8; ++g)
       for (int k = 0; k < 8; ++k) {
         int s = 0;
-        for (int e = 32 * g + 4 * k; e < 32 * g + 4 * k + 4; ++e) s += u.q[e] * y.qs[e];
-        const int sc = T == DType::Q6_K ? u.sc[(32 * g + 4 * k) / 16] : u.sc[g];
+        // (Q3_K: the signed values, each lane its own elements' -4 offset)
+        for (int e = 32 * g + 4 * k; e < 32 * g + 4 * k + 4; ++e)
+          s += (T == DType::Q3_K ? u.q[e] - 4 : u.q[e]) * y.qs[e];
+        const int sc = kquant_sub16(T) ? u.sc[(32 * g + 4 * k) / 16] : u.sc[g];
         sumi[k] += sc * s;
         gs[g] += sc * s;
       }
@@ -480,13 +523,18 @@ inline float kquant_dot_reference(const uint8_t* wrow, const Q8KBlock* a, int64_
         sumi[k] -= off;
         gs[k] -= off;  // (group k's offset: the same two 16-element halves)
       }
-    } else {
+    } else if constexpr (T == DType::Q2_K) {
+      for (int g = 0; g < 8; ++g) mg[g] = u.mn[2 * g] * y.bsums[2 * g] + u.mn[2 * g + 1] * y.bsums[2 * g + 1];
+    } else if constexpr (T != DType::Q3_K) {
       for (int g = 0; g < 8; ++g) mg[g] = u.mn[g] * static_cast<int16_t>(y.bsums[2 * g] + y.bsums[2 * g + 1]);
     }
     const float dw = u.d, dmw = u.dmin;
     switch (order) {
       case KOrder::kVec: {
-        if constexpr (T != DType::Q6_K) {
+        if constexpr (T == DType::Q2_K) {  // the min term first, in the same lanes
+          const float dmin = -y.d * dmw;
+          for (int k = 0; k < 8; ++k) lanes[k] = __builtin_fmaf(dmin, static_cast<float>(mg[k]), lanes[k]);
+        } else if constexpr (T == DType::Q4_K || T == DType::Q5_K) {
           const float dmin = -y.d * dmw;
           if constexpr (T == DType::Q4_K) {
             for (int k = 0; k < 4; ++k)
@@ -506,7 +554,7 @@ inline float kquant_dot_reference(const uint8_t* wrow, const Q8KBlock* a, int64_
         int s1 = 0, s2 = 0;
         for (int g = 0; g < 8; ++g) s1 += gs[g], s2 += mg[g];
         float r = static_cast<float>(s1) * dw;
-        if constexpr (T != DType::Q6_K) r = __builtin_fmaf(-dmw, static_cast<float>(s2), r);
+        if constexpr (T != DType::Q6_K && T != DType::Q3_K) r = __builtin_fmaf(-dmw, static_cast<float>(s2), r);
         acc = __builtin_fmaf(r, y.d, acc);
         break;
       }

@@ -94,6 +94,8 @@ DecodeKernel kernel(DType t) {
     case DType::Q8_0: return quant_kernel<DType::Q8_0>;
     case DType::Q5_0: return quant_kernel<DType::Q5_0>;
     case DType::Q5_1: return quant_kernel<DType::Q5_1>;
+    case DType::Q2_K: return kquant_kernel<DType::Q2_K>;
+    case DType::Q3_K: return kquant_kernel<DType::Q3_K>;
     case DType::Q4_K: return kquant_kernel<DType::Q4_K>;
     case DType::Q5_K: return kquant_kernel<DType::Q5_K>;
     case DType::Q6_K: return kquant_kernel<DType::Q6_K>;

@@ -15,7 +15,9 @@
 // decode rows (cpu::RowKind::kDecode) of a Q4_K weight with N % 8 == 0
 // against its q4_K_8x8 GEMV, prompt rows against its GEMM (16 rows, the
 // activations through ggml_quantize_mat_q8_K_4x8), and prompt rows of the
-// other K-quant weights against its tiled kernels (a ggml graph, 16 rows).
+// other K-quant weights against its tiled kernels (a ggml graph, 16 rows;
+// Q2_K included: the graph's weight is not in a repack buffer, so an AVX-512
+// build, which would repack Q2_K into q2_K_8x8, takes its tiled kernels too).
 //
 //   ggml_dot_check [--gguf MODEL.gguf] [path/to/libggml-cpu.so]
 //   (default: $EMBER_GGML_CPU_LIB, else the reference venv's copy)
@@ -94,6 +96,11 @@ std::vector<uint8_t> make_weight(DType t, int64_t N, int64_t K, uint32_t seed) {
         put(2, scale(rng) / 8.f);
         break;
       case DType::Q6_K: put(offsetof(BlockQ6_K, d), scale(rng) / 16.f); break;
+      case DType::Q2_K:
+        put(offsetof(BlockQ2_K, d), scale(rng) / 4.f);
+        put(offsetof(BlockQ2_K, dmin), scale(rng) / 4.f);
+        break;
+      case DType::Q3_K: put(offsetof(BlockQ3_K, d), scale(rng) / 8.f); break;
       default: break;
     }
   }
@@ -102,9 +109,10 @@ std::vector<uint8_t> make_weight(DType t, int64_t N, int64_t K, uint32_t seed) {
 
 // Whether a variant's dot products follow llama.cpp's summation order (the
 // AVX-512 variant: for K-quants yes, for Q4_0 / Q4_1 / Q8_0 no).
-bool llama_order(cpu::Isa isa, DType t) {
-  return isa != cpu::Isa::kAvx512Vnni || t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K;
+bool is_kquant(DType t) {
+  return t == DType::Q2_K || t == DType::Q3_K || t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K;
 }
+bool llama_order(cpu::Isa isa, DType t) { return isa != cpu::Isa::kAvx512Vnni || is_kquant(t); }
 const char* order_note(cpu::Isa isa, DType t) {
   return llama_order(isa, t) ? "" : " [another summation order: not counted]";
 }
@@ -222,7 +230,7 @@ std::vector<float> llama_batched(const LlamaBatched& L, DType t, const uint8_t* 
 // returns the number of outputs that differ.
 int check_batched(const LlamaBatched& L, const char* what, DType t, const uint8_t* w, int64_t N, int64_t K,
                   uint32_t seed) {
-  if (!L.ok() || (t != DType::Q4_K && t != DType::Q5_K && t != DType::Q6_K)) return 0;
+  if (!L.ok() || !is_kquant(t)) return 0;
   const int64_t M = 16;
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.f, 1.f);
@@ -344,7 +352,7 @@ int main(int argc, char** argv) {
           total_bad += (llama_order(isa, t.type) ? bad : 0) + badd;
         }
         cpu::reset_isa();
-        if (t.type == DType::Q4_K || t.type == DType::Q5_K || t.type == DType::Q6_K)
+        if (is_kquant(t.type))
           total_bad += check_batched(lb, t.name.c_str(), t.type, w, N, K, static_cast<uint32_t>(K * 7 + N));
         ++n_checked;
       }
@@ -356,12 +364,12 @@ int main(int argc, char** argv) {
     }
     return total_bad == 0 ? 0 : 1;
   }
-  const DType types[] = {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_0,
-                         DType::Q5_1, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+  const DType types[] = {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q5_0, DType::Q5_1,
+                         DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K};
   const int64_t N = 67, M = 5;
   cpu::set_decode_max_m(std::numeric_limits<int64_t>::max());
   for (DType t : types) {
-    const bool kq = t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K;
+    const bool kq = is_kquant(t);
     for (int64_t K : {kq ? int64_t{512} : int64_t{640}, int64_t{2048}}) {  // 640: Gemma 3 270M's width
       const auto w = make_weight(t, N, K, static_cast<uint32_t>(K + static_cast<int>(t)));
       std::mt19937 rng(static_cast<uint32_t>(K * 3 + static_cast<int>(t)));

@@ -9,7 +9,7 @@
 //       --vocab 384 --type f16 --out tiny.gguf --verify
 //
 // Types: q4_0 q4_1 q8_0 f16 bf16 f32 (random values on a grid) and q5_0 q5_1
-// q4_k q5_k q6_k (uniform values through the plain quantizers below; K-quants
+// q2_k q3_k q4_k q5_k q6_k (uniform values through the plain quantizers below; K-quants
 // need --embd / --ff multiples of 256); q4_k_m writes the Q4_K_M-style mix
 // of tensor_type(): attn_v, ffn_down, token_embd and output in Q6_K, the other
 // matrices in Q4_K (general.file_type 15).
@@ -77,12 +77,13 @@ struct Options {
 
 [[noreturn]] void usage(const char* msg) {
   if (msg) std::fprintf(stderr, "make_synthetic_model: %s\n\n", msg);
-  std::fprintf(stderr,
-               "usage: make_synthetic_model --out PATH [--preset llama3-8b|smollm2-135m|tiny]\n"
-               "         [--layers N] [--embd N] [--ff N] [--heads N] [--kv-heads N] [--vocab N] [--ctx N]\n"
-               "         [--type q4_0|q4_1|q5_0|q5_1|q8_0|q4_k|q5_k|q6_k|q4_k_m|f16|bf16|f32] [--rope-base F]\n"
-               "         [--tied|--untied] [--seed N] [--arch llama|llama3|qwen2|gemma3|mistral] [--window N]\n"
-               "         [--verify] [--verify-device cuda[:N]] [--tolerance F]\n");
+  std::fprintf(
+      stderr,
+      "usage: make_synthetic_model --out PATH [--preset llama3-8b|smollm2-135m|tiny]\n"
+      "         [--layers N] [--embd N] [--ff N] [--heads N] [--kv-heads N] [--vocab N] [--ctx N]\n"
+      "         [--type q4_0|q4_1|q5_0|q5_1|q8_0|q2_k|q3_k|q4_k|q5_k|q6_k|q4_k_m|f16|bf16|f32] [--rope-base F]\n"
+      "         [--tied|--untied] [--seed N] [--arch llama|llama3|qwen2|gemma3|mistral] [--window N]\n"
+      "         [--verify] [--verify-device cuda[:N]] [--tolerance F]\n");
   std::exit(2);
 }
 
@@ -105,6 +106,8 @@ DType parse_type(const std::string& t) {
   if (t == "q8_0") return DType::Q8_0;
   if (t == "q5_0") return DType::Q5_0;
   if (t == "q5_1") return DType::Q5_1;
+  if (t == "q2_k") return DType::Q2_K;
+  if (t == "q3_k") return DType::Q3_K;
   if (t == "q4_k" || t == "q4_k_m") return DType::Q4_K;
   if (t == "q5_k") return DType::Q5_K;
   if (t == "q6_k") return DType::Q6_K;
@@ -124,6 +127,8 @@ uint32_t file_type(DType t) {
     case DType::Q8_0: return 7;
     case DType::Q5_0: return 8;
     case DType::Q5_1: return 9;
+    case DType::Q2_K: return 10;
+    case DType::Q3_K: return 11;  // Q3_K_S
     case DType::Q4_K: return 14;  // Q4_K_S (15, Q4_K_M, for the mix: write_model)
     case DType::Q5_K: return 16;  // Q5_K_S
     case DType::Q6_K: return 18;
@@ -339,7 +344,7 @@ const float kA = kSigma * std::sqrt(3.0f);  // uniform half-width with that devi
 // ---------------------------------------------------------------- reference quantizers
 //
 // Plain round-to-nearest quantizers for the types written from f32 values
-// (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), one block at a time, in GGUF's layouts
+// (Q5_0, Q5_1, Q2_K ... Q6_K), one block at a time, in GGUF's layouts
 // (core/tensor/types.h). Simple min/max scaling, not llama.cpp's
 // error-minimizing search: any valid quantization loads the same in both.
 
@@ -452,6 +457,70 @@ void quantize_q45_k(const float* x, uint8_t* out) {  // 256 values
   }
 }
 
+// Q2_K: x = d*sc*q - dmin*m per sub-block of 16, 4-bit sc and m, q 0..3.
+void quantize_q2_k(const float* x, uint8_t* out) {  // 256 values
+  float scale[16], minv[16], max_scale = 0.f, max_min = 0.f;
+  for (int j = 0; j < 16; ++j) {
+    float lo = 0.f, hi = x[16 * j];
+    for (int i = 0; i < 16; ++i) {
+      lo = std::min(lo, x[16 * j + i]);
+      hi = std::max(hi, x[16 * j + i]);
+    }
+    scale[j] = (hi - lo) / 3.f;
+    minv[j] = -lo;
+    max_scale = std::max(max_scale, scale[j]);
+    max_min = std::max(max_min, minv[j]);
+  }
+  BlockQ2_K b{};
+  b.d = fp32_to_fp16(max_scale / 15.f);
+  b.dmin = fp32_to_fp16(max_min / 15.f);
+  const float d = fp16_to_fp32(b.d), dmin = fp16_to_fp32(b.dmin);
+  for (int j = 0; j < 16; ++j) {
+    const int ls = d > 0.f ? round_clamp(scale[j] / d, 0, 15) : 0;
+    const int lm = dmin > 0.f ? round_clamp(minv[j] / dmin, 0, 15) : 0;
+    b.scales[j] = static_cast<uint8_t>(ls | (lm << 4));
+    const float dl = d * static_cast<float>(ls), ml = dmin * static_cast<float>(lm);
+    for (int i = 0; i < 16; ++i) {
+      const int e = 16 * j + i, q = dl > 0.f ? round_clamp((x[e] + ml) / dl, 0, 3) : 0;
+      const int h = e / 128, r = e % 128;
+      b.qs[32 * h + r % 32] = static_cast<uint8_t>(b.qs[32 * h + r % 32] | (q << (2 * (r / 32))));
+    }
+  }
+  std::memcpy(out, &b, sizeof(b));
+}
+
+// Q3_K: x = d*sc*q per sub-block of 16, sc 6-bit signed (stored + 32), q -4..3.
+void quantize_q3_k(const float* x, uint8_t* out) {  // 256 values
+  float scale[16], max_abs_scale = 0.f;
+  for (int j = 0; j < 16; ++j) {
+    float amax = 0.f, mx = 0.f;
+    for (int i = 0; i < 16; ++i)
+      if (std::fabs(x[16 * j + i]) > amax) {
+        amax = std::fabs(x[16 * j + i]);
+        mx = x[16 * j + i];
+      }
+    scale[j] = mx / -4.f;
+    max_abs_scale = std::max(max_abs_scale, std::fabs(scale[j]));
+  }
+  BlockQ3_K b{};
+  b.d = fp32_to_fp16(max_abs_scale / 31.f);
+  const float d = fp16_to_fp32(b.d);
+  for (int j = 0; j < 16; ++j) {
+    const int ls = d > 0.f ? round_clamp(scale[j] / d, -32, 31) : 0;
+    const int st = ls + 32;
+    b.scales[j % 8] = static_cast<uint8_t>(b.scales[j % 8] | ((st & 0xF) << (4 * (j / 8))));
+    b.scales[8 + j % 4] = static_cast<uint8_t>(b.scales[8 + j % 4] | ((st >> 4) << (2 * (j / 4))));
+    const float dl = d * static_cast<float>(ls);
+    for (int i = 0; i < 16; ++i) {
+      const int e = 16 * j + i, q = (dl != 0.f ? round_clamp(x[e] / dl, -4, 3) : 0) + 4;
+      const int h = e / 128, r = e % 128, l = r % 32;
+      b.qs[32 * h + l] = static_cast<uint8_t>(b.qs[32 * h + l] | ((q & 3) << (2 * (r / 32))));
+      if (q & 4) b.hmask[l] = static_cast<uint8_t>(b.hmask[l] | (1 << (4 * h + r / 32)));
+    }
+  }
+  std::memcpy(out, &b, sizeof(b));
+}
+
 // Q6_K: x = d*sc*(q - 32) per sub-block of 16, int8 sc.
 void quantize_q6_k(const float* x, uint8_t* out) {  // 256 values
   float scale[16], max_abs_scale = 0.f;
@@ -558,6 +627,8 @@ void fill_matrix(DType type, uint8_t* dst, size_t n, uint64_t seed, const ValueT
     }
     case DType::Q5_0:
     case DType::Q5_1:
+    case DType::Q2_K:
+    case DType::Q3_K:
     case DType::Q4_K:
     case DType::Q5_K:
     case DType::Q6_K: {  // uniform f32 values through the reference quantizers
@@ -571,6 +642,8 @@ void fill_matrix(DType type, uint8_t* dst, size_t n, uint64_t seed, const ValueT
         switch (type) {
           case DType::Q5_0: quantize_q5_0(x, dst + off); break;
           case DType::Q5_1: quantize_q5_1(x, dst + off); break;
+          case DType::Q2_K: quantize_q2_k(x, dst + off); break;
+          case DType::Q3_K: quantize_q3_k(x, dst + off); break;
           case DType::Q4_K: quantize_q45_k<15>(x, dst + off); break;
           case DType::Q5_K: quantize_q45_k<31>(x, dst + off); break;
           default: quantize_q6_k(x, dst + off); break;

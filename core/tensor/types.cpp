@@ -133,6 +133,43 @@ void dequantize_row_q5_1(const void* src, float* dst, int64_t n) {
   }
 }
 
+// Q2_K: x = (d*sc) * q - (dmin*m) per 16 elements, as ggml's dequantize_row_q2_K.
+void dequantize_row_q2_K(const void* src, float* dst, int64_t n) {
+  const auto* p = static_cast<const uint8_t*>(src);
+  const int64_t nb = n / kQK_K;
+  for (int64_t b = 0; b < nb; ++b) {
+    BlockQ2_K blk;
+    std::memcpy(&blk, p + b * sizeof(BlockQ2_K), sizeof(blk));
+    const float d = fp16_to_fp32(blk.d), dmin = fp16_to_fp32(blk.dmin);
+    float* y = dst + b * kQK_K;
+    for (int e = 0; e < kQK_K; ++e) {
+      const int h = e / 128, j = (e % 128) / 32, l = e % 32;
+      const uint8_t sc = blk.scales[e / 16];
+      const float dl = d * static_cast<float>(sc & 0xF), ml = dmin * static_cast<float>(sc >> 4);
+      y[e] = dl * static_cast<float>((blk.qs[32 * h + l] >> (2 * j)) & 3) - ml;
+    }
+  }
+}
+
+// Q3_K: x = (d*(sc - 32)) * q, as ggml's dequantize_row_q3_K.
+void dequantize_row_q3_K(const void* src, float* dst, int64_t n) {
+  const auto* p = static_cast<const uint8_t*>(src);
+  const int64_t nb = n / kQK_K;
+  for (int64_t b = 0; b < nb; ++b) {
+    BlockQ3_K blk;
+    std::memcpy(&blk, p + b * sizeof(BlockQ3_K), sizeof(blk));
+    const float d = fp16_to_fp32(blk.d);
+    int sc[16];
+    q3k_scales(blk.scales, sc);
+    float* y = dst + b * kQK_K;
+    for (int e = 0; e < kQK_K; ++e) {
+      const int h = e / 128, j = (e % 128) / 32, l = e % 32;
+      const int q = ((blk.qs[32 * h + l] >> (2 * j)) & 3) - (((blk.hmask[l] >> (4 * h + j)) & 1) ? 0 : 4);
+      y[e] = d * static_cast<float>(sc[e / 16] - 32) * static_cast<float>(q);
+    }
+  }
+}
+
 // Q4_K / Q5_K: x = (d*sc) * q - (dmin*m), the two products rounded first
 // (ggml's dequantize_row_q4_K order).
 void dequantize_row_q4_K(const void* src, float* dst, int64_t n) {
@@ -241,8 +278,8 @@ constexpr Table make_table() {
   t.set(DType::Q5_1, "q5_1", 32, 24, dequantize_row_q5_1);
   t.set(DType::Q8_0, "q8_0", 32, 34, dequantize_row_q8_0);
   t.set(DType::Q8_1, "q8_1", 32, 36, nullptr);
-  t.set(DType::Q2_K, "q2_K", 256, 84, nullptr);
-  t.set(DType::Q3_K, "q3_K", 256, 110, nullptr);
+  t.set(DType::Q2_K, "q2_K", 256, 84, dequantize_row_q2_K);
+  t.set(DType::Q3_K, "q3_K", 256, 110, dequantize_row_q3_K);
   t.set(DType::Q4_K, "q4_K", 256, 144, dequantize_row_q4_K);
   t.set(DType::Q5_K, "q5_K", 256, 176, dequantize_row_q5_K);
   t.set(DType::Q6_K, "q6_K", 256, 210, dequantize_row_q6_K);

@@ -95,6 +95,25 @@ struct BlockQ5_1 {
 
 // K-quants: super-blocks of 256 elements.
 inline constexpr int kQK_K = 256;
+// Q2_K: 16 sub-blocks of 16, each with a 4-bit scale and a 4-bit min;
+// x = d*sc*q - dmin*m, q 2 bits. Element 128h + 32j + l is bits 2j..2j+1 of
+// qs[32h + l]; sub-block e/16 has scales[e/16] (low nibble scale, high min).
+struct BlockQ2_K {
+  uint8_t scales[16];
+  uint8_t qs[64];
+  uint16_t d;     // f16 super-block scale of the scales
+  uint16_t dmin;  // f16 super-block scale of the mins
+};
+// Q3_K: 16 sub-blocks of 16 with 6-bit signed scales (stored + 32, packed in
+// scales[12], q3k_scales); x = d*(sc - 32)*q, q in -4..3: the low 2 bits as
+// Q2_K's qs, minus 4 where the high bit (hmask[l] bit 4h + j for element
+// 128h + 32j + l) is clear.
+struct BlockQ3_K {
+  uint8_t hmask[32];
+  uint8_t qs[64];
+  uint8_t scales[12];
+  uint16_t d;  // f16 super-block scale
+};
 // Q4_K / Q5_K: 8 sub-blocks of 32, each with a 6-bit scale and a 6-bit min
 // packed in scales[12] (ggml's get_scale_min_k4); x = d*sc*q - dmin*m.
 struct BlockQ4_K {
@@ -123,6 +142,8 @@ static_assert(sizeof(BlockQ4_1) == 20, "GGUF Q4_1 block");
 static_assert(sizeof(BlockQ8_0) == 34, "GGUF Q8_0 block");
 static_assert(sizeof(BlockQ5_0) == 22, "GGUF Q5_0 block");
 static_assert(sizeof(BlockQ5_1) == 24, "GGUF Q5_1 block");
+static_assert(sizeof(BlockQ2_K) == 84, "GGUF Q2_K block");
+static_assert(sizeof(BlockQ3_K) == 110, "GGUF Q3_K block");
 static_assert(sizeof(BlockQ4_K) == 144, "GGUF Q4_K block");
 static_assert(sizeof(BlockQ5_K) == 176, "GGUF Q5_K block");
 static_assert(sizeof(BlockQ6_K) == 210, "GGUF Q6_K block");
@@ -136,6 +157,17 @@ inline void kquant_scale_min(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
   } else {
     *sc = static_cast<uint8_t>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
     *m = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+
+// Unpacks the 16 6-bit scales of a Q3_K block's scales[12] (as stored,
+// 0..63; the signed scale is the value - 32), as ggml's kmask decoding.
+inline void q3k_scales(const uint8_t* s, int* out) {
+  for (int j = 0; j < 4; ++j) {
+    out[j] = (s[j] & 0xF) | ((s[8 + j] & 3) << 4);
+    out[4 + j] = (s[4 + j] & 0xF) | (((s[8 + j] >> 2) & 3) << 4);
+    out[8 + j] = (s[j] >> 4) | (((s[8 + j] >> 4) & 3) << 4);
+    out[12 + j] = (s[4 + j] >> 4) | (((s[8 + j] >> 6) & 3) << 4);
   }
 }
 

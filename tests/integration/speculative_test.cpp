@@ -291,6 +291,24 @@ TEST(Speculative, DraftModelKvLivesInTheEnginesPool) {
       EXPECT_EQ((*engine)->cache_stats().blocks_used, 0u) << "a finished stream still holds blocks";
     }
     EXPECT_GT(drafted, 0u) << "pool of " << blocks << " blocks";
+    if (blocks < 1000) continue;
+    // A sink session evicts and K-shifts the draft's view rows too.
+    CachePolicy sink;
+    sink.kind = CachePolicyKind::kSink;
+    sink.sink_tokens = 4;
+    sink.window_tokens = 60;
+    std::vector<int32_t> prompt(100);
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 7 + 3) % 32);
+    auto a = std::make_shared<Session>(engine, 0, "", 0, sink);
+    a->add_tokens(prompt);
+    const Outcome plain = drive(a->start(greedy(120)), nullptr);
+    auto b = std::make_shared<Session>(engine, 0, "", 0, sink);
+    b->add_tokens(prompt);
+    StreamParams sp = with_spec(greedy(120), SpecParams::Kind::kDraft, 0, draft);
+    sp.spec.tree.min_confidence = 0.0f;
+    const Outcome spec = drive(b->start(sp), nullptr);
+    EXPECT_EQ(spec.tokens, plain.tokens) << "sink session";
+    EXPECT_GT(spec.stats.drafted_tokens, 0u);
   }
 }
 

@@ -381,7 +381,7 @@ TEST(Matmul, RejectsBadArguments) {
     }
     return StatusCode::kOk;
   };
-  EXPECT_EQ(code_of({DType::Q3_K, 2, 256, w.data()}, 1), StatusCode::kUnsupported);
+  EXPECT_EQ(code_of({DType::Q8_K, 2, 256, w.data()}, 1), StatusCode::kUnsupported);
   EXPECT_EQ(code_of({DType::Q4_0, 2, 48, w.data()}, 1), StatusCode::kInvalidArgument);
   EXPECT_EQ(code_of({DType::Q8_0, 2, 32, w.data()}, -1), StatusCode::kInvalidArgument);
   EXPECT_EQ(code_of({DType::F32, 2, 32, nullptr}, 1), StatusCode::kInvalidArgument);
@@ -392,7 +392,7 @@ TEST(Matmul, RejectsBadArguments) {
   EXPECT_THROW(dequantize_rows({DType::F32, 2, 32, w.data()}, -1, 1, out.data()), Error);
   EXPECT_NO_THROW(dequantize_rows({DType::F32, 2, 32, w.data()}, 2, 0, out.data()));
   EXPECT_TRUE(matmul_supports(DType::Q4_0));
-  EXPECT_FALSE(matmul_supports(DType::Q3_K));
+  EXPECT_FALSE(matmul_supports(DType::Q8_K));
 }
 
 TEST(Matmul, PrefillPrecisionFallsBackWhenBf16Unavailable) {

@@ -1,4 +1,5 @@
-// cpu::matmul / cpu::dequantize_rows for Q5_0, Q5_1, Q4_K, Q5_K and Q6_K:
+// cpu::matmul / cpu::dequantize_rows for Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K
+// and Q6_K:
 //  * every ISA variant this CPU can run (forced with cpu::force_isa) x decode
 //    (forced for all M) and prefill (oneDNN) x M = 1..40 x odd N, against
 //    the type table's reference dequantizer + a double-precision dot, with
@@ -36,7 +37,8 @@ namespace {
 // in bf16, exceeded that bound.)
 constexpr double kBf16Ulp = 0x1p-7;
 
-constexpr DType kNewTypes[] = {DType::Q5_0, DType::Q5_1, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+constexpr DType kNewTypes[] = {DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
+                               DType::Q4_K, DType::Q5_K, DType::Q6_K};
 constexpr Isa kAllIsas[] = {Isa::kScalar, Isa::kAvx2, Isa::kAvx512Vnni};
 
 struct Guard {
@@ -78,6 +80,11 @@ std::vector<uint8_t> make_weight(DType t, int64_t N, int64_t K, uint32_t seed) {
         put(2, scale(rng) / 8.f);
         break;
       case DType::Q6_K: put(offsetof(BlockQ6_K, d), scale(rng) / 16.f); break;
+      case DType::Q2_K:
+        put(offsetof(BlockQ2_K, d), scale(rng) / 4.f);
+        put(offsetof(BlockQ2_K, dmin), scale(rng) / 4.f);
+        break;
+      case DType::Q3_K: put(offsetof(BlockQ3_K, d), scale(rng) / 8.f); break;
       default: break;
     }
   }
@@ -159,7 +166,9 @@ std::vector<float> reference_order(DType t, const std::vector<uint8_t>& w, const
       float r = 0;
       if (detail::is_kquant(t)) {
         const detail::Q8KBlock* a = detail::q8k_row(act.data(), arb, m);
-        r = t == DType::Q4_K   ? detail::kquant_dot_reference<DType::Q4_K>(wr, a, K / 256, order)
+        r = t == DType::Q2_K   ? detail::kquant_dot_reference<DType::Q2_K>(wr, a, K / 256, order)
+            : t == DType::Q3_K ? detail::kquant_dot_reference<DType::Q3_K>(wr, a, K / 256, order)
+            : t == DType::Q4_K ? detail::kquant_dot_reference<DType::Q4_K>(wr, a, K / 256, order)
             : t == DType::Q5_K ? detail::kquant_dot_reference<DType::Q5_K>(wr, a, K / 256, order)
                                : detail::kquant_dot_reference<DType::Q6_K>(wr, a, K / 256, order);
       } else {
@@ -297,8 +306,22 @@ INSTANTIATE_TEST_SUITE_P(All, KQuantMatmulTest,
 
 TEST(KQuantMatmul, SupportedTypes) {
   for (DType t : kNewTypes) EXPECT_TRUE(matmul_supports(t)) << tname(t);
-  EXPECT_FALSE(matmul_supports(DType::Q2_K));
-  EXPECT_FALSE(matmul_supports(DType::Q3_K));
+  EXPECT_FALSE(matmul_supports(DType::Q8_K));
+}
+
+// Which of llama.cpp's orders each K-quant's rows take (its x86 AVX2 build:
+// the repacked q4_K_8x8 kernels for Q4_K with N % 8 == 0; else vec_dot for
+// one-row batches and the tiled kernels for 8+ rows).
+TEST(KQuantMatmul, Orders) {
+  using detail::KOrder;
+  for (DType t : {DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+    SCOPED_TRACE(tname(t));
+    const bool repacked = t == DType::Q4_K;
+    EXPECT_EQ(detail::kquant_order(t, 16, true), repacked ? KOrder::kGemv8x8 : KOrder::kVec);
+    EXPECT_EQ(detail::kquant_order(t, 16, false), repacked ? KOrder::kGemm8x8 : KOrder::kTiled);
+    EXPECT_EQ(detail::kquant_order(t, 13, true), KOrder::kVec);
+    EXPECT_EQ(detail::kquant_order(t, 13, false), KOrder::kTiled);
+  }
 }
 
 // Q8_K activations: llama.cpp's quantize_row_q8_K_ref on a hand-checked block.
@@ -384,6 +407,52 @@ TEST(KQuantReference, Q6K) {
   type_traits(DType::Q6_K)->dequantize_row(&b, y, 256);
   for (int e = 0; e < 256; ++e)
     ASSERT_EQ(y[e], 0.125f * static_cast<float>(b.scales[e / 16]) * static_cast<float>(q[e] - 32)) << e;
+}
+
+// Q2_K: element 128h + 32j + l is bits 2j of qs[32h + l]; scales[e / 16]
+// low nibble the scale, high the min.
+TEST(KQuantReference, Q2K) {
+  BlockQ2_K b{};
+  b.d = fp32_to_fp16(0.5f);
+  b.dmin = fp32_to_fp16(0.25f);
+  int q[256];
+  for (int i = 0; i < 16; ++i) b.scales[i] = static_cast<uint8_t>(((i * 7 + 3) % 16) | (((i * 5 + 11) % 16) << 4));
+  for (int e = 0; e < 256; ++e) {
+    q[e] = (e * 13 + 7) % 4;
+    const int h = e / 128, j = (e % 128) / 32, l = e % 32;
+    b.qs[32 * h + l] = static_cast<uint8_t>(b.qs[32 * h + l] | (q[e] << (2 * j)));
+  }
+  float y[256];
+  type_traits(DType::Q2_K)->dequantize_row(&b, y, 256);
+  for (int e = 0; e < 256; ++e)
+    ASSERT_EQ(y[e], 0.5f * static_cast<float>(b.scales[e / 16] & 0xF) * static_cast<float>(q[e]) -
+                        0.25f * static_cast<float>(b.scales[e / 16] >> 4))
+        << e;
+}
+
+// Q3_K: 6-bit scales (stored + 32) packed in scales[12] (low 4 bits: bytes
+// 0..7, nibble by nibble; high 2 bits: bytes 8..11), values q - 4 with the
+// high bit in hmask.
+TEST(KQuantReference, Q3K) {
+  BlockQ3_K b{};
+  b.d = fp32_to_fp16(0.125f);
+  int sc[16], q[256];
+  for (int i = 0; i < 16; ++i) {
+    sc[i] = (i * 23 + 9) % 64;
+    const int lo = sc[i] & 0xF, hi = sc[i] >> 4;
+    b.scales[i % 8] = static_cast<uint8_t>(b.scales[i % 8] | (lo << (4 * (i / 8))));
+    b.scales[8 + i % 4] = static_cast<uint8_t>(b.scales[8 + i % 4] | (hi << (2 * (i / 4))));
+  }
+  for (int e = 0; e < 256; ++e) {
+    q[e] = (e * 11 + 5) % 8;  // stored value: q - 4 decoded
+    const int h = e / 128, j = (e % 128) / 32, l = e % 32;
+    b.qs[32 * h + l] = static_cast<uint8_t>(b.qs[32 * h + l] | ((q[e] & 3) << (2 * j)));
+    if (q[e] & 4) b.hmask[l] = static_cast<uint8_t>(b.hmask[l] | (1 << (4 * h + j)));
+  }
+  float y[256];
+  type_traits(DType::Q3_K)->dequantize_row(&b, y, 256);
+  for (int e = 0; e < 256; ++e)
+    ASSERT_EQ(y[e], 0.125f * static_cast<float>(sc[e / 16] - 32) * static_cast<float>(q[e] - 4)) << e;
 }
 
 TEST(KQuantReference, Q5_0AndQ5_1) {
