@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
 """Prefill and decode speed: Ember vs llama.cpp on the same GGUF, same machine, one run.
 
+Run it with the native llama.cpp build (`bash tools/setup_reference.sh --native`: llama.cpp as
+fast as it gets on this CPU); the report warns when the build leaves out SIMD the CPU has (the
+AVX2 reference venv, on an AVX-512 CPU, would understate llama.cpp).
+
 Single model (the original mode):
 
-  ~/.cache/ember/refvenv/bin/python tools/bench_vs_llamacpp.py [-m MODEL] [-p 512] [-n 128] [-t 2] [-r 3]
+  ~/.cache/ember/refvenv-native/bin/python tools/bench_vs_llamacpp.py [-m MODEL] [-p 512] [-n 128] [-t 2] [-r 3]
 
 Ember: `build/apps/cli/ember bench -p P -n N -t T -r R --json` (random prompt ids, one warm-up
 repetition, prefill tokens/s of the P-token prompt, decode tokens/s after the first token).
@@ -14,7 +18,7 @@ eval of that one token); one warm-up repetition first. Prints both, the ratios a
 
 Suite (issue 15): every workload against llama.cpp in one run, one engine after the other:
 
-  ~/.cache/ember/refvenv/bin/python tools/bench_vs_llamacpp.py --suite [--busy-core]
+  ~/.cache/ember/refvenv-native/bin/python tools/bench_vs_llamacpp.py --suite [--busy-core]
       [--models smollm2,1b-q4_0,1b-q8_0,1b-q4_k_m|PATH.gguf,...] [--threads 1,2] [-p 512] [-n 128] [-r 3]
       [--sections speed,sessions,busy,recovery] [--sessions 16] [--sessions-p 64] [--sessions-n 128]
       [--json-out FILE]
@@ -251,6 +255,9 @@ def single_mode(args) -> None:
     sys.stdout.flush()
     ll = bench_llama(args)
     print(f"llama.cpp: llama-cpp-python {ll['version']} ({ll['system_info']})")
+    warn = handicap_warning(ll["system_info"])
+    if warn:
+        print(warn)
     print(f"           prefill {ll['prefill_tokens_per_second']:.1f} ± {ll['prefill_stddev']:.1f} tok/s, "
           f"decode {ll['decode_tokens_per_second']:.1f} ± {ll['decode_stddev']:.1f} tok/s")
     rp = em["prefill_tokens_per_second"] / ll["prefill_tokens_per_second"]
@@ -736,12 +743,30 @@ def suite(args) -> None:
         print(f"\nRaw results: {args.json_out}")
 
 
+def handicap_warning(system_info: str) -> str:
+    """A warning when llama.cpp's build leaves out SIMD this CPU has (its speed would be understated)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return ""
+    missing = [name for flag, name in (("avx512f", "AVX512"), ("avx2", "AVX2"))
+               if flag in flags and f"{name} = 1" not in system_info]
+    if not missing:
+        return ""
+    return (f"**WARNING: this llama.cpp build does not use the CPU's {', '.join(missing)}: its speed is "
+            f"understated. Use the native build (bash tools/setup_reference.sh --native).**")
+
+
 def print_report(results, args, sections, bw, log, load0, load1) -> None:
     w = results["weights"]
     one_session = {(r["model"], r["threads"]): r for r in results["speed"]}
     print(f"Machine: {results['machine']}. Date: {results['date']}. Ember `{results['commit']}`, "
           f"llama-cpp-python {results['llama_cpp_python']} ({results['llama_cpp_system_info']}). "
           f"Load average {load0} before, {load1} after.\n")
+    warn = handicap_warning(results["llama_cpp_system_info"])
+    if warn:
+        print(warn + "\n")
     if "speed" in sections:
         m = results.get("membw") or {}
         if bw:

@@ -8,13 +8,30 @@
 # sentencepiece. EMBER_REFVENV overrides the venv's path. Slow the first time (~15 min on 2
 # cores); does nothing if the venv already imports llama_cpp at the pinned
 # version. Not needed for the test suite: golden files are committed.
+#
+# --native: the rival instead, for speed comparisons (tools/bench_vs_llamacpp.py):
+# the same version built for this CPU (GGML_NATIVE: AVX-512 where present), in
+# $EMBER_HOME/refvenv-native. Timing Ember against the AVX2 reference on an
+# AVX-512 CPU would understate llama.cpp.
 set -euo pipefail
 home="${EMBER_HOME:-$HOME/.cache/ember}"
-venv="${EMBER_REFVENV:-$home/refvenv}"
+native=0
+for arg in "$@"; do
+  case "$arg" in
+    --native) native=1 ;;
+    *) echo "setup_reference: unknown argument '$arg' (usage: setup_reference.sh [--native])" >&2; exit 2 ;;
+  esac
+done
+if ((native)); then
+  venv="${EMBER_REFVENV:-$home/refvenv-native}"
+else
+  venv="${EMBER_REFVENV:-$home/refvenv}"
+fi
 version="${EMBER_LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 if [ -x "$venv/bin/python" ] &&
    "$venv/bin/python" -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$version')" 2>/dev/null; then
-  if "$venv/bin/python" -c "import llama_cpp, sys; sys.exit('AVX512 = 1' not in llama_cpp.llama_print_system_info().decode())" 2>/dev/null; then
+  if ((!native)) &&
+     "$venv/bin/python" -c "import llama_cpp, sys; sys.exit('AVX512 = 1' not in llama_cpp.llama_print_system_info().decode())" 2>/dev/null; then
     echo "setup_reference: $venv is an AVX-512 build of llama.cpp, not Ember's reference order (AVX2);" \
          "remove it and run this again (or EMBER_REFVENV=<other path>)" >&2
   fi
@@ -24,7 +41,8 @@ mkdir -p "$home"
 python3 -m venv "$venv"
 "$venv/bin/pip" install --quiet --upgrade pip
 "$venv/bin/pip" install --quiet numpy jinja2 sentencepiece
-CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF -DLLAMA_CURL=OFF" \
-  CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+flags="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF"
+((native)) && flags="-DGGML_NATIVE=ON"
+CMAKE_ARGS="$flags -DLLAMA_CURL=OFF" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
   "$venv/bin/pip" install --quiet --no-cache-dir --no-binary llama-cpp-python "llama-cpp-python==$version"
 "$venv/bin/python" -c "import llama_cpp; print('setup_reference:', llama_cpp.__version__)"
