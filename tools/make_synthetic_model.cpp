@@ -489,9 +489,11 @@ void quantize_q2_k(const float* x, uint8_t* out) {  // 256 values
   std::memcpy(out, &b, sizeof(b));
 }
 
-// Q3_K: x = d*sc*q per sub-block of 16, sc 6-bit signed (stored + 32), q -4..3.
-void quantize_q3_k(const float* x, uint8_t* out) {  // 256 values
-  float scale[16], max_abs_scale = 0.f;
+// Q3_K / Q6_K: per sub-block of 16, the scale that maps its largest
+// magnitude value to `q_at_max` (the most negative level); returns the largest
+// |scale|.
+float signed_subblock_scales(const float* x, float q_at_max, float* scale) {
+  float max_abs_scale = 0.f;
   for (int j = 0; j < 16; ++j) {
     float amax = 0.f, mx = 0.f;
     for (int i = 0; i < 16; ++i)
@@ -499,9 +501,16 @@ void quantize_q3_k(const float* x, uint8_t* out) {  // 256 values
         amax = std::fabs(x[16 * j + i]);
         mx = x[16 * j + i];
       }
-    scale[j] = mx / -4.f;
+    scale[j] = mx / q_at_max;
     max_abs_scale = std::max(max_abs_scale, std::fabs(scale[j]));
   }
+  return max_abs_scale;
+}
+
+// Q3_K: x = d*sc*q per sub-block of 16, sc 6-bit signed (stored + 32), q -4..3.
+void quantize_q3_k(const float* x, uint8_t* out) {  // 256 values
+  float scale[16];
+  const float max_abs_scale = signed_subblock_scales(x, -4.f, scale);
   BlockQ3_K b{};
   b.d = fp32_to_fp16(max_abs_scale / 31.f);
   const float d = fp16_to_fp32(b.d);
@@ -523,17 +532,8 @@ void quantize_q3_k(const float* x, uint8_t* out) {  // 256 values
 
 // Q6_K: x = d*sc*(q - 32) per sub-block of 16, int8 sc.
 void quantize_q6_k(const float* x, uint8_t* out) {  // 256 values
-  float scale[16], max_abs_scale = 0.f;
-  for (int j = 0; j < 16; ++j) {
-    float amax = 0.f, mx = 0.f;
-    for (int i = 0; i < 16; ++i)
-      if (std::fabs(x[16 * j + i]) > amax) {
-        amax = std::fabs(x[16 * j + i]);
-        mx = x[16 * j + i];
-      }
-    scale[j] = mx / -32.f;
-    max_abs_scale = std::max(max_abs_scale, std::fabs(scale[j]));
-  }
+  float scale[16];
+  const float max_abs_scale = signed_subblock_scales(x, -32.f, scale);
   BlockQ6_K b{};
   b.d = fp32_to_fp16(max_abs_scale / 127.f);
   const float d = fp16_to_fp32(b.d);
