@@ -1,10 +1,12 @@
 // Internal interface between the CPU backend (cpu_backend.cpp, compiled for
 // baseline x86-64) and its vector kernels: attention, SwiGLU, the f32 -> f16
 // KV stores and the K-shift rotation. The kernels are written once
-// (backend_kernels.inc) over an 8-lane vector type and compiled twice:
+// (backend_kernels.inc) over an 8-lane vector type and a 16-lane one made of
+// two 8-lane halves, and compiled three times:
+//   backend_kernels_avx512.cpp  AVX2 8-lane operations, 512-bit wide vectors
 //   backend_kernels_avx2.cpp    AVX2 + FMA + F16C intrinsics
 //   backend_kernels_scalar.cpp  portable C++ (any x86-64 CPU)
-// Both perform the same IEEE operations in the same order (fused multiply-
+// All perform the same IEEE operations in the same order (fused multiply-
 // adds as fmaf, the same reduction trees, the same exp polynomial), so their
 // results are bit-identical for every non-NaN input; the scalar variant runs
 // where the CPU lacks AVX2/FMA/F16C, or under cpu::force_isa(Isa::kScalar).
@@ -57,8 +59,9 @@ struct BackendKernels {
 };
 
 const BackendKernels& backend_kernels_scalar();
-const BackendKernels& backend_kernels_avx2();  // only call after isa_supported(Isa::kAvx2)
-// The variant for cpu::active_isa(): AVX2 on AVX2 and AVX-512 CPUs, else scalar.
+const BackendKernels& backend_kernels_avx2();    // only call after isa_supported(Isa::kAvx2)
+const BackendKernels& backend_kernels_avx512();  // only call after isa_supported(Isa::kAvx512Vnni)
+// The variant for cpu::active_isa() (all three give the same bits).
 const BackendKernels& backend_kernels();
 
 }  // namespace ember::cpu::detail

@@ -30,6 +30,7 @@ struct ScalarOps {
   struct V {
     float l[8];
   };
+  static constexpr int kLanes = 8;
   template <class F>
   static V map(F f) {
     V r;
@@ -114,6 +115,6 @@ struct ScalarOps {
 
 }  // namespace
 
-const BackendKernels& backend_kernels_scalar() { return kernel_table<ScalarOps>("scalar"); }
+const BackendKernels& backend_kernels_scalar() { return kernel_table<ScalarOps, PairOps<ScalarOps>>("scalar"); }
 
 }  // namespace ember::cpu::detail

@@ -29,7 +29,9 @@ namespace ember {
 
 namespace cpu::detail {
 const BackendKernels& backend_kernels() {
-  return isa_supported(Isa::kAvx2) && active_isa() != Isa::kScalar ? backend_kernels_avx2() : backend_kernels_scalar();
+  const Isa isa = active_isa();
+  if (isa == Isa::kAvx512Vnni && isa_supported(Isa::kAvx512Vnni)) return backend_kernels_avx512();
+  return isa_supported(Isa::kAvx2) && isa != Isa::kScalar ? backend_kernels_avx2() : backend_kernels_scalar();
 }
 }  // namespace cpu::detail
 
