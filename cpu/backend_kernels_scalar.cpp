@@ -60,6 +60,9 @@ struct ScalarOps {
   static V fmadd(const V& a, const V& b, const V& c) {
     return map([&](int i) { return __builtin_fmaf(a.l[i], b.l[i], c.l[i]); });
   }
+  static V max(const V& a, const V& m) {  // _mm256_max_ps: m unless a > m
+    return map([&](int i) { return a.l[i] > m.l[i] ? a.l[i] : m.l[i]; });
+  }
   static float h2f(uint16_t h) { return fp16_to_fp32(h); }
   static uint16_t f2h(float f) { return fp32_to_fp16(f); }
   static V load_f16(const uint16_t* p) {
