@@ -7,9 +7,11 @@
 //
 // For each weight type and SmolLM2-like shapes (NxK) it prints the M=1 GEMV
 // (decode) time, weight bandwidth (GB/s) and GFLOP/s, and the M=512 GEMM
-// (prefill, oneDNN) GFLOP/s. By default weights are "cold": enough copies are
-// cycled through that they come from DRAM, not L3 (as in real decoding of a
-// model larger than the cache); --hot reuses one copy.
+// (prefill, oneDNN) GFLOP/s, on weights packed as the engine packs them
+// (cpu::pack_weight, where the active variant reads packed rows). By default
+// weights are "cold": enough copies are cycled through that they come from
+// DRAM, not L3 (as in real decoding of a model larger than the cache); --hot
+// reuses one copy.
 // --sweep times decode vs prefill for M = 1..128 (used to pick decode_max_m).
 // --cpu-time measures process CPU time (all threads summed), which ignores
 // time stolen by other processes on a shared machine; with --threads 1 it is
@@ -51,10 +53,22 @@ struct Weights {
   int64_t N, K;
   size_t bytes;
   std::vector<std::vector<uint8_t>> copies;
+  // Each copy packed for the kernels, as the engine packs its weights
+  // (cpu::packed_bytes; empty where the active variant reads GGUF rows).
+  std::vector<std::vector<uint8_t>> packed;
+  size_t calls = 0;
+  // The next copy, round robin (cold weights come from DRAM).
+  WeightView next() {
+    const size_t i = calls++ % copies.size();
+    if (packed.empty()) return WeightView{type, N, K, copies[i].data()};
+    uint8_t* p = packed[i].data();
+    p += (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64;
+    return WeightView{type, N, K, copies[i].data(), p};
+  }
 };
 
 Weights make_weights(DType t, int64_t N, int64_t K, bool hot) {
-  Weights w{t, N, K, row_bytes(t, K) * static_cast<size_t>(N), {}};
+  Weights w{t, N, K, row_bytes(t, K) * static_cast<size_t>(N), {}, {}, 0};
   const size_t target = size_t{160} << 20;  // well past the L3 (32 MiB here)
   size_t n = hot ? 1 : std::clamp<size_t>((target + w.bytes - 1) / w.bytes, 2, 512);
   std::mt19937 rng(1234);
@@ -112,6 +126,13 @@ Weights make_weights(DType t, int64_t N, int64_t K, bool hot) {
     }
   }
   w.copies.assign(n, base);
+  if (const size_t pb = packed_bytes(t, N, K); pb > 0) {
+    for (auto& c : w.copies) {
+      w.packed.emplace_back(pb + 64);
+      uint8_t* p = w.packed.back().data();
+      pack_weight(WeightView{t, N, K, c.data()}, p + (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64);
+    }
+  }
   return w;
 }
 
@@ -225,11 +246,10 @@ int main(int argc, char** argv) {
         const int64_t N = shape.first, K = shape.second;    // (clang 14: lambdas cannot capture structured bindings)
         if (K % type_traits(t)->block_size != 0) continue;  // K-quants: K % 256
         Weights w = make_weights(t, N, K, hot);
-        size_t ci = 0;
         for (int64_t M : sweep_ms) {
           std::vector<float> x(static_cast<size_t>(M * K), 0.5f), y(static_cast<size_t>(M * N));
           auto call = [&] {
-            const WeightView v{t, N, K, w.copies[ci++ % w.copies.size()].data()};
+            const WeightView v = w.next();
             matmul(v, x.data(), M, y.data(), scratch);
           };
           set_decode_max_m(M);
@@ -252,11 +272,10 @@ int main(int argc, char** argv) {
       const int64_t N = shape.first, K = shape.second;
       if (K % type_traits(t)->block_size != 0) continue;  // K-quants: K % 256
       Weights w = make_weights(t, N, K, hot);
-      size_t ci = 0;
       std::vector<float> x(static_cast<size_t>(K), 0.25f), y(static_cast<size_t>(N));
       const double t1 = time_call(
           [&] {
-            const WeightView v{t, N, K, w.copies[ci++ % w.copies.size()].data()};
+            const WeightView v = w.next();
             matmul(v, x.data(), 1, y.data(), scratch);
           },
           min_time);
@@ -266,7 +285,7 @@ int main(int argc, char** argv) {
         std::vector<float> xm(static_cast<size_t>(gemm_m * K), 0.25f), ym(static_cast<size_t>(gemm_m * N));
         const double tm = time_call(
             [&] {
-              const WeightView v{t, N, K, w.copies[ci++ % w.copies.size()].data()};
+              const WeightView v = w.next();
               matmul(v, xm.data(), gemm_m, ym.data(), scratch);
             },
             min_time);

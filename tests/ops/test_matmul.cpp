@@ -718,6 +718,7 @@ TEST_P(EmulatedAvx512Test, Decode) {
   run(37, 256, ms);  // whole quads
   run(131, 96, ms);  // 3 blocks
   run(21, 160, ms);  // 5 blocks: a quad + a partial one
+  run(9, 576, ms);   // 18 blocks: SmolLM2's K
   run(9, 1024, {1, 2, 3, 4, 5});
 }
 
