@@ -51,23 +51,6 @@ struct Avx512Wide {
   static W max(W a, W m) { return _mm512_max_ps(a, m); }
   static __m256 lo(W v) { return _mm512_castps512_ps256(v); }
   static __m256 hi(W v) { return _mm512_extractf32x8_ps(v, 1); }
-  static W join(__m256 lo, __m256 hi) { return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1); }
-  // Avx2Ops::hsum8 / hsum8_hadd of both halves at once: lanes j and j + 4
-  // of each half added, then the same pairs as the 8-lane trees.
-  static void hsum8_2(W v, float* lo, float* hi) {
-    const W x = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xB1));  // l_j + l_(j+4)
-    const W y = _mm512_add_ps(x, _mm512_permute_ps(x, 0x4E));        // (x0 + x2), (x1 + x3)
-    const W z = _mm512_add_ps(y, _mm512_permute_ps(y, 0xB1));
-    *lo = _mm512_cvtss_f32(z);
-    *hi = _mm_cvtss_f32(_mm512_extractf32x4_ps(z, 2));
-  }
-  static void hsum8_hadd_2(W v, float* lo, float* hi) {
-    const W x = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xB1));
-    const W y = _mm512_add_ps(x, _mm512_permute_ps(x, 0xB1));  // (x0 + x1), (x2 + x3)
-    const W z = _mm512_add_ps(y, _mm512_permute_ps(y, 0x4E));
-    *lo = _mm512_cvtss_f32(z);
-    *hi = _mm_cvtss_f32(_mm512_extractf32x4_ps(z, 2));
-  }
   // Avx2Ops::expf8 on 16 lanes: the same operations and constants (masks in
   // place of the blend vectors).
   static W expf16(W x) {

@@ -63,6 +63,25 @@ struct ScalarOps {
   static V max(const V& a, const V& m) {  // _mm256_max_ps: m unless a > m
     return map([&](int i) { return a.l[i] > m.l[i] ? a.l[i] : m.l[i]; });
   }
+  static V halves_lo(const V& a, const V& b) {
+    return map([&](int i) { return i < 4 ? a.l[i] : b.l[i - 4]; });
+  }
+  static V halves_hi(const V& a, const V& b) {
+    return map([&](int i) { return i < 4 ? a.l[i + 4] : b.l[i]; });
+  }
+  static V hadd(const V& a, const V& b) {  // _mm256_hadd_ps
+    return map([&](int i) {
+      const V& s = (i & 2) ? b : a;
+      const int base = (i & 4) + 2 * (i & 1);
+      return s.l[base] + s.l[base + 1];
+    });
+  }
+  static V pick_0101(const V& a, const V& b) {  // _mm256_shuffle_ps(a, b, 0x44)
+    return map([&](int i) { return ((i & 2) ? b : a).l[(i & 4) + (i & 1)]; });
+  }
+  static V pick_2323(const V& a, const V& b) {  // _mm256_shuffle_ps(a, b, 0xEE)
+    return map([&](int i) { return ((i & 2) ? b : a).l[(i & 4) + 2 + (i & 1)]; });
+  }
   static float h2f(uint16_t h) { return fp16_to_fp32(h); }
   static uint16_t f2h(float f) { return fp32_to_fp16(f); }
   static V load_f16(const uint16_t* p) {
