@@ -303,9 +303,9 @@ class Session(_Closeable):
     def generate(self, max_tokens: int = 256, temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,
                  min_p: float = 0.05, seed: Optional[int] = None, stop: Union[None, str, Sequence[str]] = None,
                  repeat_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
-                 penalty_last_n: int = 64, ignore_eos: bool = False, spec_drafter: Optional[str] = None,
-                 spec_self_layers: int = 0, spec_draft_model: Optional[Model] = None, spec_threshold: float = 0.3,
-                 spec_max_nodes: int = 12, spec_max_depth: int = 8, spec_alpha: float = 0.25) -> "Stream":
+                 ignore_eos: bool = False, spec_drafter: Optional[str] = None, spec_self_layers: int = 0,
+                 spec_draft_model: Optional[Model] = None, spec_threshold: float = 0.3, spec_max_nodes: int = 12,
+                 spec_max_depth: int = 8, spec_alpha: float = 0.25, penalty_last_n: int = 64) -> "Stream":
         """Starts generating from everything added so far; iterate the Stream for text pieces.
 
         Penalties look at the last penalty_last_n tokens (prompt included; -1 = all, 0 = off):
