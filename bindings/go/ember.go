@@ -457,14 +457,17 @@ func (s *Session) Score(tokens []int) ([]float32, error) {
 
 // Sampling controls generation. Start from DefaultSampling() (the library's defaults).
 type Sampling struct {
-	MaxTokens     int
-	Temperature   float32 // 0 = greedy
-	TopK          int
-	TopP, MinP    float32
-	RepeatPenalty float32
-	Seed          uint64
-	IgnoreEOS     bool
-	Stop          []string // generation ends before the first match (not emitted)
+	MaxTokens        int
+	Temperature      float32 // 0 = greedy
+	TopK             int
+	TopP, MinP       float32
+	RepeatPenalty    float32
+	PresencePenalty  float32 // subtracted once from each token in the penalty window, -100..100 (default 0 = off)
+	FrequencyPenalty float32 // subtracted per occurrence of a token in the penalty window, -100..100 (default 0 = off)
+	PenaltyLastN     int     // penalty window: the last tokens, prompt included; -1 = all, 0 = off (default 64)
+	Seed             uint64
+	IgnoreEOS        bool
+	Stop             []string // generation ends before the first match (not emitted)
 
 	// Speculative decoding (same output, greedy or sampled; see docs/API.md).
 	SpecDrafter    string  // "" or "none" (default), "ngram" (prompt lookup), "self", "draft"
@@ -481,7 +484,9 @@ func DefaultSampling() Sampling {
 	d := emberc.NewEb_sampling()
 	defer emberc.DeleteEb_sampling(d)
 	return Sampling{MaxTokens: d.GetMax_tokens(), Temperature: d.GetTemperature(), TopK: d.GetTop_k(),
-		TopP: d.GetTop_p(), MinP: d.GetMin_p(), RepeatPenalty: d.GetRepeat_penalty(), Seed: uint64(d.GetSeed()),
+		TopP: d.GetTop_p(), MinP: d.GetMin_p(), RepeatPenalty: d.GetRepeat_penalty(),
+		PresencePenalty: d.GetPresence_penalty(), FrequencyPenalty: d.GetFrequency_penalty(),
+		PenaltyLastN: d.GetPenalty_last_n(), Seed: uint64(d.GetSeed()),
 		SpecSelfLayers: d.GetSpec_self_layers(), SpecThreshold: d.GetSpec_threshold(),
 		SpecMaxNodes: d.GetSpec_max_nodes(), SpecMaxDepth: d.GetSpec_max_depth(), SpecAlpha: d.GetSpec_alpha()}
 }
@@ -525,6 +530,9 @@ func (s *Session) Generate(opts *Sampling) (*Stream, error) {
 	raw.SetTop_p(o.TopP)
 	raw.SetMin_p(o.MinP)
 	raw.SetRepeat_penalty(o.RepeatPenalty)
+	raw.SetPresence_penalty(o.PresencePenalty)
+	raw.SetFrequency_penalty(o.FrequencyPenalty)
+	raw.SetPenalty_last_n(o.PenaltyLastN)
 	raw.SetSeed(int64(o.Seed))
 	raw.SetIgnore_eos(b2i(o.IgnoreEOS))
 	for _, x := range o.Stop {

@@ -15,6 +15,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"ember/internal/emberc"
 )
 
 const prompt = "Name three colors."
@@ -671,6 +673,82 @@ func TestSpeculativeBadParameters(t *testing.T) {
 	}
 	// Nothing above left the session busy.
 	if n := len(runGreedy(t, s, spec(4, func(o *Sampling) { o.SpecDrafter = "ngram" })).Tokens()); n != 4 {
+		t.Fatalf("%d tokens after the errors", n)
+	}
+}
+
+func TestSamplingDefaultsAreTheLibrarys(t *testing.T) {
+	g := DefaultSampling()
+	d := emberc.NewEb_sampling()
+	defer emberc.DeleteEb_sampling(d)
+	for _, c := range []struct {
+		name      string
+		got, want any
+	}{
+		{"MaxTokens", g.MaxTokens, d.GetMax_tokens()}, {"Temperature", g.Temperature, d.GetTemperature()},
+		{"TopK", g.TopK, d.GetTop_k()}, {"TopP", g.TopP, d.GetTop_p()}, {"MinP", g.MinP, d.GetMin_p()},
+		{"RepeatPenalty", g.RepeatPenalty, d.GetRepeat_penalty()},
+		{"PresencePenalty", g.PresencePenalty, d.GetPresence_penalty()},
+		{"FrequencyPenalty", g.FrequencyPenalty, d.GetFrequency_penalty()},
+		{"PenaltyLastN", g.PenaltyLastN, d.GetPenalty_last_n()},
+	} {
+		if c.got != c.want {
+			t.Errorf("DefaultSampling().%s = %v, want the library's %v", c.name, c.got, c.want)
+		}
+	}
+}
+
+func TestPenaltiesReachTheEngine(t *testing.T) {
+	_, e := setup(t)
+	plain, _ := specRun(t, e, true, greedy(24)) // greedy repeats ", " and digits
+	penalised := []struct {
+		name string
+		opts *Sampling
+	}{
+		{"frequency", spec(24, func(s *Sampling) { s.FrequencyPenalty = 5 })},
+		{"presence", spec(24, func(s *Sampling) { s.PresencePenalty = 5 })},
+		{"frequency, whole history", spec(24, func(s *Sampling) { s.FrequencyPenalty, s.PenaltyLastN = 5, -1 })},
+	}
+	for _, p := range penalised {
+		if tokens, _ := specRun(t, e, true, p.opts); fmt.Sprint(tokens) == fmt.Sprint(plain) {
+			t.Fatalf("%s penalty: the greedy tokens did not change: %v", p.name, tokens)
+		}
+	}
+	// An empty window (PenaltyLastN 0) turns the penalties off.
+	off, _ := specRun(t, e, true, spec(24, func(s *Sampling) {
+		s.FrequencyPenalty, s.PresencePenalty, s.PenaltyLastN = 5, 5, 0
+	}))
+	if fmt.Sprint(off) != fmt.Sprint(plain) {
+		t.Fatalf("penalties with PenaltyLastN 0: %v, want %v", off, plain)
+	}
+}
+
+func TestPenaltiesBadValues(t *testing.T) {
+	_, e := setup(t)
+	bad := []*Sampling{
+		spec(4, func(s *Sampling) { s.PenaltyLastN = -2 }),
+		spec(4, func(s *Sampling) { s.PresencePenalty = float32(math.NaN()) }),
+		spec(4, func(s *Sampling) { s.FrequencyPenalty = float32(math.Inf(1)) }),
+		spec(4, func(s *Sampling) { s.PresencePenalty = 101 }),
+		spec(4, func(s *Sampling) { s.FrequencyPenalty = -101 }),
+	}
+	s := must(e.NewSession(nil))(t)
+	defer s.Close()
+	ok(t, s.AddText(counting, false))
+	for i, b := range bad {
+		st, err := s.Generate(b)
+		if st != nil {
+			st.Close()
+			t.Fatalf("bad penalty %d accepted", i)
+		}
+		expectStatus(t, err, StatusInvalidArgument)
+	}
+	_, err := s.Generate(bad[0])
+	if be := expectStatus(t, err, StatusInvalidArgument); !strings.Contains(be.Message, "penalty_last_n") {
+		t.Fatal(be.Message)
+	}
+	// Nothing above left the session busy.
+	if n := len(runGreedy(t, s, spec(4, func(o *Sampling) { o.PenaltyLastN = -1 })).Tokens()); n != 4 {
 		t.Fatalf("%d tokens after the errors", n)
 	}
 }

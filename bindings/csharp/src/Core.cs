@@ -297,6 +297,12 @@ namespace Ember
         public float TopP = 0.95f;
         public float MinP = 0.05f;
         public float RepeatPenalty = 1.0f;
+        /// <summary>Subtracted once from each token in the penalty window, -100..100 (default 0 = off).</summary>
+        public float PresencePenalty = 0.0f;
+        /// <summary>Subtracted per occurrence of a token in the penalty window, -100..100 (default 0 = off).</summary>
+        public float FrequencyPenalty = 0.0f;
+        /// <summary>Penalty window: the last tokens, prompt included; -1 = all, 0 = off (default 64).</summary>
+        public int PenaltyLastN = 64;
         public long? Seed;
         public bool IgnoreEos;
         public IList<string> Stop = new List<string>();
@@ -345,6 +351,9 @@ namespace Ember
             s.top_p = TopP;
             s.min_p = MinP;
             s.repeat_penalty = RepeatPenalty;
+            s.presence_penalty = PresencePenalty;
+            s.frequency_penalty = FrequencyPenalty;
+            s.penalty_last_n = PenaltyLastN;
             if (Seed.HasValue) s.seed = Seed.Value;
             s.ignore_eos = IgnoreEos ? 1 : 0;
             foreach (var x in Stop) s.add_stop(x);

@@ -367,12 +367,64 @@ static class EmberTests
             Eq(d.top_p, g.TopP, "TopP");
             Eq(d.min_p, g.MinP, "MinP");
             Eq(d.repeat_penalty, g.RepeatPenalty, "RepeatPenalty");
+            Eq(d.presence_penalty, g.PresencePenalty, "PresencePenalty");
+            Eq(d.frequency_penalty, g.FrequencyPenalty, "FrequencyPenalty");
+            Eq(d.penalty_last_n, g.PenaltyLastN, "PenaltyLastN");
             Eq(d.spec_drafter, Ember.LowLevel.emberc.SPEC_NONE, "spec_drafter");
             Eq(d.spec_self_layers, g.SpecSelfLayers, "SpecSelfLayers");
             Eq(d.spec_threshold, g.SpecThreshold, "SpecThreshold");
             Eq(d.spec_max_nodes, g.SpecMaxNodes, "SpecMaxNodes");
             Eq(d.spec_max_depth, g.SpecMaxDepth, "SpecMaxDepth");
             Eq(d.spec_alpha, g.SpecAlpha, "SpecAlpha");
+        }
+    }
+
+    // ---------------------------------------------------------------- penalties
+    static Sampling Penalised(int n, Action<Sampling> set)
+    {
+        var g = Greedy(n);
+        set(g);
+        return g;
+    }
+
+    static void PenaltiesReachTheEngine()
+    {
+        var plain = SpecRun(true, Greedy(24)).Key; // greedy repeats ", " and digits
+        var penalised = new List<KeyValuePair<string, Sampling>>
+        {
+            new KeyValuePair<string, Sampling>("frequency", Penalised(24, g => g.FrequencyPenalty = 5f)),
+            new KeyValuePair<string, Sampling>("presence", Penalised(24, g => g.PresencePenalty = 5f)),
+            new KeyValuePair<string, Sampling>("frequency, whole history",
+                                               Penalised(24, g => { g.FrequencyPenalty = 5f; g.PenaltyLastN = -1; })),
+        };
+        foreach (var p in penalised)
+        {
+            var tokens = SpecRun(true, p.Value).Key;
+            Check(Ids(plain) != Ids(tokens), p.Key + " penalty: greedy tokens unchanged " + Ids(tokens));
+        }
+        // An empty window (PenaltyLastN 0) turns the penalties off.
+        var off = Penalised(24, g => { g.FrequencyPenalty = 5f; g.PresencePenalty = 5f; g.PenaltyLastN = 0; });
+        Eq(Ids(plain), Ids(SpecRun(true, off).Key), "penalties with PenaltyLastN 0");
+    }
+
+    static void PenaltiesBadValues()
+    {
+        var bad = new[]
+        {
+            Penalised(4, g => g.PenaltyLastN = -2), Penalised(4, g => g.PresencePenalty = float.NaN),
+            Penalised(4, g => g.FrequencyPenalty = float.PositiveInfinity), Penalised(4, g => g.PresencePenalty = 101f),
+            Penalised(4, g => g.FrequencyPenalty = -101f),
+        };
+        using (var s = engine.Session())
+        {
+            s.AddText(Counting);
+            // A stream started by mistake is disposed at once, so that it cannot upset the tests after this one.
+            foreach (var b in bad) Throws(EmberException.InvalidArgument, () => s.Generate(b).Dispose());
+            var e = Throws(EmberException.InvalidArgument,
+                           () => s.Generate(Penalised(4, g => g.PenaltyLastN = -2)).Dispose());
+            Check(e.Message.Contains("penalty_last_n"), "message: " + e.Message);
+            // Nothing above left the session busy.
+            Eq(4, RunGreedy(s, Penalised(4, g => g.PenaltyLastN = -1)).Tokens.Length, "tokens after the errors");
         }
     }
 
@@ -526,6 +578,8 @@ static class EmberTests
             new KeyValuePair<string, Action>("speculative_stream_keeps_its_draft_model", SpeculativeStreamKeepsItsDraftModel),
             new KeyValuePair<string, Action>("speculative_bad_parameters", SpeculativeBadParameters),
             new KeyValuePair<string, Action>("sampling_defaults_are_the_librarys", SamplingDefaultsAreTheLibrarys),
+            new KeyValuePair<string, Action>("penalties_reach_the_engine", PenaltiesReachTheEngine),
+            new KeyValuePair<string, Action>("penalties_bad_values", PenaltiesBadValues),
             new KeyValuePair<string, Action>("missing_and_corrupt_files", MissingAndCorruptFiles),
             new KeyValuePair<string, Action>("busy", Busy),
             new KeyValuePair<string, Action>("close_in_any_order", CloseInAnyOrder),

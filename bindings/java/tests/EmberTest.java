@@ -9,10 +9,12 @@ import ember.Sampling;
 import ember.Session;
 import ember.Stream;
 import ember.StreamStats;
+import ember.lowlevel.eb_sampling;
 import java.io.File;
 import java.io.FileInputStream;
 import java.io.FileOutputStream;
 import java.io.IOException;
+import java.lang.reflect.Field;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -338,6 +340,63 @@ public final class EmberTest {
     }
   }
 
+  // ---------------------------------------------------------------- penalties
+  /** A package-private field of a Sampling (the builder has no getters). */
+  static Object field(Sampling s, String name) throws Exception {
+    Field f = Sampling.class.getDeclaredField(name);
+    f.setAccessible(true);
+    return f.get(s);
+  }
+
+  static void samplingDefaultsAreTheLibrarys() throws Exception {
+    Sampling g = new Sampling();
+    eb_sampling d = new eb_sampling();
+    try {
+      eq(d.getMax_tokens(), field(g, "maxTokens"), "maxTokens");
+      eq(d.getTemperature(), field(g, "temperature"), "temperature");
+      eq(d.getTop_k(), field(g, "topK"), "topK");
+      eq(d.getTop_p(), field(g, "topP"), "topP");
+      eq(d.getMin_p(), field(g, "minP"), "minP");
+      eq(d.getRepeat_penalty(), field(g, "repeatPenalty"), "repeatPenalty");
+      eq(d.getPresence_penalty(), field(g, "presencePenalty"), "presencePenalty");
+      eq(d.getFrequency_penalty(), field(g, "frequencyPenalty"), "frequencyPenalty");
+      eq(d.getPenalty_last_n(), field(g, "penaltyLastN"), "penaltyLastN");
+    } finally {
+      d.delete();
+    }
+  }
+
+  static void penaltiesReachTheEngine() {
+    int[] plain = specRun(true, greedy(24)).tokens; // greedy repeats ", " and digits
+    Map<String, Sampling> penalised = new LinkedHashMap<>();
+    penalised.put("frequency", greedy(24).frequencyPenalty(5f));
+    penalised.put("presence", greedy(24).presencePenalty(5f));
+    penalised.put("frequency, whole history", greedy(24).frequencyPenalty(5f).penaltyLastN(-1));
+    for (Map.Entry<String, Sampling> p : penalised.entrySet()) {
+      int[] tokens = specRun(true, p.getValue()).tokens;
+      check(!Arrays.equals(plain, tokens), p.getKey() + " penalty: greedy tokens unchanged " + Arrays.toString(tokens));
+    }
+    // An empty window (penaltyLastN 0) turns the penalties off.
+    int[] off = specRun(true, greedy(24).frequencyPenalty(5f).presencePenalty(5f).penaltyLastN(0)).tokens;
+    eq(Arrays.toString(plain), Arrays.toString(off), "penalties with penaltyLastN 0");
+  }
+
+  static void penaltiesBadValues() throws Exception {
+    List<Sampling> bad = Arrays.asList(greedy(4).penaltyLastN(-2), greedy(4).presencePenalty(Float.NaN),
+        greedy(4).frequencyPenalty(Float.POSITIVE_INFINITY), greedy(4).presencePenalty(101f),
+        greedy(4).frequencyPenalty(-101f));
+    try (Session s = engine.session()) {
+      s.addText(COUNTING);
+      // A stream started by mistake is closed at once, so that it cannot upset the tests after this one.
+      for (Sampling b : bad) expectThrows(EmberException.INVALID_ARGUMENT, () -> s.generate(b).close());
+      EmberException e =
+          expectThrows(EmberException.INVALID_ARGUMENT, () -> s.generate(greedy(4).penaltyLastN(-2)).close());
+      check(e.getMessage().contains("penalty_last_n"), "message: " + e.getMessage());
+      // Nothing above left the session busy.
+      eq(4, runGreedy(s, greedy(4).penaltyLastN(-1)).tokens().length, "tokens after the errors");
+    }
+  }
+
   static void missingAndCorruptFiles() throws Exception {
     String missing = System.getProperty("java.io.tmpdir") + "/ember-no-such-model.gguf";
     EmberException e = expectThrows(EmberException.NOT_FOUND, () -> new Model(missing));
@@ -487,6 +546,9 @@ public final class EmberTest {
     tests.put("speculative_greedy_equals_plain", EmberTest::speculativeGreedyEqualsPlain);
     tests.put("speculative_stream_keeps_its_draft_model", EmberTest::speculativeStreamKeepsItsDraftModel);
     tests.put("speculative_bad_parameters", EmberTest::speculativeBadParameters);
+    tests.put("sampling_defaults_are_the_librarys", EmberTest::samplingDefaultsAreTheLibrarys);
+    tests.put("penalties_reach_the_engine", EmberTest::penaltiesReachTheEngine);
+    tests.put("penalties_bad_values", EmberTest::penaltiesBadValues);
     tests.put("missing_and_corrupt_files", EmberTest::missingAndCorruptFiles);
     tests.put("busy", EmberTest::busy);
     tests.put("close_in_any_order", EmberTest::closeInAnyOrder);

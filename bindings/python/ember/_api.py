@@ -305,8 +305,12 @@ class Session(_Closeable):
                  repeat_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
                  ignore_eos: bool = False, spec_drafter: Optional[str] = None, spec_self_layers: int = 0,
                  spec_draft_model: Optional[Model] = None, spec_threshold: float = 0.3, spec_max_nodes: int = 12,
-                 spec_max_depth: int = 8, spec_alpha: float = 0.25) -> "Stream":
+                 spec_max_depth: int = 8, spec_alpha: float = 0.25, penalty_last_n: int = 64) -> "Stream":
         """Starts generating from everything added so far; iterate the Stream for text pieces.
+
+        Penalties look at the last penalty_last_n tokens (prompt included; -1 = all, 0 = off):
+        presence_penalty (default 0) is subtracted from the logit of every token seen there,
+        frequency_penalty (default 0) once per time it was seen, both -100..100.
 
         Speculative decoding (same output, greedy or sampled; see docs/API.md): spec_drafter "ngram"
         (prompt lookup), "self" (the model's first spec_self_layers layers; 0 = 7/8 of them) or "draft"
@@ -330,6 +334,7 @@ class Session(_Closeable):
         s.repeat_penalty = float(repeat_penalty)
         s.presence_penalty = float(presence_penalty)
         s.frequency_penalty = float(frequency_penalty)
+        s.penalty_last_n = int(penalty_last_n)
         s.ignore_eos = int(bool(ignore_eos))
         if seed is not None:  # any 64-bit value; the library's default otherwise
             v = int(seed) & 0xFFFFFFFFFFFFFFFF

@@ -300,6 +300,42 @@ class EmberTest(unittest.TestCase):
             self.assertAlmostEqual(params[name].default, getattr(d, name), places=6, msg=name)
         self.assertEqual(d.spec_drafter, emberc.SPEC_NONE)
 
+    # -- penalties
+    def test_sampling_defaults_are_the_librarys(self):
+        import inspect
+        from ember import emberc
+        d = emberc.eb_sampling()
+        params = inspect.signature(ember.Session.generate).parameters
+        for name in ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
+                     "frequency_penalty", "penalty_last_n"):
+            self.assertAlmostEqual(params[name].default, getattr(d, name), places=6, msg=name)
+
+    def test_penalties_reach_the_engine(self):
+        plain, _ = self.spec_greedy(("text", COUNTING), 24)  # greedy repeats ", " and digits
+        for name, kw in (("frequency", dict(frequency_penalty=5.0)), ("presence", dict(presence_penalty=5.0)),
+                         ("frequency, whole history", dict(frequency_penalty=5.0, penalty_last_n=-1))):
+            tokens, _ = self.spec_greedy(("text", COUNTING), 24, **kw)
+            self.assertNotEqual(tokens, plain, name)
+        # An empty window (penalty_last_n 0) turns the penalties off.
+        off, _ = self.spec_greedy(("text", COUNTING), 24, frequency_penalty=5.0, presence_penalty=5.0,
+                                  penalty_last_n=0)
+        self.assertEqual(off, plain, "penalties with penalty_last_n 0")
+
+    def test_penalties_bad_values(self):
+        bad = [dict(penalty_last_n=-2), dict(presence_penalty=float("nan")), dict(frequency_penalty=float("inf")),
+               dict(presence_penalty=101.0), dict(frequency_penalty=-101.0)]
+        with self.engine.session() as session:
+            session.add_text(COUNTING)
+            for kw in bad:  # a stream started by mistake is closed at once (it cannot upset later tests)
+                with self.assertRaises(ember.InvalidArgumentError, msg=str(kw)):
+                    session.generate(max_tokens=4, temperature=0, **kw).close()
+            with self.assertRaises(ember.InvalidArgumentError) as cm:
+                session.generate(max_tokens=4, temperature=0, penalty_last_n=-2).close()
+            self.assertIn("penalty_last_n", str(cm.exception))
+            # Nothing above left the session busy.
+            with session.generate(max_tokens=4, temperature=0, penalty_last_n=-1) as s:
+                self.assertEqual(len(s.read() and s.tokens), 4)
+
     # -- errors
     def test_missing_and_corrupt_files(self):
         missing = os.path.join(tempfile.gettempdir(), "ember-no-such-model.gguf")

@@ -18,6 +18,9 @@ public final class Sampling {
   float topP = defaults.getTop_p();
   float minP = defaults.getMin_p();
   float repeatPenalty = defaults.getRepeat_penalty();
+  float presencePenalty = defaults.getPresence_penalty();
+  float frequencyPenalty = defaults.getFrequency_penalty();
+  int penaltyLastN = defaults.getPenalty_last_n();
   Long seed;
   boolean ignoreEos;
   final List<String> stop = new ArrayList<>();
@@ -40,6 +43,12 @@ public final class Sampling {
   public Sampling topP(float p) { topP = p; return this; }
   public Sampling minP(float p) { minP = p; return this; }
   public Sampling repeatPenalty(float p) { repeatPenalty = p; return this; }
+  /** Subtracted once from each token in the penalty window, -100..100 (default 0 = off). */
+  public Sampling presencePenalty(float p) { presencePenalty = p; return this; }
+  /** Subtracted per occurrence of a token in the penalty window, -100..100 (default 0 = off). */
+  public Sampling frequencyPenalty(float p) { frequencyPenalty = p; return this; }
+  /** Penalty window: the last tokens, prompt included; -1 = all, 0 = off (default 64). */
+  public Sampling penaltyLastN(int n) { penaltyLastN = n; return this; }
   public Sampling seed(long s) { seed = s; return this; }
   public Sampling ignoreEos(boolean b) { ignoreEos = b; return this; }
   /** Stop strings: generation ends before the first match (not emitted). */
@@ -94,6 +103,9 @@ public final class Sampling {
     s.setTop_p(topP);
     s.setMin_p(minP);
     s.setRepeat_penalty(repeatPenalty);
+    s.setPresence_penalty(presencePenalty);
+    s.setFrequency_penalty(frequencyPenalty);
+    s.setPenalty_last_n(penaltyLastN);
     if (seed != null) s.setSeed(seed);
     s.setIgnore_eos(ignoreEos ? 1 : 0);
     for (String x : stop) s.add_stop(x);
