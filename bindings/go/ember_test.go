@@ -122,6 +122,20 @@ func expectStatus(t *testing.T, err error, status int) *Error {
 	return e
 }
 
+// expectAllRefused: every one of bad is refused with StatusInvalidArgument
+// (a stream started by mistake is closed before failing).
+func expectAllRefused(t *testing.T, s *Session, bad []*Sampling, what string) {
+	t.Helper()
+	for i, b := range bad {
+		st, err := s.Generate(b)
+		if st != nil {
+			st.Close()
+			t.Fatalf("%s %d accepted", what, i)
+		}
+		expectStatus(t, err, StatusInvalidArgument)
+	}
+}
+
 func TestLoadAndInfo(t *testing.T) {
 	m, e := setup(t)
 	info := must(m.Info())(t)
@@ -648,13 +662,7 @@ func TestSpeculativeBadParameters(t *testing.T) {
 	s := must(e.NewSession(nil))(t)
 	defer s.Close()
 	ok(t, s.AddText(counting, false))
-	for i, b := range bad {
-		st, err := s.Generate(b)
-		if st != nil {
-			t.Fatalf("bad parameters %d accepted", i)
-		}
-		expectStatus(t, err, StatusInvalidArgument)
-	}
+	expectAllRefused(t, s, bad, "bad parameters")
 	_, err := s.Generate(bad[1])
 	if be := expectStatus(t, err, StatusInvalidArgument); !strings.Contains(be.Message, "max_nodes") {
 		t.Fatal(be.Message)
@@ -735,14 +743,7 @@ func TestPenaltiesBadValues(t *testing.T) {
 	s := must(e.NewSession(nil))(t)
 	defer s.Close()
 	ok(t, s.AddText(counting, false))
-	for i, b := range bad {
-		st, err := s.Generate(b)
-		if st != nil {
-			st.Close()
-			t.Fatalf("bad penalty %d accepted", i)
-		}
-		expectStatus(t, err, StatusInvalidArgument)
-	}
+	expectAllRefused(t, s, bad, "bad penalty")
 	_, err := s.Generate(bad[0])
 	if be := expectStatus(t, err, StatusInvalidArgument); !strings.Contains(be.Message, "penalty_last_n") {
 		t.Fatal(be.Message)
