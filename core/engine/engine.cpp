@@ -327,6 +327,15 @@ void Engine::schedule(StepWork& w, int32_t token_budget) {
     token_budget = std::max(token_budget, decodes);
   }
   KvManager::StepBudget budget = kv_->step_budget(w.budget);
+  // Draft models' KV in this pool is a cache of the target's history: it
+  // goes before any sequence is preempted or kept waiting.
+  budget.set_reclaim([&w] {
+    bool freed = false;
+    for (Stream* s : w.streams) {
+      if (s->drafter() && s->drafter()->release_kv()) freed = true;
+    }
+    return freed;
+  });
   w.plan = scheduler_->schedule(w.seqs, budget, token_budget);
   for (const auto& entry : budget.errors()) {
     const auto id = entry.first;
@@ -377,6 +386,7 @@ void Engine::build_batch(StepWork& w, int32_t token_budget) {
   stats_.running = w.entries.size();
   stats_.last_step_tokens = static_cast<size_t>(w.batch.n_rows());
   stats_.preempted = scheduler_->preemptions();
+  stats_.reclaimed = scheduler_->reclaims();
 }
 
 bool Engine::run_forward(StepWork& w) {

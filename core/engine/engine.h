@@ -61,6 +61,7 @@ struct EngineParams {
 struct SchedulerStats {
   size_t running = 0, waiting = 0, last_step_tokens = 0;
   uint64_t preempted = 0, steps = 0;
+  uint64_t reclaimed = 0;  // times draft models' KV was taken back for a sequence
 };
 
 class Engine : public std::enable_shared_from_this<Engine> {

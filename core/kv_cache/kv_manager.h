@@ -172,6 +172,10 @@ class KvManager {
     void free(SchedSequence& s) override;
     void admit(SchedSequence& s) override;
     size_t capacity_slots() const override;
+    bool reclaim() override { return reclaim_ && reclaim_(); }
+    // What reclaim() calls (the engine: its streams' draft models give back
+    // their KV).
+    void set_reclaim(std::function<bool()> f) { reclaim_ = std::move(f); }
     // Allocations that failed with an error (the sequence must fail).
     const std::vector<std::pair<uint64_t, Error>>& errors() const { return errors_; }
 
@@ -181,6 +185,7 @@ class KvManager {
     KvManager& kv_;
     std::vector<BudgetEntry> entries_;
     std::vector<std::pair<uint64_t, Error>> errors_;
+    std::function<bool()> reclaim_;
   };
   StepBudget step_budget(std::vector<BudgetEntry> entries) { return StepBudget(*this, std::move(entries)); }
   // Grows the cache so `n_new` more history tokens can be computed (a

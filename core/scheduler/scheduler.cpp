@@ -41,9 +41,15 @@ StepPlan Scheduler::schedule(std::vector<SchedSequence*>& seqs, KvBudget& kv, in
       if (s.max_chunk) limit = std::min(limit, s.max_chunk);
       const int32_t chunk = static_cast<int32_t>(std::min<size_t>(todo, limit));
       bool ok = kv.allocate(s, s.n_computed + static_cast<size_t>(chunk));
-      // Out of blocks: preempt the lowest-ranked running sequence that is
-      // not already part of this step, and retry.
+      // Out of blocks: take back what optional caches hold, else preempt
+      // the lowest-ranked running sequence that is not already part of this
+      // step, and retry.
       while (!ok && !kv.failed(s)) {
+        if (kv.reclaim()) {
+          ++reclaims_;
+          ok = kv.allocate(s, s.n_computed + static_cast<size_t>(chunk));
+          continue;
+        }
         size_t victim = seqs.size();
         for (size_t j = seqs.size(); j-- > i + 1;) {
           if (seqs[j]->running && seqs[j]->preemptible) {

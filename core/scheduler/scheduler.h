@@ -48,6 +48,10 @@ class KvBudget {
   virtual void free(SchedSequence& seq) = 0;
   // Slots a single sequence could hold if it had the whole pool.
   virtual size_t capacity_slots() const = 0;
+  // Gives back blocks that optional caches hold (a draft model's KV in the
+  // same pool): tried before any sequence is preempted or left waiting.
+  // True when it freed something (false once there is nothing left).
+  virtual bool reclaim() { return false; }
 };
 
 struct SchedulerConfig {
@@ -78,10 +82,13 @@ class Scheduler {
   StepPlan schedule(std::vector<SchedSequence*>& seqs, KvBudget& kv, int32_t token_budget = 0);
 
   uint64_t preemptions() const { return preemptions_; }
+  // Times KvBudget::reclaim() freed blocks for a sequence.
+  uint64_t reclaims() const { return reclaims_; }
 
  private:
   SchedulerConfig config_;
   uint64_t preemptions_ = 0;
+  uint64_t reclaims_ = 0;
 };
 
 }  // namespace ember

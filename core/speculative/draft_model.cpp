@@ -150,6 +150,19 @@ void DraftModelDrafter::propose(KvSequence& seq, const DraftTree& tree, int32_t 
   top_candidates(logits_.data(), n_vocab, max_candidates, out);
 }
 
+bool DraftModelDrafter::release_kv() {
+  if (!runner_->shares_pool()) return false;  // (its own pool: nothing the engine could use)
+  std::lock_guard<std::mutex> lock(runner_->mutex());
+  std::lock_guard<std::mutex> seq_lock(seq_->mutex());
+  // (a bounded draft keeps its window: its evicted history cannot be redone)
+  if (tree_open_ || seq_->bounded() || seq_->n_blocks() == 0) return false;
+  KvManager& kv = runner_->kv();
+  kv.rollback_provisional(*seq_);
+  kv.release(*seq_);
+  backoff_ = 8;
+  return true;
+}
+
 void DraftModelDrafter::finish_tree(KvSequence&) {
   if (!tree_open_) return;
   std::lock_guard<std::mutex> lock(runner_->mutex());

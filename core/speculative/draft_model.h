@@ -76,6 +76,7 @@ class DraftModelDrafter final : public Drafter {
   void propose(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,
                std::vector<Candidate>& out) override;
   void finish_tree(KvSequence& seq) override;
+  bool release_kv() override;
 
  private:
   // Brings the draft sequence to the target's history (all but its last

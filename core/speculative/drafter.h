@@ -41,6 +41,10 @@ class Drafter {
                        std::vector<Candidate>& out) = 0;
   // After drafting, before verification (a model drafter drops what it drafted).
   virtual void finish_tree(KvSequence&) {}
+  // Between trees: gives back KV blocks the drafter keeps in the engine's
+  // pool (the target's sequences need them; it recomputes later). True when
+  // it freed any.
+  virtual bool release_kv() { return false; }
   // After verification: `path` are the accepted nodes (a drafter may learn
   // how far its proposals can be trusted).
   virtual void verified(const DraftTree&, const std::vector<int32_t>& /*path*/) {}

@@ -270,8 +270,8 @@ TEST(Speculative, DraftModelKvLivesInTheEnginesPool) {
       return run(stream);
     };
     uint64_t drafted = 0;
-    for (const std::vector<int32_t>& prompt : {std::vector<int32_t>{5, 9, 14, 7}, std::vector<int32_t>{1, 2, 3},
-                                               std::vector<int32_t>(300, 11)}) {
+    for (const std::vector<int32_t>& prompt :
+         {std::vector<int32_t>{5, 9, 14, 7}, std::vector<int32_t>{1, 2, 3}, std::vector<int32_t>(300, 11)}) {
       auto a = std::make_shared<Session>(engine, 0, "");
       a->add_tokens(prompt);
       size_t plain_peak = 0, spec_peak = 0;
@@ -310,6 +310,83 @@ TEST(Speculative, DraftModelKvLivesInTheEnginesPool) {
     EXPECT_EQ(spec.tokens, plain.tokens) << "sink session";
     EXPECT_GT(spec.stats.drafted_tokens, 0u);
   }
+}
+
+// The draft model's KV is a cache of the target's history: when a target
+// sequence lacks blocks it goes first (KvBudget::reclaim), so a stream that
+// arrives while a draft holds much of the pool starts at once instead of
+// waiting for the speculating stream to end. Outputs stay the references'.
+TEST(Speculative, DraftKvGivesWayToTheTargetsSequences) {
+  auto target = Model::load(synthetic("spec_target.gguf"));
+  auto draft = Model::load(synthetic("spec_draft.gguf"));
+  const uint64_t block_bytes = 2 * 2 * 16 * 32 * 2;  // the target's (see above)
+  const int n_gen = 60;
+  const std::vector<int32_t> prompt_s(300, 11);
+  std::vector<int32_t> prompt_p(300);
+  for (size_t i = 0; i < prompt_p.size(); ++i) prompt_p[i] = static_cast<int32_t>((i * 5 + 1) % 32);
+  auto spec_params = [&] {
+    StreamParams sp = with_spec(greedy(n_gen), SpecParams::Kind::kDraft, 0, draft);
+    sp.spec.tree.min_confidence = 0.0f;  // (the random draft's distributions are flat)
+    return sp;
+  };
+  auto make_engine = [&](uint64_t blocks) {
+    EngineParams ep;
+    ep.n_threads = 1;
+    ep.kv_memory_bytes = blocks * block_bytes;
+    ep.manual = true;
+    return Engine::create(target, ep);
+  };
+  // References and the blocks each needs, alone in a large pool.
+  size_t peak_spec = 0, peak_p = 0;
+  Outcome ref_s, ref_p;
+  {
+    auto engine = make_engine(16384);
+    auto drive = [&](const std::shared_ptr<Stream>& stream, size_t* peak) {
+      while (!stream->finished()) {
+        (*engine)->run_steps(0, 64);
+        *peak = std::max<size_t>(*peak, (*engine)->cache_stats().blocks_used);
+      }
+      return run(stream);
+    };
+    size_t unused = 0;
+    auto a = std::make_shared<Session>(engine, 0, "");
+    a->add_tokens(prompt_s);
+    ref_s = drive(a->start(greedy(n_gen)), &unused);
+    auto b = std::make_shared<Session>(engine, 0, "");
+    b->add_tokens(prompt_p);
+    ref_p = drive(b->start(greedy(n_gen)), &peak_p);
+    auto c = std::make_shared<Session>(engine, 0, "");
+    c->add_tokens(prompt_s);
+    const Outcome spec = drive(c->start(spec_params()), &peak_spec);
+    ASSERT_EQ(spec.tokens, ref_s.tokens);
+  }
+  // The speculating stream and its draft fit; a second stream's prompt does
+  // not fit beside them, but does beside the first stream alone.
+  auto engine = make_engine(peak_spec + 2);
+  auto s = std::make_shared<Session>(engine, 0, "");
+  s->add_tokens(prompt_s);
+  std::shared_ptr<Stream> stream_s = s->start(spec_params());
+  // (steps of up to 16 tokens: room for trees)
+  while (!stream_s->finished() && stream_s->stats().generated_tokens < 4) (*engine)->run_steps(0, 16);
+  ASSERT_FALSE(stream_s->finished());
+  const size_t used = (*engine)->cache_stats().blocks_used;
+  ASSERT_GT(used + (prompt_p.size() + 15) / 16, peak_spec + 2) << "the test's pool is too large";
+  ASSERT_LE(peak_p + (prompt_s.size() + n_gen) / 16 + 2, peak_spec + 2) << "the test's pool is too small";
+  auto p = std::make_shared<Session>(engine, 0, "");
+  p->add_tokens(prompt_p);
+  std::shared_ptr<Stream> stream_p = p->start(greedy(n_gen));
+  // The first step takes the whole prompt as one chunk (19 blocks), which
+  // fits only once the draft gave its blocks back.
+  (*engine)->run_steps(0, 300);
+  EXPECT_GT(p->kv().n_computed(), 0u);
+  EXPECT_GE((*engine)->scheduler_stats().reclaimed, 1u) << "the draft's blocks were not taken back";
+  while (!stream_s->finished() || !stream_p->finished()) (*engine)->run_steps(0, 64);
+  const Outcome out_s = run(stream_s), out_p = run(stream_p);
+  EXPECT_EQ(out_s.tokens, ref_s.tokens);
+  EXPECT_EQ(out_p.tokens, ref_p.tokens);
+  EXPECT_GT(out_s.stats.drafted_tokens, 0u);
+  EXPECT_EQ((*engine)->scheduler_stats().preempted, 0u);
+  EXPECT_EQ((*engine)->cache_stats().blocks_used, 0u);
 }
 
 TEST(Speculative, DraftWithAnotherVocabularyIsRefused) {

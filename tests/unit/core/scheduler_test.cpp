@@ -124,6 +124,52 @@ TEST(Scheduler, PreemptsLowestRankedAndResumes) {
   EXPECT_EQ(tokens_for(p, 1), 41);
 }
 
+// Blocks held by optional caches (a draft model's KV) go before any
+// sequence is preempted, and before a sequence is left waiting.
+TEST(Scheduler, ReclaimsOptionalCachesBeforePreempting) {
+  class CachingBudget : public FakeBudget {
+   public:
+    using FakeBudget::FakeBudget;
+    bool allocate(SchedSequence& s, size_t n_slots) override {
+      const size_t need = (n_slots + 15) / 16;
+      if (need > held(s.id) && need - held(s.id) > free() - cached_) return false;
+      return FakeBudget::allocate(s, n_slots);
+    }
+    bool reclaim() override {
+      ++calls_;
+      if (cached_ == 0) return false;
+      cached_ = 0;
+      return true;
+    }
+    size_t cached_ = 2;  // blocks a cache holds
+    int calls_ = 0;
+  };
+  Scheduler sched({512, 8});
+  CachingBudget kv(6, 16);  // 96 slots, 2 of its 6 blocks cached
+  SchedSequence low = seq(1, 40, 1), high = seq(2, 30, 0);
+  std::vector<SchedSequence*> all = {&low};
+  StepPlan p = sched.schedule(all, kv);
+  EXPECT_EQ(tokens_for(p, 1), 40);  // 3 blocks, 1 left beside the cache
+  EXPECT_EQ(kv.calls_, 0);
+  advance(p);
+  low.n_tokens++;
+  all = {&low, &high};
+  p = sched.schedule(all, kv);  // high needs 2 blocks: the cache goes, low stays
+  EXPECT_TRUE(p.preempted.empty());
+  EXPECT_EQ(tokens_for(p, 2), 30);
+  EXPECT_EQ(tokens_for(p, 1), 1);
+  EXPECT_EQ(sched.preemptions(), 0u);
+  EXPECT_EQ(sched.reclaims(), 1u);
+  EXPECT_EQ(kv.cached_, 0u);
+  // Nothing left to reclaim: the next shortage preempts as before.
+  advance(p);
+  SchedSequence third = seq(3, 20, 0);
+  all = {&low, &high, &third};
+  p = sched.schedule(all, kv);
+  EXPECT_EQ(p.preempted.size(), 1u);
+  EXPECT_EQ(sched.reclaims(), 1u);
+}
+
 TEST(Scheduler, FailsOnlyWhatCannotFitTheWholePool) {
   Scheduler sched({512, 8});
   FakeBudget kv(2, 16);  // 32 slots
