@@ -1,6 +1,8 @@
 // ember — command-line front end over the C ABI.
 //   ember generate [-m MODEL] -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P] [--seed S] [--chat]
 //   ember chat [-m MODEL]
+//   (generate, chat: [--min-p P] [--repeat-penalty R] [--presence-penalty P] [--frequency-penalty F]
+//    [--penalty-last-n N])
 //   ember perplexity [-m MODEL] -f FILE [--ctx C] [--max-tokens N]
 //   ember perplexity [-m MODEL] -f FILE --stream --cache full|window:W|sink:S:W|recompute:W
 //                    [--max-tokens N] [--series FILE.csv] [--stride K] [--logprobs FILE.csv] [--chunk K]
@@ -253,13 +255,17 @@ ember_stream_params stream_params(const Args& a) {
   sp.top_p = static_cast<float>(a.real("--top-p", sp.top_p, 1e-6, 1));
   sp.min_p = static_cast<float>(a.real("--min-p", sp.min_p, 0, 1));
   sp.repeat_penalty = static_cast<float>(a.real("--repeat-penalty", sp.repeat_penalty, 1e-3, 100));
+  sp.presence_penalty = static_cast<float>(a.real("--presence-penalty", sp.presence_penalty, -100, 100));
+  sp.frequency_penalty = static_cast<float>(a.real("--frequency-penalty", sp.frequency_penalty, -100, 100));
+  sp.penalty_last_n = static_cast<int32_t>(a.integer("--penalty-last-n", sp.penalty_last_n, -1, 1 << 24));
   sp.seed = static_cast<uint64_t>(a.integer("--seed", static_cast<long long>(sp.seed), 0, (1LL << 62)));
   return sp;
 }
 
 int cmd_generate(int argc, char** argv) {
   Args a(argc, argv, 2,
-         with({"-m", "-p", "-n", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--seed", "-t"},
+         with({"-m", "-p", "-n", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--presence-penalty",
+               "--frequency-penalty", "--penalty-last-n", "--seed", "-t"},
               kSpecOpts),
          {"--chat", "--stats"});
   if (!a.has("-p")) throw CliError("generate needs -p PROMPT");
@@ -293,7 +299,9 @@ int cmd_generate(int argc, char** argv) {
 
 int cmd_chat(int argc, char** argv) {
   Args a(argc, argv, 2,
-         {"-m", "-n", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--seed", "-t", "--system"}, {});
+         {"-m", "-n", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--presence-penalty",
+          "--frequency-penalty", "--penalty-last-n", "--seed", "-t", "--system"},
+         {});
   const ember_stream_params sp = stream_params(a);
   Handles h;
   load(h, a, static_cast<int>(a.integer("-t", 0, 0, 1024)));
@@ -1075,6 +1083,8 @@ void usage() {
       "             [--spec ngram|self[:L]|draft:PATH] [--spec-nodes N] [--spec-depth D] [--spec-threshold P]\n"
       "             [--spec-alpha A] [--stats]\n"
       "  chat       [-m MODEL] [--system TEXT]\n"
+      "  (generate and chat) [--min-p P] [--repeat-penalty R] [--presence-penalty P] [--frequency-penalty F]\n"
+      "             [--penalty-last-n N]   # penalties over the last N tokens (-1: all, 0: off; default 64)\n"
       "  perplexity [-m MODEL] -f FILE [--ctx C] [--max-tokens N]\n"
       "  perplexity [-m MODEL] -f FILE --stream --cache full|window:W|sink:S:W|recompute:W\n"
       "             [--max-tokens N] [--series FILE.csv] [--stride K] [--logprobs FILE.csv] [--chunk K]\n"

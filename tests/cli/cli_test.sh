@@ -38,6 +38,14 @@ a="$("$ember" generate -p "The capital of France is" -n 8 --temp 0 2>/dev/null)"
 b="$("$ember" generate -p "The capital of France is" -n 8 --temp 0 2>/dev/null)"
 if [ -n "$a" ] && [ "$a" = "$b" ]; then ok; else bad "greedy generate not deterministic: '$a' vs '$b'"; fi
 c="$("$ember" generate -p "Say hello." --chat -n 16 --seed 3 2>/dev/null)"; [ -n "$c" ] && ok || bad "chat generate empty"
+# penalties reach the sampler: a frequency penalty changes greedy counting, an empty window (--penalty-last-n 0) not.
+count="1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"
+p0="$("$ember" generate -p "$count" -n 12 --temp 0 2>/dev/null)"
+p1="$("$ember" generate -p "$count" -n 12 --temp 0 --frequency-penalty 5 --presence-penalty 5 2>/dev/null)"
+p2="$("$ember" generate -p "$count" -n 12 --temp 0 --frequency-penalty 5 --presence-penalty 5 --penalty-last-n 0 2>/dev/null)"
+if [ -n "$p0" ] && [ "$p0" != "$p1" ] && [ "$p0" = "$p2" ]; then ok; else bad "penalties: '$p0' / '$p1' / '$p2'"; fi
+expect_error "bad --penalty-last-n" "$ember" generate -p hi --penalty-last-n -2
+expect_error "bad --presence-penalty" "$ember" generate -p hi --presence-penalty 101
 # ... exactly the generated text: no newline of its own (one greedy token: " Paris").
 "$ember" generate -p "The capital of France is" -n 1 --temp 0 > "$tmp/g1.txt" 2>/dev/null
 [ "$(od -An -tx1 "$tmp/g1.txt" | tr -d ' \n')" = "$(printf ' Paris' | od -An -tx1 | tr -d ' \n')" ] && ok ||
