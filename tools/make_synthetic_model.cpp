@@ -407,21 +407,31 @@ void pack_scale_min(uint8_t* s, int j, int sc, int m) {
   }
 }
 
+// Per sub-block of `len` values (n of them): the asymmetric scale
+// (hi - lo) / max_q and min -lo (lo <= 0 <= hi counted from 0), and their
+// maxima over the super-block.
+void subblock_scales_mins(const float* x, int n, int len, float max_q, float* scale, float* minv, float* max_scale,
+                          float* max_min) {
+  *max_scale = 0.f;
+  *max_min = 0.f;
+  for (int j = 0; j < n; ++j) {
+    float lo = 0.f, hi = x[len * j];
+    for (int i = 0; i < len; ++i) {
+      lo = std::min(lo, x[len * j + i]);
+      hi = std::max(hi, x[len * j + i]);
+    }
+    scale[j] = (hi - lo) / max_q;
+    minv[j] = -lo;
+    *max_scale = std::max(*max_scale, scale[j]);
+    *max_min = std::max(*max_min, minv[j]);
+  }
+}
+
 // Q4_K (kMaxQ 15) / Q5_K (31): x = d*sc*q - dmin*m per sub-block of 32.
 template <int kMaxQ>
 void quantize_q45_k(const float* x, uint8_t* out) {  // 256 values
-  float scale[8], minv[8], max_scale = 0.f, max_min = 0.f;
-  for (int j = 0; j < 8; ++j) {
-    float lo = 0.f, hi = x[32 * j];
-    for (int i = 0; i < 32; ++i) {
-      lo = std::min(lo, x[32 * j + i]);
-      hi = std::max(hi, x[32 * j + i]);
-    }
-    scale[j] = (hi - lo) / kMaxQ;
-    minv[j] = -lo;
-    max_scale = std::max(max_scale, scale[j]);
-    max_min = std::max(max_min, minv[j]);
-  }
+  float scale[8], minv[8], max_scale, max_min;
+  subblock_scales_mins(x, 8, 32, kMaxQ, scale, minv, &max_scale, &max_min);
   const uint16_t d16 = fp32_to_fp16(max_scale / 63.f), dmin16 = fp32_to_fp16(max_min / 63.f);
   const float d = fp16_to_fp32(d16), dmin = fp16_to_fp32(dmin16);
   uint8_t scales[12] = {};
@@ -459,18 +469,8 @@ void quantize_q45_k(const float* x, uint8_t* out) {  // 256 values
 
 // Q2_K: x = d*sc*q - dmin*m per sub-block of 16, 4-bit sc and m, q 0..3.
 void quantize_q2_k(const float* x, uint8_t* out) {  // 256 values
-  float scale[16], minv[16], max_scale = 0.f, max_min = 0.f;
-  for (int j = 0; j < 16; ++j) {
-    float lo = 0.f, hi = x[16 * j];
-    for (int i = 0; i < 16; ++i) {
-      lo = std::min(lo, x[16 * j + i]);
-      hi = std::max(hi, x[16 * j + i]);
-    }
-    scale[j] = (hi - lo) / 3.f;
-    minv[j] = -lo;
-    max_scale = std::max(max_scale, scale[j]);
-    max_min = std::max(max_min, minv[j]);
-  }
+  float scale[16], minv[16], max_scale, max_min;
+  subblock_scales_mins(x, 16, 16, 3.f, scale, minv, &max_scale, &max_min);
   BlockQ2_K b{};
   b.d = fp32_to_fp16(max_scale / 15.f);
   b.dmin = fp32_to_fp16(max_min / 15.f);
