@@ -16,7 +16,11 @@ Tasks (prompts built from ../shared/data and bench/spec/):
 
 Usage:
   tools/bench_spec.py [--ember build/apps/cli/ember] [--threads 2] [--tokens 128] [--reps 2]
-                      [--drafters ngram,self:20,draft] [--nodes 12] [--markdown]
+                      [--drafters ngram,self:20,draft,distilled] [--nodes 12] [--markdown]
+
+Drafters: ngram, self[:L], draft (a second copy of the target: exactness,
+not speed), distilled (the draft tools/distill_draft.py writes to
+$EMBER_HOME/draft/smollm2-draft.gguf), or any draft:PATH.
 """
 import argparse
 import json
@@ -53,6 +57,15 @@ def default_model():
     return os.path.join(home, "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
+def distilled_draft():
+    """The draft tools/distill_draft.py makes (the drafter name "distilled")."""
+    home = os.environ.get("EMBER_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "ember")
+    path = os.path.join(home, "draft", "smollm2-draft.gguf")
+    if not os.path.exists(path):
+        sys.exit("bench_spec: no distilled draft at %s (make it with tools/distill_draft.py)" % path)
+    return path
+
+
 def run(args, spec, chat, prompt_file, extra):
     cmd = [args.ember, "bench", "-m", args.model, "--spec", spec, "--prompt-file", prompt_file, "-n",
            str(args.tokens), "-t", str(args.threads), "-r", str(args.reps), "--json"] + extra
@@ -85,7 +98,7 @@ def main():
             pf = os.path.join(tmp, name + ".txt")
             open(pf, "w", encoding="utf-8").write(prompt)
             for d in args.drafters.split(","):
-                spec = "draft:" + args.model if d == "draft" else d
+                spec = {"draft": "draft:" + args.model, "distilled": "draft:" + distilled_draft()}.get(d, d)
                 shapes = [("tree", ["--spec-nodes", str(args.nodes)])]
                 if not args.no_chain:
                     shapes.append(("chain", ["--spec-nodes", str(args.nodes), "--spec-threshold", "2"]))

@@ -47,6 +47,17 @@ fi
 bash "$here/fetch_model.sh" >/dev/null
 bash "$here/fetch_model.sh" gemma3 >/dev/null
 
+# The speculative draft's recipe (tools/distill_draft.py; test tools_distill_draft):
+# JAX on the CPU, NumPy and gguf-py in a venv at $EMBER_HOME/distillvenv (~150 MB
+# from PyPI the first time). Not needed to build; without it that test fails in CI.
+distill_venv="${EMBER_HOME:-$HOME/.cache/ember}/distillvenv"
+if ! "$distill_venv/bin/python" -c "import jax, gguf, numpy" 2>/dev/null; then
+  echo "setup: creating $distill_venv (jax, numpy, gguf)" >&2
+  python3 -m venv "$distill_venv" &&
+    "$distill_venv/bin/pip" install -q "jax==0.10.2" "jaxlib==0.10.2" "numpy==2.4.6" "gguf==0.19.0" ||
+    echo "setup: warning: could not install $distill_venv" >&2
+fi
+
 if ((reference)); then
   bash "$here/setup_reference.sh"
 fi

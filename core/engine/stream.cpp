@@ -125,7 +125,13 @@ void Stream::emit_text(bool final_flush) {
 
 void Stream::set_speculation(std::unique_ptr<speculative::Drafter> drafter) {
   drafter_ = std::move(drafter);
-  grower_ = drafter_ ? std::make_unique<speculative::TreeGrower>(params_.spec.tree) : nullptr;
+  if (!drafter_) {
+    grower_.reset();
+    return;
+  }
+  speculative::TreeParams tree = params_.spec.tree;
+  if (tree.min_confidence > 0.0f) tree.min_confidence = std::max(tree.min_confidence, drafter_->min_confidence());
+  grower_ = std::make_unique<speculative::TreeGrower>(tree);
 }
 
 void Stream::record_verification(size_t drafted, size_t accepted) {

@@ -148,6 +148,7 @@ void DraftModelDrafter::propose(KvSequence& seq, const DraftTree& tree, int32_t 
   logits_.resize(static_cast<size_t>(n_vocab));
   runner_->forward(batch, logits_.data());
   top_candidates(logits_.data(), n_vocab, max_candidates, out);
+  calibration_.calibrate(leaf, out);
 }
 
 bool DraftModelDrafter::release_kv() {

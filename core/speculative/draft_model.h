@@ -77,8 +77,11 @@ class DraftModelDrafter final : public Drafter {
                std::vector<Candidate>& out) override;
   void finish_tree(KvSequence& seq) override;
   bool release_kv() override;
+  void verified(const DraftTree& tree, const std::vector<int32_t>& path) override { calibration_.verified(tree, path); }
+  float min_confidence() const override { return kModelDrafterMinConfidence; }
 
  private:
+  Calibration calibration_;
   // Brings the draft sequence to the target's history (all but its last
   // token computed) and reserves the tree's slots. False when the pool has
   // no room now (a full sequence has given its blocks back).

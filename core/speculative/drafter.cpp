@@ -65,26 +65,43 @@ void NgramDrafter::propose(KvSequence& seq, const DraftTree& tree, int32_t leaf,
     for (const auto& [tok, c] : counts) {
       if (static_cast<int32_t>(out.size()) >= max_candidates) break;
       out.push_back({tok, trust * static_cast<float>(c) / static_cast<float>(matches)});
-      proposals_.push_back({leaf, tok, n});
+      counts_.proposed(leaf, tok, n);
     }
     return;
   }
 }
 
 float NgramDrafter::reliability(int32_t n) const {
-  return static_cast<float>(accepted_[n] + 1) / static_cast<float>(drafted_[n] + 2);
+  return static_cast<float>(counts_.accepted(n) + 1) / static_cast<float>(counts_.drafted(n) + 2);
 }
 
-void NgramDrafter::verified(const DraftTree& tree, const std::vector<int32_t>& path) {
+void AcceptanceCounts::verified(const DraftTree& tree, const std::vector<int32_t>& path) {
   for (int32_t node = 1; node < tree.size(); ++node) {
     for (const Proposal& p : proposals_) {
       if (p.leaf != tree.parent[node] || p.token != tree.token[node]) continue;
-      drafted_[p.n]++;
-      if (std::find(path.begin(), path.end(), node) != path.end()) accepted_[p.n]++;
+      const size_t k = static_cast<size_t>(p.key);
+      if (k >= drafted_.size()) {
+        drafted_.resize(k + 1, 0);
+        accepted_.resize(k + 1, 0);
+      }
+      drafted_[k]++;
+      if (std::find(path.begin(), path.end(), node) != path.end()) accepted_[k]++;
       break;
     }
   }
   proposals_.clear();
+}
+
+float Calibration::confidence(float p) const {
+  const int32_t b = bin(p);
+  return (static_cast<float>(counts_.accepted(b)) + kPrior * p) / (static_cast<float>(counts_.drafted(b)) + kPrior);
+}
+
+void Calibration::calibrate(int32_t leaf, std::vector<Candidate>& candidates) {
+  for (Candidate& c : candidates) {
+    counts_.proposed(leaf, c.token, bin(c.prob));
+    c.prob = confidence(c.prob);
+  }
 }
 
 void SelfDrafter::propose(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,
@@ -97,6 +114,7 @@ void SelfDrafter::propose(KvSequence& seq, const DraftTree& tree, int32_t leaf, 
     forward_.forward_layers(batch, logits_.data(), layers_);
   }
   top_candidates(logits_.data(), n_vocab_, max_candidates, out);
+  calibration_.calibrate(leaf, out);
 }
 
 }  // namespace ember::speculative

@@ -17,6 +17,7 @@
 // with the stream's sequence locked.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -48,6 +49,60 @@ class Drafter {
   // After verification: `path` are the accepted nodes (a drafter may learn
   // how far its proposals can be trusted).
   virtual void verified(const DraftTree&, const std::vector<int32_t>& /*path*/) {}
+  // The lowest confidence worth drafting with this drafter: what its own
+  // work for a drafted token costs, on top of the verification row that
+  // TreeParams::min_confidence pays for. The tree's floor is the larger of
+  // the two (a TreeParams::min_confidence of 0 turns both off).
+  virtual float min_confidence() const { return 0.0f; }
+};
+
+// A model drafter's floor: a drafted token costs a forward pass of the draft
+// besides its verification row (measured with a 2-layer distilled draft,
+// docs/BENCHMARKS.md: about 0.35 of a decode step in all), so a token it
+// proposes must be accepted about one time in three to pay; its confidence
+// is calibrated (Calibration) so that this compares like with like.
+inline constexpr float kModelDrafterMinConfidence = 0.3f;
+
+// Per key (a drafter's own class of proposal), how many of one stream's
+// proposals became tree nodes and how many of those the target accepted.
+class AcceptanceCounts {
+ public:
+  // A candidate offered after node `leaf` (counted if it becomes a node).
+  void proposed(int32_t leaf, int32_t token, int32_t key) { proposals_.push_back({leaf, token, key}); }
+  // After verification (`path`: the accepted nodes); forgets the proposals.
+  void verified(const DraftTree& tree, const std::vector<int32_t>& path);
+  uint32_t drafted(int32_t key) const { return key < static_cast<int32_t>(drafted_.size()) ? drafted_[key] : 0; }
+  uint32_t accepted(int32_t key) const { return key < static_cast<int32_t>(accepted_.size()) ? accepted_[key] : 0; }
+
+ private:
+  struct Proposal {
+    int32_t leaf, token, key;
+  };
+  std::vector<Proposal> proposals_;  // this tree's
+  std::vector<uint32_t> drafted_, accepted_;
+};
+
+// A model drafter's probabilities, calibrated as the stream goes: its drafts
+// are counted in bins of the probability the model gave them, and a
+// candidate's confidence is its bin's acceptance so far, with the model's
+// own probability as the prior (worth kPrior drafts). A draft that is
+// confidently wrong where the text goes its own way (a small distilled
+// draft that cannot copy a passage the target copies) stops growing trees
+// there; a calibrated one keeps its probabilities. Only the tree's shape
+// depends on it: acceptance never reads a drafter's probabilities.
+class Calibration {
+ public:
+  static constexpr int32_t kBins = 10;
+  static constexpr float kPrior = 4.0f;
+  // Replaces each candidate's probability (the model's, most likely first;
+  // the order is kept) with its calibrated confidence.
+  void calibrate(int32_t leaf, std::vector<Candidate>& candidates);
+  void verified(const DraftTree& tree, const std::vector<int32_t>& path) { counts_.verified(tree, path); }
+  float confidence(float p) const;
+
+ private:
+  static int32_t bin(float p) { return std::clamp(static_cast<int32_t>(p * kBins), 0, kBins - 1); }
+  AcceptanceCounts counts_;
 };
 
 // A candidate's probability is its share of the continuations times how
@@ -62,16 +117,12 @@ class NgramDrafter final : public Drafter {
   static constexpr int32_t kMaxMatches = 64;  // most recent occurrences counted
   void propose(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,
                std::vector<Candidate>& out) override;
-  void verified(const DraftTree& tree, const std::vector<int32_t>& path) override;
+  void verified(const DraftTree& tree, const std::vector<int32_t>& path) override { counts_.verified(tree, path); }
   // The acceptance estimate for drafts from an n-token match.
   float reliability(int32_t n) const;
 
  private:
-  struct Proposal {
-    int32_t leaf, token, n;
-  };
-  std::vector<Proposal> proposals_;  // this tree's
-  uint32_t drafted_[kMaxN + 1] = {}, accepted_[kMaxN + 1] = {};
+  AcceptanceCounts counts_;  // key: the match length n
 };
 
 // The target's first `layers` layers + final norm + head. `forward_mutex`
@@ -82,8 +133,11 @@ class SelfDrafter final : public Drafter {
       : forward_(forward), forward_mutex_(forward_mutex), kv_(kv), layers_(layers), n_vocab_(n_vocab) {}
   void propose(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,
                std::vector<Candidate>& out) override;
+  void verified(const DraftTree& tree, const std::vector<int32_t>& path) override { calibration_.verified(tree, path); }
+  float min_confidence() const override { return kModelDrafterMinConfidence; }
 
  private:
+  Calibration calibration_;
   Forward& forward_;
   std::mutex& forward_mutex_;
   KvManager& kv_;
