@@ -131,6 +131,7 @@ void Stream::set_speculation(std::unique_ptr<speculative::Drafter> drafter) {
   }
   speculative::TreeParams tree = params_.spec.tree;
   if (tree.min_confidence > 0.0f) tree.min_confidence = std::max(tree.min_confidence, drafter_->min_confidence());
+  drafter_->use_min_confidence(tree.min_confidence);
   grower_ = std::make_unique<speculative::TreeGrower>(tree);
 }
 

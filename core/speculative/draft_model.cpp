@@ -149,6 +149,17 @@ void DraftModelDrafter::propose(KvSequence& seq, const DraftTree& tree, int32_t 
   runner_->forward(batch, logits_.data());
   top_candidates(logits_.data(), n_vocab, max_candidates, out);
   calibration_.calibrate(leaf, out);
+  if (leaf == 0 && floor_ > 0.0f) {
+    // Where the draft is not worth a row, its own passes (the catch-up and
+    // this one) are not worth their cost either: the next 1, 2, 4, ... 16
+    // trees are skipped (plain decode steps) while that lasts.
+    if (out.empty() || out.front().prob < floor_) {
+      idle_ = std::min(idle_ == 0 ? 1 : 2 * idle_, 16);
+      backoff_ = idle_;
+    } else {
+      idle_ = 0;
+    }
+  }
 }
 
 bool DraftModelDrafter::release_kv() {

@@ -79,6 +79,7 @@ class DraftModelDrafter final : public Drafter {
   bool release_kv() override;
   void verified(const DraftTree& tree, const std::vector<int32_t>& path) override { calibration_.verified(tree, path); }
   float min_confidence() const override { return kModelDrafterMinConfidence; }
+  void use_min_confidence(float floor) override { floor_ = floor; }
 
  private:
   Calibration calibration_;
@@ -90,7 +91,9 @@ class DraftModelDrafter final : public Drafter {
   std::shared_ptr<DraftRunner> runner_;
   std::unique_ptr<KvSequence> seq_;
   bool tree_open_ = false;
-  int32_t backoff_ = 0;  // trees left to skip after the pool had no room
+  int32_t backoff_ = 0;  // trees left to skip (the pool had no room, or the draft was not confident)
+  float floor_ = kModelDrafterMinConfidence;
+  int32_t idle_ = 0;  // the last skip for want of confidence (doubles while that lasts)
   std::vector<float> logits_;
 };
 

@@ -54,6 +54,9 @@ class Drafter {
   // TreeParams::min_confidence pays for. The tree's floor is the larger of
   // the two (a TreeParams::min_confidence of 0 turns both off).
   virtual float min_confidence() const { return 0.0f; }
+  // The floor the stream's tree applies (0: none; a drafter may skip its
+  // own work where its proposals would fall below it).
+  virtual void use_min_confidence(float) {}
 };
 
 // A model drafter's floor: a drafted token costs a forward pass of the draft
