@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <random>
 
@@ -218,6 +219,31 @@ TEST(SpecDrafter, TopCandidatesAreTheMostProbableInOrder) {
   double sum = 0;
   for (float l : logits) sum += std::exp(l - 2.0);
   EXPECT_NEAR(c[0].prob, 1.0 / sum, 1e-6);
+}
+
+// The vectorized float exp behind the probabilities against double-precision
+// exp, over a vocabulary's worth of logits spanning far more than float's
+// exp range (and -inf, and an odd count for the tail).
+TEST(SpecDrafter, TopCandidatesProbabilitiesMatchDoublePrecision) {
+  std::mt19937 gen(5);
+  std::normal_distribution<float> normal(0.0f, 6.0f);
+  for (int32_t n : {49152, 1001, 7}) {
+    std::vector<float> logits(static_cast<size_t>(n));
+    for (float& l : logits) l = normal(gen);
+    logits[3] = -std::numeric_limits<float>::infinity();
+    logits[5] = -500.0f;
+    logits[1] = 40.0f;  // everything below 40 - 87 underflows float's exp
+    std::vector<Candidate> c;
+    top_candidates(logits.data(), n, 5, c);
+    ASSERT_EQ(c.size(), 5u);
+    double sum = 0.0;
+    for (float l : logits) sum += std::exp(static_cast<double>(l) - 40.0);
+    EXPECT_EQ(c[0].token, 1);
+    for (const Candidate& cand : c) {
+      const double want = std::exp(static_cast<double>(logits[static_cast<size_t>(cand.token)]) - 40.0) / sum;
+      EXPECT_NEAR(cand.prob, want, 1e-5 * want + 1e-30) << "n " << n << " token " << cand.token;
+    }
+  }
 }
 
 }  // namespace
