@@ -150,15 +150,14 @@ void DraftModelDrafter::propose(KvSequence& seq, const DraftTree& tree, int32_t 
   top_candidates(logits_.data(), n_vocab, max_candidates, out);
   calibration_.calibrate(leaf, out);
   if (leaf == 0 && floor_ > 0.0f) {
-    // Where the draft is not worth a row, its own passes (the catch-up and
-    // this one) are not worth their cost either: the next 1, 2, 4, ... 16
-    // trees are skipped (plain decode steps) while that lasts.
-    if (out.empty() || out.front().prob < floor_) {
-      idle_ = std::min(idle_ == 0 ? 1 : 2 * idle_, 16);
-      backoff_ = idle_;
-    } else {
-      idle_ = 0;
-    }
+    // The draft's own passes (the catch-up and this one) cost about a tenth
+    // of a decode step even when nothing is drafted. Where few trees start
+    // (less than one in four of the recent roots passed the floor), the next
+    // two trees are skipped (plain decode steps): a third of the passes still
+    // probes whether the text became predictable again.
+    const bool starts = !out.empty() && out.front().prob >= floor_;
+    root_rate_ = 0.9f * root_rate_ + (starts ? 0.1f : 0.0f);
+    if (!starts && root_rate_ < 0.25f) backoff_ = 2;
   }
 }
 

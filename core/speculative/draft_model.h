@@ -93,7 +93,7 @@ class DraftModelDrafter final : public Drafter {
   bool tree_open_ = false;
   int32_t backoff_ = 0;  // trees left to skip (the pool had no room, or the draft was not confident)
   float floor_ = kModelDrafterMinConfidence;
-  int32_t idle_ = 0;  // the last skip for want of confidence (doubles while that lasts)
+  float root_rate_ = 1.0f;  // recent share of roots whose best candidate passed the floor
   std::vector<float> logits_;
 };
 
