@@ -129,11 +129,33 @@ bool DraftModelDrafter::catch_up(const KvSequence& target, int32_t n_nodes) {
 
 void DraftModelDrafter::propose(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,
                                 std::vector<Candidate>& out) {
+  out.clear();
+  // Prompt lookup first (no forward pass): where the history is being
+  // copied, its candidates are better than a small draft's.
+  lookup_.propose(seq, tree, leaf, max_candidates, looked_up_);
+  if (leaf == 0) lookup_only_ = false;
+  if (!lookup_only_) propose_from_model(seq, tree, leaf, max_candidates, out);
+  // The union, most confident first (a token both propose keeps the higher).
+  for (const Candidate& c : looked_up_) {
+    auto it = std::find_if(out.begin(), out.end(), [&](const Candidate& o) { return o.token == c.token; });
+    if (it == out.end()) {
+      out.push_back(c);
+    } else {
+      it->prob = std::max(it->prob, c.prob);
+    }
+  }
+  std::stable_sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) { return a.prob > b.prob; });
+  if (static_cast<int32_t>(out.size()) > max_candidates) out.resize(static_cast<size_t>(max_candidates));
+}
+
+void DraftModelDrafter::propose_from_model(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,
+                                           std::vector<Candidate>& out) {
   std::lock_guard<std::mutex> lock(runner_->mutex());
   std::lock_guard<std::mutex> seq_lock(seq_->mutex());
   KvManager& kv = runner_->kv();
   if (!tree_open_) {
-    out.clear();
+    // (only at the root: a tree the model declined is the lookup's alone)
+    lookup_only_ = true;
     if (backoff_ > 0) {
       --backoff_;
       return;
@@ -141,6 +163,7 @@ void DraftModelDrafter::propose(KvSequence& seq, const DraftTree& tree, int32_t 
     // Room for every node the target reserved (its slots after the root).
     if (!catch_up(seq, static_cast<int32_t>(std::min<size_t>(64, kv.tree_room(*seq_))))) return;
     tree_open_ = true;
+    lookup_only_ = false;
   }
   Batch batch;
   kv.add_tree_rows(*seq_, batch, tree.token, tree.parent, {leaf});
@@ -174,7 +197,13 @@ bool DraftModelDrafter::release_kv() {
   return true;
 }
 
+void DraftModelDrafter::verified(const DraftTree& tree, const std::vector<int32_t>& path) {
+  calibration_.verified(tree, path);
+  lookup_.verified(tree, path);
+}
+
 void DraftModelDrafter::finish_tree(KvSequence&) {
+  lookup_only_ = false;
   if (!tree_open_) return;
   std::lock_guard<std::mutex> lock(runner_->mutex());
   std::lock_guard<std::mutex> seq_lock(seq_->mutex());

@@ -10,7 +10,11 @@
 // draft model per engine, shared by the streams that use it (one forward at a
 // time; on the engine's backend, under the engine's forward lock).
 //
-// DraftModelDrafter: one stream's draft sequence in that pool, with the
+// DraftModelDrafter: the draft model's candidates together with prompt
+// lookup's (NgramDrafter over the target's history: where the reply copies
+// its context a small draft rarely does as well, and lookup costs no forward
+// pass); a tree the model declines (no room, or skipping while it is not
+// confident) may still be the lookup's alone. One stream's draft sequence in that pool, with the
 // target session's cache policy. Before a tree is drafted it catches up with
 // the target's history (only what was appended since the last tree: the
 // accepted tokens); the tree's nodes are provisional tokens of the draft
@@ -77,11 +81,18 @@ class DraftModelDrafter final : public Drafter {
                std::vector<Candidate>& out) override;
   void finish_tree(KvSequence& seq) override;
   bool release_kv() override;
-  void verified(const DraftTree& tree, const std::vector<int32_t>& path) override { calibration_.verified(tree, path); }
+  void verified(const DraftTree& tree, const std::vector<int32_t>& path) override;
   float min_confidence() const override { return kModelDrafterMinConfidence; }
   void use_min_confidence(float floor) override { floor_ = floor; }
 
  private:
+  // The draft model's candidates for `leaf` (none when it declines the tree).
+  void propose_from_model(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,
+                          std::vector<Candidate>& out);
+
+  NgramDrafter lookup_;
+  std::vector<Candidate> looked_up_;
+  bool lookup_only_ = false;  // the model declined this tree (no room, or skipping)
   Calibration calibration_;
   // Brings the draft sequence to the target's history (all but its last
   // token computed) and reserves the tree's slots. False when the pool has
