@@ -501,8 +501,8 @@ void Engine::prepare_speculation(Stream& stream) {
           draft_runners_.push_back(runner);
         }
       }
-      stream.set_speculation(std::make_unique<speculative::DraftModelDrafter>(runner, stream.session().policy(),
-                                                                              stream.session().n_ctx()));
+      stream.set_speculation(std::make_unique<speculative::DraftModelDrafter>(
+          runner, stream.session().policy(), stream.session().n_ctx(), sp.draft_lookup));
       return;
     }
   }

@@ -37,6 +37,9 @@ struct SpecParams {
   Kind kind = Kind::kNone;
   int32_t self_layers = 0;                   // kSelf: the target's first L layers (0: 7/8 of them, rounded down)
   std::shared_ptr<const Model> draft_model;  // kDraft: same vocabulary as the target
+  // kDraft: prompt lookup's candidates beside the draft's (not in the C ABI;
+  // tests turn it off to exercise the draft model's own KV on every tree).
+  bool draft_lookup = true;
   speculative::TreeParams tree;
 };
 

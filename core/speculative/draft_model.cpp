@@ -79,8 +79,9 @@ DraftRunner::~DraftRunner() {
   kv_.reset();
 }
 
-DraftModelDrafter::DraftModelDrafter(std::shared_ptr<DraftRunner> runner, const CachePolicy& policy, int32_t n_ctx)
-    : runner_(std::move(runner)) {
+DraftModelDrafter::DraftModelDrafter(std::shared_ptr<DraftRunner> runner, const CachePolicy& policy, int32_t n_ctx,
+                                     bool lookup)
+    : lookup_on_(lookup), runner_(std::move(runner)) {
   const auto& c = runner_->model().config();
   std::lock_guard<std::mutex> lock(runner_->mutex());
   seq_ = runner_->kv().create(policy, std::min(n_ctx, c.n_ctx_train), c.n_ctx_train);
@@ -132,8 +133,12 @@ void DraftModelDrafter::propose(KvSequence& seq, const DraftTree& tree, int32_t 
   out.clear();
   // Prompt lookup first (no forward pass): where the history is being
   // copied, its candidates are better than a small draft's.
-  lookup_.propose(seq, tree, leaf, max_candidates, looked_up_);
+  looked_up_.clear();
+  if (lookup_on_) lookup_.propose(seq, tree, leaf, max_candidates, looked_up_);
   if (leaf == 0) lookup_only_ = false;
+  // A tree whose root the lookup continues confidently is the lookup's: the
+  // model is not started for it (its catch-up and forward passes saved).
+  if (!tree_open_ && !looked_up_.empty() && looked_up_.front().prob >= floor_) lookup_only_ = true;
   if (!lookup_only_) propose_from_model(seq, tree, leaf, max_candidates, out);
   // The union, most confident first (a token both propose keeps the higher).
   for (const Candidate& c : looked_up_) {

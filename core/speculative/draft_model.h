@@ -75,7 +75,8 @@ class DraftRunner {
 
 class DraftModelDrafter final : public Drafter {
  public:
-  DraftModelDrafter(std::shared_ptr<DraftRunner> runner, const CachePolicy& policy, int32_t n_ctx);
+  // `lookup`: prompt lookup's candidates beside the draft's.
+  DraftModelDrafter(std::shared_ptr<DraftRunner> runner, const CachePolicy& policy, int32_t n_ctx, bool lookup = true);
   ~DraftModelDrafter() override;
   void propose(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,
                std::vector<Candidate>& out) override;
@@ -92,6 +93,7 @@ class DraftModelDrafter final : public Drafter {
 
   NgramDrafter lookup_;
   std::vector<Candidate> looked_up_;
+  bool lookup_on_ = true;
   bool lookup_only_ = false;  // the model declined this tree (no room, or skipping)
   Calibration calibration_;
   // Brings the draft sequence to the target's history (all but its last

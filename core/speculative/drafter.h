@@ -11,7 +11,8 @@
 //           those layers into the tree's slots, which verification then
 //           rewrites with the same values.
 //   draft   a second model with the same vocabulary, with its own sequence
-//           per stream (core/speculative/draft_model.h).
+//           per stream, and prompt lookup beside it
+//           (core/speculative/draft_model.h).
 //
 // A drafter is used by one stream at a time, on the engine's step thread,
 // with the stream's sequence locked.

@@ -279,6 +279,7 @@ TEST(Speculative, DraftModelKvLivesInTheEnginesPool) {
       auto b = std::make_shared<Session>(engine, 0, "");
       b->add_tokens(prompt);
       StreamParams sp = with_spec(greedy(40), SpecParams::Kind::kDraft, 0, draft);
+      sp.spec.draft_lookup = false;        // (the draft model itself, on every tree)
       sp.spec.tree.min_confidence = 0.0f;  // (the random draft's distributions are flat)
       std::shared_ptr<Stream> stream = b->start(sp);
       const Outcome spec = drive(stream, &spec_peak);
@@ -305,6 +306,7 @@ TEST(Speculative, DraftModelKvLivesInTheEnginesPool) {
     auto b = std::make_shared<Session>(engine, 0, "", 0, sink);
     b->add_tokens(prompt);
     StreamParams sp = with_spec(greedy(120), SpecParams::Kind::kDraft, 0, draft);
+    sp.spec.draft_lookup = false;  // (the draft model itself, on every tree)
     sp.spec.tree.min_confidence = 0.0f;
     const Outcome spec = drive(b->start(sp), nullptr);
     EXPECT_EQ(spec.tokens, plain.tokens) << "sink session";
@@ -326,6 +328,7 @@ TEST(Speculative, DraftKvGivesWayToTheTargetsSequences) {
   for (size_t i = 0; i < prompt_p.size(); ++i) prompt_p[i] = static_cast<int32_t>((i * 5 + 1) % 32);
   auto spec_params = [&] {
     StreamParams sp = with_spec(greedy(n_gen), SpecParams::Kind::kDraft, 0, draft);
+    sp.spec.draft_lookup = false;        // (the draft model itself, on every tree)
     sp.spec.tree.min_confidence = 0.0f;  // (the random draft's distributions are flat)
     return sp;
   };
