@@ -3,7 +3,7 @@
 
 The only model on the package registries with SmolLM2's vocabulary is SmolLM2
 itself, so the draft for `--spec draft:PATH` is made here: a small Llama-shaped
-model (default 2 layers, 128 wide) with SmolLM2's tokenizer, trained on what
+model (default 2 layers, 192 wide) with SmolLM2's tokenizer, trained on what
 the target itself says (sequence-level distillation: the target's greedy
 replies are the labels, so the student learns the target's argmax, which is
 what greedy verification accepts).
@@ -26,8 +26,8 @@ Steps (each a subcommand; `all` runs them in order):
 
 Usage (from the repository root, after tools/build.sh):
   python3 -m venv ~/.cache/ember/distillvenv && ~/.cache/ember/distillvenv/bin/pip install jax numpy gguf
-  PYTHONPATH=build/bindings/python ~/.cache/ember/distillvenv/bin/python tools/distill_draft.py all \\
-      --work ~/.cache/ember/draft --prompts 1500 --minutes 30
+  PYTHONPATH=build/bindings/python ~/.cache/ember/distillvenv/bin/python tools/distill_draft.py all
+  # (defaults: the draft of docs/BENCHMARKS.md: 3,000 prompts, 16 sessions, ~18 min; 2 layers x 192, 34 min)
   # -> ~/.cache/ember/draft/smollm2-draft.gguf; then
   build/apps/cli/ember generate --spec draft:~/.cache/ember/draft/smollm2-draft.gguf ...
 """
@@ -584,20 +584,20 @@ def main():
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2)
     # data
-    ap.add_argument("--prompts", type=int, default=1500)
-    ap.add_argument("--streams", type=int, default=12, help="sessions generating at once")
+    ap.add_argument("--prompts", type=int, default=3000)
+    ap.add_argument("--streams", type=int, default=16, help="sessions generating at once")
     ap.add_argument("--max-tokens", type=int, default=200)
     ap.add_argument("--prompt-weight", type=float, default=0.25)
     # model and training
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--embd", type=int, default=128)
-    ap.add_argument("--ff", type=int, default=384)
-    ap.add_argument("--heads", type=int, default=2)
+    ap.add_argument("--embd", type=int, default=192)
+    ap.add_argument("--ff", type=int, default=576)
+    ap.add_argument("--heads", type=int, default=3)
     ap.add_argument("--kv-heads", type=int, default=1)
-    ap.add_argument("--seq", type=int, default=384)
+    ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--minutes", type=float, default=30)
+    ap.add_argument("--minutes", type=float, default=34)
     ap.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: the time budget only)")
     # export
     ap.add_argument("--type", choices=["q8_0", "f16"], default="q8_0")
