@@ -52,15 +52,17 @@ def tasks():
     ]
 
 
+def ember_home():
+    return os.environ.get("EMBER_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "ember")
+
+
 def default_model():
-    home = os.environ.get("EMBER_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "ember")
-    return os.path.join(home, "SmolLM2-135M-Instruct.Q4_1.gguf")
+    return os.path.join(ember_home(), "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 def distilled_draft():
     """The draft tools/distill_draft.py makes (the drafter name "distilled")."""
-    home = os.environ.get("EMBER_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "ember")
-    path = os.path.join(home, "draft", "smollm2-draft.gguf")
+    path = os.path.join(ember_home(), "draft", "smollm2-draft.gguf")
     if not os.path.exists(path):
         sys.exit("bench_spec: no distilled draft at %s (make it with tools/distill_draft.py)" % path)
     return path

@@ -23,6 +23,8 @@ Steps (each a subcommand; `all` runs them in order):
   export  writes a GGUF (llama architecture, the target's tokenizer keys
           copied) with Q8_0 matrices; `check` compares Ember's log
           probabilities on held-out text with the trainer's.
+  agree   (not in `all`) the draft's greedy agreement with the target on
+          the speculative benchmark's own replies, per task.
 
 Usage (from the repository root, after tools/build.sh):
   python3 -m venv ~/.cache/ember/distillvenv && ~/.cache/ember/distillvenv/bin/pip install jax numpy gguf
@@ -463,6 +465,12 @@ def load_params(work):
     return cfg, p, f["subset"]
 
 
+def to_jax(p):
+    import jax
+    import jax.numpy as jnp
+    return jax.tree_util.tree_map(jnp.asarray, p)
+
+
 def copy_tokenizer(reader, writer):
     import gguf
     T = gguf.GGUFValueType
@@ -559,8 +567,7 @@ def cmd_check(args):
     ids = model.tokenize(text)[:96]
     with ember.Engine(model, n_threads=args.threads) as eng, eng.session() as s:
         got = np.array(s.score(ids)[1:])
-    h = hidden({k: (jnp.asarray(v) if not isinstance(v, dict) else {a: jnp.asarray(b) for a, b in v.items()})
-                for k, v in p.items()}, jnp.asarray(np.array(ids)[None, :]))
+    h = hidden(to_jax(p), jnp.asarray(np.array(ids)[None, :]))
     z = np.asarray(h[0] @ jnp.asarray(p["out"]).T, np.float64)
     zmax = np.maximum(z.max(-1), 0.0)
     lse = zmax + np.log(np.exp(z - zmax[:, None]).sum(-1) + n_other * np.exp(-zmax))
@@ -575,9 +582,39 @@ def cmd_check(args):
         sys.exit("check: the exported model does not compute what was trained")
 
 
+def cmd_agree(args):
+    """The trained draft's greedy agreement with the target on the speculative benchmark's own replies
+    (tools/bench_spec.py's tasks): the target's 128-token greedy reply, then the trainer's forward pass of the draft
+    over prompt + reply; the share of reply tokens where the draft's argmax is the target's token."""
+    import jax.numpy as jnp
+    import ember
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bench_spec
+
+    cfg, p, subset = load_params(args.work)
+    other = math.log(49152 - len(subset))
+    hidden = make_forward(cfg)
+    params = to_jax(p)
+    target = ember.Model(args.target)
+    with ember.Engine(target, n_threads=args.threads) as eng:
+        for name, chat, prompt in bench_spec.tasks():
+            ids = target.tokenize(chat_text(prompt) if chat else prompt, parse_special=chat)
+            with eng.session() as s:
+                s.add_tokens(ids)
+                with s.generate(max_tokens=128, temperature=0.0) as st:
+                    st.read()
+                    reply = st.tokens
+            seq = np.array(ids + reply)
+            z = np.asarray(hidden(params, jnp.asarray(seq[None, :-1]))[0] @ params["out"].T)
+            best = np.where(z.max(-1) > other, subset[z.argmax(-1)], -1)  # -1: a token outside the corpus wins
+            n = len(ids) - 1
+            print("agree: %-9s reply top-1 %.1f%% over %d tokens" % (name, 100 * np.mean(best[n:] == seq[n + 1:]),
+                                                                  len(reply)))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("step", choices=["data", "train", "export", "check", "all"])
+    ap.add_argument("step", choices=["data", "train", "export", "check", "agree", "all"])
     ap.add_argument("--work", default=os.path.join(HOME, "draft"))
     ap.add_argument("--target", default=TARGET)
     ap.add_argument("--out", default=None, help="the GGUF to write (default WORK/smollm2-draft.gguf)")

@@ -14,8 +14,8 @@
 // lookup's (NgramDrafter over the target's history: where the reply copies
 // its context a small draft rarely does as well, and lookup costs no forward
 // pass); a tree the model declines (no room, or skipping while it is not
-// confident) may still be the lookup's alone. One stream's draft sequence in that pool, with the
-// target session's cache policy. Before a tree is drafted it catches up with
+// confident) may still be the lookup's alone. One stream's draft sequence in
+// that pool, with the target session's cache policy. Before a tree is drafted it catches up with
 // the target's history (only what was appended since the last tree: the
 // accepted tokens); the tree's nodes are provisional tokens of the draft
 // sequence, rolled back after verification. When the pool has no room, a
