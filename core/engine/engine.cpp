@@ -475,8 +475,8 @@ void Engine::prepare_speculation(Stream& stream) {
         fail(StatusCode::kInvalidArgument,
              "speculation: self-speculation must use fewer layers than the model's " + std::to_string(c.n_layers));
       }
-      stream.set_speculation(
-          std::make_unique<speculative::SelfDrafter>(*forward_, forward_mutex_, *kv_, layers, c.n_vocab));
+      stream.set_speculation(std::make_unique<speculative::SelfDrafter>(
+          *forward_, forward_mutex_, *kv_, layers, c.n_layers, c.n_vocab, sp.draft_lookup, sp.self_gate));
       return;
     }
     case SpecParams::Kind::kDraft: {

@@ -37,9 +37,13 @@ struct SpecParams {
   Kind kind = Kind::kNone;
   int32_t self_layers = 0;                   // kSelf: the target's first L layers (0: 7/8 of them, rounded down)
   std::shared_ptr<const Model> draft_model;  // kDraft: same vocabulary as the target
-  // kDraft: prompt lookup's candidates beside the draft's (not in the C ABI;
-  // tests turn it off to exercise the draft model's own KV on every tree).
+  // kSelf, kDraft: prompt lookup's candidates beside the model's (not in the
+  // C ABI; tests turn it off to exercise the model's drafts and the draft
+  // model's own KV on every tree).
   bool draft_lookup = true;
+  // kSelf: the early exit skips trees after trees where its drafts did not
+  // pay for its forward passes (not in the C ABI; tests turn it off).
+  bool self_gate = true;
   speculative::TreeParams tree;
 };
 

@@ -81,7 +81,7 @@ DraftRunner::~DraftRunner() {
 
 DraftModelDrafter::DraftModelDrafter(std::shared_ptr<DraftRunner> runner, const CachePolicy& policy, int32_t n_ctx,
                                      bool lookup)
-    : lookup_on_(lookup), runner_(std::move(runner)) {
+    : lookup_(lookup), runner_(std::move(runner)) {
   const auto& c = runner_->model().config();
   std::lock_guard<std::mutex> lock(runner_->mutex());
   seq_ = runner_->kv().create(policy, std::min(n_ctx, c.n_ctx_train), c.n_ctx_train);
@@ -131,26 +131,13 @@ bool DraftModelDrafter::catch_up(const KvSequence& target, int32_t n_nodes) {
 void DraftModelDrafter::propose(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,
                                 std::vector<Candidate>& out) {
   out.clear();
-  // Prompt lookup first (no forward pass): where the history is being
-  // copied, its candidates are better than a small draft's.
-  looked_up_.clear();
-  if (lookup_on_) lookup_.propose(seq, tree, leaf, max_candidates, looked_up_);
-  if (leaf == 0) lookup_only_ = false;
-  // A tree whose root the lookup continues confidently is the lookup's: the
-  // model is not started for it (its catch-up and forward passes saved).
-  if (!tree_open_ && !looked_up_.empty() && looked_up_.front().prob >= floor_) lookup_only_ = true;
-  if (!lookup_only_) propose_from_model(seq, tree, leaf, max_candidates, out);
-  // The union, most confident first (a token both propose keeps the higher).
-  for (const Candidate& c : looked_up_) {
-    auto it = std::find_if(out.begin(), out.end(), [&](const Candidate& o) { return o.token == c.token; });
-    if (it == out.end()) {
-      out.push_back(c);
-    } else {
-      it->prob = std::max(it->prob, c.prob);
-    }
+  lookup_.propose(seq, tree, leaf, max_candidates, floor_);
+  if (leaf == 0) {
+    lookup_only_ = lookup_.owns_tree();
+    calibration_.forget();  // (a tree that drafted nothing was not verified)
   }
-  std::stable_sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) { return a.prob > b.prob; });
-  if (static_cast<int32_t>(out.size()) > max_candidates) out.resize(static_cast<size_t>(max_candidates));
+  if (!lookup_only_) propose_from_model(seq, tree, leaf, max_candidates, out);
+  lookup_.merge_into(out, max_candidates);
 }
 
 void DraftModelDrafter::propose_from_model(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,

@@ -91,10 +91,8 @@ class DraftModelDrafter final : public Drafter {
   void propose_from_model(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,
                           std::vector<Candidate>& out);
 
-  NgramDrafter lookup_;
-  std::vector<Candidate> looked_up_;
-  bool lookup_on_ = true;
-  bool lookup_only_ = false;  // the model declined this tree (no room, or skipping)
+  LookupBeside lookup_;
+  bool lookup_only_ = false;  // the lookup owns this tree, or the model declined it (no room, or skipping)
   Calibration calibration_;
   // Brings the draft sequence to the target's history (all but its last
   // token computed) and reserves the tree's slots. False when the pool has

@@ -74,6 +74,7 @@ void top_candidates(const float* logits, int32_t n, int32_t k, std::vector<Candi
 void NgramDrafter::propose(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,
                            std::vector<Candidate>& out) {
   out.clear();
+  if (leaf == 0) counts_.forget();  // (a tree that drafted nothing was not verified)
   const std::vector<int32_t>& hist = seq.tokens();
   const int64_t H = static_cast<int64_t>(hist.size());
   if (H < 2) return;
@@ -145,17 +146,95 @@ void Calibration::calibrate(int32_t leaf, std::vector<Candidate>& candidates) {
   }
 }
 
+void LookupBeside::propose(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates, float floor) {
+  found_.clear();
+  if (on_) lookup_.propose(seq, tree, leaf, max_candidates, found_);
+  if (leaf == 0) owns_tree_ = !found_.empty() && found_.front().prob >= floor;
+}
+
+bool LookupBeside::proposed(int32_t token) const {
+  return std::any_of(found_.begin(), found_.end(), [&](const Candidate& c) { return c.token == token; });
+}
+
+void LookupBeside::merge_into(std::vector<Candidate>& out, int32_t max_candidates) const {
+  for (const Candidate& c : found_) {
+    auto it = std::find_if(out.begin(), out.end(), [&](const Candidate& o) { return o.token == c.token; });
+    if (it == out.end()) {
+      out.push_back(c);
+    } else {
+      it->prob = std::max(it->prob, c.prob);
+    }
+  }
+  std::stable_sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) { return a.prob > b.prob; });
+  if (static_cast<int32_t>(out.size()) > max_candidates) out.resize(static_cast<size_t>(max_candidates));
+}
+
 void SelfDrafter::propose(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,
                           std::vector<Candidate>& out) {
-  Batch batch;
-  kv_.add_tree_rows(seq, batch, tree.token, tree.parent, {leaf});
-  logits_.resize(static_cast<size_t>(n_vocab_));
-  {
-    std::lock_guard<std::mutex> lock(forward_mutex_);
-    forward_.forward_layers(batch, logits_.data(), layers_);
+  out.clear();
+  lookup_.propose(seq, tree, leaf, max_candidates, floor_);
+  if (leaf == 0) {
+    // (the last tree, if the model ran for it but it drafted nothing, was
+    // not verified: its forward passes earned nothing)
+    if (model_tree_) settle(-forward_cost_ * static_cast<float>(forwards_));
+    calibration_.forget();
+    own_.forget();
+    // The model runs for this tree unless the lookup owns it or the model
+    // is skipping trees (a floor of 0: tests with flat drafts, no skipping).
+    model_tree_ = !lookup_.owns_tree();
+    if (model_tree_ && gated()) {
+      if (model_floor() >= 1.0f) {
+        model_tree_ = false;  // (no draft of it could pay)
+      } else if (backoff_ > 0) {
+        --backoff_;
+        model_tree_ = false;
+      }
+    }
   }
-  top_candidates(logits_.data(), n_vocab_, max_candidates, out);
-  calibration_.calibrate(leaf, out);
+  if (model_tree_) {
+    Batch batch;
+    kv_.add_tree_rows(seq, batch, tree.token, tree.parent, {leaf});
+    logits_.resize(static_cast<size_t>(n_vocab_));
+    {
+      std::lock_guard<std::mutex> lock(forward_mutex_);
+      forward_.forward_layers(batch, logits_.data(), layers_);
+    }
+    ++forwards_;
+    top_candidates(logits_.data(), n_vocab_, max_candidates, out);
+    calibration_.calibrate(leaf, out);
+    if (gated()) {
+      const float at_least = model_floor();
+      out.erase(std::remove_if(out.begin(), out.end(), [&](const Candidate& c) { return c.prob < at_least; }),
+                out.end());
+    }
+    for (const Candidate& c : out) {
+      if (!lookup_.proposed(c.token)) own_.proposed(leaf, c.token, 0);
+    }
+  }
+  lookup_.merge_into(out, max_candidates);
+}
+
+void SelfDrafter::verified(const DraftTree& tree, const std::vector<int32_t>& path) {
+  calibration_.verified(tree, path);
+  lookup_.verified(tree, path);
+  const uint32_t drafted = own_.drafted(0), accepted = own_.accepted(0);
+  own_.verified(tree, path);
+  if (!model_tree_) return;
+  // What the model's drafts earned in this tree, in decode steps.
+  settle(static_cast<float>(own_.accepted(0) - accepted) - kRowCost * static_cast<float>(own_.drafted(0) - drafted) -
+         forward_cost_ * static_cast<float>(forwards_));
+}
+
+void SelfDrafter::settle(float gain) {
+  model_tree_ = false;
+  forwards_ = 0;
+  if (!gated()) return;
+  if (gain > 0.0f) {
+    skip_ = 0;
+  } else {
+    skip_ = std::min(std::max(2 * skip_, 1), kMaxSkip);
+    backoff_ = skip_;
+  }
 }
 
 }  // namespace ember::speculative

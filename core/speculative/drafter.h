@@ -9,7 +9,9 @@
 //           committed history are exactly the target's own, so the draft
 //           reads the target's KV cache; it writes the drafted rows' K/V of
 //           those layers into the tree's slots, which verification then
-//           rewrites with the same values.
+//           rewrites with the same values. Prompt lookup (also weightless)
+//           beside it, and the early exit only where its drafts have paid
+//           for its forward passes.
 //   draft   a second model with the same vocabulary, with its own sequence
 //           per stream, and prompt lookup beside it
 //           (core/speculative/draft_model.h).
@@ -75,6 +77,8 @@ class AcceptanceCounts {
   void proposed(int32_t leaf, int32_t token, int32_t key) { proposals_.push_back({leaf, token, key}); }
   // After verification (`path`: the accepted nodes); forgets the proposals.
   void verified(const DraftTree& tree, const std::vector<int32_t>& path);
+  // At a tree's root: a tree that drafted nothing was not verified.
+  void forget() { proposals_.clear(); }
   uint32_t drafted(int32_t key) const { return key < static_cast<int32_t>(drafted_.size()) ? drafted_[key] : 0; }
   uint32_t accepted(int32_t key) const { return key < static_cast<int32_t>(accepted_.size()) ? accepted_[key] : 0; }
 
@@ -102,6 +106,7 @@ class Calibration {
   // the order is kept) with its calibrated confidence.
   void calibrate(int32_t leaf, std::vector<Candidate>& candidates);
   void verified(const DraftTree& tree, const std::vector<int32_t>& path) { counts_.verified(tree, path); }
+  void forget() { counts_.forget(); }
   float confidence(float p) const;
 
  private:
@@ -129,23 +134,93 @@ class NgramDrafter final : public Drafter {
   AcceptanceCounts counts_;  // key: the match length n
 };
 
-// The target's first `layers` layers + final norm + head. `forward_mutex`
-// is the engine's (one forward pass at a time).
-class SelfDrafter final : public Drafter {
+// Prompt lookup beside a model drafter: where the reply copies its context,
+// lookup's candidates are better than a small model's and cost no forward
+// pass. A tree whose root the lookup continues at or above the floor is the
+// lookup's alone (the model is not asked); otherwise the model's candidates
+// and the lookup's are merged, most confident first.
+class LookupBeside {
  public:
-  SelfDrafter(Forward& forward, std::mutex& forward_mutex, KvManager& kv, int32_t layers, int32_t n_vocab)
-      : forward_(forward), forward_mutex_(forward_mutex), kv_(kv), layers_(layers), n_vocab_(n_vocab) {}
-  void propose(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,
-               std::vector<Candidate>& out) override;
-  void verified(const DraftTree& tree, const std::vector<int32_t>& path) override { calibration_.verified(tree, path); }
-  float min_confidence() const override { return kModelDrafterMinConfidence; }
+  explicit LookupBeside(bool on) : on_(on) {}
+  // The lookup's candidates for `leaf`; at the root, decides whether the
+  // tree is the lookup's (`floor`: the tree's floor).
+  void propose(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates, float floor);
+  // Whether this tree is the lookup's alone.
+  bool owns_tree() const { return owns_tree_; }
+  // Whether `token` is among the lookup's candidates for the current leaf.
+  bool proposed(int32_t token) const;
+  // The union of the model's candidates (`out`) and the lookup's, most
+  // confident first (a token both propose keeps the higher), at most `max`.
+  void merge_into(std::vector<Candidate>& out, int32_t max_candidates) const;
+  void verified(const DraftTree& tree, const std::vector<int32_t>& path) {
+    if (on_) lookup_.verified(tree, path);
+  }
 
  private:
+  bool on_;
+  bool owns_tree_ = false;
+  NgramDrafter lookup_;
+  std::vector<Candidate> found_;
+};
+
+// The target's first `layers` layers + final norm + head, with prompt lookup
+// beside it. `forward_mutex` is the engine's (one forward pass at a time).
+//
+// An early exit's forward pass reads most of the target's weights (L of its
+// n layers, and the head), so a token it drafts costs about L/n of a decode
+// step (the forward that proposes its children) besides its verification
+// row: it pays only where it is accepted more often than that. So (unless
+// the gate is off, or the tree's floor is 0):
+// - the model's candidates below kRowCost + L/n (calibrated) are not offered;
+//   where that is 1 or more (L/n >= 0.8) the model is never run: no draft of
+//   it could pay, whatever its acceptance (SmolLM2's default exit, 26 of 30
+//   layers, agrees with the whole model on 42% of tokens);
+// - the drafter counts what the model's drafts earned in each tree it ran
+//   for (accepted tokens the lookup did not also propose, less L/n per
+//   forward pass and kRowCost per drafted row); after a tree that did not
+//   pay it skips the model for 1, 2, 4 .. kMaxSkip trees (those trees are the
+//   lookup's), and a tree that paid resets the skip.
+class SelfDrafter final : public Drafter {
+ public:
+  static constexpr float kRowCost = 0.2f;  // a verification row, in decode steps (docs/BENCHMARKS.md)
+  static constexpr int32_t kMaxSkip = 64;
+  // `lookup`: prompt lookup beside the early exit; `gate`: the above (tests
+  // turn both off to run the early exit on every tree).
+  SelfDrafter(Forward& forward, std::mutex& forward_mutex, KvManager& kv, int32_t layers, int32_t n_layers,
+              int32_t n_vocab, bool lookup = true, bool gate = true)
+      : lookup_(lookup),
+        gate_(gate),
+        forward_(forward),
+        forward_mutex_(forward_mutex),
+        kv_(kv),
+        layers_(layers),
+        forward_cost_(static_cast<float>(layers) / static_cast<float>(std::max(n_layers, 1))),
+        n_vocab_(n_vocab) {}
+  void propose(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,
+               std::vector<Candidate>& out) override;
+  void verified(const DraftTree& tree, const std::vector<int32_t>& path) override;
+  void use_min_confidence(float floor) override { floor_ = floor; }
+
+ private:
+  bool gated() const { return gate_ && floor_ > 0.0f; }
+  // After a tree the model ran for: `gain` is what its drafts earned.
+  void settle(float gain);
+  float model_floor() const { return kRowCost + forward_cost_; }
+
+  LookupBeside lookup_;
+  bool gate_;
+  bool model_tree_ = false;  // the model runs for the current tree
+  int32_t forwards_ = 0;     // its forward passes in the current tree
+  int32_t skip_ = 0;         // trees the model skips after the next one that does not pay
+  int32_t backoff_ = 0;      // trees left to skip
+  float floor_ = 0.0f;
   Calibration calibration_;
+  AcceptanceCounts own_;  // key 0: the model's candidates the lookup did not propose
   Forward& forward_;
   std::mutex& forward_mutex_;
   KvManager& kv_;
   int32_t layers_;
+  float forward_cost_;
   int32_t n_vocab_;
   std::vector<float> logits_;
 };
