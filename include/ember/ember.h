@@ -526,7 +526,9 @@ typedef struct ember_stream_params {
 enum {
   EMBER_SPEC_NONE = 0,
   EMBER_SPEC_NGRAM = 1, /* prompt lookup: continuations of the text's own n-grams (no weights) */
-  EMBER_SPEC_SELF = 2,  /* self-speculation: the model's first spec_self_layers layers + its head */
+  EMBER_SPEC_SELF = 2,  /* self-speculation (no extra weights): the model's first spec_self_layers layers +
+                           its head, with prompt lookup beside them; the early exit drafts only where it
+                           pays for its partial forward passes (on SmolLM2 it never does: docs/API.md) */
   EMBER_SPEC_DRAFT = 3  /* a draft model (spec_draft_model) on the same device */
 };
 
