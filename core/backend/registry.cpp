@@ -47,6 +47,7 @@ CreatedBackend create_backend(const std::string& device, const BackendOptions& o
       out.extras = lb.extras;
       out.device = device == "auto" ? "cuda" : device;
       if (out.extras) out.extras->set_batch_invariant(options.batch_invariant);
+      if (device == "auto") log(LogLevel::kInfo, "engine: running on %s", out.backend->name().c_str());
       return out;
     } catch (const Error& e) {
       if (device != "auto") throw;
