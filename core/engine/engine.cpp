@@ -475,8 +475,8 @@ void Engine::prepare_speculation(Stream& stream) {
         fail(StatusCode::kInvalidArgument,
              "speculation: self-speculation must use fewer layers than the model's " + std::to_string(c.n_layers));
       }
-      stream.set_speculation(std::make_unique<speculative::SelfDrafter>(
-          *forward_, forward_mutex_, *kv_, layers, c.n_layers, c.n_vocab, sp.draft_lookup, sp.self_gate));
+      stream.set_speculation(std::make_unique<speculative::SelfDrafter>(*forward_, forward_mutex_, *kv_, c, layers,
+                                                                        sp.draft_lookup, sp.payoff_gate));
       return;
     }
     case SpecParams::Kind::kDraft: {
@@ -501,8 +501,9 @@ void Engine::prepare_speculation(Stream& stream) {
           draft_runners_.push_back(runner);
         }
       }
-      stream.set_speculation(std::make_unique<speculative::DraftModelDrafter>(
-          runner, stream.session().policy(), stream.session().n_ctx(), sp.draft_lookup));
+      stream.set_speculation(
+          std::make_unique<speculative::DraftModelDrafter>(runner, stream.session().policy(), stream.session().n_ctx(),
+                                                           model_->config(), sp.draft_lookup, sp.payoff_gate));
       return;
     }
   }

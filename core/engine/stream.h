@@ -41,9 +41,10 @@ struct SpecParams {
   // C ABI; tests turn it off to exercise the model's drafts and the draft
   // model's own KV on every tree).
   bool draft_lookup = true;
-  // kSelf: the early exit skips trees after trees where its drafts did not
-  // pay for its forward passes (not in the C ABI; tests turn it off).
-  bool self_gate = true;
+  // kSelf, kDraft: the model sits out trees after trees where its drafts did
+  // not pay for its forward passes (speculative::PayoffGate; not in the C
+  // ABI; tests turn it off).
+  bool payoff_gate = true;
   speculative::TreeParams tree;
 };
 

@@ -80,8 +80,13 @@ DraftRunner::~DraftRunner() {
 }
 
 DraftModelDrafter::DraftModelDrafter(std::shared_ptr<DraftRunner> runner, const CachePolicy& policy, int32_t n_ctx,
-                                     bool lookup)
-    : lookup_(lookup), runner_(std::move(runner)) {
+                                     const ModelConfig& target, bool lookup, bool gate)
+    : lookup_(lookup),
+      gate_on_(gate),
+      gate_(static_cast<float>(forward_macs(runner->model().config(), runner->model().config().n_layers) /
+                               forward_macs(target, target.n_layers)),
+            gate),
+      runner_(std::move(runner)) {
   const auto& c = runner_->model().config();
   std::lock_guard<std::mutex> lock(runner_->mutex());
   seq_ = runner_->kv().create(policy, std::min(n_ctx, c.n_ctx_train), c.n_ctx_train);
@@ -134,6 +139,7 @@ void DraftModelDrafter::propose(KvSequence& seq, const DraftTree& tree, int32_t 
   lookup_.propose(seq, tree, leaf, max_candidates, floor_);
   if (leaf == 0) {
     lookup_only_ = lookup_.owns_tree();
+    gate_.begin_tree();
     calibration_.forget();  // (a tree that drafted nothing was not verified)
   }
   if (!lookup_only_) propose_from_model(seq, tree, leaf, max_candidates, out);
@@ -152,6 +158,7 @@ void DraftModelDrafter::propose_from_model(KvSequence& seq, const DraftTree& tre
       --backoff_;
       return;
     }
+    if (!gate_.admit()) return;
     // Room for every node the target reserved (its slots after the root).
     if (!catch_up(seq, static_cast<int32_t>(std::min<size_t>(64, kv.tree_room(*seq_))))) return;
     tree_open_ = true;
@@ -162,8 +169,10 @@ void DraftModelDrafter::propose_from_model(KvSequence& seq, const DraftTree& tre
   const int32_t n_vocab = runner_->model().config().n_vocab;
   logits_.resize(static_cast<size_t>(n_vocab));
   runner_->forward(batch, logits_.data());
+  gate_.forward();
   top_candidates(logits_.data(), n_vocab, max_candidates, out);
   calibration_.calibrate(leaf, out);
+  gate_.offer(leaf, out, lookup_);
   if (leaf == 0 && floor_ > 0.0f) {
     // The draft's own passes (the catch-up and this one) cost about a tenth
     // of a decode step even when nothing is drafted. Where few trees start
@@ -192,6 +201,7 @@ bool DraftModelDrafter::release_kv() {
 void DraftModelDrafter::verified(const DraftTree& tree, const std::vector<int32_t>& path) {
   calibration_.verified(tree, path);
   lookup_.verified(tree, path);
+  gate_.verified(tree, path);
 }
 
 void DraftModelDrafter::finish_tree(KvSequence&) {

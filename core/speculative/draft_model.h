@@ -13,10 +13,11 @@
 // DraftModelDrafter: the draft model's candidates together with prompt
 // lookup's (NgramDrafter over the target's history: where the reply copies
 // its context a small draft rarely does as well, and lookup costs no forward
-// pass); a tree the model declines (no room, or skipping while it is not
-// confident) may still be the lookup's alone. One stream's draft sequence in
-// that pool, with the target session's cache policy. Before a tree is drafted it catches up with
-// the target's history (only what was appended since the last tree: the
+// pass); a tree the model declines (no room, skipping while it is not
+// confident, or sitting out trees after trees whose drafts did not pay:
+// PayoffGate) may still be the lookup's alone. One stream's draft sequence
+// in that pool, with the target session's cache policy. Before a tree is
+// drafted it catches up with the target's history (only what was appended since the last tree: the
 // accepted tokens); the tree's nodes are provisional tokens of the draft
 // sequence, rolled back after verification. When the pool has no room, a
 // full draft sequence gives its blocks back (it recomputes later) and the
@@ -75,8 +76,11 @@ class DraftRunner {
 
 class DraftModelDrafter final : public Drafter {
  public:
-  // `lookup`: prompt lookup's candidates beside the draft's.
-  DraftModelDrafter(std::shared_ptr<DraftRunner> runner, const CachePolicy& policy, int32_t n_ctx, bool lookup = true);
+  // `lookup`: prompt lookup's candidates beside the draft's; `gate`: the
+  // PayoffGate, its cost the draft's forward_macs over the target's
+  // (`target`), catch-up passes not counted.
+  DraftModelDrafter(std::shared_ptr<DraftRunner> runner, const CachePolicy& policy, int32_t n_ctx,
+                    const ModelConfig& target, bool lookup = true, bool gate = true);
   ~DraftModelDrafter() override;
   void propose(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,
                std::vector<Candidate>& out) override;
@@ -84,7 +88,10 @@ class DraftModelDrafter final : public Drafter {
   bool release_kv() override;
   void verified(const DraftTree& tree, const std::vector<int32_t>& path) override;
   float min_confidence() const override { return kModelDrafterMinConfidence; }
-  void use_min_confidence(float floor) override { floor_ = floor; }
+  void use_min_confidence(float floor) override {
+    floor_ = floor;
+    gate_.set_on(gate_on_ && floor > 0.0f);
+  }
 
  private:
   // The draft model's candidates for `leaf` (none when it declines the tree).
@@ -92,6 +99,8 @@ class DraftModelDrafter final : public Drafter {
                           std::vector<Candidate>& out);
 
   LookupBeside lookup_;
+  bool gate_on_;
+  PayoffGate gate_;
   bool lookup_only_ = false;  // the lookup owns this tree, or the model declined it (no room, or skipping)
   Calibration calibration_;
   // Brings the draft sequence to the target's history (all but its last

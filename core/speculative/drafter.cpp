@@ -7,6 +7,7 @@
 #include "core/kv_cache/kv_manager.h"
 #include "core/model/batch.h"
 #include "core/model/forward.h"
+#include "core/model/model.h"
 
 namespace ember::speculative {
 
@@ -169,27 +170,80 @@ void LookupBeside::merge_into(std::vector<Candidate>& out, int32_t max_candidate
   if (static_cast<int32_t>(out.size()) > max_candidates) out.resize(static_cast<size_t>(max_candidates));
 }
 
+double forward_macs(const ModelConfig& c, int32_t layers) {
+  const double embd = c.n_embd, q = static_cast<double>(c.n_heads) * c.head_dim,
+               kv = static_cast<double>(c.n_kv_heads) * c.head_dim;
+  const double layer = embd * (q + 2 * kv) + q * embd + 3.0 * embd * c.n_ff;
+  return layers * layer + embd * c.n_vocab;
+}
+
+void PayoffGate::begin_tree() {
+  if (running_) settle(-forward_cost_ * static_cast<float>(forwards_));
+  own_.forget();
+}
+
+bool PayoffGate::admit() {
+  if (on_ && (floor() >= 1.0f || backoff_ > 0)) {
+    if (backoff_ > 0) --backoff_;
+    return false;
+  }
+  running_ = true;
+  return true;
+}
+
+void PayoffGate::offer(int32_t leaf, std::vector<Candidate>& candidates, const LookupBeside& lookup) {
+  if (on_) {
+    const float at_least = floor();
+    candidates.erase(
+        std::remove_if(candidates.begin(), candidates.end(), [&](const Candidate& c) { return c.prob < at_least; }),
+        candidates.end());
+  }
+  for (const Candidate& c : candidates) {
+    if (!lookup.proposed(c.token)) own_.proposed(leaf, c.token, 0);
+  }
+}
+
+void PayoffGate::verified(const DraftTree& tree, const std::vector<int32_t>& path) {
+  const uint32_t drafted = own_.drafted(0), accepted = own_.accepted(0);
+  own_.verified(tree, path);
+  if (!running_) return;
+  settle(static_cast<float>(own_.accepted(0) - accepted) - kRowCost * static_cast<float>(own_.drafted(0) - drafted) -
+         forward_cost_ * static_cast<float>(forwards_));
+}
+
+void PayoffGate::settle(float gain) {
+  running_ = false;
+  forwards_ = 0;
+  if (!on_) return;
+  if (gain > 0.0f) {
+    skip_ = 0;
+  } else {
+    skip_ = std::min(std::max(2 * skip_, 1), kMaxSkip);
+    backoff_ = skip_;
+  }
+}
+
+SelfDrafter::SelfDrafter(Forward& forward, std::mutex& forward_mutex, KvManager& kv, const ModelConfig& config,
+                         int32_t layers, bool lookup, bool gate)
+    : lookup_(lookup),
+      gate_on_(gate),
+      gate_(static_cast<float>(forward_macs(config, layers) / forward_macs(config, config.n_layers)), gate),
+      forward_(forward),
+      forward_mutex_(forward_mutex),
+      kv_(kv),
+      layers_(layers),
+      n_vocab_(config.n_vocab) {}
+
 void SelfDrafter::propose(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,
                           std::vector<Candidate>& out) {
   out.clear();
   lookup_.propose(seq, tree, leaf, max_candidates, floor_);
   if (leaf == 0) {
-    // (the last tree, if the model ran for it but it drafted nothing, was
-    // not verified: its forward passes earned nothing)
-    if (model_tree_) settle(-forward_cost_ * static_cast<float>(forwards_));
+    gate_.begin_tree();
     calibration_.forget();
-    own_.forget();
-    // The model runs for this tree unless the lookup owns it or the model
-    // is skipping trees (a floor of 0: tests with flat drafts, no skipping).
-    model_tree_ = !lookup_.owns_tree();
-    if (model_tree_ && gated()) {
-      if (model_floor() >= 1.0f) {
-        model_tree_ = false;  // (no draft of it could pay)
-      } else if (backoff_ > 0) {
-        --backoff_;
-        model_tree_ = false;
-      }
-    }
+    // The model runs for this tree unless the lookup owns it or the gate
+    // keeps it out.
+    model_tree_ = !lookup_.owns_tree() && gate_.admit();
   }
   if (model_tree_) {
     Batch batch;
@@ -199,17 +253,10 @@ void SelfDrafter::propose(KvSequence& seq, const DraftTree& tree, int32_t leaf, 
       std::lock_guard<std::mutex> lock(forward_mutex_);
       forward_.forward_layers(batch, logits_.data(), layers_);
     }
-    ++forwards_;
+    gate_.forward();
     top_candidates(logits_.data(), n_vocab_, max_candidates, out);
     calibration_.calibrate(leaf, out);
-    if (gated()) {
-      const float at_least = model_floor();
-      out.erase(std::remove_if(out.begin(), out.end(), [&](const Candidate& c) { return c.prob < at_least; }),
-                out.end());
-    }
-    for (const Candidate& c : out) {
-      if (!lookup_.proposed(c.token)) own_.proposed(leaf, c.token, 0);
-    }
+    gate_.offer(leaf, out, lookup_);
   }
   lookup_.merge_into(out, max_candidates);
 }
@@ -217,24 +264,7 @@ void SelfDrafter::propose(KvSequence& seq, const DraftTree& tree, int32_t leaf, 
 void SelfDrafter::verified(const DraftTree& tree, const std::vector<int32_t>& path) {
   calibration_.verified(tree, path);
   lookup_.verified(tree, path);
-  const uint32_t drafted = own_.drafted(0), accepted = own_.accepted(0);
-  own_.verified(tree, path);
-  if (!model_tree_) return;
-  // What the model's drafts earned in this tree, in decode steps.
-  settle(static_cast<float>(own_.accepted(0) - accepted) - kRowCost * static_cast<float>(own_.drafted(0) - drafted) -
-         forward_cost_ * static_cast<float>(forwards_));
-}
-
-void SelfDrafter::settle(float gain) {
-  model_tree_ = false;
-  forwards_ = 0;
-  if (!gated()) return;
-  if (gain > 0.0f) {
-    skip_ = 0;
-  } else {
-    skip_ = std::min(std::max(2 * skip_, 1), kMaxSkip);
-    backoff_ = skip_;
-  }
+  gate_.verified(tree, path);
 }
 
 }  // namespace ember::speculative

@@ -32,6 +32,7 @@ namespace ember {
 class Forward;
 class KvManager;
 class KvSequence;
+struct ModelConfig;
 }  // namespace ember
 
 namespace ember::speculative {
@@ -163,65 +164,84 @@ class LookupBeside {
   std::vector<Candidate> found_;
 };
 
-// The target's first `layers` layers + final norm + head, with prompt lookup
-// beside it. `forward_mutex` is the engine's (one forward pass at a time).
-//
-// An early exit's forward pass reads most of the target's weights (L of its
-// n layers, and the head), so a token it drafts costs about L/n of a decode
-// step (the forward that proposes its children) besides its verification
-// row: it pays only where it is accepted more often than that. So (unless
-// the gate is off, or the tree's floor is 0):
-// - the model's candidates below kRowCost + L/n (calibrated) are not offered;
-//   where that is 1 or more (L/n >= 0.8) the model is never run: no draft of
-//   it could pay, whatever its acceptance (SmolLM2's default exit, 26 of 30
-//   layers, agrees with the whole model on 42% of tokens);
-// - the drafter counts what the model's drafts earned in each tree it ran
-//   for (accepted tokens the lookup did not also propose, less L/n per
-//   forward pass and kRowCost per drafted row); after a tree that did not
-//   pay it skips the model for 1, 2, 4 .. kMaxSkip trees (those trees are the
-//   lookup's), and a tree that paid resets the skip.
-class SelfDrafter final : public Drafter {
+// Multiply-adds of one token's forward pass through a model's first `layers`
+// layers and its output head: a model drafter's cost relative to the
+// target's whole forward pass (decoding reads each weight once per token).
+double forward_macs(const ModelConfig& c, int32_t layers);
+
+// A model drafter's payoff, tree by tree: what the model's own drafts earned
+// (accepted tokens the lookup beside it did not also propose: a decode step
+// each) against what they cost (`forward_cost` of a decode step per forward
+// pass of the model, kRowCost per drafted row). After a tree that did not
+// pay the model sits out 1, 2, 4 .. kMaxSkip trees (those are the lookup's
+// alone); a tree that paid resets the count. The model's candidates below
+// floor() = kRowCost + forward_cost are not offered: they cost more than
+// they are expected to save; where that is 1 or more, the model is never
+// run (no draft of it could pay, however often accepted).
+class PayoffGate {
  public:
   static constexpr float kRowCost = 0.2f;  // a verification row, in decode steps (docs/BENCHMARKS.md)
   static constexpr int32_t kMaxSkip = 64;
-  // `lookup`: prompt lookup beside the early exit; `gate`: the above (tests
-  // turn both off to run the early exit on every tree).
-  SelfDrafter(Forward& forward, std::mutex& forward_mutex, KvManager& kv, int32_t layers, int32_t n_layers,
-              int32_t n_vocab, bool lookup = true, bool gate = true)
-      : lookup_(lookup),
-        gate_(gate),
-        forward_(forward),
-        forward_mutex_(forward_mutex),
-        kv_(kv),
-        layers_(layers),
-        forward_cost_(static_cast<float>(layers) / static_cast<float>(std::max(n_layers, 1))),
-        n_vocab_(n_vocab) {}
+  // `on` = false: never skips nor filters (tests run the model on every tree).
+  PayoffGate(float forward_cost, bool on) : forward_cost_(forward_cost), on_(on) {}
+  float floor() const { return kRowCost + forward_cost_; }
+  // At every tree's root (a tree the model ran for that drafted nothing was
+  // not verified: its forward passes earned nothing).
+  void begin_tree();
+  // Whether the model runs for this tree (false while it sits trees out).
+  bool admit();
+  void forward() { ++forwards_; }
+  // The model's candidates for `leaf` (calibrated; most confident first):
+  // drops those below floor() and records those the lookup did not propose.
+  void offer(int32_t leaf, std::vector<Candidate>& candidates, const LookupBeside& lookup);
+  void verified(const DraftTree& tree, const std::vector<int32_t>& path);
+  void set_on(bool on) { on_ = on; }
+
+ private:
+  void settle(float gain);
+
+  float forward_cost_;
+  bool on_;
+  bool running_ = false;  // the model runs for the current tree
+  int32_t forwards_ = 0;  // its forward passes in the current tree
+  int32_t skip_ = 0;      // trees the model sits out after the next tree that does not pay
+  int32_t backoff_ = 0;   // trees left to sit out
+  AcceptanceCounts own_;  // key 0: the model's candidates the lookup did not propose
+};
+
+// The target's first `layers` layers + final norm + head, with prompt lookup
+// beside it. `forward_mutex` is the engine's (one forward pass at a time).
+// Its forward pass reads most of the target's weights, so its cost (gate) is
+// forward_macs(L) / forward_macs(n): SmolLM2's default exit (26 of 30
+// layers, 0.89 of a step) can never pay and is not run, where it agrees with
+// the whole model on 42% of tokens; `self:L` for smaller L runs where its
+// trees pay.
+class SelfDrafter final : public Drafter {
+ public:
+  // `lookup`: prompt lookup beside the early exit; `gate`: the PayoffGate
+  // (tests turn both off to run the early exit on every tree).
+  SelfDrafter(Forward& forward, std::mutex& forward_mutex, KvManager& kv, const ModelConfig& config, int32_t layers,
+              bool lookup = true, bool gate = true);
   void propose(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,
                std::vector<Candidate>& out) override;
   void verified(const DraftTree& tree, const std::vector<int32_t>& path) override;
-  void use_min_confidence(float floor) override { floor_ = floor; }
+  void use_min_confidence(float floor) override {
+    floor_ = floor;
+    gate_.set_on(gate_on_ && floor > 0.0f);
+  }
 
  private:
-  bool gated() const { return gate_ && floor_ > 0.0f; }
-  // After a tree the model ran for: `gain` is what its drafts earned.
-  void settle(float gain);
-  float model_floor() const { return kRowCost + forward_cost_; }
-
   LookupBeside lookup_;
-  bool gate_;
+  bool gate_on_;
+  PayoffGate gate_;
   bool model_tree_ = false;  // the model runs for the current tree
-  int32_t forwards_ = 0;     // its forward passes in the current tree
-  int32_t skip_ = 0;         // trees the model skips after the next one that does not pay
-  int32_t backoff_ = 0;      // trees left to skip
-  float floor_ = 0.0f;
   Calibration calibration_;
-  AcceptanceCounts own_;  // key 0: the model's candidates the lookup did not propose
   Forward& forward_;
   std::mutex& forward_mutex_;
   KvManager& kv_;
   int32_t layers_;
-  float forward_cost_;
   int32_t n_vocab_;
+  float floor_ = 0.0f;
   std::vector<float> logits_;
 };
 

@@ -121,7 +121,7 @@ std::shared_ptr<Session> session_with(const std::shared_ptr<EngineOwner>& engine
 // Every prompt: plain greedy decoding and speculative decoding give the same
 // tokens, text and end; the drafter must actually have been accepted.
 void expect_identical(SpecParams::Kind kind, int32_t self_layers, std::shared_ptr<const Model> draft,
-                      bool lookup = true) {
+                      bool lookup = true, bool gate = true) {
   auto engine = Engine::create(model(), EngineParams{});
   const int n_tokens = reduced() ? 16 : 40;
   const size_t n_prompts = reduced() ? 6 : std::size(kPrompts);
@@ -129,8 +129,9 @@ void expect_identical(SpecParams::Kind kind, int32_t self_layers, std::shared_pt
   for (size_t i = 0; i < n_prompts; ++i) {
     const Outcome plain = run(session_with(engine, kPrompts[i])->start(greedy(n_tokens)));
     StreamParams sp = with_spec(greedy(n_tokens), kind, self_layers, draft);
-    // Without the lookup beside it, the model drafter's early exit runs on every tree.
-    sp.spec.draft_lookup = sp.spec.self_gate = lookup;
+    // Without the lookup and the gate, a model drafter's model runs on every tree.
+    sp.spec.draft_lookup = lookup;
+    sp.spec.payoff_gate = gate;
     const Outcome spec = run(session_with(engine, kPrompts[i])->start(sp));
     EXPECT_EQ(spec.tokens, plain.tokens) << "prompt " << i << ": " << kPrompts[i].text;
     EXPECT_EQ(spec.text, plain.text) << "prompt " << i;
@@ -150,8 +151,8 @@ TEST(Speculative, NgramGreedyIdenticalOn24Prompts) {
 
 TEST(Speculative, SelfGreedyIdenticalOn24Prompts) {
   EMBER_REQUIRE_MODEL();
-  expect_identical(SpecParams::Kind::kSelf, 20, nullptr, /*lookup=*/false);  // the early exit alone
-  expect_identical(SpecParams::Kind::kSelf, 0, nullptr);                     // as the C ABI runs it
+  expect_identical(SpecParams::Kind::kSelf, 20, nullptr, /*lookup=*/false, /*gate=*/false);  // the early exit alone
+  expect_identical(SpecParams::Kind::kSelf, 0, nullptr);                                     // as the C ABI runs it
 }
 
 // Self-speculation's early exit skips trees after trees whose drafts did not
@@ -165,7 +166,7 @@ TEST(Speculative, SelfEarlyExitSkipsTreesWhereItDoesNotPay) {
   auto drafted = [&](bool gate, std::vector<int32_t>* tokens) {
     StreamParams sp = with_spec(greedy(32), SpecParams::Kind::kSelf, 20);
     sp.spec.draft_lookup = false;
-    sp.spec.self_gate = gate;
+    sp.spec.payoff_gate = gate;
     const Outcome r = run(session_with(engine, chat)->start(sp));
     *tokens = r.tokens;
     return r.stats.drafted_tokens;
@@ -178,10 +179,12 @@ TEST(Speculative, SelfEarlyExitSkipsTreesWhereItDoesNotPay) {
 }
 
 // The draft is the target's own file loaded a second time: it proves
-// exactness (every mismatch would show), not speed.
+// exactness (every mismatch would show), not speed (its payoff gate would
+// never run it: it costs a whole decode step per drafted token).
 TEST(Speculative, DraftModelGreedyIdenticalOn24Prompts) {
   EMBER_REQUIRE_MODEL();
-  expect_identical(SpecParams::Kind::kDraft, 0, Model::load(test::default_model_path()));
+  expect_identical(SpecParams::Kind::kDraft, 0, Model::load(test::default_model_path()), /*lookup=*/true,
+                   /*gate=*/false);
 }
 
 // Stop strings, max tokens and EOS end a speculative stream exactly where a

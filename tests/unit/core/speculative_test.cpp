@@ -246,5 +246,67 @@ TEST(SpecDrafter, TopCandidatesProbabilitiesMatchDoublePrecision) {
   }
 }
 
+// A model drafter's payoff gate: the model's candidates below its floor are
+// not offered; a tree that did not earn its forward passes and rows (or was
+// never verified: it drafted nothing) makes the model sit out 1, 2, 4 ..
+// trees; a tree that paid resets that; a model that cannot pay never runs.
+TEST(SpecDrafter, PayoffGateSkipsTreesAfterTreesThatDidNotPay) {
+  const LookupBeside no_lookup(false);
+  PayoffGate expensive(0.9f, true);  // floor 1.1: nothing it drafts could pay
+  expensive.begin_tree();
+  EXPECT_FALSE(expensive.admit());
+  expensive.set_on(false);  // (tests: the model on every tree)
+  expensive.begin_tree();
+  EXPECT_TRUE(expensive.admit());
+
+  PayoffGate gate(0.3f, true);
+  EXPECT_FLOAT_EQ(gate.floor(), 0.5f);
+  DraftTree t;
+  // A tree that paid: one forward, one drafted row, accepted (1 - 0.2 - 0.3 > 0).
+  gate.begin_tree();
+  ASSERT_TRUE(gate.admit());
+  gate.forward();
+  std::vector<Candidate> c = {{5, 0.9f}, {7, 0.45f}, {6, 0.6f}};
+  gate.offer(0, c, no_lookup);
+  ASSERT_EQ(c.size(), 2u);  // 7 is below the floor
+  EXPECT_EQ(c[0].token, 5);
+  EXPECT_EQ(c[1].token, 6);
+  t.reset(1);
+  const int32_t n5 = t.add(0, 5, 0.9f);
+  gate.verified(t, {n5});
+  // A tree that did not: its draft rejected. The model sits out one tree.
+  gate.begin_tree();
+  ASSERT_TRUE(gate.admit());
+  gate.forward();
+  c = {{8, 0.9f}};
+  gate.offer(0, c, no_lookup);
+  t.reset(1);
+  t.add(0, 8, 0.9f);
+  gate.verified(t, {});
+  gate.begin_tree();
+  EXPECT_FALSE(gate.admit());
+  // Again, unverified (nothing drafted): two trees out, then it runs.
+  gate.begin_tree();
+  ASSERT_TRUE(gate.admit());
+  gate.forward();
+  c = {{9, 0.2f}};
+  gate.offer(0, c, no_lookup);
+  EXPECT_TRUE(c.empty());
+  for (int i = 0; i < 2; ++i) {
+    gate.begin_tree();
+    EXPECT_FALSE(gate.admit()) << i;
+  }
+  gate.begin_tree();
+  ASSERT_TRUE(gate.admit());
+  // A tree that pays resets the count: the next one runs.
+  gate.forward();
+  c = {{5, 0.9f}};
+  gate.offer(0, c, no_lookup);
+  t.reset(1);
+  gate.verified(t, {t.add(0, 5, 0.9f)});
+  gate.begin_tree();
+  EXPECT_TRUE(gate.admit());
+}
+
 }  // namespace
 }  // namespace ember::speculative
