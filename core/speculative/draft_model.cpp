@@ -136,7 +136,7 @@ bool DraftModelDrafter::catch_up(const KvSequence& target, int32_t n_nodes) {
 void DraftModelDrafter::propose(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,
                                 std::vector<Candidate>& out) {
   out.clear();
-  lookup_.propose(seq, tree, leaf, max_candidates, floor_);
+  lookup_.propose(seq, tree, leaf, max_candidates, std::max(floor_, gate_.owning_floor()));
   if (leaf == 0) {
     lookup_only_ = lookup_.owns_tree();
     gate_.begin_tree();
@@ -179,7 +179,7 @@ void DraftModelDrafter::propose_from_model(KvSequence& seq, const DraftTree& tre
     // (less than one in four of the recent roots passed the floor), the next
     // two trees are skipped (plain decode steps): a third of the passes still
     // probes whether the text became predictable again.
-    const bool starts = !out.empty() && out.front().prob >= floor_;
+    const bool starts = !out.empty() && out.front().prob >= std::max(floor_, gate_.floor());
     root_rate_ = 0.9f * root_rate_ + (starts ? 0.1f : 0.0f);
     if (!starts && root_rate_ < 0.25f) backoff_ = 2;
   }

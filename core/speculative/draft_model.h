@@ -87,7 +87,6 @@ class DraftModelDrafter final : public Drafter {
   void finish_tree(KvSequence& seq) override;
   bool release_kv() override;
   void verified(const DraftTree& tree, const std::vector<int32_t>& path) override;
-  float min_confidence() const override { return kModelDrafterMinConfidence; }
   void use_min_confidence(float floor) override {
     floor_ = floor;
     gate_.set_on(gate_on_ && floor > 0.0f);
@@ -112,7 +111,7 @@ class DraftModelDrafter final : public Drafter {
   std::unique_ptr<KvSequence> seq_;
   bool tree_open_ = false;
   int32_t backoff_ = 0;  // trees left to skip (the pool had no room, or the draft was not confident)
-  float floor_ = kModelDrafterMinConfidence;
+  float floor_ = 0.0f;
   float root_rate_ = 1.0f;  // recent share of roots whose best candidate passed the floor
   std::vector<float> logits_;
 };

@@ -237,7 +237,7 @@ SelfDrafter::SelfDrafter(Forward& forward, std::mutex& forward_mutex, KvManager&
 void SelfDrafter::propose(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,
                           std::vector<Candidate>& out) {
   out.clear();
-  lookup_.propose(seq, tree, leaf, max_candidates, floor_);
+  lookup_.propose(seq, tree, leaf, max_candidates, std::max(floor_, gate_.owning_floor()));
   if (leaf == 0) {
     gate_.begin_tree();
     calibration_.forget();

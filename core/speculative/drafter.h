@@ -63,13 +63,6 @@ class Drafter {
   virtual void use_min_confidence(float) {}
 };
 
-// A model drafter's floor: a drafted token costs a forward pass of the draft
-// besides its verification row (measured with a 2-layer distilled draft,
-// docs/BENCHMARKS.md: about 0.35 of a decode step in all), so a token it
-// proposes must be accepted about one time in three to pay; its confidence
-// is calibrated (Calibration) so that this compares like with like.
-inline constexpr float kModelDrafterMinConfidence = 0.3f;
-
 // Per key (a drafter's own class of proposal), how many of one stream's
 // proposals became tree nodes and how many of those the target accepted.
 class AcceptanceCounts {
@@ -185,6 +178,11 @@ class PayoffGate {
   // `on` = false: never skips nor filters (tests run the model on every tree).
   PayoffGate(float forward_cost, bool on) : forward_cost_(forward_cost), on_(on) {}
   float floor() const { return kRowCost + forward_cost_; }
+  // The confidence of the lookup's first candidate from which a tree is the
+  // lookup's alone (0 when off): the model offers nothing more confident
+  // (floor()), and its candidates can earn at most what the lookup's
+  // misses, 1 - c, which must exceed its forward pass.
+  float owning_floor() const { return on_ ? std::max(0.0f, std::min(floor(), 1.0f - forward_cost_)) : 0.0f; }
   // At every tree's root (a tree the model ran for that drafted nothing was
   // not verified: its forward passes earned nothing).
   void begin_tree();
