@@ -2,7 +2,6 @@
 // error, parameter structs read by their size. No engine logic lives here.
 #include "ember/ember.h"
 
-
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -195,6 +194,7 @@ void full_stream_defaults(ember_stream_params* params) {
   params->spec_max_nodes = d.spec.tree.max_nodes;
   params->spec_max_depth = d.spec.tree.max_depth;
   params->spec_alpha = d.spec.tree.alpha;
+  params->spec_lookup = d.spec.draft_lookup ? 1 : 0;
 }
 
 // 1.0 sizes of the parameter structs: what the 1.0 entry points
@@ -288,6 +288,10 @@ ember::StreamParams to_stream_params(const ember_stream_params& p) {
   s.spec.tree.max_nodes = p.spec_max_nodes;
   s.spec.tree.max_depth = p.spec_max_depth;
   s.spec.tree.alpha = p.spec_alpha;
+  if (p.spec_lookup != 0 && p.spec_lookup != 1) {
+    throw Error(StatusCode::kInvalidArgument, "stream params: spec_lookup must be 0 or 1");
+  }
+  s.spec.draft_lookup = p.spec_lookup != 0;
   if (p.stop) {
     // Bounded: one past the core's limit is enough for it to refuse.
     for (size_t i = 0; p.stop[i] && i <= ember::StreamParams::kMaxStopStrings; ++i) {
@@ -386,8 +390,7 @@ void log_trampoline(int level, const char* message, void* hook) {
   t_in_log_callback = true;
   try {
     h->callback(level, message, h->user_data);
-  } catch (...) {
-  }
+  } catch (...) {}
   t_in_log_callback = outer;
 }
 }  // namespace

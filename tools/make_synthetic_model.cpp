@@ -19,6 +19,13 @@
 // padded with unused <|reserved_N|> tokens to the vocabulary size; a ChatML
 // chat template is included.
 //
+// --pass-through-from N: layers N and above add nothing to the residual
+// stream (attn_output and ffn_down are zero), so the first N layers with the
+// final norm and head give exactly the whole model's logits: a model whose
+// early exit at N agrees with it (self-speculation's best case).
+// --output-norm F: the final norm's weights around F (default 1; larger
+// gives more peaked next-token distributions).
+//
 // --verify loads the written file with Ember (Model::load), checks the
 // hyperparameters and the tokenizer, and runs a prefill + two decode steps
 // on the CPU backend (finite logits). --verify-device cuda additionally runs
@@ -72,7 +79,9 @@ struct Options {
   uint64_t seed = 1234;
   bool verify = false;
   std::string verify_device;
-  double tolerance = 0.02;  // relative max logit difference allowed vs the CPU
+  double tolerance = 0.02;         // relative max logit difference allowed vs the CPU
+  int64_t pass_through_from = -1;  // layers from here add nothing (-1: none)
+  float output_norm = 1.0f;
 };
 
 [[noreturn]] void usage(const char* msg) {
@@ -83,7 +92,7 @@ struct Options {
       "         [--layers N] [--embd N] [--ff N] [--heads N] [--kv-heads N] [--vocab N] [--ctx N]\n"
       "         [--type q4_0|q4_1|q5_0|q5_1|q8_0|q2_k|q3_k|q4_k|q5_k|q6_k|q4_k_m|f16|bf16|f32] [--rope-base F]\n"
       "         [--tied|--untied] [--seed N] [--arch llama|llama3|qwen2|gemma3|mistral] [--window N]\n"
-      "         [--verify] [--verify-device cuda[:N]] [--tolerance F]\n");
+      "         [--pass-through-from N] [--output-norm F] [--verify] [--verify-device cuda[:N]] [--tolerance F]\n");
   std::exit(2);
 }
 
@@ -175,6 +184,12 @@ Options parse(int argc, char** argv) {
       o.verify_device = value();
     } else if (a == "--tolerance") {
       o.tolerance = std::atof(value().c_str());
+    } else if (a == "--pass-through-from") {
+      o.pass_through_from = std::strtoll(value().c_str(), nullptr, 10);
+      if (o.pass_through_from < 0) usage("--pass-through-from must be >= 0");
+    } else if (a == "--output-norm") {
+      o.output_norm = static_cast<float>(std::atof(value().c_str()));
+      if (!(o.output_norm > 0.0f) || !std::isfinite(o.output_norm)) usage("--output-norm must be > 0");
     } else if (a == "-h" || a == "--help") {
       usage(nullptr);
     } else {
@@ -744,6 +759,11 @@ void write_model(const Options& o) {
     });
   };
   auto norm = [&](const std::string& name) { vec(name, s.embd, 1.0f, 0.1f); };
+  // All zero: exactly zero in every type (scales and values 0).
+  auto zero_matrix = [&](const std::string& name, int64_t cols, int64_t rows) {
+    ++tensor_seed;  // (the other tensors keep their values)
+    w.add_tensor(name, tensor_type(o, name), {cols, rows}, [](uint8_t* dst, size_t n) { std::memset(dst, 0, n); });
+  };
   if (o.arch == "llama3") {
     // Llama 3.1's scaling (factor 8, low/high frequency factors 1 and 4,
     // original context 8192) as its converter writes rope_freqs.
@@ -765,7 +785,7 @@ void write_model(const Options& o) {
                  [f](uint8_t* dst, size_t bytes) { std::memcpy(dst, f.data(), std::min(bytes, f.size() * 4)); });
   }
   matrix("token_embd.weight", s.embd, s.vocab);
-  norm("output_norm.weight");
+  vec("output_norm.weight", s.embd, o.output_norm, 0.1f * o.output_norm);
   if (!s.tied) matrix("output.weight", s.embd, s.vocab);
   for (int64_t l = 0; l < s.layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
@@ -773,7 +793,12 @@ void write_model(const Options& o) {
     matrix(p + "attn_q.weight", s.embd, q_dim);
     matrix(p + "attn_k.weight", s.embd, kv_dim);
     matrix(p + "attn_v.weight", s.embd, kv_dim);
-    matrix(p + "attn_output.weight", q_dim, s.embd);
+    const bool pass = o.pass_through_from >= 0 && l >= o.pass_through_from;
+    if (pass) {
+      zero_matrix(p + "attn_output.weight", q_dim, s.embd);
+    } else {
+      matrix(p + "attn_output.weight", q_dim, s.embd);
+    }
     if (o.arch == "qwen2") {
       vec(p + "attn_q.bias", q_dim, 0.0f, 0.5f);
       vec(p + "attn_k.bias", kv_dim, 0.0f, 0.5f);
@@ -788,7 +813,11 @@ void write_model(const Options& o) {
     norm(p + "ffn_norm.weight");
     matrix(p + "ffn_gate.weight", s.embd, s.ff);
     matrix(p + "ffn_up.weight", s.embd, s.ff);
-    matrix(p + "ffn_down.weight", s.ff, s.embd);
+    if (pass) {
+      zero_matrix(p + "ffn_down.weight", s.ff, s.embd);
+    } else {
+      matrix(p + "ffn_down.weight", s.ff, s.embd);
+    }
   }
   const auto t0 = std::chrono::steady_clock::now();
   w.write_file(o.out);

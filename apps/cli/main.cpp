@@ -204,8 +204,8 @@ ember_stream_stats_t run_stream(ember_session* session, const ember_stream_param
 
 // The speculative options of generate and bench (the draft model's handle
 // lives here for as long as the streams that use it).
-const std::vector<std::string> kSpecOpts = {"--spec", "--spec-nodes", "--spec-depth", "--spec-threshold",
-                                            "--spec-alpha"};
+const std::vector<std::string> kSpecOpts = {"--spec",           "--spec-nodes", "--spec-depth",
+                                            "--spec-threshold", "--spec-alpha", "--spec-lookup"};
 struct SpecChoice {
   ember_model* draft = nullptr;
   SpecChoice() = default;
@@ -239,6 +239,7 @@ void apply_spec(const Args& a, ember_stream_params& sp, SpecChoice& holder) {
   sp.spec_max_depth = static_cast<int32_t>(a.integer("--spec-depth", sp.spec_max_depth, 1, 64));
   sp.spec_threshold = static_cast<float>(a.real("--spec-threshold", sp.spec_threshold, 1e-6, 100));
   sp.spec_alpha = static_cast<float>(a.real("--spec-alpha", sp.spec_alpha, 0, 1));
+  sp.spec_lookup = static_cast<int32_t>(a.integer("--spec-lookup", sp.spec_lookup, 0, 1));
 }
 
 std::vector<std::string> with(std::vector<std::string> opts, const std::vector<std::string>& more) {
@@ -1081,7 +1082,7 @@ void usage() {
       "usage: ember <command> [options]\n"
       "  generate   [-m MODEL] -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P] [--seed S] [--chat]\n"
       "             [--spec ngram|self[:L]|draft:PATH] [--spec-nodes N] [--spec-depth D] [--spec-threshold P]\n"
-      "             [--spec-alpha A] [--stats]\n"
+      "             [--spec-alpha A] [--spec-lookup 0|1] [--stats]\n"
       "  chat       [-m MODEL] [--system TEXT]\n"
       "  (generate and chat) [--min-p P] [--repeat-penalty R] [--presence-penalty P] [--frequency-penalty F]\n"
       "             [--penalty-last-n N]   # penalties over the last N tokens (-1: all, 0: off; default 64)\n"
@@ -1092,7 +1093,8 @@ void usage() {
       "             [--token-times]   # with --json: the last repetition's per-token decode times\n"
       "             [--no-batch-invariant]   # oneDNN for large prefill chunks (results may depend on chunking)\n"
       "  bench      [-m MODEL] --spec ngram|self[:L]|draft:PATH (--prompt-file F | --prompt TEXT) [--chat] [-n N]\n"
-      "             [-t THREADS] [-r REPS] [--spec-nodes N] [--spec-depth D] [--spec-threshold P] [--json]\n"
+      "             [-t THREADS] [-r REPS] [--spec-nodes N] [--spec-depth D] [--spec-threshold P]\n"
+      "             [--spec-lookup 0|1] [--json]   # --spec-lookup 0: self/draft without prompt lookup beside them\n"
       "  tokenize   [-m MODEL] (-p TEXT | -f FILE) [--special]\n"
       "MODEL defaults to $EMBER_HOME/SmolLM2-135M-Instruct.Q4_1.gguf (EMBER_HOME: ~/.cache/ember).\n");
 }

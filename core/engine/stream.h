@@ -37,9 +37,9 @@ struct SpecParams {
   Kind kind = Kind::kNone;
   int32_t self_layers = 0;                   // kSelf: the target's first L layers (0: 7/8 of them, rounded down)
   std::shared_ptr<const Model> draft_model;  // kDraft: same vocabulary as the target
-  // kSelf, kDraft: prompt lookup's candidates beside the model's (not in the
-  // C ABI; tests turn it off to exercise the model's drafts and the draft
-  // model's own KV on every tree).
+  // kSelf, kDraft: prompt lookup's candidates beside the model's (C ABI:
+  // spec_lookup; tests turn it off to exercise the model's drafts and the
+  // draft model's own KV on every tree).
   bool draft_lookup = true;
   // kSelf, kDraft: the model sits out trees after trees where its drafts did
   // not pay for its forward passes (speculative::PayoffGate; not in the C

@@ -521,6 +521,8 @@ typedef struct ember_stream_params {
   float spec_alpha;                    /* default 0.25: verify when the best branch's confidence falls below
                                           (then adapts: halved after a fully accepted branch, else the
                                           fraction rejected) */
+  int32_t spec_lookup;                 /* SELF, DRAFT: default 1 = prompt lookup's candidates beside the
+                                          model's; 0 = the model's alone (NGRAM: ignored) */
 } ember_stream_params;
 
 enum {

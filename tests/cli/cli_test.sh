@@ -56,10 +56,14 @@ for spec in ngram self:20 "draft:$model"; do
   [ "$s" = "$a" ] && ok || bad "generate --spec $spec gave '$s', plain '$a'"
   grep -q "speculation: drafted [0-9]*, accepted [0-9]*, passes [0-9]*" "$tmp/spec.err" && ok || bad "--stats line: $(cat "$tmp/spec.err")"
 done
+# --spec-lookup 0: the early exit alone, the same text.
+s="$("$ember" generate -p "The capital of France is" -n 8 --temp 0 --spec self:20 --spec-lookup 0 2>/dev/null)"
+[ "$s" = "$a" ] && ok || bad "generate --spec self:20 --spec-lookup 0 gave '$s', plain '$a'"
 expect_error "bad --spec" "$ember" generate -p hi --spec guess
 expect_error "--spec self:0" "$ember" generate -p hi --spec self:0
 expect_error "--spec draft missing" "$ember" generate -p hi --spec "draft:$tmp/none.gguf"
 expect_error "--spec-nodes 0" "$ember" generate -p hi --spec ngram --spec-nodes 0
+expect_error "--spec-lookup 2" "$ember" generate -p hi --spec self --spec-lookup 2
 # bench --spec: one JSON line, identical outputs.
 j="$("$ember" bench --spec ngram --prompt "1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2," -n 12 -r 1 -t 1 --json 2>/dev/null)"
 [[ "$j" == *'"identical": true'* ]] && ok || bad "bench --spec json '$j'"
