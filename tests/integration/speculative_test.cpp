@@ -344,6 +344,32 @@ TEST(Speculative, DraftModelKvLivesInTheEnginesPool) {
   }
 }
 
+// Where an early exit agrees with the model (a synthetic model whose layers
+// from 2 on add nothing), the payoff gate lets it draft: whole chains are
+// accepted, with the plain output. (SmolLM2's exits do not agree: the test
+// above.)
+TEST(Speculative, SelfEarlyExitDraftsWhereItAgrees) {
+  auto target = Model::load(synthetic("exit_agrees.gguf"));
+  auto engine = Engine::create(target, EngineParams{});
+  const std::vector<int32_t> prompt = {5, 9, 14, 7, 21, 3};
+  auto a = std::make_shared<Session>(engine, 0, "");
+  a->add_tokens(prompt);
+  StreamParams p = greedy(64);
+  p.ignore_eos = true;  // (a random model's text may reach its end-of-text token)
+  const Outcome plain = run(a->start(p));
+  auto b = std::make_shared<Session>(engine, 0, "");
+  b->add_tokens(prompt);
+  StreamParams sp = with_spec(p, SpecParams::Kind::kSelf, 2);
+  sp.spec.draft_lookup = false;  // (the exit alone; the gate on)
+  const Outcome spec = run(b->start(sp));
+  ASSERT_EQ(plain.tokens.size(), 64u);
+  EXPECT_EQ(spec.tokens, plain.tokens);
+  EXPECT_GE(spec.stats.drafted_tokens, 24u);
+  EXPECT_GE(spec.stats.accepted_tokens * 10, spec.stats.drafted_tokens * 9)
+      << spec.stats.accepted_tokens << " of " << spec.stats.drafted_tokens;
+  EXPECT_GE(spec.stats.accepted_tokens, 24u);
+}
+
 // The draft model's KV is a cache of the target's history: when a target
 // sequence lacks blocks it goes first (KvBudget::reclaim), so a stream that
 // arrives while a draft holds much of the pool starts at once instead of
