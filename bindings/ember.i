@@ -363,6 +363,7 @@ typedef struct eb_sampling {
   int32_t spec_max_nodes;
   int32_t spec_max_depth;
   float spec_alpha;
+  int32_t spec_lookup; /* SELF, DRAFT: 1 = prompt lookup beside the model (default), 0 = the model alone */
   char** stop_;
   int32_t n_stop_;
 } eb_sampling;
@@ -449,6 +450,7 @@ typedef struct eb_sampling {
     s->spec_max_nodes = p.spec_max_nodes;
     s->spec_max_depth = p.spec_max_depth;
     s->spec_alpha = p.spec_alpha;
+    s->spec_lookup = p.spec_lookup;
     return s;
   }
   ~eb_sampling() {
@@ -656,6 +658,7 @@ ember_stream* eb_stream_start(ember_session* session, const eb_sampling* s) {
     p.spec_max_nodes = s->spec_max_nodes;
     p.spec_max_depth = s->spec_max_depth;
     p.spec_alpha = s->spec_alpha;
+    p.spec_lookup = s->spec_lookup;
     p.stop = s->n_stop_ ? (const char* const*)s->stop_ : NULL;
   }
   eb_check(ember_stream_start(session, &p, &st));

@@ -1,12 +1,15 @@
 #include "cpu/dnnl_matmul.h"
 
+#include "core/util/status.h"
+
+#if EMBER_WITH_ONEDNN
+
 #include <dnnl.hpp>
 
 #include <mutex>
 #include <string>
 #include <unordered_map>
 
-#include "core/util/status.h"
 #include "cpu/cpu_features.h"
 
 namespace ember::cpu::dnnl_mm {
@@ -65,6 +68,8 @@ Entry make_entry(const Key& k) {
 struct StreamState {
   dnnl::stream stream{engine()};
 };
+bool available() { return true; }
+
 StreamHolder::StreamHolder() = default;
 StreamHolder::~StreamHolder() = default;
 StreamHolder::StreamHolder(StreamHolder&&) noexcept = default;
@@ -126,3 +131,26 @@ void clear_cache() {
 }
 
 }  // namespace ember::cpu::dnnl_mm
+
+#else  // !EMBER_WITH_ONEDNN
+
+namespace ember::cpu::dnnl_mm {
+
+struct StreamState {};
+bool available() { return false; }
+StreamHolder::StreamHolder() = default;
+StreamHolder::~StreamHolder() = default;
+StreamHolder::StreamHolder(StreamHolder&&) noexcept = default;
+StreamHolder& StreamHolder::operator=(StreamHolder&&) noexcept = default;
+
+void matmul(Precision, int64_t, int64_t, int64_t, const void*, int64_t, const void*, float*, int64_t, StreamHolder&) {
+  fail(StatusCode::kInternal, "matmul: this build has no oneDNN (EMBER_WITH_ONEDNN=OFF)");
+}
+bool bf16_supported() { return false; }
+bool bf16_native() { return false; }
+size_t cache_entries() { return 0; }
+void clear_cache() {}
+
+}  // namespace ember::cpu::dnnl_mm
+
+#endif  // EMBER_WITH_ONEDNN

@@ -1,4 +1,6 @@
-// Thin wrapper over oneDNN's matmul primitive for the prefill path:
+// Thin wrapper over oneDNN's matmul primitive for the prefill path (in a
+// build with EMBER_WITH_ONEDNN=OFF, available() is false and the matmuls
+// never come here: every chunk runs on Ember's own kernels):
 //   y[M, N] (row stride ldy) = x[M, K] (row stride ldx) · W[N, K]^T (W row-major)
 // in f32 or bf16 (inputs), always with f32 output. Primitives are cached by
 // shape in a process-wide, mutex-protected cache. Internal to ember::cpu.
@@ -11,6 +13,9 @@
 namespace ember::cpu::dnnl_mm {
 
 enum class Precision { kF32, kBf16 };
+
+// Whether this build links oneDNN.
+bool available();
 
 // Per-caller oneDNN stream (streams are not thread-safe). Lives in MatmulScratch.
 struct StreamState;

@@ -324,7 +324,9 @@ void matmul(const WeightView& w, const float* x, int64_t M, float* y, MatmulScra
   if (M == 0 || w.rows == 0) return;
   if (!x || !y) fail(StatusCode::kInvalidArgument, "matmul: null x or y");
   const detail::IsaImpl& impl = isa_impl(active_isa(), w.type);
-  const bool decode = path == MatmulPath::kRowInvariant || (path == MatmulPath::kAuto && M <= decode_max_m(w.type));
+  // (without oneDNN, every M runs on the row-invariant kernels)
+  const bool decode = path == MatmulPath::kRowInvariant || !dnnl_mm::available() ||
+                      (path == MatmulPath::kAuto && M <= decode_max_m(w.type));
   if (decode)
     run_decode_group(&w, &y, 1, x, M, rows, scratch.impl());
   else
@@ -346,7 +348,8 @@ void matmul_group(const WeightView* w, float* const* y, int n, const float* x, i
   for (int i = 0; i < n; ++i) {
     if (!y[i]) fail(StatusCode::kInvalidArgument, "matmul_group: null y");
     decode = decode && w[i].rows > 0 &&
-             (path == MatmulPath::kRowInvariant || (path == MatmulPath::kAuto && M <= decode_max_m(w[i].type)));
+             (path == MatmulPath::kRowInvariant || !dnnl_mm::available() ||
+              (path == MatmulPath::kAuto && M <= decode_max_m(w[i].type)));
   }
   if (!decode) {
     for (int i = 0; i < n; ++i) matmul(w[i], x, M, y[i], scratch, path, rows);

@@ -23,15 +23,16 @@ bash "$root/tools/build.sh" build -DEMBER_WERROR=ON -DEMBER_BUILD_BINDINGS=ON -D
 # threads, tokens and iterations, the same checks), which keeps the pass
 # within minutes on 2 cores. TSan: the C ABI tests (each drives the engine's
 # worker thread from the caller's; tests/capi/concurrency_test.cpp many
-# threads at once), with tests/capi/tsan.supp.
+# threads at once), with tests/capi/tsan.supp. Both without oneDNN
+# (EMBER_WITH_ONEDNN=OFF: that build configuration is checked here too).
 if [ "${EMBER_SKIP_SANITIZERS:-0}" != "1" ]; then
   bash "$root/tools/build.sh" build-asan -DEMBER_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DEMBER_WITH_CUDA=OFF -DEMBER_BUILD_BENCH=OFF -DEMBER_BUILD_BINDINGS=OFF
+    -DEMBER_WITH_CUDA=OFF -DEMBER_BUILD_BENCH=OFF -DEMBER_BUILD_BINDINGS=OFF -DEMBER_WITH_ONEDNN=OFF
   (cd "$root/build-asan" && EMBER_TEST_REDUCED=1 ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2 \
      --timeout 1800 -L 'test_capi|test_core|test_kv_cache|test_gguf|test_tokenizer|test_chat|test_tensor' \
      ${EMBER_ASAN_EXCLUDE:+-E "$EMBER_ASAN_EXCLUDE"})
   cmake -S "$root" -B "$root/build-tsan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEMBER_TSAN=ON \
-    -DEMBER_WITH_CUDA=OFF -DEMBER_BUILD_BENCH=OFF -DEMBER_BUILD_BINDINGS=OFF >/dev/null
+    -DEMBER_WITH_CUDA=OFF -DEMBER_BUILD_BENCH=OFF -DEMBER_BUILD_BINDINGS=OFF -DEMBER_WITH_ONEDNN=OFF >/dev/null
   cmake --build "$root/build-tsan" -j "$(nproc)" --target test_capi
   (cd "$root/build-tsan" && EMBER_TEST_REDUCED="${EMBER_TSAN_REDUCED:-0}" ctest --output-on-failure -j 2 \
      --timeout 1800 -L test_capi -E '_NOT_BUILT|capi_exported_symbols')

@@ -477,6 +477,7 @@ type Sampling struct {
 	SpecMaxNodes   int     // drafted tokens per tree, 1..64
 	SpecMaxDepth   int     // drafted tokens per branch, 1..64
 	SpecAlpha      float32 // verify when the best branch's confidence falls below this, 0..1 (then adapts)
+	SpecNoLookup   bool    // "self", "draft": the model alone, without prompt lookup beside it
 }
 
 // DefaultSampling returns the library's defaults.
@@ -544,6 +545,7 @@ func (s *Session) Generate(opts *Sampling) (*Stream, error) {
 	raw.SetSpec_max_nodes(o.SpecMaxNodes)
 	raw.SetSpec_max_depth(o.SpecMaxDepth)
 	raw.SetSpec_alpha(o.SpecAlpha)
+	raw.SetSpec_lookup(b2i(!o.SpecNoLookup))
 	start := func() (emberc.Struct_SS_ember_stream, error) {
 		return use(s.h, func(h emberc.Struct_SS_ember_session) emberc.Struct_SS_ember_stream {
 			return emberc.Eb_stream_start(h, raw)

@@ -616,6 +616,12 @@ func TestSpeculativeGreedyEqualsPlain(t *testing.T) {
 			}
 		}
 	}
+	// SpecNoLookup: the draft alone; one as costly as the model itself is never run.
+	plain, _ := specRun(t, e, true, greedy(24))
+	tokens, st := specRun(t, e, true, spec(24, func(s *Sampling) { s.SpecDraftModel, s.SpecNoLookup = draft, true }))
+	if fmt.Sprint(tokens) != fmt.Sprint(plain) || st.DraftedTokens != 0 {
+		t.Fatalf("draft alone: %v %+v, want %v and nothing drafted", tokens, st, plain)
+	}
 }
 
 func TestSpeculativeStreamKeepsItsDraftModel(t *testing.T) {

@@ -322,6 +322,8 @@ namespace Ember
         public int SpecMaxDepth = 8;
         /// <summary>Verify when the best branch's confidence falls below this, 0..1 (then adapts).</summary>
         public float SpecAlpha = 0.25f;
+        /// <summary>"self" and "draft": prompt lookup beside the model (false: the model alone).</summary>
+        public bool SpecLookup = true;
 
         private int Drafter()
         {
@@ -363,6 +365,7 @@ namespace Ember
             s.spec_max_nodes = SpecMaxNodes;
             s.spec_max_depth = SpecMaxDepth;
             s.spec_alpha = SpecAlpha;
+            s.spec_lookup = SpecLookup ? 1 : 0;
             return s;
         }
     }

@@ -289,6 +289,14 @@ static class EmberTests
                     }
                 }
             }
+            // SpecLookup = false: the draft alone; one as costly as the model itself is never run.
+            var plainRun = SpecRun(true, Greedy(24));
+            var alone = Greedy(24);
+            alone.SpecDraftModel = draft;
+            alone.SpecLookup = false;
+            var aloneRun = SpecRun(true, alone);
+            Eq(Ids(plainRun.Key), Ids(aloneRun.Key), "draft alone");
+            Eq(0L, aloneRun.Value.DraftedTokens, "drafted by the draft alone");
         }
     }
 
@@ -376,6 +384,7 @@ static class EmberTests
             Eq(d.spec_max_nodes, g.SpecMaxNodes, "SpecMaxNodes");
             Eq(d.spec_max_depth, g.SpecMaxDepth, "SpecMaxDepth");
             Eq(d.spec_alpha, g.SpecAlpha, "SpecAlpha");
+            Eq(d.spec_lookup, g.SpecLookup ? 1 : 0, "SpecLookup");
         }
     }
 

@@ -294,6 +294,11 @@ public final class EmberTest {
           }
         }
       }
+      // specLookup(false): the draft alone; one as costly as the model itself is never run.
+      Run plain = specRun(true, greedy(24));
+      Run alone = specRun(true, greedy(24).specDraftModel(draft).specLookup(false));
+      eq(Arrays.toString(plain.tokens), Arrays.toString(alone.tokens), "draft alone");
+      eq(0L, alone.stats.draftedTokens, "drafted by the draft alone");
     }
   }
 

@@ -305,7 +305,8 @@ class Session(_Closeable):
                  repeat_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
                  ignore_eos: bool = False, spec_drafter: Optional[str] = None, spec_self_layers: int = 0,
                  spec_draft_model: Optional[Model] = None, spec_threshold: float = 0.3, spec_max_nodes: int = 12,
-                 spec_max_depth: int = 8, spec_alpha: float = 0.25, penalty_last_n: int = 64) -> "Stream":
+                 spec_max_depth: int = 8, spec_alpha: float = 0.25, penalty_last_n: int = 64,
+                 spec_lookup: bool = True) -> "Stream":
         """Starts generating from everything added so far; iterate the Stream for text pieces.
 
         Penalties look at the last penalty_last_n tokens (prompt included; -1 = all, 0 = off):
@@ -316,7 +317,9 @@ class Session(_Closeable):
         (prompt lookup), "self" (the model's first spec_self_layers layers; 0 = 7/8 of them) or "draft"
         (spec_draft_model, a Model with the same vocabulary; giving one alone selects "draft"; the
         stream keeps it loaded). spec_threshold, spec_max_nodes (1..64), spec_max_depth (1..64) and
-        spec_alpha shape the token tree; Stream.stats reports drafted and accepted tokens."""
+        spec_alpha shape the token tree; spec_lookup (default True) keeps prompt lookup beside the
+        "self" and "draft" models (False: the model alone); Stream.stats reports drafted and accepted
+        tokens."""
         if spec_drafter is None:
             spec_drafter = "none" if spec_draft_model is None else "draft"
         if not isinstance(spec_drafter, str) or spec_drafter not in _DRAFTERS:
@@ -347,6 +350,7 @@ class Session(_Closeable):
         s.spec_max_nodes = int(spec_max_nodes)
         s.spec_max_depth = int(spec_max_depth)
         s.spec_alpha = float(spec_alpha)
+        s.spec_lookup = int(bool(spec_lookup))
         if spec_draft_model is None:
             with self._g as h:
                 st = _c.eb_stream_start(h, s)

@@ -250,6 +250,11 @@ class EmberTest(unittest.TestCase):
                         self.assertGreater(st.drafted_tokens, 0, name)
                         self.assertGreater(st.verify_passes, 0, name)
                         self.assertAlmostEqual(st.mean_accepted_length, st.accepted_tokens / st.verify_passes)
+            # spec_lookup=False: the draft alone; one as costly as the model itself is never run.
+            plain, _ = self.spec_greedy(("text", COUNTING), 24)
+            tokens, st = self.spec_greedy(("text", COUNTING), 24, spec_draft_model=draft, spec_lookup=False)
+            self.assertEqual(tokens, plain)
+            self.assertEqual(st.drafted_tokens, 0)
 
     def test_speculative_stream_keeps_its_draft_model(self):
         plain, _ = self.spec_greedy(("text", COUNTING), 16)
@@ -299,6 +304,8 @@ class EmberTest(unittest.TestCase):
         for name in ("spec_self_layers", "spec_threshold", "spec_max_nodes", "spec_max_depth", "spec_alpha"):
             self.assertAlmostEqual(params[name].default, getattr(d, name), places=6, msg=name)
         self.assertEqual(d.spec_drafter, emberc.SPEC_NONE)
+        self.assertIs(params["spec_lookup"].default, True)
+        self.assertEqual(d.spec_lookup, 1)
 
     # -- penalties
     def test_sampling_defaults_are_the_librarys(self):

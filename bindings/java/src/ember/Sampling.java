@@ -31,6 +31,7 @@ public final class Sampling {
   int specMaxNodes = defaults.getSpec_max_nodes();
   int specMaxDepth = defaults.getSpec_max_depth();
   float specAlpha = defaults.getSpec_alpha();
+  boolean specLookup = defaults.getSpec_lookup() != 0;
 
   public Sampling() {
     defaults.delete();
@@ -75,6 +76,8 @@ public final class Sampling {
   public Sampling specMaxDepth(int n) { specMaxDepth = n; return this; }
   /** Verify when the best branch's confidence falls below this, 0..1 (default 0.25; then adapts). */
   public Sampling specAlpha(float a) { specAlpha = a; return this; }
+  /** self and draft: prompt lookup beside the model (default true); false: the model alone. */
+  public Sampling specLookup(boolean on) { specLookup = on; return this; }
 
   int drafter() {
     String d = specDrafter != null ? specDrafter : specDraftModel != null ? "draft" : "none";
@@ -115,6 +118,7 @@ public final class Sampling {
     s.setSpec_max_nodes(specMaxNodes);
     s.setSpec_max_depth(specMaxDepth);
     s.setSpec_alpha(specAlpha);
+    s.setSpec_lookup(specLookup ? 1 : 0);
     return s;
   }
 }
