@@ -2,7 +2,8 @@
 // reference: the type table's reference dequantizer + a double-precision dot.
 //
 // Every weight type x every ISA variant this CPU can run (others are skipped
-// with a message) x decode path (forced for all M) and prefill path (oneDNN)
+// with a message) x decode path (forced for all M) and prefill path (oneDNN;
+// in a build without it, the decode kernels again)
 // x M in {1,2,3,5,8,17,64,300} x odd N x K multiple of 32 (and of 256),
 // with 1 and 2 OpenMP threads.
 #include <gtest/gtest.h>
@@ -240,7 +241,8 @@ class MatmulTest : public testing::TestWithParam<Case> {
   ErrorModel model() const {
     ErrorModel em;
     const DType t = GetParam().type;
-    if (GetParam().path == Path::kDecode) {
+    // (without oneDNN every M runs on the decode kernels)
+    if (GetParam().path == Path::kDecode || !dnnl_mm::available()) {
       em.act_q8 = detail::is_quant(t);
       // The AVX-512 BF16 kernel rounds x to bf16 for _mm512_dpbf16_ps.
       em.act_bf16 = t == DType::BF16 && GetParam().isa == Isa::kAvx512Vnni && has_avx512_bf16();
@@ -417,6 +419,7 @@ TEST(Matmul, PrefillPrecisionFallsBackWhenBf16Unavailable) {
   matmul({DType::Q8_0, N, K, w.data()}, x.data(), M, y.data(), s);
   ErrorModel em;
   em.act_bf16 = em.w_bf16 = p == "bf16";
+  em.act_q8 = !dnnl_mm::available();  // (the decode kernels then)
   expect_close(wf, x, y, M, N, K, em, "prefill " + p);
 }
 
@@ -442,8 +445,8 @@ TEST(Matmul, DefaultThresholdSplitsPaths) {
     std::vector<float> y(M * N);
     matmul({DType::Q4_0, N, K, w.data()}, x.data(), M, y.data(), s);
     ErrorModel em;
-    em.act_q8 = M <= th;
-    em.act_bf16 = em.w_bf16 = M > th && std::string(prefill_precision_name()) == "bf16";
+    em.act_q8 = M <= th || !dnnl_mm::available();
+    em.act_bf16 = em.w_bf16 = !em.act_q8 && std::string(prefill_precision_name()) == "bf16";
     expect_close(wf, x, y, M, N, K, em, "M=" + std::to_string(M));
   }
   EXPECT_GT(s.bytes_reserved(), 0u);
@@ -620,7 +623,7 @@ TEST(Matmul, ConcurrentCallersWithOwnScratch) {
   EXPECT_EQ(errors[1], "");
   for (size_t i = 0; i < xs.size(); ++i) {
     ErrorModel em;
-    em.act_q8 = Ms[i] <= decode_max_m(DType::Q4_1);
+    em.act_q8 = Ms[i] <= decode_max_m(DType::Q4_1) || !dnnl_mm::available();
     em.act_bf16 = em.w_bf16 = !em.act_q8 && std::string(prefill_precision_name()) == "bf16";
     expect_close(wf, xs[i], ys[i], Ms[i], N, K, em, "concurrent M=" + std::to_string(Ms[i]));
   }

@@ -1,7 +1,7 @@
 // cpu::matmul / cpu::dequantize_rows for Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K
 // and Q6_K:
 //  * every ISA variant this CPU can run (forced with cpu::force_isa) x decode
-//    (forced for all M) and prefill (oneDNN) x M = 1..40 x odd N, against
+//    (forced for all M) and prefill (oneDNN; without it the decode kernels) x M = 1..40 x odd N, against
 //    the type table's reference dequantizer + a double-precision dot, with
 //    the rounding of the activation quantization as the tolerance;
 //  * the decode kernels bit-identical to the reference summation orders
@@ -24,6 +24,7 @@
 #include "core/tensor/types.h"
 #include "core/util/status.h"
 #include "cpu/cpu_features.h"
+#include "cpu/dnnl_matmul.h"
 #include "cpu/matmul.h"
 #include "cpu/matmul_internal.h"
 
@@ -263,12 +264,14 @@ TEST_P(KQuantMatmulTest, Prefill) {
   const auto wf = ref_dequant(t, w.data(), N, K);
   const WeightView view{t, N, K, w.data()};
   const bool bf16 = std::string(prefill_precision_name()) == "bf16";
+  // (without oneDNN, the decode kernels with their quantized activations)
+  const int64_t ablock = dnnl_mm::available() ? 0 : detail::is_kquant(t) ? 256 : 32;
   MatmulScratch scratch;
   for (int64_t M : {1, 2, 3, 17, 40, 65}) {
     const auto x = make_x(M, K, static_cast<uint32_t>(M + 9));
     std::vector<float> y(static_cast<size_t>(M * N), std::nanf(""));
     matmul(view, x.data(), M, y.data(), scratch);
-    expect_close(wf, x, y, M, N, K, 0, bf16, tname(t) + " prefill " + isa_name() + " M=" + std::to_string(M));
+    expect_close(wf, x, y, M, N, K, ablock, bf16, tname(t) + " prefill " + isa_name() + " M=" + std::to_string(M));
     if (HasFailure()) return;
   }
 }
