@@ -400,14 +400,18 @@ TEST(CapiParams, AutoDeviceAndNoMmapWork) {
   ModelPtr guard(copy);
   ember_engine_params ep;
   ember_engine_params_init(&ep);
-  ep.device = EMBER_DEVICE_CPU;  // (as make_engine's below: the same arithmetic; AUTO would take a GPU)
+  ep.device = EMBER_DEVICE_AUTO;
   ep.kv_memory_bytes = kTestKvBytes;
   ep.n_threads = 1;
   ember_engine* engine = nullptr;
   ASSERT_OK(ember_engine_create(copy, &ep, &engine));
   EnginePtr eguard(engine);
+  // The model read into memory, on an engine with the same parameters (so on
+  // the same device, CPU or GPU, with the same arithmetic).
+  ember_engine* other = nullptr;
+  ASSERT_OK(ember_engine_create(model, &ep, &other));
   SessionPtr a = make_session(engine);
-  SessionPtr b = make_session(make_engine(model).get());  // engine handle gone already: the session keeps it
+  SessionPtr b = make_session(EnginePtr(other).get());  // engine handle gone already: the session keeps it
   ASSERT_TRUE(a && b);
   ASSERT_OK(ember_session_add_message(a.get(), "user", "What is 2+2?"));
   ASSERT_OK(ember_session_add_message(b.get(), "user", "What is 2+2?"));
