@@ -129,10 +129,8 @@ void Stream::set_speculation(std::unique_ptr<speculative::Drafter> drafter) {
     grower_.reset();
     return;
   }
-  speculative::TreeParams tree = params_.spec.tree;
-  if (tree.min_confidence > 0.0f) tree.min_confidence = std::max(tree.min_confidence, drafter_->min_confidence());
-  drafter_->use_min_confidence(tree.min_confidence);
-  grower_ = std::make_unique<speculative::TreeGrower>(tree);
+  drafter_->use_min_confidence(params_.spec.tree.min_confidence);
+  grower_ = std::make_unique<speculative::TreeGrower>(params_.spec.tree);
 }
 
 void Stream::record_verification(size_t drafted, size_t accepted) {

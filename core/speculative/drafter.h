@@ -53,13 +53,9 @@ class Drafter {
   // After verification: `path` are the accepted nodes (a drafter may learn
   // how far its proposals can be trusted).
   virtual void verified(const DraftTree&, const std::vector<int32_t>& /*path*/) {}
-  // The lowest confidence worth drafting with this drafter: what its own
-  // work for a drafted token costs, on top of the verification row that
-  // TreeParams::min_confidence pays for. The tree's floor is the larger of
-  // the two (a TreeParams::min_confidence of 0 turns both off).
-  virtual float min_confidence() const { return 0.0f; }
-  // The floor the stream's tree applies (0: none; a drafter may skip its
-  // own work where its proposals would fall below it).
+  // The floor the stream's tree applies (TreeParams::min_confidence; 0:
+  // none, and a model drafter's PayoffGate is off). A model drafter holds
+  // its own candidates to its own, higher floor (PayoffGate::floor()).
   virtual void use_min_confidence(float) {}
 };
 

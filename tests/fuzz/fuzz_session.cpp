@@ -17,8 +17,6 @@
 //
 // Environment: EMBER_FUZZ_MAKE_MODEL overrides the make_synthetic_model
 // binary; EMBER_FUZZ_WRITE_SEEDS=<dir> writes seed session files and exits.
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -30,8 +28,6 @@
 
 #include "ember/ember.h"
 #include "fuzz_util.h"
-
-extern char** environ;
 
 namespace ember::fuzz {
 namespace {
@@ -54,7 +50,9 @@ class Hasher {
     if (i < n) word(tail ^ 0xA5A5A5A5A5A5A5A5ull);
   }
   template <typename T>
-  void value(const T& v) { bytes(&v, sizeof v); }
+  void value(const T& v) {
+    bytes(&v, sizeof v);
+  }
   uint64_t digest() const {
     uint64_t h = h_ ^ len_;
     h ^= h >> 33;
@@ -144,18 +142,11 @@ void cleanup() {
 }
 
 void make_model() {
-  const char* tool = std::getenv("EMBER_FUZZ_MAKE_MODEL");
-  std::string bin = tool && *tool ? tool : EMBER_FUZZ_MAKE_MODEL;
-  std::vector<std::string> args = {bin, "--layers", "1", "--embd", "64", "--ff", "128", "--heads", "4",
-                                   "--kv-heads", "2", "--vocab", "384", "--ctx", "256", "--type", "q8_0",
-                                   "--seed", "7", "--out", g.model_path};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid;
-  if (posix_spawn(&pid, bin.c_str(), nullptr, nullptr, argv.data(), environ) != 0) die("cannot run " + bin);
-  int st = 0;
-  if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0) die(bin + " failed");
+  if (!make_synthetic_model({"--layers", "1",          "--embd", "64",      "--ff",  "128",       "--heads",
+                             "4",        "--kv-heads", "2",      "--vocab", "384",   "--ctx",     "256",
+                             "--type",   "q8_0",       "--seed", "7",       "--out", g.model_path})) {
+    die("make_synthetic_model failed");
+  }
 }
 
 // Steps the (manual) engine until the stream ends; returns false on a hang.

@@ -22,8 +22,6 @@
 // Environment: EMBER_FUZZ_MAKE_MODEL overrides the make_synthetic_model
 // binary; EMBER_FUZZ_WRITE_SEEDS=<dir> writes seed inputs and exits;
 // EMBER_FUZZ_VERBOSE=1 prints each input's speculation figures.
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -36,8 +34,6 @@
 
 #include "ember/ember.h"
 #include "fuzz_util.h"
-
-extern char** environ;
 
 namespace ember::fuzz {
 namespace {
@@ -70,19 +66,9 @@ void cleanup() {
 }
 
 void make_model(const std::string& out, std::vector<std::string> shape) {
-  const char* tool = std::getenv("EMBER_FUZZ_MAKE_MODEL");
-  std::string bin = tool && *tool ? tool : EMBER_FUZZ_MAKE_MODEL;
-  std::vector<std::string> args = {bin};
-  args.insert(args.end(), shape.begin(), shape.end());
-  for (const char* a : {"--type", "q8_0", "--ctx", "512", "--out"}) args.emplace_back(a);
-  args.push_back(out);
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid;
-  if (posix_spawn(&pid, bin.c_str(), nullptr, nullptr, argv.data(), environ) != 0) die("cannot run " + bin);
-  int st = 0;
-  if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0) die(bin + " failed");
+  for (const char* a : {"--type", "q8_0", "--ctx", "512", "--out"}) shape.emplace_back(a);
+  shape.push_back(out);
+  if (!make_synthetic_model(std::move(shape))) die("make_synthetic_model failed for " + out);
 }
 
 ember_model* load(const std::string& path) {

@@ -6,6 +6,9 @@
 // by the same code the targets use, so they stay valid as formats evolve.
 #pragma once
 
+#include <spawn.h>
+#include <sys/wait.h>
+
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -15,6 +18,8 @@
 #include <vector>
 
 #include "core/util/status.h"
+
+extern char** environ;
 
 namespace ember::fuzz {
 
@@ -71,6 +76,25 @@ inline std::vector<std::string> split(std::string_view s, char sep) {
     out.emplace_back(s.substr(start, at - start));
     start = at + 1;
   }
+}
+
+// Runs tools/make_synthetic_model (EMBER_FUZZ_MAKE_MODEL overrides the
+// binary built with the targets) with `args`; false when it cannot run or fails.
+inline bool make_synthetic_model(std::vector<std::string> args) {
+  const char* tool = std::getenv("EMBER_FUZZ_MAKE_MODEL");
+#ifdef EMBER_FUZZ_MAKE_MODEL
+  std::string bin = tool && *tool ? tool : EMBER_FUZZ_MAKE_MODEL;
+#else
+  std::string bin = tool ? tool : "";
+#endif
+  args.insert(args.begin(), bin);
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid;
+  if (bin.empty() || posix_spawn(&pid, bin.c_str(), nullptr, nullptr, argv.data(), environ) != 0) return false;
+  int st = 0;
+  return waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0;
 }
 
 }  // namespace ember::fuzz
