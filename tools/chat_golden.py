@@ -176,6 +176,8 @@ SNIPPETS = [
     ("tojson_more", "{{ messages[1].content | tojson }} {{ '\\u00e9\\u2028\\x1f' | tojson }} {{ {'a': 1, 'b': {'c': [1, {}]}} | tojson(indent=2, sort_keys=true) }} {{ [1, [2, [3]]] | tojson(indent=1) }} {{ {'k': 1.0, 'n': none} | tojson(separators=(',', ':')) }} {{ 1e16 | tojson }} {{ (1, 'a') | tojson }}"),
     ("macro_more", "{% macro f(a, b=a ~ '!') %}{{ b }}{% endmacro %}{{ f('x') }}{% macro g() %}{{ messages | length }}{% endmacro %}{{ g() }}{% macro h(x) %}[{{ x }}]{% endmacro %}{{ h() }}{{ h(x=2) }}"),
     ("loop_filtered_length", "{% for x in messages if x.role != 'system' %}{{ loop.index }}/{{ loop.length }}{{ loop.cycle('a', 'b', 'c') }} {% endfor %}{{ loop }}|"),
+    ("ns_self_repr", "{% set ns = namespace(a=1) %}{% set ns.me = ns %}{{ ns }} {{ [ns, ns] }} {% set other = namespace(peer=ns) %}{% set ns.o = other %}{{ other }} {{ ns == ns.me }} {{ ns.me.me.a }}"),
+    ("ns_nested_chain", "{% set ns = namespace(x=0) %}{% for i in range(30) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x }} {{ ns.x == ns.x }} {% set ns.d = {} %}{% for i in range(30) %}{% set ns.d = {'k': ns.d} %}{% endfor %}{{ ns.d | tojson }}"),
     ("set_in_loop_leak", "{% for m in messages %}{% set last_role = m.role %}{% endfor %}[{{ last_role }}]{% set ns = namespace(r='') %}{% for m in messages %}{% set ns.r = m.role %}{% endfor %}[{{ ns.r }}]"),
     ("ws_edge_1", "{{ 'a' -}}\n  {% if true %}b{% endif %}\n\t{% if true %}c{% endif %}\n  {#- c #}\nx"),
     ("ws_edge_2", "{%- if true -%}\n  a  \n{%- endif -%}\n|  {%+ if true %}k{% endif +%}   \n|{% if true %}  \n{% endif %}|"),

@@ -56,7 +56,7 @@ for t in "${targets[@]}"; do
   echo "fuzz.sh: $t: ${execs:-0} executions, corpus $files files / $bytes bytes: $status" >&2
   if [ "$status" != ok ]; then
     failed+=("$t")
-    grep -E "ERROR|SUMMARY|fuzz check failed|Test unit written|#[0-9]+ in " "$log" | head -40 >&2 || true
+    grep -E "ERROR|SUMMARY|fuzz check failed|Test unit written|#[0-9]+ (0x[0-9a-f]+ )?in " "$log" | head -40 >&2 || true
   fi
 done
 if ((${#failed[@]})); then

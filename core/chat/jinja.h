@@ -36,6 +36,27 @@ struct Limits {
   int max_parse_depth = 120;                 // nested parentheses / blocks in the source
   int max_expr_height = 256;                 // height of one expression tree (e.g. a + b + c ...)
   size_t max_source_bytes = 1u << 20;
+  // C++ stack one parse or render may use, whatever the depths above allow:
+  // templates run on the host's thread, whose stack may be small (and a
+  // sanitizer build's frames are several times larger).
+  size_t max_stack_bytes = 256u << 10;
+};
+
+// Guards recursion by stack bytes: taken in the entry frame (parse or render),
+// it allows Limits::max_stack_bytes below it, or less where the thread's own
+// stack has less room left (kept 64 KiB short of its end).
+class StackBudget {
+ public:
+  explicit StackBudget(size_t max_bytes);
+  bool exceeded() const {
+    const auto here = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
+    return (base_ > here ? base_ - here : here - base_) > budget_;
+  }
+  size_t budget() const { return budget_; }
+
+ private:
+  uintptr_t base_;
+  size_t budget_;
 };
 
 // ---------------------------------------------------------------- values
@@ -77,17 +98,43 @@ struct Value {
   const std::string& str() const;  // String payload (precondition: is_string)
 };
 
+// Containers free what they hold without recursing (release_deep): a value a
+// template nested a million levels deep must not overflow the host's stack.
 struct ListData {
   std::vector<Value> items;
   bool tuple = false;
+  ~ListData();
 };
 
 struct DictData {
   std::vector<std::pair<Value, Value>> items;  // insertion order, as Python dicts
+  ~DictData();
   const Value* find(const Value& key) const;
   Value* find(const Value& key);
   void set(const Value& key, Value v);
 };
+
+struct Frame;  // a scope of the evaluator (jinja_eval.cpp)
+struct MacroDef;
+
+struct CallableData {
+  enum class Type { Method, Macro, Global, LoopCycle };
+  Type type;
+  std::string name;
+  Value self;  // the object a method is bound to; a loop.cycle's position
+  const MacroDef* macro = nullptr;
+  std::shared_ptr<Frame> closure;
+  ~CallableData();
+};
+
+// Frees `v` and everything only it holds with a loop rather than recursion
+// (the containers' destructors call it). Never throws.
+void release_deep(Value& v) noexcept;
+
+// Values nested deeper than this (lists in lists, namespaces in namespaces)
+// cannot be printed, compared or serialised: a clear error rather than deep
+// recursion (Python stops at about 1000 with a RecursionError).
+inline constexpr int kMaxValueDepth = 200;
 
 // Python semantics helpers (jinja_value.cpp).
 bool truthy(const Value& v);

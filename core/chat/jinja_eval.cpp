@@ -34,15 +34,6 @@ struct Frame {
   }
 };
 
-struct CallableData {
-  enum class Type { Method, Macro, Global, LoopCycle };
-  Type type;
-  std::string name;
-  Value self;
-  const MacroDef* macro = nullptr;
-  std::shared_ptr<Frame> closure;
-};
-
 namespace {
 
 enum class Flow { Normal, Break, Continue };
@@ -291,7 +282,7 @@ void slice_indices(int64_t len, std::optional<int64_t> start, std::optional<int6
   e = adjust(stop, len, -1);
 }
 
-int compare_values(const Value& a, const Value& b, const char* op);
+int compare_values(const Value& a, const Value& b, const char* op, int depth = 0);
 
 }  // namespace
 
@@ -304,6 +295,7 @@ struct Evaluator {
   std::shared_ptr<Frame> globals;
   uint64_t iterations = 0;
   int depth = 0;
+  StackBudget stack{lim.max_stack_bytes};  // taken in render(): Depth bounds the stack used below it
 
   // Reference cycles a template can build (a macro closes over the frame
   // that holds it; a namespace can hold itself or such a macro) are broken
@@ -324,7 +316,10 @@ struct Evaluator {
   struct Depth {
     Evaluator& ev;
     explicit Depth(Evaluator& e) : ev(e) {
-      if (++ev.depth > ev.lim.max_eval_depth) runtime_error("template recursion too deep");
+      if (++ev.depth > ev.lim.max_eval_depth || ev.stack.exceeded()) {
+        --ev.depth;
+        runtime_error("template recursion too deep");
+      }
     }
     ~Depth() { --ev.depth; }
   };
@@ -992,7 +987,8 @@ struct Evaluator {
 // ================================================================ helpers
 namespace {
 
-int compare_values(const Value& a, const Value& b, const char* op) {
+int compare_values(const Value& a, const Value& b, const char* op, int depth) {
+  if (depth > kMaxValueDepth) runtime_error("comparison: value nested too deeply");
   if (a.is_undefined()) undefined_error(a);
   if (b.is_undefined()) undefined_error(b);
   if (a.is_number() && b.is_number()) {
@@ -1010,7 +1006,7 @@ int compare_values(const Value& a, const Value& b, const char* op) {
     const auto& y = b.list->items;
     for (size_t k = 0; k < x.size() && k < y.size(); ++k) {
       if (py_equal(x[k], y[k])) continue;
-      return compare_values(x[k], y[k], op);
+      return compare_values(x[k], y[k], op, depth + 1);
     }
     return x.size() < y.size() ? -1 : x.size() > y.size() ? 1 : 0;
   }

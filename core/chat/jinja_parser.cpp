@@ -488,13 +488,21 @@ class Parser {
   const Limits& limits_;
   int depth_ = 0;
   int loop_depth_ = 0;
-  std::vector<std::string> names_seen_;  // names loaded inside the macro being parsed
+  StackBudget stack_{limits_.max_stack_bytes};  // taken in parse_template(): DepthGuard bounds the stack below it
+  std::vector<std::string> names_seen_;         // names loaded inside the macro being parsed
 
   struct DepthGuard {
     Parser& p;
     explicit DepthGuard(Parser& parser) : p(parser) {
-      if (++p.depth_ > p.limits_.max_parse_depth)
+      if (++p.depth_ > p.limits_.max_parse_depth) {
+        --p.depth_;
         unsupported("template nested deeper than " + std::to_string(p.limits_.max_parse_depth) + " levels");
+      }
+      if (p.stack_.exceeded()) {
+        --p.depth_;
+        unsupported("template nested too deeply for the " + std::to_string(p.stack_.budget() >> 10) +
+                    " KiB of stack a parse may use");
+      }
     }
     ~DepthGuard() { --p.depth_; }
   };

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include <pthread.h>
+
 #include "core/chat/jinja.h"
 
 namespace ember::jinja {
@@ -79,6 +81,88 @@ const std::string& Value::str() const {
   return s ? *s : empty;
 }
 
+// ---------------------------------------------------------------- stack
+StackBudget::StackBudget(size_t max_bytes)
+    : base_(reinterpret_cast<uintptr_t>(__builtin_frame_address(0))), budget_(max_bytes) {
+#if defined(__GLIBC__)
+  // The room below this frame on the calling thread (a host's thread may have
+  // far less than the 8 MiB of a main thread: musl's 128 KiB, a JVM's 1 MiB).
+  pthread_attr_t attr;
+  if (pthread_getattr_np(pthread_self(), &attr) != 0) return;
+  void* lo = nullptr;
+  size_t size = 0;
+  const bool known = pthread_attr_getstack(&attr, &lo, &size) == 0;
+  pthread_attr_destroy(&attr);
+  const auto low = reinterpret_cast<uintptr_t>(lo);
+  if (!known || base_ <= low) return;
+  constexpr size_t kMargin = 64u << 10;  // what one unguarded step (a filter, a copy) may still need
+  const size_t room = base_ - low;
+  budget_ = std::min(budget_, room > 2 * kMargin ? room - kMargin : room / 2);
+#endif
+}
+
+// ---------------------------------------------------------------- freeing
+// A value held by nothing else owns its container outright: freeing it would
+// free what the container holds, recursively. release_deep moves such values
+// onto a heap stack first and frees them one by one, each container emptied of
+// the values it alone owns before it dies, so the depth of the C++ stack stays
+// constant however deeply the template nested its values.
+namespace {
+
+bool owns_container(const Value& v) {
+  return (v.list && v.list.use_count() == 1) || (v.dict && v.dict.use_count() == 1) || (v.fn && v.fn.use_count() == 1);
+}
+
+void push_owned(std::vector<Value>& stack, Value& v) noexcept {
+  if (!owns_container(v)) return;  // a scalar, or shared: freeing it frees nothing nested
+  try {
+    stack.push_back(std::move(v));
+  } catch (...) {
+    // Out of memory: v stays where it is and is freed by its holder, recursively.
+  }
+}
+
+void drain(std::vector<Value>& stack) noexcept {
+  while (!stack.empty()) {
+    Value v = std::move(stack.back());
+    stack.pop_back();
+    if (v.list && v.list.use_count() == 1)
+      for (Value& x : v.list->items) push_owned(stack, x);
+    if (v.dict && v.dict.use_count() == 1)
+      for (auto& kv : v.dict->items) {
+        push_owned(stack, kv.first);
+        push_owned(stack, kv.second);
+      }
+    if (v.fn && v.fn.use_count() == 1) push_owned(stack, v.fn->self);
+  }  // v is freed here; its containers no longer own anything that nests
+}
+
+}  // namespace
+
+void release_deep(Value& v) noexcept {
+  if (!owns_container(v)) return;
+  std::vector<Value> stack;
+  push_owned(stack, v);
+  drain(stack);
+}
+
+ListData::~ListData() {
+  std::vector<Value> stack;
+  for (Value& x : items) push_owned(stack, x);
+  drain(stack);
+}
+
+CallableData::~CallableData() { release_deep(self); }
+
+DictData::~DictData() {
+  std::vector<Value> stack;
+  for (auto& kv : items) {
+    push_owned(stack, kv.first);
+    push_owned(stack, kv.second);
+  }
+  drain(stack);
+}
+
 const Value* DictData::find(const Value& key) const {
   for (const auto& kv : items)
     if (py_equal(kv.first, key)) return &kv.second;
@@ -129,7 +213,12 @@ bool truthy(const Value& v) {
   return false;
 }
 
-bool py_equal(const Value& a, const Value& b) {
+static bool equal_at(const Value& a, const Value& b, int depth);
+
+bool py_equal(const Value& a, const Value& b) { return equal_at(a, b, 0); }
+
+static bool equal_at(const Value& a, const Value& b, int depth) {
+  if (depth > kMaxValueDepth) runtime_error("comparison: value nested too deeply");
   if (a.is_number() && b.is_number()) {
     if (a.is_integral() && b.is_integral()) return a.i == b.i;
     double x = a.kind == Kind::Float ? a.f : static_cast<double>(a.i);
@@ -147,14 +236,14 @@ bool py_equal(const Value& a, const Value& b) {
       const auto& y = b.list->items;
       if (x.size() != y.size()) return false;
       for (size_t k = 0; k < x.size(); ++k)
-        if (!py_equal(x[k], y[k])) return false;
+        if (!equal_at(x[k], y[k], depth + 1)) return false;
       return true;
     }
     case Kind::Dict: {
       if (a.dict->items.size() != b.dict->items.size()) return false;
       for (const auto& kv : a.dict->items) {
         const Value* o = static_cast<const DictData&>(*b.dict).find(kv.first);
-        if (!o || !py_equal(kv.second, *o)) return false;
+        if (!o || !equal_at(kv.second, *o, depth + 1)) return false;
       }
       return true;
     }
@@ -265,50 +354,69 @@ static std::string repr_string(const std::string& s) {
   return out;
 }
 
-std::string py_repr(const Value& v) {
+// str() of v appended to out; repr() when `repr`. `open` holds the containers
+// being printed: one met again prints as Python's recursive repr does ([...],
+// {...}), e.g. a namespace holding itself.
+static void str_into(std::string& out, const Value& v, bool repr, std::vector<const void*>& open) {
   switch (v.kind) {
-    case Kind::Undefined: return "Undefined";
-    case Kind::String: return repr_string(v.str());
-    default: return py_str(v);
+    case Kind::Undefined: out += repr ? "Undefined" : ""; return;
+    case Kind::None: out += "None"; return;
+    case Kind::Bool: out += v.b ? "True" : "False"; return;
+    case Kind::Int: out += std::to_string(v.i); return;
+    case Kind::Float: out += py_float_repr(v.f); return;
+    case Kind::String: out += repr ? repr_string(v.str()) : v.str(); return;
+    case Kind::Callable: unsupported("printing a function or method object");
+    case Kind::List:
+    case Kind::Dict:
+    case Kind::Namespace: break;
   }
-}
-
-std::string py_str(const Value& v) {
-  switch (v.kind) {
-    case Kind::Undefined: return "";
-    case Kind::None: return "None";
-    case Kind::Bool: return v.b ? "True" : "False";
-    case Kind::Int: return std::to_string(v.i);
-    case Kind::Float: return py_float_repr(v.f);
-    case Kind::String: return v.str();
-    case Kind::List: {
+  const bool is_list = v.kind == Kind::List;
+  const bool tuple = is_list && v.list->tuple;
+  const void* self = is_list ? static_cast<const void*>(v.list.get()) : static_cast<const void*>(v.dict.get());
+  if (v.kind == Kind::Namespace) out += "<Namespace ";
+  if (std::find(open.begin(), open.end(), self) != open.end()) {
+    out += tuple ? "(...)" : is_list ? "[...]" : "{...}";
+  } else {
+    if (open.size() >= static_cast<size_t>(kMaxValueDepth)) runtime_error("printing: value nested too deeply");
+    open.push_back(self);
+    if (is_list) {
       const auto& items = v.list->items;
-      std::string out = v.list->tuple ? "(" : "[";
+      out += tuple ? "(" : "[";
       for (size_t k = 0; k < items.size(); ++k) {
         if (k) out += ", ";
-        out += py_repr(items[k]);
+        str_into(out, items[k], true, open);
       }
-      if (v.list->tuple && items.size() == 1) out += ",";
-      out += v.list->tuple ? ")" : "]";
-      return out;
-    }
-    case Kind::Dict:
-    case Kind::Namespace: {
-      std::string out = v.kind == Kind::Namespace ? "<Namespace {" : "{";
+      if (tuple && items.size() == 1) out += ",";
+      out += tuple ? ")" : "]";
+    } else {
+      out += "{";
       bool first = true;
       for (const auto& kv : v.dict->items) {
         if (!first) out += ", ";
         first = false;
-        out += py_repr(kv.first);
+        str_into(out, kv.first, true, open);
         out += ": ";
-        out += py_repr(kv.second);
+        str_into(out, kv.second, true, open);
       }
-      out += v.kind == Kind::Namespace ? "}>" : "}";
-      return out;
+      out += "}";
     }
-    case Kind::Callable: unsupported("printing a function or method object");
+    open.pop_back();
   }
-  return "";
+  if (v.kind == Kind::Namespace) out += ">";
+}
+
+std::string py_repr(const Value& v) {
+  std::string out;
+  std::vector<const void*> open;
+  str_into(out, v, true, open);
+  return out;
+}
+
+std::string py_str(const Value& v) {
+  std::string out;
+  std::vector<const void*> open;
+  str_into(out, v, false, open);
+  return out;
 }
 
 // ---------------------------------------------------------------- JSON
@@ -354,7 +462,7 @@ static std::string json_key(const Value& k) {
 }
 
 static void json_value(std::string& out, const Value& v, const JsonOptions& opt, int level, int depth) {
-  if (depth > 200) runtime_error("tojson: value nested too deeply");
+  if (depth > kMaxValueDepth) runtime_error("tojson: value nested too deeply");
   auto newline = [&](int lvl) {
     out.push_back('\n');
     for (int k = 0; k < lvl; ++k) out += opt.indent;

@@ -1,6 +1,7 @@
 // API, error-code and hostile-input tests of ChatTemplate (the byte-exact
 // comparisons against Python jinja2 are in test_chat_golden.cpp).
 #include <gtest/gtest.h>
+#include <pthread.h>
 
 #include <fstream>
 #include <random>
@@ -263,6 +264,92 @@ TEST(ChatTemplate, HostileWorkloadsHitLimits) {
   error_of("{{ 2 ** 64 }}", StatusCode::kUnsupported);
   // a huge source
   error_of(std::string(2u << 20, 'x'), StatusCode::kBadFormat);
+}
+
+// Values a template nests far deeper than any printing could need: freeing
+// them must not recurse (a 100,000-deep list used to overflow the stack when
+// the render ended), and printing / comparing them is a clear error.
+TEST(ChatTemplate, DeeplyNestedValuesAreFreedAndRefused) {
+  EXPECT_EQ(render("{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}ok"),
+            "ok");
+  EXPECT_EQ(render("{% set ns = namespace(x={}) %}{% for i in range(100000) %}{% set ns.x = {'a': ns.x} %}"
+                   "{% endfor %}ok"),
+            "ok");
+  EXPECT_EQ(render("{% set ns = namespace(x=none) %}{% for i in range(100000) %}{% set ns.x = namespace(up=ns.x) %}"
+                   "{% endfor %}ok"),
+            "ok");
+  EXPECT_EQ(render("{% set ns = namespace(x='') %}{% for i in range(100000) %}{% set ns.x = [ns.x].copy %}"
+                   "{% endfor %}ok"),
+            "ok");
+  const std::string deep =
+      "{% set ns = namespace(x=[]) %}{% for i in range(5000) %}{% set ns.x = [ns.x] %}{% endfor %}";
+  EXPECT_NE(error_of(deep + "{{ ns.x }}", StatusCode::kInvalidArgument).find("nested too deeply"), std::string::npos);
+  EXPECT_NE(error_of(deep + "{{ ns.x == [ns.x] }}", StatusCode::kInvalidArgument).find("nested too deeply"),
+            std::string::npos);
+  EXPECT_NE(error_of(deep + "{{ ns.x < [ns.x] }}", StatusCode::kInvalidArgument).find("nested too deeply"),
+            std::string::npos);
+  EXPECT_NE(error_of(deep + "{{ ns.x | tojson }}", StatusCode::kInvalidArgument).find("nested too deeply"),
+            std::string::npos);
+  EXPECT_NE(error_of("{% set ns = namespace(x=none) %}{% for i in range(5000) %}{% set ns.x = namespace(up=ns.x) %}"
+                     "{% endfor %}{{ ns }}",
+                     StatusCode::kInvalidArgument)
+                .find("nested too deeply"),
+            std::string::npos);
+  // Python's recursive repr for a namespace that holds itself (the golden
+  // snippet ns_self_repr has jinja2's exact text).
+  EXPECT_EQ(render("{% set ns = namespace() %}{% set ns.me = ns %}{{ ns }}"), "<Namespace {'me': <Namespace {...}>}>");
+}
+
+// Templates run on the host's thread, whose stack may be small: recursion is
+// bounded by stack bytes (Limits::max_stack_bytes, less where the thread has
+// less room), not only by depth.
+std::vector<std::string> outcomes_on_a_thread(size_t stack_bytes, const std::vector<std::string>& sources) {
+  struct Job {
+    const std::vector<std::string>* sources;
+    std::vector<std::string> outcomes;
+  } job{&sources, {}};
+  auto body = [](void* arg) -> void* {
+    auto* j = static_cast<Job*>(arg);
+    for (const std::string& src : *j->sources) {
+      try {
+        ChatTemplateOptions opt;
+        j->outcomes.push_back("rendered " + ChatTemplate::parse(src).apply({{"user", "hi"}}, opt));
+      } catch (const ember::Error& e) {
+        j->outcomes.push_back(e.message());
+      }
+    }
+    return nullptr;
+  };
+  pthread_attr_t attr;
+  EXPECT_EQ(pthread_attr_init(&attr), 0);
+  EXPECT_EQ(pthread_attr_setstacksize(&attr, stack_bytes), 0);
+  pthread_t th;
+  EXPECT_EQ(pthread_create(&th, &attr, body, &job), 0);
+  EXPECT_EQ(pthread_join(th, nullptr), 0);
+  pthread_attr_destroy(&attr);
+  return job.outcomes;
+}
+
+TEST(ChatTemplate, DeepRecursionIsAnErrorOnASmallThreadStack) {
+  const std::vector<std::string> sources = {
+      "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+      "{% macro f(n) %}{% for i in [n] %}{% if true %}{{ [f(i + 1)] | map('string') | join }}{% endif %}{% endfor %}"
+      "{% endmacro %}{{ f(0) }}",
+      "{{ " + std::string(59, '(') + "1" + std::string(59, ')') + " }}",  // the parse depth limit's worth
+      "{% macro f(n) %}{% if n < 8 %}{{ f(n + 1) }}{% endif %}{{ n }}{% endmacro %}{{ f(0) }}",
+      "{{ " + std::string(8, '(') + "1" + std::string(8, ')') + " }}",
+  };
+  for (size_t stack : {size_t{512} << 10, size_t{160} << 10}) {
+    SCOPED_TRACE("thread stack " + std::to_string(stack >> 10) + " KiB");
+    std::vector<std::string> out = outcomes_on_a_thread(stack, sources);
+    ASSERT_EQ(out.size(), sources.size());
+    EXPECT_NE(out[0].find("recursion too deep"), std::string::npos) << out[0];
+    EXPECT_NE(out[1].find("recursion too deep"), std::string::npos) << out[1];
+    // Deep but legal: rendered, or refused for the stack it would need.
+    EXPECT_TRUE(out[2] == "rendered 1" || out[2].find("KiB of stack") != std::string::npos) << out[2];
+    EXPECT_EQ(out[3], "rendered 876543210");  // ordinary depths render on any of these threads
+    EXPECT_EQ(out[4], "rendered 1");
+  }
 }
 
 // Random mutations of real templates must only ever produce output or an
