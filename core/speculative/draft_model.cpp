@@ -81,11 +81,9 @@ DraftRunner::~DraftRunner() {
 
 DraftModelDrafter::DraftModelDrafter(std::shared_ptr<DraftRunner> runner, const CachePolicy& policy, int32_t n_ctx,
                                      const ModelConfig& target, bool lookup, bool gate)
-    : lookup_(lookup),
-      gate_on_(gate),
-      gate_(static_cast<float>(forward_macs(runner->model().config(), runner->model().config().n_layers) /
-                               forward_macs(target, target.n_layers)),
-            gate),
+    : ModelDrafter(static_cast<float>(forward_macs(runner->model().config(), runner->model().config().n_layers) /
+                                      forward_macs(target, target.n_layers)),
+                   lookup, gate),
       runner_(std::move(runner)) {
   const auto& c = runner_->model().config();
   std::lock_guard<std::mutex> lock(runner_->mutex());
@@ -133,57 +131,31 @@ bool DraftModelDrafter::catch_up(const KvSequence& target, int32_t n_nodes) {
   return true;
 }
 
-void DraftModelDrafter::propose(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,
-                                std::vector<Candidate>& out) {
-  out.clear();
-  lookup_.propose(seq, tree, leaf, max_candidates, std::max(floor_, gate_.owning_floor()));
-  if (leaf == 0) {
-    lookup_only_ = lookup_.owns_tree();
-    gate_.begin_tree();
-    calibration_.forget();  // (a tree that drafted nothing was not verified)
+bool DraftModelDrafter::open_tree(KvSequence& seq) {
+  if (backoff_ > 0) {
+    --backoff_;
+    return false;
   }
-  if (!lookup_only_) propose_from_model(seq, tree, leaf, max_candidates, out);
-  lookup_.merge_into(out, max_candidates);
-}
-
-void DraftModelDrafter::propose_from_model(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,
-                                           std::vector<Candidate>& out) {
+  if (!admit()) return false;
   std::lock_guard<std::mutex> lock(runner_->mutex());
   std::lock_guard<std::mutex> seq_lock(seq_->mutex());
-  KvManager& kv = runner_->kv();
-  if (!tree_open_) {
-    // (only at the root: a tree the model declined is the lookup's alone)
-    lookup_only_ = true;
-    if (backoff_ > 0) {
-      --backoff_;
-      return;
-    }
-    if (!gate_.admit()) return;
-    // Room for every node the target reserved (its slots after the root).
-    if (!catch_up(seq, static_cast<int32_t>(std::min<size_t>(64, kv.tree_room(*seq_))))) return;
-    tree_open_ = true;
-    lookup_only_ = false;
-  }
-  Batch batch;
-  kv.add_tree_rows(*seq_, batch, tree.token, tree.parent, {leaf});
-  const int32_t n_vocab = runner_->model().config().n_vocab;
-  logits_.resize(static_cast<size_t>(n_vocab));
-  runner_->forward(batch, logits_.data());
-  gate_.forward();
-  top_candidates(logits_.data(), n_vocab, max_candidates, out);
-  calibration_.calibrate(leaf, out);
-  gate_.offer(leaf, out, lookup_);
-  if (leaf == 0 && floor_ > 0.0f) {
-    // The draft's own passes (the catch-up and this one) cost about a tenth
-    // of a decode step even when nothing is drafted. Where few trees start
-    // (less than one in four of the recent roots passed the floor), the next
-    // two trees are skipped (plain decode steps): a third of the passes still
-    // probes whether the text became predictable again.
-    const bool starts = !out.empty() && out.front().prob >= std::max(floor_, gate_.floor());
-    root_rate_ = 0.9f * root_rate_ + (starts ? 0.1f : 0.0f);
-    if (!starts && root_rate_ < 0.25f) backoff_ = 2;
-  }
+  // Room for every node the target reserved (its slots after the root).
+  if (!catch_up(seq, static_cast<int32_t>(std::min<size_t>(64, runner_->kv().tree_room(*seq_))))) return false;
+  tree_open_ = true;
+  return true;
 }
+
+const float* DraftModelDrafter::model_logits(KvSequence&, const DraftTree& tree, int32_t leaf) {
+  std::lock_guard<std::mutex> lock(runner_->mutex());
+  std::lock_guard<std::mutex> seq_lock(seq_->mutex());
+  Batch batch;
+  runner_->kv().add_tree_rows(*seq_, batch, tree.token, tree.parent, {leaf});
+  logits_.resize(static_cast<size_t>(n_vocab()));
+  runner_->forward(batch, logits_.data());
+  return logits_.data();
+}
+
+int32_t DraftModelDrafter::n_vocab() const { return runner_->model().config().n_vocab; }
 
 bool DraftModelDrafter::release_kv() {
   if (!runner_->shares_pool()) return false;  // (its own pool: nothing the engine could use)
@@ -198,14 +170,7 @@ bool DraftModelDrafter::release_kv() {
   return true;
 }
 
-void DraftModelDrafter::verified(const DraftTree& tree, const std::vector<int32_t>& path) {
-  calibration_.verified(tree, path);
-  lookup_.verified(tree, path);
-  gate_.verified(tree, path);
-}
-
 void DraftModelDrafter::finish_tree(KvSequence&) {
-  lookup_only_ = false;
   if (!tree_open_) return;
   std::lock_guard<std::mutex> lock(runner_->mutex());
   std::lock_guard<std::mutex> seq_lock(seq_->mutex());

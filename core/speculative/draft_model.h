@@ -13,9 +13,9 @@
 // DraftModelDrafter: the draft model's candidates together with prompt
 // lookup's (NgramDrafter over the target's history: where the reply copies
 // its context a small draft rarely does as well, and lookup costs no forward
-// pass); a tree the model declines (no room, skipping while it is not
-// confident, or sitting out trees after trees whose drafts did not pay:
-// PayoffGate) may still be the lookup's alone. One stream's draft sequence
+// pass); a tree the model declines (no room lately, or sitting out trees
+// after trees whose drafts did not pay: PayoffGate) may still be the
+// lookup's alone (ModelDrafter holds what the two model drafters share). One stream's draft sequence
 // in that pool, with the target session's cache policy. Before a tree is
 // drafted it catches up with the target's history (only what was appended since the last tree: the
 // accepted tokens); the tree's nodes are provisional tokens of the draft
@@ -74,7 +74,7 @@ class DraftRunner {
   std::mutex mutex_;
 };
 
-class DraftModelDrafter final : public Drafter {
+class DraftModelDrafter final : public ModelDrafter {
  public:
   // `lookup`: prompt lookup's candidates beside the draft's; `gate`: the
   // PayoffGate, its cost the draft's forward_macs over the target's
@@ -82,26 +82,15 @@ class DraftModelDrafter final : public Drafter {
   DraftModelDrafter(std::shared_ptr<DraftRunner> runner, const CachePolicy& policy, int32_t n_ctx,
                     const ModelConfig& target, bool lookup = true, bool gate = true);
   ~DraftModelDrafter() override;
-  void propose(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,
-               std::vector<Candidate>& out) override;
   void finish_tree(KvSequence& seq) override;
   bool release_kv() override;
-  void verified(const DraftTree& tree, const std::vector<int32_t>& path) override;
-  void use_min_confidence(float floor) override {
-    floor_ = floor;
-    gate_.set_on(gate_on_ && floor > 0.0f);
-  }
 
  private:
-  // The draft model's candidates for `leaf` (none when it declines the tree).
-  void propose_from_model(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,
-                          std::vector<Candidate>& out);
-
-  LookupBeside lookup_;
-  bool gate_on_;
-  PayoffGate gate_;
-  bool lookup_only_ = false;  // the lookup owns this tree, or the model declined it (no room, or skipping)
-  Calibration calibration_;
+  // Declines the tree while the pool had no room lately or the gate keeps
+  // the draft out; else catches up with the target and opens the tree.
+  bool open_tree(KvSequence& seq) override;
+  const float* model_logits(KvSequence& seq, const DraftTree& tree, int32_t leaf) override;
+  int32_t n_vocab() const override;
   // Brings the draft sequence to the target's history (all but its last
   // token computed) and reserves the tree's slots. False when the pool has
   // no room now (a full sequence has given its blocks back).
@@ -110,9 +99,7 @@ class DraftModelDrafter final : public Drafter {
   std::shared_ptr<DraftRunner> runner_;
   std::unique_ptr<KvSequence> seq_;
   bool tree_open_ = false;
-  int32_t backoff_ = 0;  // trees left to skip (the pool had no room, or the draft was not confident)
-  float floor_ = 0.0f;
-  float root_rate_ = 1.0f;  // recent share of roots whose best candidate passed the floor
+  int32_t backoff_ = 0;  // trees left to skip (the pool had no room)
   std::vector<float> logits_;
 };
 

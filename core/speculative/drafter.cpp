@@ -223,48 +223,48 @@ void PayoffGate::settle(float gain) {
   }
 }
 
-SelfDrafter::SelfDrafter(Forward& forward, std::mutex& forward_mutex, KvManager& kv, const ModelConfig& config,
-                         int32_t layers, bool lookup, bool gate)
-    : lookup_(lookup),
-      gate_on_(gate),
-      gate_(static_cast<float>(forward_macs(config, layers) / forward_macs(config, config.n_layers)), gate),
-      forward_(forward),
-      forward_mutex_(forward_mutex),
-      kv_(kv),
-      layers_(layers),
-      n_vocab_(config.n_vocab) {}
-
-void SelfDrafter::propose(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,
-                          std::vector<Candidate>& out) {
+void ModelDrafter::propose(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,
+                           std::vector<Candidate>& out) {
   out.clear();
   lookup_.propose(seq, tree, leaf, max_candidates, std::max(floor_, gate_.owning_floor()));
   if (leaf == 0) {
     gate_.begin_tree();
-    calibration_.forget();
-    // The model runs for this tree unless the lookup owns it or the gate
-    // keeps it out.
-    model_tree_ = !lookup_.owns_tree() && gate_.admit();
+    calibration_.forget();  // (a tree that drafted nothing was not verified)
+    model_tree_ = !lookup_.owns_tree() && open_tree(seq);
   }
   if (model_tree_) {
-    Batch batch;
-    kv_.add_tree_rows(seq, batch, tree.token, tree.parent, {leaf});
-    logits_.resize(static_cast<size_t>(n_vocab_));
-    {
-      std::lock_guard<std::mutex> lock(forward_mutex_);
-      forward_.forward_layers(batch, logits_.data(), layers_);
-    }
+    const float* logits = model_logits(seq, tree, leaf);
     gate_.forward();
-    top_candidates(logits_.data(), n_vocab_, max_candidates, out);
+    top_candidates(logits, n_vocab(), max_candidates, out);
     calibration_.calibrate(leaf, out);
     gate_.offer(leaf, out, lookup_);
   }
   lookup_.merge_into(out, max_candidates);
 }
 
-void SelfDrafter::verified(const DraftTree& tree, const std::vector<int32_t>& path) {
+void ModelDrafter::verified(const DraftTree& tree, const std::vector<int32_t>& path) {
   calibration_.verified(tree, path);
   lookup_.verified(tree, path);
   gate_.verified(tree, path);
+}
+
+SelfDrafter::SelfDrafter(Forward& forward, std::mutex& forward_mutex, KvManager& kv, const ModelConfig& config,
+                         int32_t layers, bool lookup, bool gate)
+    : ModelDrafter(static_cast<float>(forward_macs(config, layers) / forward_macs(config, config.n_layers)), lookup,
+                   gate),
+      forward_(forward),
+      forward_mutex_(forward_mutex),
+      kv_(kv),
+      layers_(layers),
+      n_vocab_(config.n_vocab) {}
+
+const float* SelfDrafter::model_logits(KvSequence& seq, const DraftTree& tree, int32_t leaf) {
+  Batch batch;
+  kv_.add_tree_rows(seq, batch, tree.token, tree.parent, {leaf});
+  logits_.resize(static_cast<size_t>(n_vocab_));
+  std::lock_guard<std::mutex> lock(forward_mutex_);
+  forward_.forward_layers(batch, logits_.data(), layers_);
+  return logits_.data();
 }
 
 }  // namespace ember::speculative

@@ -203,26 +203,34 @@ class PayoffGate {
   AcceptanceCounts own_;  // key 0: the model's candidates the lookup did not propose
 };
 
-// The target's first `layers` layers + final norm + head, with prompt lookup
-// beside it. `forward_mutex` is the engine's (one forward pass at a time).
-// Its forward pass reads most of the target's weights, so its cost (gate) is
-// forward_macs(L) / forward_macs(n): SmolLM2's default exit (26 of 30
-// layers, 0.89 of a step) can never pay and is not run, where it agrees with
-// the whole model on 42% of tokens; `self:L` for smaller L runs where its
-// trees pay.
-class SelfDrafter final : public Drafter {
+// What the model drafters share: prompt lookup beside the model (a tree the
+// lookup owns does not run it), the model's probabilities calibrated
+// (Calibration) and held to what can pay (PayoffGate). A subclass says
+// whether the model can run for a tree (open_tree) and runs it for a leaf
+// (model_logits).
+class ModelDrafter : public Drafter {
  public:
-  // `lookup`: prompt lookup beside the early exit; `gate`: the PayoffGate
-  // (tests turn both off to run the early exit on every tree).
-  SelfDrafter(Forward& forward, std::mutex& forward_mutex, KvManager& kv, const ModelConfig& config, int32_t layers,
-              bool lookup = true, bool gate = true);
   void propose(KvSequence& seq, const DraftTree& tree, int32_t leaf, int32_t max_candidates,
-               std::vector<Candidate>& out) override;
-  void verified(const DraftTree& tree, const std::vector<int32_t>& path) override;
-  void use_min_confidence(float floor) override {
+               std::vector<Candidate>& out) final;
+  void verified(const DraftTree& tree, const std::vector<int32_t>& path) final;
+  void use_min_confidence(float floor) final {
     floor_ = floor;
     gate_.set_on(gate_on_ && floor > 0.0f);
   }
+
+ protected:
+  // `forward_cost`: the model's forward pass over the target's (forward_macs);
+  // `lookup`: prompt lookup beside the model; `gate`: the PayoffGate (tests
+  // turn both off to run the model on every tree).
+  ModelDrafter(float forward_cost, bool lookup, bool gate)
+      : lookup_(lookup), gate_on_(gate), gate_(forward_cost, gate) {}
+  // At the root of a tree the lookup does not own: whether the model runs
+  // for it. The default asks the gate (admit()).
+  virtual bool open_tree(KvSequence& /*seq*/) { return admit(); }
+  bool admit() { return gate_.admit(); }
+  // The model's logits (n_vocab values) for what follows `leaf`.
+  virtual const float* model_logits(KvSequence& seq, const DraftTree& tree, int32_t leaf) = 0;
+  virtual int32_t n_vocab() const = 0;
 
  private:
   LookupBeside lookup_;
@@ -230,12 +238,30 @@ class SelfDrafter final : public Drafter {
   PayoffGate gate_;
   bool model_tree_ = false;  // the model runs for the current tree
   Calibration calibration_;
+  float floor_ = 0.0f;
+};
+
+// The target's first `layers` layers + final norm + head, with prompt lookup
+// beside it. `forward_mutex` is the engine's (one forward pass at a time).
+// Its forward pass reads most of the target's weights, so its cost (gate) is
+// forward_macs(L) / forward_macs(n): SmolLM2's default exit (26 of 30
+// layers, 0.89 of a step) can never pay and is not run, where it agrees with
+// the whole model on 42% of tokens; `self:L` for smaller L runs where its
+// trees pay.
+class SelfDrafter final : public ModelDrafter {
+ public:
+  SelfDrafter(Forward& forward, std::mutex& forward_mutex, KvManager& kv, const ModelConfig& config, int32_t layers,
+              bool lookup = true, bool gate = true);
+
+ private:
+  const float* model_logits(KvSequence& seq, const DraftTree& tree, int32_t leaf) override;
+  int32_t n_vocab() const override { return n_vocab_; }
+
   Forward& forward_;
   std::mutex& forward_mutex_;
   KvManager& kv_;
   int32_t layers_;
   int32_t n_vocab_;
-  float floor_ = 0.0f;
   std::vector<float> logits_;
 };
 
