@@ -87,14 +87,24 @@ StackBudget::StackBudget(size_t max_bytes)
 #if defined(__GLIBC__)
   // The room below this frame on the calling thread (a host's thread may have
   // far less than the 8 MiB of a main thread: musl's 128 KiB, a JVM's 1 MiB).
-  pthread_attr_t attr;
-  if (pthread_getattr_np(pthread_self(), &attr) != 0) return;
-  void* lo = nullptr;
-  size_t size = 0;
-  const bool known = pthread_attr_getstack(&attr, &lo, &size) == 0;
-  pthread_attr_destroy(&attr);
-  const auto low = reinterpret_cast<uintptr_t>(lo);
-  if (!known || base_ <= low) return;
+  // Asked once per thread: for the main thread glibc reads /proc/self/maps.
+  struct Low {
+    uintptr_t address = 0;
+    bool asked = false;
+  };
+  thread_local Low low_end;  // (trivially destructible: nothing runs at thread exit)
+  if (!low_end.asked) {
+    low_end.asked = true;
+    pthread_attr_t attr;
+    if (pthread_getattr_np(pthread_self(), &attr) == 0) {
+      void* lo = nullptr;
+      size_t size = 0;
+      if (pthread_attr_getstack(&attr, &lo, &size) == 0) low_end.address = reinterpret_cast<uintptr_t>(lo);
+      pthread_attr_destroy(&attr);
+    }
+  }
+  const uintptr_t low = low_end.address;
+  if (low == 0 || base_ <= low) return;
   constexpr size_t kMargin = 64u << 10;  // what one unguarded step (a filter, a copy) may still need
   const size_t room = base_ - low;
   budget_ = std::min(budget_, room > 2 * kMargin ? room - kMargin : room / 2);
