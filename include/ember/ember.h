@@ -415,11 +415,11 @@ EMBER_API void ember_session_destroy(ember_session* session);
  * stream starts. Errors: INVALID_ARGUMENT (NULL, invalid UTF-8, empty role),
  * BUSY (a stream runs), UNSUPPORTED (no usable chat template),
  * CONTEXT_FULL. Thread-safe per session (one caller at a time is simplest).
- * The template is rendered on the calling thread (here and in
- * ember_stream_start) within bounds: its loops, output and values are
- * capped, and its recursion uses at most 256 KiB of that thread's stack (less
- * where the thread has less left); a template past them fails with
- * INVALID_ARGUMENT and a message, never a crash. */
+ * The template is rendered by ember_stream_start, on its caller's thread,
+ * within bounds: its loops, output and values are capped, and its recursion
+ * uses at most 256 KiB of that thread's stack (less where the thread has less
+ * left); a template past them fails there with INVALID_ARGUMENT and a
+ * message, never a crash. */
 EMBER_API ember_status ember_session_add_message(ember_session* session, const char* role, const char* content);
 
 /* Appends raw text to the session (completion mode; no template). Special
