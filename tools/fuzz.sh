@@ -21,6 +21,8 @@ bld="$root/build-fuzz"
 
 # EMBER_FUZZ_SKIP_SETUP=1 / EMBER_FUZZ_SKIP_BUILD=1 skip the setup and the
 # build (e.g. for a second run in parallel with one that built).
+# EMBER_FUZZ_SEED=N fixes libFuzzer's random seed (tools/test.sh: 1); unset,
+# each run draws its own.
 [ "${EMBER_FUZZ_SKIP_SETUP:-0}" = "1" ] || bash "$root/tools/setup.sh"
 if [ "${EMBER_FUZZ_SKIP_BUILD:-0}" != "1" ]; then
   CC=clang CXX=clang++ cmake -S "$root" -B "$bld" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEMBER_FUZZ=ON \
@@ -42,11 +44,13 @@ for t in "${targets[@]}"; do
   mkdir -p "$corpus" "$artifacts" "$root/tests/fuzz/regressions/$t"
   dict=()
   [ -f "$root/tests/fuzz/dict/$t.dict" ] && dict=(-dict="$root/tests/fuzz/dict/$t.dict")
+  seed=()
+  [ -n "${EMBER_FUZZ_SEED:-}" ] && seed=(-seed="$EMBER_FUZZ_SEED")
   log="$bld/fuzz-$t.log"
   echo "fuzz.sh: $t for ${secs}s (log $log)" >&2
   status=ok
   "$bld/tests/fuzz/fuzz_$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len="${max_len[$t]}" \
-    -print_final_stats=1 -artifact_prefix="$artifacts" "${dict[@]}" \
+    -print_final_stats=1 -artifact_prefix="$artifacts" "${dict[@]}" "${seed[@]}" \
     "$corpus" "$root/tests/fuzz/corpus/$t" "$root/tests/fuzz/regressions/$t" >"$log" 2>&1 || status=FAILED
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   files=$(find "$corpus" -type f | wc -l)
