@@ -71,10 +71,7 @@ void write_seeds(const std::string& dir) {
 }  // namespace ember::fuzz
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  if (const std::string dir = ember::fuzz::seed_dir(); !dir.empty()) {
-    ember::fuzz::write_seeds(dir);
-    std::exit(0);
-  }
+  ember::fuzz::write_seeds_if_asked(ember::fuzz::write_seeds);
   return 0;
 }
 

@@ -278,10 +278,7 @@ void write_seeds(const std::string& dir) {
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   using namespace ember::fuzz;
   init();
-  if (const std::string dir = seed_dir(); !dir.empty()) {
-    write_seeds(dir);
-    std::exit(0);
-  }
+  write_seeds_if_asked(write_seeds);
   return 0;
 }
 

@@ -114,10 +114,7 @@ void write_seeds(const std::string& dir) {
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   using namespace ember::fuzz;
-  if (const std::string dir = seed_dir(); !dir.empty()) {
-    write_seeds(dir);
-    std::exit(0);
-  }
+  write_seeds_if_asked(write_seeds);
   for (int i = 0; i < 4; ++i) g_tok[i] = ember::Tokenizer::from_vocab(synthetic_vocab(kPres[i]));
   return 0;
 }

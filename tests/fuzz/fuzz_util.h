@@ -45,6 +45,15 @@ inline std::string seed_dir() {
   return d && *d ? std::string(d) : std::string();
 }
 
+// For LLVMFuzzerInitialize: with EMBER_FUZZ_WRITE_SEEDS set, writes the
+// target's seeds there (`write_seeds`) and ends the process.
+inline void write_seeds_if_asked(void (*write_seeds)(const std::string& dir)) {
+  if (const std::string dir = seed_dir(); !dir.empty()) {
+    write_seeds(dir);
+    std::exit(0);
+  }
+}
+
 // Writes one seed file <dir>/<name>-<hash> and reports it.
 inline void write_seed(const std::string& dir, const std::string& name, std::string_view bytes) {
   char hex[17];
