@@ -1,5 +1,6 @@
 #include "core/backend/registry.h"
 
+#include <cstdlib>
 #include <map>
 #include <mutex>
 
@@ -38,7 +39,14 @@ void register_backend(const std::string& name, BackendFactory factory) {
   registry()[name] = factory;
 }
 
-CreatedBackend create_backend(const std::string& device, const BackendOptions& options) {
+CreatedBackend create_backend(const std::string& requested, const BackendOptions& options) {
+  // EMBER_FORCE_DEVICE: every engine of the process on one device, whatever
+  // its parameters say (runs existing programs and test suites on a GPU).
+  std::string device = requested;
+  if (const char* forced = std::getenv("EMBER_FORCE_DEVICE"); forced && *forced && device != forced) {
+    log(LogLevel::kInfo, "engine: EMBER_FORCE_DEVICE=%s replaces device '%s'", forced, requested.c_str());
+    device = forced;
+  }
   CreatedBackend out;
   if (device == "auto" || is_plugin_device(device)) {
     try {

@@ -33,6 +33,9 @@ struct CreatedBackend {
 
 // Throws ember::Error: kUnsupported when the device is not available (the
 // message says what is missing), kInvalidArgument for an unknown name.
+// The environment variable EMBER_FORCE_DEVICE (cpu, cuda, cuda:N, auto), when
+// set, replaces `device` for every backend the process creates: it runs an
+// existing program or test suite on another device (tools/gpu_check.sh).
 CreatedBackend create_backend(const std::string& device, const BackendOptions& options);
 
 // Throws ember::Error(kUnsupported) when a model of this shape exceeds what

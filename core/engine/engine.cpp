@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 
 #include "core/backend/plugin.h"
 #include "core/backend/registry.h"
@@ -58,6 +59,10 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineParams& params)
   CreatedBackend created = create_backend(params_.device, BackendOptions{params_.n_threads, params_.batch_invariant});
   backend_ = std::move(created.backend);
   backend_extras_ = created.extras;
+  if (backend_extras_) {
+    const char* g = std::getenv("EMBER_CUDA_GRAPHS");
+    use_graphs_ = g != nullptr && std::string(g) == "1";
+  }
   device_ = created.device;
   check_backend_limits(*backend_, c.head_dim, c.n_heads, c.n_kv_heads);
 
@@ -393,7 +398,22 @@ bool Engine::run_forward(StepWork& w) {
   logits_.resize(static_cast<size_t>(w.n_logits) * model_->config().n_vocab);
   try {
     std::lock_guard<std::mutex> lock(forward_mutex_);
-    forward_->forward(w.batch, logits_.data());
+    // Decode-only steps on a device with graphs are recorded and replayed as
+    // one CUDA graph (BackendExtras::graph_begin: results are those of eager
+    // execution; the logits download ends the region).
+    const bool graph = use_graphs_ && std::all_of(w.batch.seqs.begin(), w.batch.seqs.end(),
+                                                  [](const BatchSeq& s) { return s.n_rows == 1; });
+    if (graph) {
+      backend_extras_->graph_begin((static_cast<uint64_t>(w.batch.n_rows()) << 32) |
+                                   static_cast<uint32_t>(w.n_logits));
+    }
+    try {
+      forward_->forward(w.batch, logits_.data());
+    } catch (...) {
+      if (graph) backend_extras_->graph_abort();
+      throw;
+    }
+    if (graph) backend_extras_->graph_end();
     return true;
   } catch (const Error& e) {
     for (auto& en : w.entries) en.stream->fail_with(e.code(), e.message());

@@ -133,6 +133,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::string device_;
   std::unique_ptr<Backend> backend_;
   BackendExtras* backend_extras_ = nullptr;
+  // CUDA graphs for decode-only steps: EMBER_CUDA_GRAPHS=1 (off by default
+  // until the engine-level replay == eager check has run on a GPU).
+  bool use_graphs_ = false;
   std::unique_ptr<KvManager> kv_;
   std::unique_ptr<Forward> forward_;
   std::mutex forward_mutex_;  // one forward pass at a time (worker or score)
