@@ -443,11 +443,18 @@ class CudaBackend final : public Backend, public BackendExtras {
     }
     return p;
   }
+  // Never throws: it runs in destructors, also at process exit after the
+  // CUDA runtime began unloading (cudaErrorCudartUnloading), where the
+  // memory goes with the context anyway. A sticky device error is reported
+  // by the next call that can fail.
   void free_buffer(void* ptr) override {
     if (!ptr) return;
-    Lock lock(this, "free_buffer");
-    ck(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-    ck(cudaFree(ptr), "cudaFree");
+    try {
+      Lock lock(this, "free_buffer");
+      if (cudaStreamSynchronize(stream_) == cudaSuccess) cudaFree(ptr);
+    } catch (...) {
+    }
+    cudaGetLastError();
   }
   void upload(void* dst, const void* src, size_t bytes) override {
     Lock lock(this, "upload");

@@ -30,8 +30,8 @@ __device__ float block_sum(float v, float* red) {
   __syncthreads();  // red may still be read from a previous call
   if (lane == 0) red[warp] = v;
   __syncthreads();
-  v = lane < n_warps ? red[lane] : 0.0f;
-  if (warp == 0) {
+  if (warp == 0) {  // only warp 0 reads the partials: it alone then writes red[0]
+    v = lane < n_warps ? red[lane] : 0.0f;
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(kFull, v, off);
     if (lane == 0) red[0] = v;

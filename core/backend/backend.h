@@ -127,7 +127,8 @@ class Backend {
   virtual std::string name() const = 0;
   virtual BackendLimits limits() const { return {}; }
 
-  // Memory for activations (f32 unless noted). Freed by free_buffer.
+  // Memory for activations (f32 unless noted). Freed by free_buffer, which
+  // never throws (destructors call it, also at process exit).
   virtual void* alloc(size_t bytes) = 0;
   virtual void free_buffer(void* ptr) = 0;
   virtual void upload(void* dst, const void* src, size_t bytes) = 0;

@@ -42,8 +42,22 @@ struct Instance {
   std::string skip;  // why it is unavailable
 };
 
-Instance& instance(const std::string& name) {
+std::map<std::string, Instance>& instances() {
   static std::map<std::string, Instance> all;
+  return all;
+}
+
+// The backends are released before main returns (not at static destruction,
+// after the CUDA runtime's own teardown), so compute-sanitizer's leak check
+// sees every device allocation freed.
+class ReleaseBackends : public ::testing::Environment {
+ public:
+  void TearDown() override { instances().clear(); }
+};
+[[maybe_unused]] const auto* const kReleaseBackends = ::testing::AddGlobalTestEnvironment(new ReleaseBackends);
+
+Instance& instance(const std::string& name) {
+  auto& all = instances();
   auto it = all.find(name);
   if (it != all.end()) return it->second;
   Instance& in = all[name];
