@@ -19,7 +19,8 @@
 #   capi, integration   the C ABI and integration suites with EMBER_FORCE_DEVICE=cuda
 #   agree-smollm2       GPU vs CPU logits (top-1, mean KL, greedy), bench_cuda --agree
 #   bench-smollm2       bench_cuda; engine-bench-*: `ember bench` through the C ABI on the GPU
-#   llama-*             llama.cpp's CUDA build on the same files (when carried or built)
+#   llama-*             llama.cpp's CUDA build on the same files (when carried or built), and its
+#                       own CUDA-vs-CPU agreement on SmolLM2 (llama-perplexity --kl-divergence)
 #
 # Every step has a time limit; its log goes to DIR/logs/<step>.log and one line
 # to DIR/summary.md (PASS / FAIL rc / SKIP why, seconds). DIR/logs.tgz is
@@ -132,7 +133,7 @@ if [ -d "$root/.gpu/llama" ]; then
           setsid nohup bash -c "cd '$llama_dir' && cmake -S llama.cpp -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
             -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
             -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DGGML_NATIVE=ON \
-            -DLLAMA_OPENSSL=OFF -DBUILD_SHARED_LIBS=OFF && nice -n 10 ninja -C build -j14 llama-bench llama-batched-bench; \
+            -DLLAMA_OPENSSL=OFF -DBUILD_SHARED_LIBS=OFF && nice -n 10 ninja -C build -j14 llama-bench llama-batched-bench llama-perplexity; \
             echo \$? > built; rm -f building" >"$llama_dir/build.log" 2>&1 </dev/null &
         fi ;;
       *) mkdir -p "$llama_dir/build/bin"; xz -dc "$f" >"$llama_dir/build/bin/$(basename "$f" .xz)"
@@ -324,6 +325,14 @@ run_llama() {
     skip llama "no llama.cpp CUDA build (logs: $llama_dir/build.log)"
     [ -f "$llama_dir/build.log" ] && tail -30 "$llama_dir/build.log" >"$logs/llama-build.log"
     return
+  fi
+  # llama.cpp's own GPU-vs-CPU agreement on SmolLM2 (the reference for Ember's, agree-smollm2):
+  # logits of its CPU build (-dev none) saved, then KL and same-top-1 of its CUDA build against them.
+  if [ -x "$bin/llama-perplexity" ] && [ -s "$smol" ] && [ -s "$work/text.txt" ]; then
+    step llama-kld-cpu 150 "$bin/llama-perplexity" -m "$smol" -f "$work/text.txt" -c 512 --chunks 4 -dev none \
+      --kl-divergence-base "$work/smol-cpu.kld"
+    [ -s "$work/smol-cpu.kld" ] && step llama-kld-cuda 120 "$bin/llama-perplexity" -m "$smol" -c 512 --chunks 4 \
+      -ngl 99 --kl-divergence-base "$work/smol-cpu.kld" --kl-divergence
   fi
   local models=() t
   for t in q4_0 q4_k_m f16; do [ -s "$work/models/l3-8b-$t.gguf" ] && models+=("$work/models/l3-8b-$t.gguf"); done

@@ -240,6 +240,11 @@ EMBER_API ember_status ember_detokenize(const ember_model* model, const int32_t*
 
 /* ---------------------------------------------------------------- engine */
 
+/* Devices. The environment variable EMBER_FORCE_DEVICE (cpu, cuda, cuda:N or
+ * auto), when set, overrides the device of every engine the process creates
+ * (for running an existing program or test suite on a GPU); an engine then
+ * reports the device it actually runs on. EMBER_CUDA_GRAPHS=1 lets a CUDA
+ * engine replay its decode-only steps as CUDA graphs (same results). */
 enum { EMBER_DEVICE_CPU = 0, EMBER_DEVICE_CUDA = 1, EMBER_DEVICE_AUTO = 2 };
 enum { EMBER_KV_F16 = 0 };
 
