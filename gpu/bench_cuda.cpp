@@ -127,8 +127,11 @@ LoadedBackend open_device(const std::string& device) {
 #endif
 }
 
-// Teacher-forced logits of `toks` (one sequence, every row), in chunks.
-std::vector<float> score(const std::shared_ptr<const Model>& model, Backend& be, const std::vector<int32_t>& toks) {
+// Teacher-forced logits of `toks` (one sequence, every row), in chunks; with
+// n_layers < the model's, the logits of the first n_layers layers (the output
+// norm and head applied to that residual stream, as self-speculation's exit).
+std::vector<float> score(const std::shared_ptr<const Model>& model, Backend& be, const std::vector<int32_t>& toks,
+                         int32_t n_layers = 0) {
   const auto& c = model->config();
   const int32_t bs = 16, n = static_cast<int32_t>(toks.size());
   KvGeometry g{c.n_layers, c.n_kv_heads, c.head_dim, bs, (n + bs - 1) / bs + 1};
@@ -142,7 +145,7 @@ std::vector<float> score(const std::shared_ptr<const Model>& model, Backend& be,
     const int32_t m = std::min(chunk, n - p);
     Batch b;
     b.add_sequence(toks.data() + p, m, p, table, false, true);
-    fwd.forward(b, out.data() + static_cast<size_t>(p) * c.n_vocab);
+    fwd.forward_layers(b, out.data() + static_cast<size_t>(p) * c.n_vocab, n_layers > 0 ? n_layers : c.n_layers);
   }
   return out;
 }
@@ -227,6 +230,35 @@ int run_agree(const Args& a) {
       first_diff = i;
   }
   const double greedy_frac = static_cast<double>(same) / gc.size();
+  // Where the two part: the same comparison after the first L layers (64 tokens).
+  const std::vector<int32_t> head(toks.begin(), toks.begin() + std::min<size_t>(64, toks.size()));
+  std::printf("by depth (first %zu tokens; logits of the first L layers):\n%8s %14s %12s %8s\n", head.size(), "layers",
+              "max|diff|/max", "mean KL", "top-1");
+  for (int32_t L = 1;; L = std::min(L * 2, c.n_layers)) {
+    const auto pc = score(model, *cpu, head, L), pd = score(model, *dev.backend, head, L);
+    double md = 0, mx = 0, kls = 0;
+    size_t t1 = 0;
+    for (size_t r = 0; r < head.size(); ++r) {
+      const float* p = pc.data() + r * V;
+      const float* q = pd.data() + r * V;
+      t1 += (std::max_element(p, p + V) - p) == (std::max_element(q, q + V) - q);
+      double zp = 0, zq = 0;
+      const double mp = *std::max_element(p, p + V), mq = *std::max_element(q, q + V);
+      for (int32_t i = 0; i < V; ++i) {
+        md = std::max(md, static_cast<double>(std::fabs(p[i] - q[i])));
+        mx = std::max(mx, static_cast<double>(std::fabs(p[i])));
+        zp += std::exp(p[i] - mp);
+        zq += std::exp(q[i] - mq);
+      }
+      for (int32_t i = 0; i < V; ++i) {
+        const double lp = p[i] - mp - std::log(zp), lq = q[i] - mq - std::log(zq);
+        kls += std::exp(lp) * (lp - lq);
+      }
+    }
+    std::printf("%8d %14.5f %12.6f %7.1f%%\n", L, mx > 0 ? md / mx : 0.0, kls / head.size(),
+                100.0 * t1 / head.size());
+    if (L == c.n_layers) break;
+  }
   std::printf("teacher-forced: top-1 agreement %.2f%%, mean KL %.5f, max |logit diff| %.4g\n", 100 * top1_frac, mean_kl,
               max_diff);
   std::printf("greedy: %zu/%zu tokens equal (first difference at %zu)\n", same, gc.size(), first_diff);

@@ -8,7 +8,9 @@
 #include <string>
 
 #include "core/backend/plugin.h"
+#include "core/backend/registry.h"
 #include "core/util/status.h"
+#include "cpu/cpu_backend.h"
 
 namespace ember {
 namespace {
@@ -51,6 +53,23 @@ class EnvGuard {
   bool had_ = false;
   std::string old_;
 };
+
+// EMBER_FORCE_DEVICE replaces whatever device an engine asks for (how
+// tools/gpu_check.sh runs the unmodified suites on a GPU).
+TEST(Plugin, ForceDeviceReplacesTheRequestedDevice) {
+  register_cpu_backend();
+  EnvGuard guard("EMBER_FORCE_DEVICE");
+  setenv("EMBER_FORCE_DEVICE", "cpu", 1);
+  CreatedBackend b = create_backend("cuda:3", BackendOptions{1, true});
+  EXPECT_EQ(b.device, "cpu");
+  ASSERT_NE(b.backend, nullptr);
+  EXPECT_EQ(b.extras, nullptr);
+  setenv("EMBER_FORCE_DEVICE", "tpu", 1);
+  const std::string msg = error_of([] { create_backend("cpu", BackendOptions{}); }, StatusCode::kInvalidArgument);
+  EXPECT_NE(msg.find("unknown device 'tpu'"), std::string::npos) << msg;
+  unsetenv("EMBER_FORCE_DEVICE");
+  EXPECT_EQ(create_backend("cpu", BackendOptions{1, true}).device, "cpu");
+}
 
 TEST(Plugin, DeviceNames) {
   EXPECT_NO_THROW(check_plugin_device_name("cuda"));
