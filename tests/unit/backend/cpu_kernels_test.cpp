@@ -112,7 +112,11 @@ TEST_F(CpuKernels, AttentionIsBitIdentical) {
       const int32_t n_pad = (c.kv_len + 31) & ~31;
       std::vector<float> out_a(q.size(), -1.f), out_b(q.size(), -2.f), out_c(q.size(), -3.f);
       for (int32_t kvh = 0; kvh < c.kv_heads; ++kvh) {
-        for (const BackendKernels* kern : {&scalar, &avx2, &avx512}) {
+        // By position, not by address: on a CPU without AVX-512, `avx512` is the AVX2 table.
+        const BackendKernels* kerns[3] = {&scalar, &avx2, &avx512};
+        float* outs[3] = {out_a.data(), out_b.data(), out_c.data()};
+        for (int which = 0; which < 3; ++which) {
+          const BackendKernels* kern = kerns[which];
           std::vector<float> sc(static_cast<size_t>(c.heads / c.kv_heads) * n_pad),
               acc(32 * static_cast<size_t>(c.hd) * (c.heads / c.kv_heads));
           AttendArgs a{};
@@ -134,7 +138,7 @@ TEST_F(CpuKernels, AttentionIsBitIdentical) {
           a.scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
           a.scores = sc.data();
           a.acc = acc.data();
-          a.out = kern == &scalar ? out_a.data() : kern == &avx2 ? out_b.data() : out_c.data();
+          a.out = outs[which];
           kern->attend_group(a);
         }
       }
