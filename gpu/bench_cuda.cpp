@@ -176,6 +176,38 @@ std::vector<int32_t> greedy(const std::shared_ptr<const Model>& model, Backend& 
   return out;
 }
 
+// Two sets of logits for the same rows: the fraction of rows with the same
+// argmax, the mean KL(p || q), the largest |p - q| and the largest |p|.
+struct LogitsAgreement {
+  double top1 = 0, mean_kl = 0, max_diff = 0, max_abs = 0;
+};
+LogitsAgreement compare_logits(const std::vector<float>& lp_all, const std::vector<float>& lq_all, size_t rows,
+                               int32_t V) {
+  LogitsAgreement out;
+  size_t top1 = 0;
+  double kl_sum = 0;
+  for (size_t r = 0; r < rows; ++r) {
+    const float* p = lp_all.data() + r * V;
+    const float* q = lq_all.data() + r * V;
+    top1 += (std::max_element(p, p + V) - p) == (std::max_element(q, q + V) - q);
+    const double mp = *std::max_element(p, p + V), mq = *std::max_element(q, q + V);
+    double zp = 0, zq = 0;
+    for (int32_t i = 0; i < V; ++i) {
+      zp += std::exp(p[i] - mp);
+      zq += std::exp(q[i] - mq);
+      out.max_diff = std::max(out.max_diff, static_cast<double>(std::fabs(p[i] - q[i])));
+      out.max_abs = std::max(out.max_abs, static_cast<double>(std::fabs(p[i])));
+    }
+    for (int32_t i = 0; i < V; ++i) {
+      const double lp = p[i] - mp - std::log(zp), lq = q[i] - mq - std::log(zq);
+      kl_sum += std::exp(lp) * (lp - lq);
+    }
+  }
+  out.top1 = static_cast<double>(top1) / rows;
+  out.mean_kl = kl_sum / rows;
+  return out;
+}
+
 int run_agree(const Args& a) {
   std::shared_ptr<const Model> model = Model::load(a.model);
   const auto& c = model->config();
@@ -198,27 +230,8 @@ int run_agree(const Args& a) {
   const auto lc = score(model, *cpu, toks);
   const auto ld = score(model, *dev.backend, toks);
   const int32_t V = c.n_vocab;
-  double kl_sum = 0, max_diff = 0;
-  size_t top1 = 0;
-  for (size_t r = 0; r < toks.size(); ++r) {
-    const float* p = lc.data() + r * V;
-    const float* q = ld.data() + r * V;
-    top1 += (std::max_element(p, p + V) - p) == (std::max_element(q, q + V) - q);
-    const double mp = *std::max_element(p, p + V), mq = *std::max_element(q, q + V);
-    double zp = 0, zq = 0;
-    for (int32_t i = 0; i < V; ++i) {
-      zp += std::exp(p[i] - mp);
-      zq += std::exp(q[i] - mq);
-      max_diff = std::max(max_diff, static_cast<double>(std::fabs(p[i] - q[i])));
-    }
-    double kl = 0;
-    for (int32_t i = 0; i < V; ++i) {
-      const double lp = p[i] - mp - std::log(zp), lq = q[i] - mq - std::log(zq);
-      kl += std::exp(lp) * (lp - lq);
-    }
-    kl_sum += kl;
-  }
-  const double top1_frac = static_cast<double>(top1) / toks.size(), mean_kl = kl_sum / toks.size();
+  const LogitsAgreement all = compare_logits(lc, ld, toks.size(), V);
+  const double top1_frac = all.top1, mean_kl = all.mean_kl, max_diff = all.max_diff;
   const std::vector<int32_t> prompt(toks.begin(), toks.begin() + 32);
   const auto gc = greedy(model, *cpu, prompt, a.gen);
   const auto gd = greedy(model, *dev.backend, prompt, a.gen);
@@ -235,28 +248,10 @@ int run_agree(const Args& a) {
   std::printf("by depth (first %zu tokens; logits of the first L layers):\n%8s %14s %12s %8s\n", head.size(), "layers",
               "max|diff|/max", "mean KL", "top-1");
   for (int32_t L = 1;; L = std::min(L * 2, c.n_layers)) {
-    const auto pc = score(model, *cpu, head, L), pd = score(model, *dev.backend, head, L);
-    double md = 0, mx = 0, kls = 0;
-    size_t t1 = 0;
-    for (size_t r = 0; r < head.size(); ++r) {
-      const float* p = pc.data() + r * V;
-      const float* q = pd.data() + r * V;
-      t1 += (std::max_element(p, p + V) - p) == (std::max_element(q, q + V) - q);
-      double zp = 0, zq = 0;
-      const double mp = *std::max_element(p, p + V), mq = *std::max_element(q, q + V);
-      for (int32_t i = 0; i < V; ++i) {
-        md = std::max(md, static_cast<double>(std::fabs(p[i] - q[i])));
-        mx = std::max(mx, static_cast<double>(std::fabs(p[i])));
-        zp += std::exp(p[i] - mp);
-        zq += std::exp(q[i] - mq);
-      }
-      for (int32_t i = 0; i < V; ++i) {
-        const double lp = p[i] - mp - std::log(zp), lq = q[i] - mq - std::log(zq);
-        kls += std::exp(lp) * (lp - lq);
-      }
-    }
-    std::printf("%8d %14.5f %12.6f %7.1f%%\n", L, mx > 0 ? md / mx : 0.0, kls / head.size(),
-                100.0 * t1 / head.size());
+    const LogitsAgreement d =
+        compare_logits(score(model, *cpu, head, L), score(model, *dev.backend, head, L), head.size(), V);
+    std::printf("%8d %14.5f %12.6f %7.1f%%\n", L, d.max_abs > 0 ? d.max_diff / d.max_abs : 0.0, d.mean_kl,
+                100.0 * d.top1);
     if (L == c.n_layers) break;
   }
   std::printf("teacher-forced: top-1 agreement %.2f%%, mean KL %.5f, max |logit diff| %.4g\n", 100 * top1_frac, mean_kl,
