@@ -9,8 +9,7 @@
 #include "core/backend/registry.h"
 #include "core/model/arch/registry.h"
 #include "core/model/batch.h"
-#include "core/speculative/draft_model.h"
-#include "core/speculative/drafter.h"
+#include "core/speculative/spec_step.h"
 #include "core/tokenizer/tokenizer.h"
 #include "core/util/log.h"
 
@@ -75,6 +74,9 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineParams& params)
                                     KvManager::Rope{model_->rope_specs()});
   scheduler_ = std::make_unique<Scheduler>(SchedulerConfig{params_.max_batch_tokens, params_.max_running});
   forward_ = arch->make_forward(model_, *backend_, g.block_size);
+  spec_ = std::make_unique<speculative::SpecStep>(speculative::SpecStep::Target{
+      model_, forward_.get(), &forward_mutex_, kv_.get(), backend_.get(), params_.device, params_.n_threads,
+      params_.batch_invariant});
 }
 
 Engine::~Engine() {
@@ -137,77 +139,9 @@ void Engine::worker_loop(std::shared_ptr<Engine> self) {
     std::lock_guard<std::mutex> lock(e.mutex_);
     left.swap(e.streams_);
   }
-  for (auto& s : left) s->fail_with(StatusCode::kCancelled, "the engine was destroyed");
+  for (auto& s : left) e.fail_stream(*s, StatusCode::kCancelled, "the engine was destroyed");
   left.clear();
   self.reset();  // may destroy the engine, on this thread
-}
-
-// A step's cost grows with its rows (one per token it runs) from a fixed
-// part: cost(r) = fixed + per_row * r with fixed, per_row >= 0. So one step
-// of s rows measured at C ms bounds every other step: cost(r) <= C for
-// r <= s, and cost(r) <= C * r / s for r > s. The prediction is the tightest
-// of these bounds over recent steps, each size at its slowest measurement
-// (noise never makes a size look cheaper than it was), and a step costlier
-// than a sample's bound drops that sample (measure_step). Nothing is
-// extrapolated from a fit: a step larger than any measured is priced at the
-// largest one's cost per row, which overestimates it by that step's fixed
-// share. A step also runs at most twice the rows of the largest one measured,
-// so a cost that grows faster than its rows is measured before it is relied
-// on. (A least-squares fit over steps of 1 or 2 rows once sized a step at 89
-// rows that took 138 ms of a 16 ms frame.)
-namespace {
-struct SizeCost {
-  int32_t rows;
-  double ms;  // the slowest recent step of these rows
-};
-template <typename Sample>
-size_t slowest_per_size(const Sample* samples, size_t n, SizeCost* out) {
-  size_t m = 0;
-  for (size_t i = 0; i < n; ++i) {
-    size_t j = 0;
-    while (j < m && out[j].rows != samples[i].rows) ++j;
-    if (j == m) out[m++] = {samples[i].rows, samples[i].ms};
-    out[j].ms = std::max(out[j].ms, samples[i].ms);
-  }
-  return m;
-}
-}  // namespace
-
-int32_t Engine::frame_token_budget(double left_ms) {
-  std::lock_guard<std::mutex> lock(cost_mutex_);
-  if (cost_count_ == 0) return 1;  // nothing measured yet: one token (decodes still run)
-  SizeCost sizes[kCostSamples];
-  const size_t m = slowest_per_size(cost_samples_, cost_count_, sizes);
-  // The largest r whose prediction fits: the bound of size s allows
-  // s * left / C rows when C fits at all.
-  double rows = 0;
-  int32_t largest = 0;
-  for (size_t i = 0; i < m; ++i) {
-    largest = std::max(largest, sizes[i].rows);
-    if (sizes[i].ms <= left_ms) rows = std::max(rows, sizes[i].rows * left_ms / std::max(sizes[i].ms, 1e-3));
-  }
-  return static_cast<int32_t>(std::min(std::floor(rows), std::min(2.0 * largest, 65536.0)));
-}
-
-void Engine::measure_step(size_t rows, double ms) {
-  if (rows == 0) return;
-  std::lock_guard<std::mutex> lock(cost_mutex_);
-  const int32_t r = static_cast<int32_t>(std::min<size_t>(rows, 65536));
-  // A step costlier than an older sample's bound refutes that sample (the
-  // cost is not only rows: which sequences run and how long their histories
-  // are count too): it predicts nothing any more.
-  size_t keep = 0;
-  for (size_t i = 0; i < cost_count_; ++i) {
-    const StepCostSample& c = cost_samples_[i];
-    const double bound = r <= c.rows ? c.ms : c.ms * r / c.rows;
-    if (bound >= ms) cost_samples_[keep++] = c;
-  }
-  cost_count_ = keep;
-  if (cost_count_ == kCostSamples) {  // the oldest goes
-    std::copy(cost_samples_ + 1, cost_samples_ + kCostSamples, cost_samples_);
-    --cost_count_;
-  }
-  cost_samples_[cost_count_++] = {r, ms};
 }
 
 size_t Engine::run_steps(double max_ms, int64_t max_tokens) {
@@ -228,7 +162,7 @@ size_t Engine::run_steps(double max_ms, int64_t max_tokens) {
         std::lock_guard<std::mutex> lock(mutex_);
         decodes = static_cast<int32_t>(std::min<size_t>(stats_.running, 65536));
       }
-      budget = frame_token_budget(max_ms - ms_since(t0));
+      budget = frame_.rows_within(max_ms - ms_since(t0));
       // After the first step, another one starts only if its decodes fit.
       if (!first && budget < std::max(decodes, 1)) break;
       // The first step of a frame runs at least one prompt token beside the
@@ -241,7 +175,7 @@ size_t Engine::run_steps(double max_ms, int64_t max_tokens) {
     }
     const auto ts = std::chrono::steady_clock::now();
     const size_t n = step(budget);
-    measure_step(n, ms_since(ts));
+    frame_.measure(n, ms_since(ts));
     total += n;
     if (n == 0) break;
     if (max_tokens > 0 && static_cast<int64_t>(total) >= max_tokens) break;
@@ -266,9 +200,6 @@ void Engine::drop_finished_streams(std::vector<std::shared_ptr<Stream>>* live) {
     streams_.resize(keep);
     if (live) *live = streams_;
   }
-  for (auto& s : finished) {
-    if (s->drafter()) s->set_speculation(nullptr);
-  }
   // Dropped outside mutex_: the last reference to a finished stream may
   // destroy its session and with it the engine's last owner, whose
   // stop_worker() takes mutex_. (The engine itself stays alive: whoever
@@ -280,31 +211,38 @@ void Engine::drop_finished_streams(std::vector<std::shared_ptr<Stream>>* live) {
 
 // What the phases of one step hand each other.
 struct Engine::StepWork {
-  // gather: the live streams; stream i has sched().id == i.
+  // plan: the live streams (stream i has sched().id == i), the scheduler's
+  // plan, and one entry per stream that runs, with its rows in the batch.
   std::vector<Stream*> streams;
   std::vector<SchedSequence*> seqs;
   std::vector<KvManager::BudgetEntry> budget;
-  // schedule
   StepPlan plan;
-  // batch: one entry per scheduled stream.
   struct Entry {
+    Entry(Stream* s, int32_t c, int32_t li, size_t fl, int32_t n)
+        : stream(s), chunk(c), logit_index(li), first_logit(fl), n_logit_rows(n) {}
     Stream* stream;
-    int32_t chunk;
+    int32_t chunk;        // history tokens the pass computes
     int32_t logit_index;  // -1: no logits this step
     size_t first_logit;   // history index of the row at logit_index
     int32_t n_logit_rows;
-    bool tree = false;  // a speculative tree: rows = its nodes (root first)
+    bool lookahead = false;  // the plan reserved slots for a tree
+    bool tree = false;       // a drafted tree: rows = its nodes (root first)
+    // outcome: what apply does to the sequence, and whether the stream ends.
+    KvManager::StepOutcome kv;
+    EndReason end = EndReason::kNone;
+    bool ends = false;
   };
   std::vector<Entry> entries;
   Batch batch;
   int32_t n_logits = 0;
 };
 
-void Engine::gather(const std::vector<std::shared_ptr<Stream>>& streams, StepWork& w) {
+void Engine::plan(const std::vector<std::shared_ptr<Stream>>& streams, StepWork& w, int32_t token_budget) {
+  // Gather: the scheduler's view of every live stream's sequence.
   for (const auto& sp : streams) {
     Stream& s = *sp;
     if (s.cancel_requested()) {
-      s.finish(EndReason::kCancelled);
+      end_stream(s, EndReason::kCancelled, /*parked=*/false);
       continue;
     }
     KvSequence& kv = s.session().kv();
@@ -318,13 +256,12 @@ void Engine::gather(const std::vector<std::shared_ptr<Stream>>& streams, StepWor
       s.sched().n_tokens = kv.tokens().size() - 1;
       entry.reuse_limit = s.score_first() == 0 ? 0 : s.score_first() - 1;
     }
+    s.sched().lookahead = s.score_mode() ? 0 : spec_->lookahead(s.spec(), kv, s.session().n_ctx(), s.tokens_left());
     w.streams.push_back(&s);
     w.seqs.push_back(&s.sched());
     w.budget.push_back(entry);
   }
-}
-
-void Engine::schedule(StepWork& w, int32_t token_budget) {
+  // Schedule: every row of the step, trees' included, from one budget.
   if (token_budget > 0) {
     // Every running decode keeps its token, whatever the budget.
     int32_t decodes = 0;
@@ -332,43 +269,35 @@ void Engine::schedule(StepWork& w, int32_t token_budget) {
     token_budget = std::max(token_budget, decodes);
   }
   KvManager::StepBudget budget = kv_->step_budget(w.budget);
-  // Draft models' KV in this pool is a cache of the target's history: it
-  // goes before any sequence is preempted or kept waiting.
   budget.set_reclaim([&w] {
-    bool freed = false;
-    for (Stream* s : w.streams) {
-      if (s->drafter() && s->drafter()->release_kv()) freed = true;
-    }
-    return freed;
+    std::vector<speculative::StreamSpec*> specs;
+    for (Stream* s : w.streams) specs.push_back(s->spec());
+    return speculative::SpecStep::reclaim(specs);
   });
   w.plan = scheduler_->schedule(w.seqs, budget, token_budget);
-  for (const auto& entry : budget.errors()) {
-    const auto id = entry.first;
-    const auto& error = entry.second;
+  for (const auto& [id, error] : budget.errors()) {
     auto& run = w.plan.run;
     run.erase(std::remove_if(run.begin(), run.end(), [&](const auto& r) { return r.first->id == id; }), run.end());
-    w.streams[id]->fail_with(error.code(), error.message());
+    fail_stream(*w.streams[id], error.code(), error.message());
   }
   for (SchedSequence* f : w.plan.failed) {
-    w.streams[f->id]->fail_with(StatusCode::kOutOfMemory,
-                                "the sequence needs more KV blocks than the whole pool holds (" +
-                                    std::to_string(kv_->total_blocks()) + " blocks)");
+    fail_stream(*w.streams[f->id], StatusCode::kOutOfMemory,
+                "the sequence needs more KV blocks than the whole pool holds (" + std::to_string(kv_->total_blocks()) +
+                    " blocks)");
   }
-}
-
-void Engine::build_batch(StepWork& w, int32_t token_budget) {
-  // Speculative trees take what is left of the step's token budget.
-  int64_t rows_left =
-      (token_budget > 0 ? token_budget : params_.max_batch_tokens) - static_cast<int64_t>(w.plan.tokens());
+  // Batch: each planned sequence's rows (a tree's where one was drafted).
   for (const auto& [seq, chunk] : w.plan.run) {
     Stream& s = *w.streams[seq->id];
     KvSequence& kv = s.session().kv();
     std::lock_guard<std::mutex> lock(kv.mutex());
-    if (s.grower() && !s.score_mode() && chunk == 1 && kv.n_computed() + 1 == kv.tokens().size() && rows_left > 0 &&
-        kv.provisional().empty()) {
-      const size_t before = w.batch.tokens.size();
-      if (add_tree(w, s, kv, static_cast<int32_t>(std::min<int64_t>(rows_left, 64)))) {
-        rows_left -= static_cast<int64_t>(w.batch.tokens.size() - before) - 1;
+    const int32_t room = w.plan.lookahead_of(seq);
+    if (room > 0) {
+      const int32_t rows = spec_->draft(*s.spec(), kv, static_cast<size_t>(room), w.batch);
+      if (rows > 0) {
+        StepWork::Entry en{&s, 1, w.n_logits, kv.tokens().size() - 1, rows};
+        en.lookahead = en.tree = true;
+        w.entries.push_back(en);
+        w.n_logits += rows;
         continue;
       }
     }
@@ -377,14 +306,15 @@ void Engine::build_batch(StepWork& w, int32_t token_budget) {
       const size_t from = std::max(kv.n_computed(), s.score_first() == 0 ? size_t{0} : s.score_first() - 1);
       const int32_t rows = end > from ? static_cast<int32_t>(end - from) : 0;
       kv_->add_rows(kv, w.batch, chunk, from);
-      w.entries.push_back({&s, chunk, rows > 0 ? w.n_logits : -1, from, rows});
+      w.entries.emplace_back(&s, chunk, rows > 0 ? w.n_logits : -1, from, rows);
       w.n_logits += rows;
       continue;
     }
     // Logits only for the last history token: it predicts the next one.
     const bool last = end == kv.tokens().size();
     kv_->add_rows(kv, w.batch, chunk, last ? end - 1 : SIZE_MAX);
-    w.entries.push_back({&s, chunk, last ? w.n_logits++ : -1, end - 1, last ? 1 : 0});
+    w.entries.emplace_back(&s, chunk, last ? w.n_logits++ : -1, end - 1, last ? 1 : 0);
+    w.entries.back().lookahead = room > 0;
   }
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.steps++;
@@ -416,31 +346,36 @@ bool Engine::run_forward(StepWork& w) {
     if (graph) backend_extras_->graph_end();
     return true;
   } catch (const Error& e) {
-    for (auto& en : w.entries) en.stream->fail_with(e.code(), e.message());
+    for (auto& en : w.entries) fail_stream(*en.stream, e.code(), e.message());
   } catch (const std::bad_alloc&) {
-    for (auto& en : w.entries) en.stream->fail_with(StatusCode::kOutOfMemory, "out of memory in the forward pass");
+    for (auto& en : w.entries) fail_stream(*en.stream, StatusCode::kOutOfMemory, "out of memory in the forward pass");
   }
   return false;
 }
 
-void Engine::commit_and_sample(StepWork& w) {
+void Engine::outcome(StepWork& w) {
   if (testing::g_step_fault_hook) testing::g_step_fault_hook();
-  const Tokenizer& tok = model_->tokenizer();
   const int32_t n_vocab = model_->config().n_vocab;
-  for (size_t i = 0; i < w.entries.size(); ++i) {
-    auto& en = w.entries[i];
-    if (en.tree) {
-      commit_tree(w, i);
-      continue;
-    }
+  speculative::SpecStep::RowMask mask;
+  if (testing::g_outcome_mask_hook) {
+    mask = [n_vocab](int32_t prev, float* row) { testing::g_outcome_mask_hook(prev, row, n_vocab); };
+  }
+  for (auto& en : w.entries) {
     Stream& s = *en.stream;
     KvSequence& kv = s.session().kv();
+    en.kv.computed = static_cast<size_t>(en.chunk);
+    en.kv.lookahead = en.lookahead;
+    if (!s.started_decoding()) s.add_prompt_tokens(static_cast<size_t>(en.chunk));
+    if (s.cancel_requested()) {
+      en.ends = true;
+      en.end = EndReason::kCancelled;
+      continue;
+    }
     std::vector<int32_t> history;
-    bool scored_all = false;
+    int32_t prev = -1;
+    size_t room = SIZE_MAX;  // tokens the session's context still holds
     {
       std::lock_guard<std::mutex> lock(kv.mutex());
-      kv_->commit_computed(kv, static_cast<size_t>(en.chunk));
-      if (!s.started_decoding()) s.add_prompt_tokens(static_cast<size_t>(en.chunk));
       const std::vector<int32_t>& tokens = kv.tokens();
       if (s.score_mode()) {
         for (int32_t r = 0; r < en.n_logit_rows; ++r) {
@@ -449,201 +384,86 @@ void Engine::commit_and_sample(StepWork& w) {
           const float* row = logits_.data() + static_cast<size_t>(en.logit_index + r) * n_vocab;
           s.set_score(target, log_prob(row, n_vocab, tokens[target]));
         }
-        scored_all = kv.n_computed() + 1 >= tokens.size();
-      } else if (en.logit_index >= 0) {
-        history = penalty_window(s, tokens);
+        en.ends = kv.n_computed() + static_cast<size_t>(en.chunk) + 1 >= tokens.size();  // all scored
+        continue;
       }
-    }
-    if (s.score_mode()) {
-      if (s.cancel_requested()) {
-        s.finish(EndReason::kCancelled);
-      } else if (scored_all) {
-        s.finish(EndReason::kNone);
-      }
-      continue;
-    }
-    if (en.logit_index < 0) continue;
-    if (s.cancel_requested()) {
-      s.finish(EndReason::kCancelled);
-      continue;
+      if (en.logit_index < 0) continue;
+      history = penalty_window(s, tokens);
+      prev = tokens.back();
+      const size_t n_ctx = static_cast<size_t>(s.session().n_ctx());
+      if (!kv.bounded()) room = n_ctx > tokens.size() ? n_ctx - tokens.size() : 0;
     }
     float* row = logits_.data() + static_cast<size_t>(en.logit_index) * n_vocab;
-    const int32_t token = s.sample(row, history);
-    s.on_token(token, tok.is_eog(token));  // events: text, and end on a stop condition
-  }
-  // A finished stream's drafter gives back what it holds (a draft model's KV
-  // in the pool) now, not when the host lets go of the stream.
-  for (auto& en : w.entries) {
-    if (en.stream->finished() && en.stream->drafter()) en.stream->set_speculation(nullptr);
+    std::vector<int32_t> accepted;
+    if (en.tree) {
+      speculative::Verdict v =
+          spec_->verify(*s.spec(), row, n_vocab, s.sampler(), history, std::max(s.tokens_left(), 1), mask);
+      s.record_verification(v.drafted, v.path.size());
+      accepted = std::move(v.tokens);
+      en.kv.path = std::move(v.path);
+    } else {
+      if (mask) mask(prev, row);
+      accepted.push_back(s.sampler().sample(row, history));
+    }
+    // Cut where the stream ends: what follows never reaches the KV. The
+    // path's nodes are computed; the target's next token (the last accepted)
+    // joins the history pending, as in a plain decode.
+    const size_t kept = s.take(accepted, room, &en.end);
+    en.ends = en.end != EndReason::kNone;
+    if (kept <= en.kv.path.size()) {
+      en.kv.path.resize(kept);
+    } else {
+      en.kv.appended.assign(accepted.begin() + static_cast<std::ptrdiff_t>(en.kv.path.size()),
+                            accepted.begin() + static_cast<std::ptrdiff_t>(kept));
+    }
   }
 }
 
-// ------------------------------------------------------------------ speculation
+void Engine::apply(StepWork& w) {
+  for (auto& en : w.entries) {
+    Stream& s = *en.stream;
+    if (s.finished()) continue;
+    en.kv.finished = en.ends;
+    {
+      KvSequence& kv = s.session().kv();
+      std::lock_guard<std::mutex> lock(kv.mutex());
+      kv_->apply(kv, en.kv);
+    }
+    if (en.ends) end_stream(s, en.end, /*parked=*/true);
+  }
+}
+
+void Engine::end_stream(Stream& s, EndReason reason, bool parked) {
+  if (s.finished()) return;
+  if (!parked) {
+    KvSequence& kv = s.session().kv();
+    std::lock_guard<std::mutex> lock(kv.mutex());
+    kv_->park(kv);
+  }
+  s.flush(reason);
+  s.session().end_turn(s.score_mode() ? nullptr : &s.reply());
+  // Its drafter gives back what it holds (a draft model's KV in the pool)
+  // now, not when the host lets go of the stream.
+  if (s.spec()) speculative::SpecStep::stop(*s.spec());
+  s.finish(reason);
+}
+
+void Engine::fail_stream(Stream& s, StatusCode code, const std::string& message) {
+  if (s.finished()) return;
+  try {
+    KvSequence& kv = s.session().kv();
+    std::lock_guard<std::mutex> lock(kv.mutex());
+    kv_->park(kv);
+  } catch (const std::exception& e) {  // the stream still ends; its blocks go with its session
+    log(LogLevel::kError, "engine: parking a failed stream's sequence: %s", e.what());
+  }
+  s.session().end_turn(nullptr);
+  if (s.spec()) speculative::SpecStep::stop(*s.spec());
+  s.fail_with(code, message);
+}
 
 void Engine::prepare_speculation(Stream& stream) {
-  const SpecParams& sp = stream.spec_params();
-  const auto& c = model_->config();
-  switch (sp.kind) {
-    case SpecParams::Kind::kNone: return;
-    case SpecParams::Kind::kNgram: stream.set_speculation(std::make_unique<speculative::NgramDrafter>()); return;
-    case SpecParams::Kind::kSelf: {
-      // The default from measured acceptance (docs/BENCHMARKS.md): early exits
-      // below ~3/4 of SmolLM2's layers agree with the full model on under 20%
-      // of tokens.
-      const int32_t layers = sp.self_layers > 0 ? sp.self_layers : std::max(1, c.n_layers * 7 / 8);
-      if (layers >= c.n_layers) {
-        fail(StatusCode::kInvalidArgument,
-             "speculation: self-speculation must use fewer layers than the model's " + std::to_string(c.n_layers));
-      }
-      stream.set_speculation(std::make_unique<speculative::SelfDrafter>(*forward_, forward_mutex_, *kv_, c, layers,
-                                                                        sp.draft_lookup, sp.payoff_gate));
-      return;
-    }
-    case SpecParams::Kind::kDraft: {
-      speculative::check_same_vocabulary(*model_, *sp.draft_model);
-      std::shared_ptr<speculative::DraftRunner> runner;
-      {
-        std::lock_guard<std::mutex> lock(draft_mutex_);
-        for (const auto& r : draft_runners_) {
-          if (&r->model() == sp.draft_model.get()) runner = r;
-        }
-        if (!runner) {
-          // In this engine's pool when the backend can hold the draft's rows
-          // there; else a backend and pool of its own.
-          try {
-            runner = std::make_shared<speculative::DraftRunner>(sp.draft_model, *backend_, kv_->pool(), forward_mutex_);
-          } catch (const Error& e) {
-            if (e.code() != StatusCode::kUnsupported) throw;
-            log(LogLevel::kInfo, "speculation: the draft model's KV gets a pool of its own (%s)", e.what());
-            runner = std::make_shared<speculative::DraftRunner>(sp.draft_model, params_.device, params_.n_threads,
-                                                                params_.batch_invariant);
-          }
-          draft_runners_.push_back(runner);
-        }
-      }
-      stream.set_speculation(
-          std::make_unique<speculative::DraftModelDrafter>(runner, stream.session().policy(), stream.session().n_ctx(),
-                                                           model_->config(), sp.draft_lookup, sp.payoff_gate));
-      return;
-    }
-  }
-}
-
-bool Engine::add_tree(StepWork& w, Stream& s, KvSequence& kv, int32_t max_nodes) {
-  speculative::TreeGrower& grower = *s.grower();
-  // Room: the step's budget, the cache policy's next eviction, a full
-  // session's context (the root and every drafted depth must fit it), and
-  // what the stream may still emit.
-  size_t room = std::min<size_t>(static_cast<size_t>(max_nodes), kv_->tree_room(kv));
-  if (!kv.bounded()) {
-    const size_t n_ctx = static_cast<size_t>(s.session().n_ctx());
-    const size_t used = kv.tokens().size() + 1;  // the history and the token this step emits at least
-    room = std::min(room, n_ctx > used ? n_ctx - used : 0);
-  }
-  room = std::min<size_t>(room, static_cast<size_t>(std::max(s.tokens_left() - 1, 0)));
-  room = std::min<size_t>(room, static_cast<size_t>(grower.params().max_nodes));
-  if (room == 0) return false;
-  if (!kv_->reserve_tree(kv, room)) {
-    kv_->rollback_provisional(kv);
-    return false;
-  }
-  grower.start(kv.tokens().back(), static_cast<int32_t>(room));
-  speculative::Drafter& drafter = *s.drafter();
-  std::vector<speculative::Candidate> cands;
-  const int32_t max_candidates = std::max(1, static_cast<int32_t>(1.0f / grower.params().threshold));
-  try {
-    for (int32_t leaf; (leaf = grower.next_leaf()) >= 0;) {
-      drafter.propose(kv, grower.tree(), leaf, max_candidates, cands);
-      grower.extend(leaf, cands);
-    }
-    drafter.finish_tree(kv);
-  } catch (const std::exception& e) {
-    // A drafter that fails (its own KV pool full, say) ends speculation for
-    // this stream, which goes on decoding plainly; nothing else is affected.
-    log(LogLevel::kWarn, "speculation stopped for a stream: %s", e.what());
-    try {
-      drafter.finish_tree(kv);
-    } catch (...) {}
-    kv_->rollback_provisional(kv);
-    s.set_speculation(nullptr);
-    return false;
-  }
-  const speculative::DraftTree& tree = grower.tree();
-  if (tree.drafted() == 0) {
-    kv_->rollback_provisional(kv);
-    return false;
-  }
-  std::vector<int32_t> rows(static_cast<size_t>(tree.size()));
-  for (int32_t i = 0; i < tree.size(); ++i) rows[static_cast<size_t>(i)] = i;
-  kv_->add_tree_rows(kv, w.batch, tree.token, tree.parent, rows);
-  StepWork::Entry en{&s, 1, w.n_logits, kv.tokens().size() - 1, tree.size()};
-  en.tree = true;
-  w.entries.push_back(en);
-  w.n_logits += tree.size();
-  return true;
-}
-
-void Engine::commit_tree(StepWork& w, size_t i) {
-  const auto& en = w.entries[i];
-  Stream& s = *en.stream;
-  KvSequence& kv = s.session().kv();
-  const Tokenizer& tok = model_->tokenizer();
-  const int32_t n_vocab = model_->config().n_vocab;
-  speculative::TreeGrower& grower = *s.grower();
-  const speculative::DraftTree& tree = grower.tree();
-  std::vector<int32_t> history;
-  {
-    std::lock_guard<std::mutex> lock(kv.mutex());
-    kv_->commit_computed(kv, 1);  // the root
-    if (!s.started_decoding()) s.add_prompt_tokens(1);
-    if (s.cancel_requested()) {
-      kv_->rollback_provisional(kv);
-    } else {
-      history = penalty_window(s, kv.tokens());
-    }
-  }
-  if (s.cancel_requested()) {
-    s.finish(EndReason::kCancelled);
-    return;
-  }
-  Sampler& sampler = s.sampler();
-  std::vector<std::pair<int32_t, double>> dist;
-  auto target = [&](int32_t node) {
-    std::vector<int32_t> h = history;
-    for (int32_t t : tree.path_tokens(node)) h.push_back(t);
-    float* row = logits_.data() + static_cast<size_t>(en.logit_index + node) * n_vocab;
-    sampler.distribution(row, h, dist);
-    return dist;
-  };
-  const speculative::Acceptance acc = speculative::accept_tree(tree, sampler.greedy(), std::max(s.tokens_left(), 1),
-                                                               target, [&] { return sampler.uniform(); });
-  bool kept = false;  // the accepted path's tokens and KV joined the history
-  {
-    std::lock_guard<std::mutex> lock(kv.mutex());
-    const std::vector<int32_t> node_tokens(tree.token.begin() + 1, tree.token.end());
-    // (append_provisional only names the nodes: their slots are reserved.)
-    if (!acc.path.empty() && kv_->append_provisional(kv, node_tokens)) {
-      std::vector<int32_t> path;  // provisional indices
-      for (int32_t node : acc.path) path.push_back(node - 1);
-      kv_->commit_provisional(kv, path, /*generated=*/true);
-      kept = true;
-    } else {
-      kv_->rollback_provisional(kv);
-    }
-  }
-  s.drafter()->verified(tree, kept ? acc.path : std::vector<int32_t>{});
-  const size_t n_kept = kept ? acc.path.size() : 0;
-  grower.verified(static_cast<int32_t>(n_kept), kept ? acc.path.back() : 0);
-  s.record_verification(static_cast<size_t>(tree.drafted()), n_kept);
-  for (size_t j = 0; j < n_kept; ++j) {
-    const int32_t t = acc.tokens[j];
-    s.on_committed_token(t, tok.is_eog(t), n_kept - 1 - j);
-    if (s.finished()) return;
-  }
-  // The target's own next token (or, if the path could not be kept, the
-  // first accepted token) is the pending one, as in a plain decode.
-  const int32_t next = kept || acc.path.empty() ? acc.tokens.back() : acc.tokens.front();
-  s.on_token(next, tok.is_eog(next));
+  stream.set_spec(spec_->prepare(stream.spec_params(), stream.session().policy(), stream.session().n_ctx()));
 }
 
 size_t Engine::step(int32_t token_budget) {
@@ -663,15 +483,16 @@ size_t Engine::step(int32_t token_budget) {
   // ERROR event: no consumer is left waiting, and the engine goes on.
   try {
     StepWork w;
-    gather(streams, w);
-    schedule(w, token_budget);
-    build_batch(w, token_budget);
+    plan(streams, w, token_budget);
     if (w.entries.empty()) {
       // Nothing could run (every sequence waits for blocks): let others finish.
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
       return 0;
     }
-    if (run_forward(w)) commit_and_sample(w);
+    if (run_forward(w)) {
+      outcome(w);
+      apply(w);
+    }
     return static_cast<size_t>(w.batch.n_rows());
   } catch (const Error& e) {
     fail_streams(streams, e.code(), "engine step failed: " + e.message());
@@ -690,7 +511,7 @@ void Engine::fail_streams(const std::vector<std::shared_ptr<Stream>>& streams, S
                           const std::string& message) {
   for (const auto& s : streams) {
     try {
-      s->fail_with(code, message);
+      fail_stream(*s, code, message);
     } catch (...) {  // never leave the others waiting
     }
   }
@@ -698,6 +519,7 @@ void Engine::fail_streams(const std::vector<std::shared_ptr<Stream>>& streams, S
 
 namespace testing {
 void (*g_step_fault_hook)() = nullptr;
+void (*g_outcome_mask_hook)(int32_t prev_token, float* row, int32_t n_vocab) = nullptr;
 }  // namespace testing
 
 // ------------------------------------------------------------------ scoring

@@ -2,15 +2,23 @@
 // it the block pool), the scheduler and the model's forward pass, and runs
 // steps on its worker thread (or on the caller's, in manual mode).
 //
-// One step (Engine::step) reads as its phases:
-//   gather    the live streams and the scheduler's view of each sequence
-//   schedule  which sequences run how many tokens (chunked prefill, decode,
-//             preemption), with the KV manager as the scheduler's budget
-//   batch     the rows of every scheduled chunk (KvManager::add_rows)
-//   forward   one pass of the model over the batch
-//   commit    the chunk's tokens count as computed (and join the prefix cache)
-//   sample    a token per stream that asked for logits, or scores
-//   events    text / end / error events to the streams (inside Stream)
+// One step (Engine::step) is one transaction in four phases:
+//   plan     gather the live streams and the scheduler's view of their
+//            sequences; the scheduler (core/scheduler/) decides which run how
+//            many tokens (chunked prefill, decodes, preemption) and reserves
+//            every row's KV from one budget (KvManager::StepBudget), a
+//            speculative tree's last (core/speculative/spec_step.h: it
+//            shrinks or is skipped before anything is preempted); then the
+//            rows of each run, a drafted tree's where there is one
+//   forward  one pass of the model over the batch (core/model/)
+//   outcome  per sequence: scores, or a sampled token, or a verified tree's
+//            accepted tokens (SpecStep::verify), cut where the stream ends
+//            (EOS, stop string, max tokens, context; Stream::take) before
+//            anything is committed
+//   apply    KvManager::apply: computed tokens (and the prefix cache), the
+//            kept tree path, the appended token, finished sequences parked;
+//            then ended streams end their session's turn and get END
+// Nothing changes a sequence's KV or history between the plan and apply.
 //
 // Sessions (core/engine/session.h) hold conversations; a stream
 // (core/engine/stream.h) is one generation on a session.
@@ -25,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/engine/frame_budget.h"
 #include "core/engine/session.h"
 #include "core/engine/stream.h"
 #include "core/kv_cache/kv_manager.h"
@@ -37,7 +46,7 @@ namespace ember {
 class Forward;
 struct Batch;
 namespace speculative {
-class DraftRunner;
+class SpecStep;
 }
 class EngineOwner;
 class BackendExtras;
@@ -94,9 +103,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
 
   // A stream asks to run (the worker wakes).
   void submit(const std::shared_ptr<Stream>& stream);
-  // Gives a stream that asked for speculative decoding its drafter (checks
-  // the draft model's vocabulary, the self-speculation depth). Throws
-  // ember::Error before the stream is submitted.
+  // Gives a stream that asked for speculative decoding its drafter
+  // (SpecStep::prepare). Throws ember::Error before the stream is submitted.
   void prepare_speculation(Stream& stream);
   // Stops the worker thread: joins it, or detaches it when called on the
   // worker itself (the worker then drops its own reference and exits).
@@ -116,17 +124,14 @@ class Engine : public std::enable_shared_from_this<Engine> {
 
   // The phases of a step (see the top of this file).
   struct StepWork;
-  void gather(const std::vector<std::shared_ptr<Stream>>& streams, StepWork& w);
-  void schedule(StepWork& w, int32_t token_budget);
-  void build_batch(StepWork& w, int32_t token_budget);
-  // Drafts a token tree for a decoding stream and adds its rows (the root
-  // and the drafted nodes) to the batch; false when nothing was drafted.
-  bool add_tree(StepWork& w, Stream& s, KvSequence& kv, int32_t max_nodes);
-  // Verifies the tree of entry `i` from its logits, keeps the accepted path
-  // and emits its tokens.
-  void commit_tree(StepWork& w, size_t i);
+  void plan(const std::vector<std::shared_ptr<Stream>>& streams, StepWork& w, int32_t token_budget);
   bool run_forward(StepWork& w);
-  void commit_and_sample(StepWork& w);
+  void outcome(StepWork& w);
+  void apply(StepWork& w);
+  // Ends a stream: its sequence parked (unless apply did), its reply to the
+  // session, the session's turn over, then END (fail_stream: ERROR).
+  void end_stream(Stream& s, EndReason reason, bool parked);
+  void fail_stream(Stream& s, StatusCode code, const std::string& message);
 
   std::shared_ptr<const Model> model_;
   EngineParams params_;
@@ -142,21 +147,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::mutex step_mutex_;     // one step at a time (worker or manual callers)
   std::unique_ptr<Scheduler> scheduler_;
   uint64_t arrivals_ = 0;
-  // Manual mode's frame budget (run_steps): the measured costs of recent
-  // steps (oldest first; at most kCostSamples), from which an upper bound on
-  // a step's cost is predicted.
-  struct StepCostSample {
-    int32_t rows = 0;
-    double ms = 0;
-  };
-  static constexpr size_t kCostSamples = 32;
-  std::mutex cost_mutex_;
-  StepCostSample cost_samples_[kCostSamples];
-  size_t cost_count_ = 0;
-  // The most rows a step may run whose predicted cost (an upper bound on
-  // the measured costs) fits left_ms; 0: not even one.
-  int32_t frame_token_budget(double left_ms);
-  void measure_step(size_t rows, double ms);
+  FrameBudget frame_;  // manual mode (run_steps): rows per step that fit a frame
+  std::unique_ptr<speculative::SpecStep> spec_;
 
   mutable std::mutex mutex_;  // guards streams_, stats_, stop_
   std::condition_variable cv_;
@@ -165,15 +157,17 @@ class Engine : public std::enable_shared_from_this<Engine> {
   bool stop_ = false;
   std::thread worker_;
   std::vector<float> logits_;
-  // Draft models (SpecParams::Kind::kDraft) loaded on this engine's device.
-  std::mutex draft_mutex_;
-  std::vector<std::shared_ptr<speculative::DraftRunner>> draft_runners_;
 };
 
 namespace testing {
-// Test hook: when set, called at the start of every step's commit phase; an
-// exception it throws is a failure inside the engine's step.
+// Test hook: when set, called at the start of every step's outcome phase;
+// an exception it throws is a failure inside the engine's step.
 extern void (*g_step_fault_hook)();
+// Test hook, shaped like a grammar's mask: when set, called in the outcome
+// phase on every row of logits a token is chosen from (a decode's, each
+// node of a speculative tree) before sampling or verification, with the
+// token the row follows; it may set logits to -inf to reject tokens.
+extern void (*g_outcome_mask_hook)(int32_t prev_token, float* row, int32_t n_vocab);
 }  // namespace testing
 
 // What users of an engine hold (the C handle and every session). The worker

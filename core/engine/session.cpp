@@ -82,29 +82,9 @@ void Session::append_tokens_locked(const std::vector<int32_t>& ids) {
   kv_manager_.append(*kv_, ids.data(), ids.size(), /*generated=*/false);
 }
 
-bool Session::append_generated(int32_t token) {
-  std::lock_guard<std::mutex> lock(kv_->mutex());
-  kv_manager_.append(*kv_, &token, 1, /*generated=*/true);
-  // A bounded cache never fills.
-  return !kv_->bounded() && kv_->tokens().size() >= static_cast<size_t>(n_ctx_);
-}
-
-bool Session::context_full_without(size_t later) const {
-  std::lock_guard<std::mutex> lock(kv_->mutex());
-  const size_t n = kv_->tokens().size();
-  return !kv_->bounded() && n - std::min(n, later) >= static_cast<size_t>(n_ctx_);
-}
-
-void Session::drop_last_tokens(size_t n) {
-  std::lock_guard<std::mutex> lock(kv_->mutex());
-  const size_t size = kv_->tokens().size();
-  kv_manager_.truncate_history(*kv_, size - std::min(size, n));
-}
-
 void Session::end_turn(const std::string* reply) {
   std::lock_guard<std::mutex> lock(kv_->mutex());
   if (reply && mode_ == Mode::kChat) messages_.push_back({"assistant", *reply});
-  kv_manager_.park(*kv_);
   busy_ = false;
 }
 

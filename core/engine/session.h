@@ -73,16 +73,10 @@ class Session : public std::enable_shared_from_this<Session> {
   // ---- stream and engine side
   // The session's sequence; its mutex guards the whole session.
   KvSequence& kv() { return *kv_; }
-  // Appends a generated token; true when a full session's context is now full.
-  bool append_generated(int32_t token);
-  // Whether a full session's context is full once its last `later` tokens
-  // are left out (speculative tokens committed ahead of their emission).
-  bool context_full_without(size_t later) const;
-  // Drops the last `n` history tokens (and their KV).
-  void drop_last_tokens(size_t n);
   int32_t n_ctx() const { return n_ctx_; }
-  // The running stream ended: its reply (chat mode; nullptr = none) joins the
-  // messages, the cache is parked, and the session is idle again.
+  // The running stream ended (its sequence already parked by the engine):
+  // its reply (chat mode; nullptr = none) joins the messages, and the
+  // session is idle again.
   void end_turn(const std::string* reply);
 
  private:

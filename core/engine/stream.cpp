@@ -5,7 +5,6 @@
 
 #include "core/engine/engine.h"
 #include "core/engine/session.h"
-#include "core/speculative/drafter.h"
 #include "core/tokenizer/tokenizer.h"
 
 namespace ember {
@@ -46,7 +45,8 @@ Stream::Stream(std::shared_ptr<Session> session, const StreamParams& params)
     : session_(std::move(session)),
       params_(params),
       sampler_(params.sampling, session_->engine().model().config().n_vocab),
-      detok_(std::make_unique<StreamingDetokenizer>(session_->engine().model().tokenizer())) {
+      detok_(std::make_unique<StreamingDetokenizer>(session_->engine().model().tokenizer())),
+      tokenizer_(session_->engine().model().tokenizer()) {
   params_.validate();
   t_start_ = std::chrono::steady_clock::now();
 }
@@ -123,15 +123,7 @@ void Stream::emit_text(bool final_flush) {
   push(std::move(ev));
 }
 
-void Stream::set_speculation(std::unique_ptr<speculative::Drafter> drafter) {
-  drafter_ = std::move(drafter);
-  if (!drafter_) {
-    grower_.reset();
-    return;
-  }
-  drafter_->use_min_confidence(params_.spec.tree.min_confidence);
-  grower_ = std::make_unique<speculative::TreeGrower>(params_.spec.tree);
-}
+void Stream::set_spec(std::unique_ptr<speculative::StreamSpec> spec) { spec_ = std::move(spec); }
 
 void Stream::record_verification(size_t drafted, size_t accepted) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -145,56 +137,52 @@ int32_t Stream::tokens_left() const {
   return g >= static_cast<size_t>(params_.max_tokens) ? 0 : params_.max_tokens - static_cast<int32_t>(g);
 }
 
-void Stream::on_token(int32_t token, bool is_eog) {
-  const bool context_full = session_->append_generated(token);
-  deliver(token, is_eog, context_full, 0);
-}
-
-void Stream::on_committed_token(int32_t token, bool is_eog, size_t later) {
-  deliver(token, is_eog, session_->context_full_without(later), later);
-}
-
-void Stream::deliver(int32_t token, bool is_eog, bool context_full, size_t later) {
-  const auto now = std::chrono::steady_clock::now();
-  if (!started_decoding_) {
-    started_decoding_ = true;
-    t_first_token_ = now;
-  }
-  ++generated_;
-  auto end = [&](EndReason reason) {
-    if (later > 0) session_->drop_last_tokens(later);
-    finish(reason);
-  };
-  if (is_eog && !params_.ignore_eos) {
-    end(EndReason::kEos);
-    return;
-  }
-  held_text_ += detok_->feed(token);
-  held_tokens_.push_back(token);
-  for (const auto& stop : params_.stop) {
-    const size_t at = held_text_.find(stop);
-    if (at != std::string::npos) {
-      held_text_.resize(at);
-      emit_text(true);
-      end(EndReason::kStopString);
-      return;
+size_t Stream::take(const std::vector<int32_t>& tokens, size_t room, EndReason* end) {
+  *end = EndReason::kNone;
+  for (size_t j = 0; j < tokens.size(); ++j) {
+    const int32_t token = tokens[j];
+    const size_t kept = j + 1;
+    if (!started_decoding_) {
+      started_decoding_ = true;
+      t_first_token_ = std::chrono::steady_clock::now();
+    }
+    ++generated_;
+    if (tokenizer_.is_eog(token) && !params_.ignore_eos) {
+      *end = EndReason::kEos;
+      return kept;
+    }
+    held_text_ += detok_->feed(token);
+    held_tokens_.push_back(token);
+    for (const auto& stop : params_.stop) {
+      const size_t at = held_text_.find(stop);
+      if (at != std::string::npos) {
+        held_text_.resize(at);
+        emit_text(true);
+        *end = EndReason::kStopString;
+        return kept;
+      }
+    }
+    emit_text(false);
+    if (generated_ >= static_cast<size_t>(params_.max_tokens)) {
+      *end = EndReason::kMaxTokens;
+      return kept;
+    }
+    if (kept >= room) {
+      *end = EndReason::kContextFull;
+      return kept;
     }
   }
-  emit_text(false);
-  if (generated_ >= static_cast<size_t>(params_.max_tokens)) {
-    end(EndReason::kMaxTokens);
-  } else if (context_full) {
-    end(EndReason::kContextFull);
-  }
+  return tokens.size();
+}
+
+void Stream::flush(EndReason reason) {
+  if (finished() || reason == EndReason::kStopString) return;
+  held_text_ += detok_->flush();
+  emit_text(true);
 }
 
 void Stream::finish(EndReason reason) {
   if (finished()) return;
-  if (reason != EndReason::kStopString) {
-    held_text_ += detok_->flush();
-    emit_text(true);
-  }
-  session_->end_turn(score_mode_ ? nullptr : &reply_text_);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     t_end_ = std::chrono::steady_clock::now();
@@ -209,7 +197,6 @@ void Stream::finish(EndReason reason) {
 
 void Stream::fail_with(StatusCode code, const std::string& message) {
   if (finished()) return;
-  session_->end_turn(nullptr);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     t_end_ = std::chrono::steady_clock::now();

@@ -1,7 +1,7 @@
 // core::Stream: one generation (or one scoring pass) on a session.
 //
 // The host pulls events with next() or has them pushed to a callback; the
-// engine's step feeds it (sample, on_token, finish, fail_with). Text pieces
+// engine's step feeds it (take, finish, fail_with). Text pieces
 // never split a UTF-8 character and never show the start of a stop string
 // that may still complete.
 #pragma once
@@ -19,34 +19,14 @@
 
 #include "core/sampling/sampler.h"
 #include "core/scheduler/scheduler.h"
-#include "core/speculative/tree.h"
+#include "core/speculative/spec_step.h"
 #include "core/util/status.h"
 
 namespace ember {
 
 class Session;
 class StreamingDetokenizer;
-class Model;
-namespace speculative {
-class Drafter;
-}
-
-// Speculative decoding (core/speculative/): who drafts, and the tree.
-struct SpecParams {
-  enum class Kind : int32_t { kNone = 0, kNgram = 1, kSelf = 2, kDraft = 3 };
-  Kind kind = Kind::kNone;
-  int32_t self_layers = 0;                   // kSelf: the target's first L layers (0: 7/8 of them, rounded down)
-  std::shared_ptr<const Model> draft_model;  // kDraft: same vocabulary as the target
-  // kSelf, kDraft: prompt lookup's candidates beside the model's (C ABI:
-  // spec_lookup; tests turn it off to exercise the model's drafts and the
-  // draft model's own KV on every tree).
-  bool draft_lookup = true;
-  // kSelf, kDraft: the model sits out trees after trees where its drafts did
-  // not pay for its forward passes (speculative::PayoffGate; not in the C
-  // ABI; tests turn it off).
-  bool payoff_gate = true;
-  speculative::TreeParams tree;
-};
+class Tokenizer;
 
 struct StreamParams {
   static constexpr int32_t kMaxTokensLimit = 1 << 24;
@@ -117,7 +97,9 @@ class Stream : public std::enable_shared_from_this<Stream> {
   size_t score_first() const { return score_first_; }
   const std::vector<float>& scores() const { return scores_; }
 
-  // ---- engine side (core/engine/engine.cpp)
+  // ---- engine side (core/engine/engine.cpp). The stream is the step's
+  // event sink: it detokenizes, checks its stop conditions and delivers; it
+  // never changes the session or its KV (the engine's apply phase does).
   Session& session() const { return *session_; }
   SchedSequence& sched() { return sched_; }
   bool cancel_requested() const { return cancel_requested_; }
@@ -125,40 +107,43 @@ class Stream : public std::enable_shared_from_this<Stream> {
   bool started_decoding() const { return started_decoding_; }
   int32_t penalty_last_n() const { return params_.sampling.penalty_last_n; }
   void add_prompt_tokens(size_t n);
-  int32_t sample(float* logits, const std::vector<int32_t>& history) { return sampler_.sample(logits, history); }
+  Sampler& sampler() { return sampler_; }
   void set_score(size_t target, float logprob) { scores_[target - score_first_] = logprob; }
-  // A sampled token: appended to the session, detokenized, checked against
-  // the stop conditions (may finish the stream).
-  void on_token(int32_t token, bool is_eog);
-  // A token of an accepted speculative path: already in the session's
-  // history with its KV, followed there by `later` more such tokens. If the
-  // stream ends at it, the later ones leave the history (as if they had
-  // never been sampled).
-  void on_committed_token(int32_t token, bool is_eog, size_t later);
-  // Speculative decoding state (engine side; null when the stream does not speculate).
-  speculative::TreeGrower* grower() { return grower_.get(); }
-  speculative::Drafter* drafter() { return drafter_.get(); }
-  void set_speculation(std::unique_ptr<speculative::Drafter> drafter);
+  // The outcome phase: the step's accepted tokens, in order (one sampled
+  // token, or a verified tree's path and the target's next token). Each is
+  // detokenized and checked against the stop conditions (EOS, stop strings,
+  // max_tokens, and `room`: how many more tokens the session's context
+  // holds). Returns how many the stream keeps: all, or up to and including
+  // the one it ends at (*end says why; kNone: it goes on). Text events for
+  // the kept tokens are pushed; the END event waits for finish().
+  size_t take(const std::vector<int32_t>& tokens, size_t room, EndReason* end);
+  // Speculative decoding state (core/speculative/spec_step.h; null when the
+  // stream does not speculate).
+  speculative::StreamSpec* spec() { return spec_.get(); }
+  void set_spec(std::unique_ptr<speculative::StreamSpec> spec);
   const SpecParams& spec_params() const { return params_.spec; }
   void record_verification(size_t drafted, size_t accepted);
-  Sampler& sampler() { return sampler_; }
   // Tokens it may still emit (max_tokens minus those generated).
   int32_t tokens_left() const;
+  // Ending: flush() emits the text still held (except after a stop string)
+  // so reply() is complete; the engine ends the session's turn; finish()
+  // then pushes END (fail_with: ERROR). Both do nothing once ended.
+  void flush(EndReason reason);
+  const std::string& reply() const { return reply_text_; }
   void finish(EndReason reason);
   void fail_with(StatusCode code, const std::string& message);
 
  private:
   void push(StreamEvent ev);
   void emit_text(bool final_flush);
-  void deliver(int32_t token, bool is_eog, bool context_full, size_t later);
 
   std::shared_ptr<Session> session_;
   StreamParams params_;
   SchedSequence sched_;  // the scheduler's view, refreshed every step
   Sampler sampler_;
   std::unique_ptr<StreamingDetokenizer> detok_;
-  std::unique_ptr<speculative::TreeGrower> grower_;
-  std::unique_ptr<speculative::Drafter> drafter_;
+  const Tokenizer& tokenizer_;
+  std::unique_ptr<speculative::StreamSpec> spec_;
   std::atomic<bool> cancel_requested_{false};
 
   // Engine-thread state.

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/model/batch.h"
+#include "core/util/log.h"
 
 namespace ember {
 
@@ -378,6 +379,21 @@ void KvManager::StepBudget::admit(SchedSequence& s) {
   kv_.admit_locked(*e.seq, e.reuse_limit, s);
 }
 
+size_t KvManager::StepBudget::lookahead(SchedSequence& s, size_t n) {
+  KvSequence& seq = *entries_[s.id].seq;
+  std::lock_guard<std::mutex> lock(seq.mutex_);
+  if (!seq.provisional_.empty() || seq.tokens_.empty() || seq.n_computed_ + 1 != seq.tokens_.size()) return 0;
+  for (n = std::min(n, kv_.tree_room(seq)); n > 0; n /= 2) {
+    try {
+      if (kv_.reserve_tree(seq, n)) return n;
+    } catch (const Error& e) {  // speculation is optional: the decode runs without it
+      log(LogLevel::kWarn, "kv manager: no lookahead for a sequence: %s", e.what());
+      return 0;
+    }
+  }
+  return 0;
+}
+
 size_t KvManager::StepBudget::capacity_slots() const {
   return kv_.total_blocks() * static_cast<size_t>(kv_.block_size());
 }
@@ -422,6 +438,19 @@ void KvManager::park(KvSequence& seq) {
   commit_all(seq);
   release_all(seq);
   seq.n_computed_ = 0;
+}
+
+// ------------------------------------------------------------------ step outcome
+
+void KvManager::apply(KvSequence& seq, const StepOutcome& o) {
+  commit_computed(seq, o.computed);
+  if (!o.path.empty()) {
+    commit_provisional(seq, o.path, /*generated=*/true);
+  } else if (o.lookahead || !seq.provisional_.empty()) {
+    rollback_provisional(seq);  // also what the plan reserved and the step left unused
+  }
+  if (!o.appended.empty()) append(seq, o.appended.data(), o.appended.size(), /*generated=*/true);
+  if (o.finished) park(seq);
 }
 
 // ------------------------------------------------------------------ speculation

@@ -172,6 +172,9 @@ class KvManager {
     void free(SchedSequence& s) override;
     void admit(SchedSequence& s) override;
     size_t capacity_slots() const override;
+    // A tree's slots after the decode's token: at most the room before a
+    // bounded policy's next eviction, halved until the pool has them.
+    size_t lookahead(SchedSequence& s, size_t n) override;
     bool reclaim() override { return reclaim_ && reclaim_(); }
     // What reclaim() calls (the engine: its streams' draft models give back
     // their KV).
@@ -205,6 +208,20 @@ class KvManager {
   // session pins nothing (its next turn finds them again through the prefix
   // cache). Bounded sequences keep theirs.
   void park(KvSequence& seq);
+
+  // ---- one step's outcome: the one place an engine step changes a
+  // sequence after its plan (Engine::step's apply phase).
+  struct StepOutcome {
+    size_t computed = 0;  // history tokens the forward pass computed (indexed in the prefix cache)
+    // The plan reserved lookahead slots (a token tree's): the provisional
+    // tokens `path` (indices, root to leaf; empty: none) are kept as history
+    // and computed; the rest, and slots reserved but not used, are released.
+    bool lookahead = false;
+    std::vector<int32_t> path;
+    std::vector<int32_t> appended;  // generated tokens that then join the history (pending: not computed)
+    bool finished = false;          // the stream ended: the sequence is parked (park())
+  };
+  void apply(KvSequence& seq, const StepOutcome& outcome);
 
   // ---- speculation
   // Reserves slots for `ids` after the computed tokens (all history tokens

@@ -92,6 +92,15 @@ StepPlan Scheduler::schedule(std::vector<SchedSequence*>& seqs, KvBudget& kv, in
       budget -= chunk;
     }
   }
+  // Speculative rows from what is left, never at another sequence's cost.
+  for (const auto& [seq, chunk] : plan.run) {
+    if (budget <= 0) break;
+    if (seq->lookahead == 0 || chunk != 1 || seq->n_tokens != seq->n_computed + 1) continue;
+    const size_t got = kv.lookahead(*seq, std::min(seq->lookahead, static_cast<size_t>(budget)));
+    if (got == 0) continue;
+    plan.lookahead.emplace_back(seq, static_cast<int32_t>(got));
+    budget -= static_cast<int32_t>(got);
+  }
   return plan;
 }
 

@@ -8,6 +8,10 @@
 // are freed and it is re-queued for recompute); a sequence fails only if it
 // alone cannot fit in the whole pool.
 //
+// Speculative rows (a decode's lookahead: a token tree) come last, from what
+// the sequences' own tokens left of the token budget and the pool: a tree
+// shrinks or is skipped before any sequence waits or is preempted.
+//
 // The scheduler sees the cache only through KvBudget, so it is tested
 // without a model.
 #pragma once
@@ -31,6 +35,9 @@ struct SchedSequence {
   size_t max_chunk = 0;     // most tokens per step (0: no limit)
   size_t max_slots = 0;     // most slots it ever holds (0: n_tokens + 1)
   bool preemptible = true;  // false once its cache cannot be recomputed (evicted tokens)
+  // Speculative decoding: rows a decode would add after its token this step
+  // (a token tree's nodes), if the pool and the token budget allow.
+  size_t lookahead = 0;
 };
 
 // The narrow cache interface: grow a sequence to n_slots (all or nothing),
@@ -48,6 +55,11 @@ class KvBudget {
   virtual void free(SchedSequence& seq) = 0;
   // Slots a single sequence could hold if it had the whole pool.
   virtual size_t capacity_slots() const = 0;
+  // Reserves slots for at most `n` rows after a decode's token (its
+  // allocation this step done), never by taking anything from another
+  // sequence; returns how many it reserved (fewer when the pool or the
+  // sequence's cache policy has less room).
+  virtual size_t lookahead(SchedSequence& seq, size_t n) { return 0; }
   // Gives back blocks that optional caches hold (a draft model's KV in the
   // same pool): tried before any sequence is preempted or left waiting.
   // True when it freed something (false once there is nothing left).
@@ -63,6 +75,17 @@ struct StepPlan {
   std::vector<std::pair<SchedSequence*, int32_t>> run;  // sequence, tokens this step
   std::vector<SchedSequence*> preempted;                // freed this step, re-queued
   std::vector<SchedSequence*> failed;                   // can never fit
+  // Lookahead rows reserved after a planned decode (sequence, rows): what is
+  // left of the budget after every sequence's own tokens, in rank order.
+  std::vector<std::pair<SchedSequence*, int32_t>> lookahead;
+  // Rows of `seq` this step beyond its own tokens (0: none).
+  int32_t lookahead_of(const SchedSequence* seq) const {
+    for (const auto& l : lookahead) {
+      if (l.first == seq) return l.second;
+    }
+    return 0;
+  }
+  // The sequences' own tokens (lookahead rows not counted).
   size_t tokens() const {
     size_t n = 0;
     for (const auto& r : run) n += static_cast<size_t>(r.second);
