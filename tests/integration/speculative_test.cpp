@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <mutex>
 
 #include "core/engine/engine.h"
 #include "core/speculative/tree.h"
@@ -221,6 +222,84 @@ TEST(Speculative, StopStringsAndTheNextTurnMatchPlainDecoding) {
     EXPECT_EQ(r.stats.generated_tokens, static_cast<size_t>(n));
     EXPECT_EQ(r.end, EndReason::kMaxTokens);
   }
+}
+
+// A stop string inside an accepted speculative run: the outcome phase cuts
+// the run at the token that completes it, so the tokens after it never enter
+// the session's history or KV. Watched from the stream's callback, which
+// runs at every event on the engine's thread: the history never holds more
+// than the prompt and the tokens the stream kept.
+TEST(Speculative, StopStringInsideAnAcceptedRunNeverEntersTheKv) {
+  EMBER_REQUIRE_MODEL();
+  auto engine = Engine::create(model(), EngineParams{});
+  const char* kText = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,";
+  uint64_t accepted = 0;
+  for (const char* stop : {"14", " 17,", "19, 20"}) {
+    auto s = std::make_shared<Session>(engine, 0, "");
+    s->add_text(kText, false);
+    const size_t prompt = s->token_count();
+    StreamParams p = with_spec(greedy(64), SpecParams::Kind::kNgram);
+    p.stop = {stop};
+    std::shared_ptr<Stream> stream = s->start(p);
+    std::mutex m;
+    size_t most = 0;
+    EndReason end = EndReason::kNone;
+    stream->set_callback([&](const StreamEvent& ev) {
+      const size_t n = s->token_count();
+      std::lock_guard<std::mutex> lock(m);
+      most = std::max(most, n);
+      if (ev.type == StreamEvent::kEnd) end = ev.end_reason;
+      return false;
+    });
+    stream->wait();
+    const StreamStats st = stream->stats();
+    EXPECT_EQ(end, EndReason::kStopString) << stop;
+    EXPECT_EQ(s->token_count(), prompt + st.generated_tokens) << stop;
+    EXPECT_LE(most, prompt + st.generated_tokens) << stop << ": tokens past the stop entered the history";
+    accepted += st.accepted_tokens;
+  }
+  EXPECT_GT(accepted, 0u);
+}
+
+// A mask shaped like a grammar's (the engine's test hook in the outcome
+// phase) rejects a token on every row before sampling and before
+// verification: neither plain nor speculative decoding emits it or lets it
+// into the history, and greedy output is the same with and without
+// speculation (drafts the mask rejects are cut before anything is
+// committed).
+int32_t g_banned = -1;
+TEST(Speculative, OutcomeMaskCutsTokensBeforeCommit) {
+  EMBER_REQUIRE_MODEL();
+  const std::vector<int32_t> comma = model()->tokenizer().encode(",", false, false);
+  ASSERT_EQ(comma.size(), 1u);
+  g_banned = comma[0];
+  auto engine = Engine::create(model(), EngineParams{});
+  const char* kText = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,";
+  auto generate = [&](const StreamParams& p, std::vector<int32_t>* history) {
+    auto s = std::make_shared<Session>(engine, 0, "");
+    s->add_text(kText, false);
+    const size_t prompt = s->token_count();
+    const Outcome r = run(s->start(p));
+    std::lock_guard<std::mutex> lock(s->kv().mutex());
+    history->assign(s->kv().tokens().begin() + static_cast<std::ptrdiff_t>(prompt), s->kv().tokens().end());
+    return r;
+  };
+  auto has_banned = [](const std::vector<int32_t>& t) { return std::count(t.begin(), t.end(), g_banned) > 0; };
+  std::vector<int32_t> h_free, h_plain, h_spec;
+  const Outcome free_run = generate(greedy(32), &h_free);
+  ASSERT_TRUE(has_banned(free_run.tokens)) << "the model does not emit the token this test bans";
+  testing::g_outcome_mask_hook = [](int32_t, float* row, int32_t) { row[g_banned] = -INFINITY; };
+  struct Reset {
+    ~Reset() { testing::g_outcome_mask_hook = nullptr; }
+  } reset;
+  const Outcome plain = generate(greedy(32), &h_plain);
+  const Outcome spec = generate(with_spec(greedy(32), SpecParams::Kind::kNgram), &h_spec);
+  EXPECT_FALSE(has_banned(plain.tokens));
+  EXPECT_FALSE(has_banned(h_plain));
+  EXPECT_FALSE(has_banned(h_spec));
+  EXPECT_EQ(spec.tokens, plain.tokens);
+  EXPECT_EQ(h_spec, h_plain);
+  EXPECT_GT(spec.stats.drafted_tokens, 0u) << "the n-gram drafter proposed nothing to reject";
 }
 
 // Several sessions speculating (and one not) in the same steps compute what

@@ -22,6 +22,13 @@ class FakeBudget : public KvBudget {
   }
   void free(SchedSequence& s) override { held_.erase(s.id); }
   size_t capacity_slots() const override { return blocks_ * block_size_; }
+  // As KvManager::StepBudget: halved until the pool has the slots.
+  size_t lookahead(SchedSequence& s, size_t n) override {
+    for (; n > 0; n /= 2) {
+      if (allocate(s, s.n_computed + 1 + n)) return n;
+    }
+    return 0;
+  }
   size_t free() const {
     size_t used = 0;
     for (const auto& [id, n] : held_) used += n;
@@ -213,6 +220,55 @@ TEST(Scheduler, AFailedAllocationPreemptsNobody) {
   EXPECT_EQ(tokens_for(p, 1), 0);
   EXPECT_EQ(tokens_for(p, 2), 1);
   EXPECT_TRUE(b.running);
+}
+
+// A speculative tree's rows (a decode's lookahead) come from what the
+// sequences' own tokens leave of the pool and the token budget: a prefill
+// that arrives takes the blocks and the tree shrinks, or is skipped; nobody
+// is preempted or left waiting for it.
+TEST(Scheduler, TreeKvGivesWayToAnotherSequencesPrefill) {
+  Scheduler sched({64, 8});
+  FakeBudget kv(5, 16);  // 80 slots
+  SchedSequence spec = seq(1, 30);
+  std::vector<SchedSequence*> all = {&spec};
+  StepPlan p = sched.schedule(all, kv);
+  advance(p);
+  spec.n_tokens++;
+  // Alone: the decode and a tree of 12 nodes (31 + 12 slots: 3 blocks).
+  spec.lookahead = 12;
+  p = sched.schedule(all, kv);
+  EXPECT_EQ(tokens_for(p, 1), 1);
+  EXPECT_EQ(p.lookahead_of(&spec), 12);
+  EXPECT_EQ(kv.held(1), 3u);
+  // Held only for the step (the engine's apply releases what the tree left):
+  kv.free(spec);
+  ASSERT_TRUE(kv.allocate(spec, spec.n_computed + 1));
+  // A prompt of 40 tokens arrives: 3 blocks beside the decode's 2 leave no
+  // room for a tree.
+  SchedSequence prompt = seq(2, 40);
+  all = {&spec, &prompt};
+  p = sched.schedule(all, kv);
+  EXPECT_EQ(tokens_for(p, 2), 40);
+  EXPECT_EQ(tokens_for(p, 1), 1);
+  EXPECT_EQ(p.lookahead_of(&spec), 1) << "31 + 1 slots still fit its 2 blocks";
+  EXPECT_TRUE(p.preempted.empty());
+  EXPECT_EQ(sched.preemptions(), 0u);
+  // The token budget bounds trees too: what the rows of the step left.
+  Scheduler tight({20, 8});
+  FakeBudget big(100, 16);
+  SchedSequence a = seq(1, 30), b = seq(2, 100);
+  all = {&a};
+  p = tight.schedule(all, big);
+  advance(p);
+  p = tight.schedule(all, big);
+  advance(p);
+  a.n_tokens = a.n_computed + 1;
+  a.lookahead = 12;
+  all = {&a, &b};
+  p = tight.schedule(all, big);
+  EXPECT_EQ(tokens_for(p, 1), 1);
+  EXPECT_EQ(tokens_for(p, 2), 19);
+  EXPECT_EQ(p.lookahead_of(&a), 0) << "the prompt's chunk took the rest of the budget";
 }
 
 TEST(Scheduler, WaitsWhenNothingCanBePreempted) {
