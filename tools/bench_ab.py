@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Interleaved A/B of two Ember builds on the same model, in one run.
 
-Each round runs `ember bench` (prefill + decode) and `ember bench --sessions K`
-once for A and once for B, alternating which goes first, so slow drifts of a
+Each round runs `ember bench` (prefill + decode), `ember bench --sessions K`
+and `ember bench --spec ngram` (speculative decoding on a prompt it can copy
+from) once for A and once for B, alternating which goes first, so slow drifts of a
 shared machine hit both alike. Reports per build the median of every figure
 and the median of the per-round B/A ratios (paired, robust to drift).
 
@@ -43,16 +44,22 @@ def main():
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--sessions", type=int, default=16, help="0: no multi-session figures")
+    ap.add_argument("--spec", default="ngram", help="speculative drafter for the speculative figure ('': none)")
     args = ap.parse_args()
     builds = {"A": locate(args.a), "B": locate(args.b)}
     single = ["-m", args.model, "-p", "512", "-n", "128", "-t", str(args.threads), "-r", "1"]
     multi = ["-m", args.model, "--sessions", str(args.sessions), "-p", "64", "-n", "64", "-t", str(args.threads)]
+    spec = ["-m", args.model, "--spec", args.spec, "--chat", "-n", "128", "-t", str(args.threads), "-r", "1",
+            "--prompt", "Repeat this list exactly, three times: apples, pears, plums, cherries, grapes, lemons, "
+            "limes, figs, dates, kiwis, melons, peaches."]
     figures = {"prefill tok/s": ("single", "prefill_tokens_per_second"),
                "decode tok/s": ("single", "decode_tokens_per_second"),
                f"{args.sessions} sessions aggregate tok/s": ("multi", "aggregate_tokens_per_second"),
                f"{args.sessions} sessions steady decode tok/s": ("multi", "steady_decode_tokens_per_second")}
+    if args.spec:
+        figures[f"speculative ({args.spec}) tok/s"] = ("spec", "spec_tokens_per_second")
     if args.sessions <= 0:
-        figures = {k: v for k, v in figures.items() if v[0] == "single"}
+        figures = {k: v for k, v in figures.items() if v[0] != "multi"}
     values = {name: {"A": [], "B": []} for name in figures}
     for r in range(args.rounds):
         order = ("A", "B") if r % 2 == 0 else ("B", "A")
@@ -60,6 +67,8 @@ def main():
             res = {"single": run(builds[which], single)}
             if args.sessions > 0:
                 res["multi"] = run(builds[which], multi)
+            if args.spec:
+                res["spec"] = run(builds[which], spec)
             for name, (kind, key) in figures.items():
                 values[name][which].append(res[kind][key])
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)

@@ -16,10 +16,6 @@
 namespace ember {
 
 namespace {
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-
 // The part of a history the stream's sampler reads (its penalty window).
 std::vector<int32_t> penalty_window(const Stream& s, const std::vector<int32_t>& tokens) {
   const int32_t last_n = s.penalty_last_n();
@@ -27,13 +23,6 @@ std::vector<int32_t> penalty_window(const Stream& s, const std::vector<int32_t>&
   return std::vector<int32_t>(tokens.end() - static_cast<std::ptrdiff_t>(keep), tokens.end());
 }
 
-// log p(token | row) from one row of logits (max-subtracted, double sum).
-float log_prob(const float* row, int32_t n_vocab, int32_t token) {
-  const float mx = *std::max_element(row, row + n_vocab);
-  double sum = 0.0;
-  for (int32_t v = 0; v < n_vocab; ++v) sum += std::exp(static_cast<double>(row[v] - mx));
-  return static_cast<float>(row[token] - mx - std::log(sum));
-}
 }  // namespace
 
 // ------------------------------------------------------------------ lifetime
@@ -74,9 +63,9 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineParams& params)
                                     KvManager::Rope{model_->rope_specs()});
   scheduler_ = std::make_unique<Scheduler>(SchedulerConfig{params_.max_batch_tokens, params_.max_running});
   forward_ = arch->make_forward(model_, *backend_, g.block_size);
-  spec_ = std::make_unique<speculative::SpecStep>(speculative::SpecStep::Target{
-      model_, forward_.get(), &forward_mutex_, kv_.get(), backend_.get(), params_.device, params_.n_threads,
-      params_.batch_invariant});
+  spec_ = std::make_unique<speculative::SpecStep>(
+      speculative::SpecStep::Target{model_, forward_.get(), &forward_mutex_, kv_.get(), backend_.get(), params_.device,
+                                    params_.n_threads, params_.batch_invariant});
 }
 
 Engine::~Engine() {
@@ -142,46 +131,6 @@ void Engine::worker_loop(std::shared_ptr<Engine> self) {
   for (auto& s : left) e.fail_stream(*s, StatusCode::kCancelled, "the engine was destroyed");
   left.clear();
   self.reset();  // may destroy the engine, on this thread
-}
-
-size_t Engine::run_steps(double max_ms, int64_t max_tokens) {
-  // A frame budget: each step runs only the tokens whose predicted cost fits
-  // the time left, so a long prompt waiting is prefilled across frames
-  // instead of taking one frame for itself, and a step starts only if its
-  // predicted cost fits: a frame ends within max_ms plus the prediction's
-  // error, or, when not even the running decodes fit the budget, one step.
-  const auto t0 = std::chrono::steady_clock::now();
-  size_t total = 0;
-  for (bool first = true;; first = false) {
-    int32_t budget = 0;
-    if (max_ms > 0) {
-      // Every running decode gets its token whatever the budget: at most as
-      // many as the sequences the last step ran.
-      int32_t decodes;
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        decodes = static_cast<int32_t>(std::min<size_t>(stats_.running, 65536));
-      }
-      budget = frame_.rows_within(max_ms - ms_since(t0));
-      // After the first step, another one starts only if its decodes fit.
-      if (!first && budget < std::max(decodes, 1)) break;
-      // The first step of a frame runs at least one prompt token beside the
-      // decodes, so a prompt waiting advances every frame, however small.
-      if (first) budget = std::max(budget, decodes + 1);
-    }
-    if (max_tokens > 0) {
-      const int64_t left = std::min<int64_t>(max_tokens - static_cast<int64_t>(total), 65536);
-      budget = static_cast<int32_t>(budget > 0 ? std::min<int64_t>(budget, left) : left);
-    }
-    const auto ts = std::chrono::steady_clock::now();
-    const size_t n = step(budget);
-    frame_.measure(n, ms_since(ts));
-    total += n;
-    if (n == 0) break;
-    if (max_tokens > 0 && static_cast<int64_t>(total) >= max_tokens) break;
-    if (max_ms > 0 && ms_since(t0) >= max_ms) break;
-  }
-  return total;
 }
 
 void Engine::drop_finished_streams(std::vector<std::shared_ptr<Stream>>* live) {
@@ -334,8 +283,7 @@ bool Engine::run_forward(StepWork& w) {
     const bool graph = use_graphs_ && std::all_of(w.batch.seqs.begin(), w.batch.seqs.end(),
                                                   [](const BatchSeq& s) { return s.n_rows == 1; });
     if (graph) {
-      backend_extras_->graph_begin((static_cast<uint64_t>(w.batch.n_rows()) << 32) |
-                                   static_cast<uint32_t>(w.n_logits));
+      backend_extras_->graph_begin((static_cast<uint64_t>(w.batch.n_rows()) << 32) | static_cast<uint32_t>(w.n_logits));
     }
     try {
       forward_->forward(w.batch, logits_.data());
@@ -382,7 +330,7 @@ void Engine::outcome(StepWork& w) {
           const size_t target = en.first_logit + static_cast<size_t>(r) + 1;  // history index predicted
           if (target >= tokens.size() || target < s.score_first()) continue;
           const float* row = logits_.data() + static_cast<size_t>(en.logit_index + r) * n_vocab;
-          s.set_score(target, log_prob(row, n_vocab, tokens[target]));
+          s.set_score(target, token_log_prob(row, n_vocab, tokens[target]));
         }
         en.ends = kv.n_computed() + static_cast<size_t>(en.chunk) + 1 >= tokens.size();  // all scored
         continue;
@@ -521,50 +469,5 @@ namespace testing {
 void (*g_step_fault_hook)() = nullptr;
 void (*g_outcome_mask_hook)(int32_t prev_token, float* row, int32_t n_vocab) = nullptr;
 }  // namespace testing
-
-// ------------------------------------------------------------------ scoring
-
-void Engine::score(const int32_t* tokens, size_t n, float* logprobs, float* logits) {
-  const auto& c = model_->config();
-  if (n < 1) fail(StatusCode::kInvalidArgument, "score: need at least one token");
-  if (n > static_cast<size_t>(c.n_ctx_train)) {
-    fail(StatusCode::kContextFull,
-         "score: " + std::to_string(n) + " tokens exceed the model's context (" + std::to_string(c.n_ctx_train) + ")");
-  }
-  for (size_t i = 0; i < n; ++i) {
-    if (tokens[i] < 0 || tokens[i] >= c.n_vocab) fail(StatusCode::kInvalidArgument, "score: token id out of range");
-  }
-  // A private sequence, never indexed in the prefix cache.
-  std::unique_ptr<KvSequence> seq = kv_->create(CachePolicy{}, c.n_ctx_train, c.n_ctx_train);
-  std::lock_guard<std::mutex> seq_lock(seq->mutex());
-  kv_->append(*seq, tokens, n, /*generated=*/false);
-  if (!kv_->reserve_scratch(*seq, n)) {
-    fail(StatusCode::kOutOfMemory, "score: the KV pool cannot hold " + std::to_string(n) + " tokens now");
-  }
-  struct Release {
-    KvManager& kv;
-    KvSequence& seq;
-    ~Release() { kv.release(seq); }
-  } release{*kv_, *seq};
-  const size_t chunk = static_cast<size_t>(params_.max_batch_tokens);
-  std::vector<float> buf;
-  for (size_t start = 0; start < n; start += chunk) {
-    const size_t m = std::min(chunk, n - start);
-    Batch batch;
-    kv_->add_rows(*seq, batch, static_cast<int32_t>(m), 0);  // logits for every row
-    buf.resize(m * c.n_vocab);
-    {
-      std::lock_guard<std::mutex> lock(forward_mutex_);
-      forward_->forward(batch, buf.data());
-    }
-    kv_->commit_computed(*seq, m, /*index=*/false);
-    for (size_t i = 0; i < m; ++i) {
-      const float* row = buf.data() + i * c.n_vocab;
-      const size_t pos = start + i;
-      if (logits) std::copy(row, row + c.n_vocab, logits + pos * c.n_vocab);
-      if (logprobs && pos + 1 < n) logprobs[pos] = log_prob(row, c.n_vocab, tokens[pos + 1]);
-    }
-  }
-}
 
 }  // namespace ember

@@ -1,11 +1,18 @@
 #include "core/engine/frame_budget.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+
+#include "core/engine/engine.h"
 
 namespace ember {
 
 namespace {
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
 struct SizeCost {
   int32_t rows;
   double ms;  // the slowest recent step of these rows
@@ -58,6 +65,47 @@ void FrameBudget::measure(size_t rows, double ms) {
     --count_;
   }
   samples_[count_++] = {r, ms};
+}
+
+// Manual mode: the host's frame loop (ember_engine_step).
+size_t Engine::run_steps(double max_ms, int64_t max_tokens) {
+  // A frame budget: each step runs only the tokens whose predicted cost fits
+  // the time left, so a long prompt waiting is prefilled across frames
+  // instead of taking one frame for itself, and a step starts only if its
+  // predicted cost fits: a frame ends within max_ms plus the prediction's
+  // error, or, when not even the running decodes fit the budget, one step.
+  const auto t0 = std::chrono::steady_clock::now();
+  size_t total = 0;
+  for (bool first = true;; first = false) {
+    int32_t budget = 0;
+    if (max_ms > 0) {
+      // Every running decode gets its token whatever the budget: at most as
+      // many as the sequences the last step ran.
+      int32_t decodes;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        decodes = static_cast<int32_t>(std::min<size_t>(stats_.running, 65536));
+      }
+      budget = frame_.rows_within(max_ms - ms_since(t0));
+      // After the first step, another one starts only if its decodes fit.
+      if (!first && budget < std::max(decodes, 1)) break;
+      // The first step of a frame runs at least one prompt token beside the
+      // decodes, so a prompt waiting advances every frame, however small.
+      if (first) budget = std::max(budget, decodes + 1);
+    }
+    if (max_tokens > 0) {
+      const int64_t left = std::min<int64_t>(max_tokens - static_cast<int64_t>(total), 65536);
+      budget = static_cast<int32_t>(budget > 0 ? std::min<int64_t>(budget, left) : left);
+    }
+    const auto ts = std::chrono::steady_clock::now();
+    const size_t n = step(budget);
+    frame_.measure(n, ms_since(ts));
+    total += n;
+    if (n == 0) break;
+    if (max_tokens > 0 && static_cast<int64_t>(total) >= max_tokens) break;
+    if (max_ms > 0 && ms_since(t0) >= max_ms) break;
+  }
+  return total;
 }
 
 }  // namespace ember

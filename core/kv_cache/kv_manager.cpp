@@ -14,7 +14,8 @@ size_t KvSequence::resident() const {
 
 size_t KvSequence::blocks_held() const {
   size_t n = 0;
-  for (const auto& t : tables_) n += static_cast<size_t>(std::count_if(t.begin(), t.end(), [](int32_t b) { return b >= 0; }));
+  for (const auto& t : tables_)
+    n += static_cast<size_t>(std::count_if(t.begin(), t.end(), [](int32_t b) { return b >= 0; }));
   return n;
 }
 
@@ -51,8 +52,7 @@ KvManager::KvManager(Backend& backend, const KvGeometry& geometry, bool prefix_c
     : KvManager(backend, geometry, KvLayerGroups::from_windows(std::vector<int32_t>(geometry.num_layers, 0)),
                 prefix_caching, std::move(rope)) {}
 
-KvManager::KvManager(Backend& backend, const KvGeometry& geometry, KvLayerGroups groups, bool prefix_caching,
-                     Rope rope)
+KvManager::KvManager(Backend& backend, const KvGeometry& geometry, KvLayerGroups groups, bool prefix_caching, Rope rope)
     : geometry_(geometry),
       groups_(std::move(groups)),
       pool_(std::make_shared<KvCache>(backend, pool_geometry_for(geometry, groups_), prefix_caching)),
@@ -140,7 +140,8 @@ size_t KvManager::regain_local(KvSequence& seq, size_t n) {
     for (size_t i = first; i < end && i < t.size(); ++i) holes |= t[i] < 0;
     if (!holes) continue;
     // Freed blocks were indexed when they filled: the prefix cache may still hold them.
-    std::vector<int32_t> found = pool_->find_blocks(seq.tokens_.data(), std::min(end, n / bs), seq.generated_.data(), g);
+    std::vector<int32_t> found =
+        pool_->find_blocks(seq.tokens_.data(), std::min(end, n / bs), seq.generated_.data(), g);
     for (size_t i = 0; i < found.size(); ++i) {
       if (i >= first && i < t.size() && t[i] < 0 && found[i] >= 0) {
         t[i] = found[i];
@@ -415,7 +416,8 @@ void KvManager::add_rows(KvSequence& seq, Batch& batch, int32_t n, size_t first_
   }
   const int32_t first =
       first_logit <= from ? 0 : static_cast<int32_t>(std::min<size_t>(first_logit - from, static_cast<size_t>(n)));
-  add_batch_rows(seq, batch, seq.tokens_.data() + from, pos.data(), slot.data(), n, first, seq.generated_.data() + from);
+  add_batch_rows(seq, batch, seq.tokens_.data() + from, pos.data(), slot.data(), n, first,
+                 seq.generated_.data() + from);
 }
 
 void KvManager::commit_computed(KvSequence& seq, size_t n, bool index) {

@@ -12,9 +12,13 @@
 //   history    append / replace / truncate tokens; what is computed follows
 //   scheduling the scheduler's KvBudget (allocate, free = preempt, admit =
 //              prefix-cache hit) through step_budget()
-//   forward    rows of the next chunk into a Batch, then commit_computed()
-//   speculate  append_provisional(), then commit_provisional() of a prefix or
-//              of one root-to-leaf path of a token tree; the rest rolls back
+//   forward    rows of the next chunk into a Batch
+//   apply      one engine step's outcome per sequence (StepOutcome: tokens
+//              computed, a tree's kept path, the appended token, parked when
+//              its stream ended): the only change a step makes after its plan
+//   speculate  a tree's slots reserved in the plan (StepBudget::lookahead),
+//              named by append_provisional(); apply keeps one root-to-leaf
+//              path (commit_provisional) and rolls back the rest
 //   park       between turns a full sequence pins no block (prefix cache)
 //   files      export_blocks() / restore() for session save and load
 //

@@ -126,4 +126,11 @@ void Sampler::distribution(float* logits, const std::vector<int32_t>& history,
   for (size_t i = 0; i < n; ++i) out.emplace_back(cands_[i].id, probs_[i] / total);
 }
 
+float token_log_prob(const float* row, int32_t n_vocab, int32_t token) {
+  const float mx = *std::max_element(row, row + n_vocab);
+  double sum = 0.0;
+  for (int32_t v = 0; v < n_vocab; ++v) sum += std::exp(static_cast<double>(row[v] - mx));
+  return static_cast<float>(row[token] - mx - std::log(sum));
+}
+
 }  // namespace ember

@@ -22,6 +22,9 @@ struct SamplingParams {
   uint64_t seed = 0xEEEE;
 };
 
+// log p(token | row) from one row of logits (max-subtracted, double sum).
+float token_log_prob(const float* row, int32_t n_vocab, int32_t token);
+
 class Sampler {
  public:
   Sampler(const SamplingParams& params, int32_t n_vocab);

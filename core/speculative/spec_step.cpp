@@ -112,8 +112,7 @@ int32_t SpecStep::draft(StreamSpec& spec, KvSequence& seq, size_t room, Batch& b
     log(LogLevel::kWarn, "speculation stopped for a stream: %s", e.what());
     try {
       drafter.finish_tree(seq);
-    } catch (...) {
-    }
+    } catch (...) {}
     stop(spec);
     return 0;
   }
