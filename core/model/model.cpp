@@ -143,7 +143,7 @@ bool computable(DType t) {
 
 void Model::load_weights() {
   const auto& c = config_;
-  auto get = [&](const std::string& name, int64_t cols, int64_t rows, bool norm) -> WeightDesc {
+  const TensorGetter get = [&](const std::string& name, int64_t cols, int64_t rows, bool norm) -> WeightDesc {
     const gguf::TensorInfo* t = file_->find_tensor(name);
     if (!t) fail(StatusCode::kBadFormat, "model: tensor '" + name + "' is missing");
     if (t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != 1 || t->ne[3] != 1) {
@@ -177,35 +177,9 @@ void Model::load_weights() {
     }
     config_.rope_freqs = true;
   }
-  const int64_t q_dim = static_cast<int64_t>(c.n_heads) * c.head_dim;
-  const int64_t kv_dim = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
+  const Architecture& arch = *find_architecture(architecture_);
   layers_.resize(c.n_layers);
-  for (int32_t i = 0; i < c.n_layers; ++i) {
-    const std::string p = "blk." + std::to_string(i) + ".";
-    auto& l = layers_[i];
-    l.attn_norm = get(p + "attn_norm.weight", c.n_embd, 1, true);
-    l.wq = get(p + "attn_q.weight", c.n_embd, q_dim, false);
-    l.wk = get(p + "attn_k.weight", c.n_embd, kv_dim, false);
-    l.wv = get(p + "attn_v.weight", c.n_embd, kv_dim, false);
-    l.wo = get(p + "attn_output.weight", q_dim, c.n_embd, false);
-    l.ffn_norm = get(p + "ffn_norm.weight", c.n_embd, 1, true);
-    l.w_gate = get(p + "ffn_gate.weight", c.n_embd, c.n_ff, false);
-    l.w_up = get(p + "ffn_up.weight", c.n_embd, c.n_ff, false);
-    l.w_down = get(p + "ffn_down.weight", c.n_ff, c.n_embd, false);
-    if (c.qkv_bias) {
-      l.bq = get(p + "attn_q.bias", q_dim, 1, true);
-      l.bk = get(p + "attn_k.bias", kv_dim, 1, true);
-      l.bv = get(p + "attn_v.bias", kv_dim, 1, true);
-    }
-    if (c.qk_norm) {
-      l.q_norm = get(p + "attn_q_norm.weight", c.head_dim, 1, true);
-      l.k_norm = get(p + "attn_k_norm.weight", c.head_dim, 1, true);
-    }
-    if (c.post_norms) {
-      l.post_attn_norm = get(p + "post_attention_norm.weight", c.n_embd, 1, true);
-      l.post_ffn_norm = get(p + "post_ffw_norm.weight", c.n_embd, 1, true);
-    }
-  }
+  for (int32_t i = 0; i < c.n_layers; ++i) arch.load_layer(get, c, "blk." + std::to_string(i) + ".", layers_[i]);
 }
 
 }  // namespace ember

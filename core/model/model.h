@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,10 +25,6 @@ class ChatTemplate;
 enum class RopeStyle : uint8_t {
   kNorm,  // adjacent pairs (2i, 2i+1): Llama, Mistral
   kNeox,  // halves (i, i + rot_dim/2): Qwen2, Gemma
-};
-enum class FfnActivation : uint8_t {
-  kSilu,  // SwiGLU: silu(gate) * up
-  kGelu,  // GeGLU: gelu_tanh(gate) * up (llama.cpp's f16 table)
 };
 
 // Hyperparameters of a decoder-only transformer of the Llama family (Llama,
@@ -49,12 +46,6 @@ struct ModelConfig {
   // Variations (defaults are Llama's).
   RopeStyle rope_style = RopeStyle::kNorm;
   float rope_freq_scale = 1.0f;  // linear RoPE scaling (1 / rope.scaling.factor)
-  FfnActivation ffn_act = FfnActivation::kSilu;
-  float embd_scale = 0.0f;       // token embeddings multiplied by this (0: not scaled; Gemma: sqrt(n_embd))
-  float attention_scale = 0.0f;  // queries multiplied by this before attention (0: 1/sqrt(head_dim) in the softmax)
-  bool qkv_bias = false;         // attn_{q,k,v}.bias (Qwen2)
-  bool qk_norm = false;          // attn_{q,k}_norm: RMS norm of each head (Gemma 3)
-  bool post_norms = false;       // post_attention_norm, post_ffw_norm (Gemma 2/3)
   bool rope_freqs = false;       // rope_freqs.weight: per-dimension frequency divisors (Llama 3.1 scaling)
   // Sliding-window (local) attention: a layer with is_swa[il] attends to the
   // last `sliding_window` positions only and rotates with rope_freq_base_swa.
@@ -74,14 +65,19 @@ struct ModelConfig {
 };
 using LlamaConfig = ModelConfig;  // (the name before other architectures)
 
-// A layer's weights; the optional ones have host_data == nullptr when the
-// architecture does not use them.
+// A layer's weights, as its architecture names them (core/model/arch/); the
+// optional ones have host_data == nullptr when the architecture has none.
 struct LayerWeightDescs {
   WeightDesc attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
-  WeightDesc bq, bk, bv;                     // qkv_bias
-  WeightDesc q_norm, k_norm;                 // qk_norm
-  WeightDesc post_attn_norm, post_ffn_norm;  // post_norms
+  WeightDesc bq, bk, bv;                     // Qwen2's QKV biases
+  WeightDesc q_norm, k_norm;                 // per-head RMS norms of Q and K (Gemma 3, Qwen3)
+  WeightDesc post_attn_norm, post_ffn_norm;  // norms after attention and the FFN (Gemma 3)
 };
+
+// Reads one tensor of the file: its name, shape [cols, rows], and whether it
+// is a norm (f32) or a matmul weight. Throws ember::Error (missing, shape,
+// type).
+using TensorGetter = std::function<WeightDesc(const std::string& name, int64_t cols, int64_t rows, bool norm)>;
 
 class Model {
  public:

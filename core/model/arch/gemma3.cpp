@@ -1,5 +1,5 @@
-// Gemma 3 (general.architecture = "gemma3"): the shared decoder with
-// embeddings scaled by sqrt(n_embd), GeGLU, per-head RMS norm of Q and K,
+// Gemma 3 (general.architecture = "gemma3"): embeddings scaled by
+// sqrt(n_embd), GeGLU, per-head RMS norm of Q and K,
 // norms after attention and after the FFN, NEOX RoPE, queries scaled before
 // attention, and interleaved local (sliding-window, own RoPE base) and global
 // layers. Facts as llama.cpp reads them (src/models/gemma3.cpp): five local
@@ -8,22 +8,56 @@
 #include <string>
 
 #include "core/gguf/gguf.h"
+#include "core/model/arch/decoder.h"
 #include "core/model/arch/registry.h"
-#include "core/model/model.h"
 #include "core/util/status.h"
 
 namespace ember {
 
-void load_gemma3_hparams(const gguf::GgufFile& f, const std::string& a, ModelConfig& c) {
+namespace {
+
+class Gemma3Forward final : public Decoder {
+ public:
+  Gemma3Forward(std::shared_ptr<const Model> model, Backend& backend, int32_t block_size)
+      : Decoder(std::move(model), backend, block_size) {
+    const ModelConfig& c = config();
+    embd_scale_ = std::sqrt(static_cast<float>(c.n_embd));
+    // gemma_pytorch's query_pre_attn_scalar: n_embd / n_heads for the 27B
+    // model (62 layers), head_dim for the others.
+    query_scale_ = c.n_layers == 62 ? 1.0f / std::sqrt(static_cast<float>(c.n_embd / c.n_heads))
+                                    : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  }
+
+ private:
+  void layers(Pass& p, int32_t n_layers) override {
+    const ModelConfig& c = config();
+    scale_x(p, embd_scale_);
+    // The queries are scaled before attention (as llama.cpp's graph does),
+    // and the softmax takes them as they are.
+    p.ap.scale = 1.0f;
+    for (int32_t il = 0; il < n_layers; ++il) {
+      const LayerWeights& w = layer(il);
+      const bool swa = c.layer_is_swa(il);
+      norm(p, *w.attn_norm, x(), h());
+      qkv(p, w);
+      qk_norm(p, w);
+      rope(p, c.layer_rope_base(il), swa ? 1.0f : c.rope_freq_scale);
+      scale_q(p, query_scale_);
+      attention(p, il, w, swa ? c.sliding_window : 0);
+      norm(p, *w.post_attn_norm, h(), h());
+      residual(p);
+      norm(p, *w.ffn_norm, x(), h());
+      glu_ffn(p, w, /*gelu=*/true);
+      norm(p, *w.post_ffn_norm, h(), h());
+      residual(p);
+    }
+  }
+
+  float embd_scale_ = 0.0f, query_scale_ = 0.0f;
+};
+
+void load_hparams(const gguf::GgufFile& f, const std::string& a, ModelConfig& c) {
   c.rope_style = RopeStyle::kNeox;
-  c.ffn_act = FfnActivation::kGelu;
-  c.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
-  c.qk_norm = true;
-  c.post_norms = true;
-  // gemma_pytorch's query_pre_attn_scalar: n_embd / n_heads for the 27B
-  // model (62 layers), head_dim for the others.
-  c.attention_scale = c.n_layers == 62 ? 1.0f / std::sqrt(static_cast<float>(c.n_embd / c.n_heads))
-                                       : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   if (f.get_float(a + "final_logit_softcapping").value_or(0.0) != 0.0) {
     fail(StatusCode::kUnsupported, "model: gemma3 with final_logit_softcapping is not supported");
   }
@@ -42,9 +76,17 @@ void load_gemma3_hparams(const gguf::GgufFile& f, const std::string& a, ModelCon
   }
 }
 
+void load_layer(const TensorGetter& get, const ModelConfig& c, const std::string& p, LayerWeightDescs& l) {
+  load_llama_layer(get, c, p, l);
+  l.q_norm = get(p + "attn_q_norm.weight", c.head_dim, 1, true);
+  l.k_norm = get(p + "attn_k_norm.weight", c.head_dim, 1, true);
+  l.post_attn_norm = get(p + "post_attention_norm.weight", c.n_embd, 1, true);
+  l.post_ffn_norm = get(p + "post_ffw_norm.weight", c.n_embd, 1, true);
+}
+
 // Google's template for Gemma 3 instruction-tuned models (the 270M file has
 // no tokenizer.chat_template; llama.cpp falls back to the same format).
-const char* const kGemmaChatTemplate = R"({{ bos_token }}
+const char* const kChatTemplate = R"({{ bos_token }}
 {%- if messages[0]['role'] == 'system' -%}
     {%- if messages[0]['content'] is string -%}
         {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
@@ -85,5 +127,9 @@ const char* const kGemmaChatTemplate = R"({{ bos_token }}
     {{'<start_of_turn>model\n'}}
 {%- endif -%}
 )";
+
+}  // namespace
+
+EMBER_ARCHITECTURE(gemma3, {"gemma3", load_hparams, load_layer, make_decoder<Gemma3Forward>, kChatTemplate})
 
 }  // namespace ember

@@ -1,0 +1,329 @@
+#include "core/model/arch/decoder.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <initializer_list>
+#include <utility>
+
+#include "core/util/status.h"
+
+namespace ember {
+
+void load_llama_layer(const TensorGetter& get, const ModelConfig& c, const std::string& p, LayerWeightDescs& l) {
+  const int64_t q_dim = static_cast<int64_t>(c.n_heads) * c.head_dim;
+  const int64_t kv_dim = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
+  l.attn_norm = get(p + "attn_norm.weight", c.n_embd, 1, true);
+  l.wq = get(p + "attn_q.weight", c.n_embd, q_dim, false);
+  l.wk = get(p + "attn_k.weight", c.n_embd, kv_dim, false);
+  l.wv = get(p + "attn_v.weight", c.n_embd, kv_dim, false);
+  l.wo = get(p + "attn_output.weight", q_dim, c.n_embd, false);
+  l.ffn_norm = get(p + "ffn_norm.weight", c.n_embd, 1, true);
+  l.w_gate = get(p + "ffn_gate.weight", c.n_embd, c.n_ff, false);
+  l.w_up = get(p + "ffn_up.weight", c.n_embd, c.n_ff, false);
+  l.w_down = get(p + "ffn_down.weight", c.n_ff, c.n_embd, false);
+}
+
+Decoder::Decoder(std::shared_ptr<const Model> model, Backend& backend, int32_t block_size)
+    : model_(std::move(model)), backend_(backend), block_size_(block_size), groups_(model_->kv_groups()) {
+  token_embd_ = backend_.upload_weight(model_->token_embd());
+  output_norm_ = backend_.upload_weight(model_->output_norm());
+  output_ = backend_.upload_weight(model_->output());
+  for (const auto& l : model_->layers()) {
+    LayerWeights w;
+    w.attn_norm = backend_.upload_weight(l.attn_norm);
+    w.wq = backend_.upload_weight(l.wq);
+    w.wk = backend_.upload_weight(l.wk);
+    w.wv = backend_.upload_weight(l.wv);
+    w.wo = backend_.upload_weight(l.wo);
+    w.ffn_norm = backend_.upload_weight(l.ffn_norm);
+    w.w_gate = backend_.upload_weight(l.w_gate);
+    w.w_up = backend_.upload_weight(l.w_up);
+    w.w_down = backend_.upload_weight(l.w_down);
+    auto optional = [&](const WeightDesc& d) { return d.host_data ? backend_.upload_weight(d) : nullptr; };
+    w.bq = optional(l.bq);
+    w.bk = optional(l.bk);
+    w.bv = optional(l.bv);
+    w.q_norm = optional(l.q_norm);
+    w.k_norm = optional(l.k_norm);
+    w.post_attn_norm = optional(l.post_attn_norm);
+    w.post_ffn_norm = optional(l.post_ffn_norm);
+    layers_.push_back(std::move(w));
+  }
+  if (model_->config().rope_freqs) {
+    const WeightDesc& f = model_->rope_freqs();
+    rope_freqs_.resize(static_cast<size_t>(f.cols));
+    std::memcpy(rope_freqs_.data(), f.host_data, rope_freqs_.size() * sizeof(float));
+  }
+}
+
+Decoder::~Decoder() { release_buffers(); }
+
+void Decoder::release_buffers() {
+  for (float** p : {&x_, &h_, &q_, &k_, &v_, &attn_, &gate_, &up_, &sel_, &logits_dev_}) {
+    if (*p) backend_.free_buffer(*p);
+    *p = nullptr;
+  }
+  capacity_rows_ = capacity_logits_ = 0;
+}
+
+void Decoder::ensure_capacity(int32_t rows, int32_t logit_rows) {
+  if (rows <= capacity_rows_ && logit_rows <= capacity_logits_) return;
+  release_buffers();
+  const auto& c = model_->config();
+  const size_t r = static_cast<size_t>(std::max(rows, 1));
+  const size_t lr = static_cast<size_t>(std::max(logit_rows, 1));
+  const size_t q_dim = static_cast<size_t>(c.n_heads) * c.head_dim;
+  const size_t kv_dim = static_cast<size_t>(c.n_kv_heads) * c.head_dim;
+  auto f = [&](size_t n) { return static_cast<float*>(backend_.alloc(n * sizeof(float))); };
+  x_ = f(r * c.n_embd);
+  h_ = f(r * std::max<size_t>(c.n_embd, q_dim));
+  q_ = f(r * q_dim);
+  k_ = f(r * kv_dim);
+  v_ = f(r * kv_dim);
+  attn_ = f(r * q_dim);
+  gate_ = f(r * c.n_ff);
+  up_ = f(r * c.n_ff);
+  sel_ = f(lr * c.n_embd);
+  logits_dev_ = f(lr * c.n_vocab);
+  capacity_rows_ = static_cast<int32_t>(r);
+  capacity_logits_ = static_cast<int32_t>(lr);
+}
+
+void Decoder::use_kv_layout(const KvLayerGroups& groups, const KvView* view) {
+  if (groups.n_layers() != model_->config().n_layers) {
+    fail(StatusCode::kInternal, "forward: KV layer groups for another layer count");
+  }
+  groups_ = groups;
+  view_ = view ? *view : KvView{};
+}
+
+void Decoder::forward(const Batch& batch, float* logits) { forward_layers(batch, logits, model_->config().n_layers); }
+
+void Decoder::prepare(const Batch& batch, Pass& p) {
+  const auto& c = model_->config();
+  const int32_t n = p.n;
+  // The pool's layer groups (core/kv_cache/layer_groups.h): a batch carries
+  // one block table per group, or one for all layers (a flat pool).
+  const int32_t n_groups = batch.seqs.empty() ? 1 : batch.seqs[0].n_groups;
+  p.grouped = n_groups > 1;
+  const bool grouped = p.grouped;
+  if (grouped && n_groups != groups_.n_groups()) {
+    fail(StatusCode::kInternal, "forward: the batch's block tables do not match the model's layer groups");
+  }
+  // Physical cache slots and per-sequence attention views, per group.
+  p.phys_slots.assign(static_cast<size_t>(n_groups), std::vector<int32_t>(n));
+  auto& phys_slots = p.phys_slots;
+  p.seqs.assign(static_cast<size_t>(n_groups), std::vector<AttentionSeq>(batch.seqs.size()));
+  auto& seqs = p.seqs;
+  for (size_t s = 0; s < batch.seqs.size(); ++s) {
+    const auto& bs = batch.seqs[s];
+    if (bs.n_groups != n_groups || bs.block_table.size() % static_cast<size_t>(n_groups) != 0) {
+      fail(StatusCode::kInternal, "forward: a sequence's block tables do not match the batch's layer groups");
+    }
+    const int32_t n_tab = static_cast<int32_t>(bs.block_table.size() / static_cast<size_t>(n_groups));
+    for (int32_t g = 0; g < n_groups; ++g) {
+      const int32_t* table = bs.block_table.data() + static_cast<size_t>(g) * n_tab;
+      seqs[g][s] = AttentionSeq{bs.first_row, bs.n_rows, table, n_tab, bs.hole_begin, bs.hole_end};
+      for (int32_t r = bs.first_row; r < bs.first_row + bs.n_rows; ++r) {
+        const int32_t logical = batch.slots[r];
+        const int32_t b = logical / block_size_;
+        if (b < 0 || b >= n_tab || table[b] < 0 || (batch.kv_len[r] + block_size_ - 1) / block_size_ > n_tab) {
+          fail(StatusCode::kInternal, "forward: a row's cache slot is not covered by its block table");
+        }
+        phys_slots[g][r] = table[b] * block_size_ + logical % block_size_;
+        if (batch.has_tree() && batch.tree_from[r] >= 0) {
+          const int32_t cap = n_tab * block_size_;
+          const int32_t from = batch.tree_from[r], n_path = batch.kv_len[r] - from;
+          if (from < 0 || n_path < 1 || batch.tree_begin[r] < 0 ||
+              static_cast<size_t>(batch.tree_begin[r]) + n_path > batch.tree_slots.size()) {
+            fail(StatusCode::kInternal, "forward: a tree row's path is out of range");
+          }
+          for (int32_t i = 0; i < n_path; ++i) {
+            const int32_t t = batch.tree_slots[static_cast<size_t>(batch.tree_begin[r]) + i];
+            if (t < 0 || t >= cap || table[t / block_size_] < 0) {
+              fail(StatusCode::kInternal, "forward: a tree slot is not covered by its block table");
+            }
+          }
+        }
+      }
+    }
+  }
+
+  AttentionParams& ap = p.ap;
+  ap.num_heads = c.n_heads;
+  ap.num_kv_heads = c.n_kv_heads;
+  ap.head_dim = c.head_dim;
+  // (An architecture that scales the queries before attention sets 1.)
+  ap.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  ap.kv_len = batch.kv_len.data();
+  ap.decode_rows = batch.decode_rows.size() == static_cast<size_t>(n) ? batch.decode_rows.data() : nullptr;
+  if (batch.has_tree()) {
+    if (batch.tree_from.size() != static_cast<size_t>(n) || batch.tree_begin.size() != static_cast<size_t>(n)) {
+      fail(StatusCode::kInternal, "forward: tree rows out of step with the batch");
+    }
+    ap.tree_from = batch.tree_from.data();
+    ap.tree_begin = batch.tree_begin.data();
+    ap.tree_slots = batch.tree_slots.data();
+  }
+  RopeSpec& rope = p.rope;
+  rope.rot_dim = c.rope_dim;
+  rope.neox = c.rope_style == RopeStyle::kNeox;
+  rope.freq_factors = rope_freqs_.empty() ? nullptr : rope_freqs_.data();
+
+  // Matmuls run per segment: single-token rows (decodes) together, each
+  // multi-token run (a prefill chunk) alone. A row's result then depends only
+  // on its own sequence, so a batched sequence computes exactly what it would
+  // alone (the matmul kernel is row-independent within one path).
+  auto& segments = p.segments;
+  bool prev_single = false;
+  for (const auto& bs : batch.seqs) {
+    const bool single = bs.n_rows == 1 || bs.decodes;
+    if (single && !segments.empty() && prev_single && segments.back().first + segments.back().rows == bs.first_row) {
+      segments.back().rows += bs.n_rows;
+    } else {
+      segments.push_back({bs.first_row, bs.n_rows, single});
+    }
+    prev_single = single;
+  }
+}
+
+void Decoder::forward_layers(const Batch& batch, float* logits, int32_t n_layers) {
+  const auto& c = model_->config();
+  if (n_layers <= 0) fail(StatusCode::kInvalidArgument, "forward: n_layers must be positive");
+  n_layers = std::min(n_layers, c.n_layers);
+  const int32_t n = batch.n_rows();
+  if (n == 0) return;
+  const int32_t n_out = static_cast<int32_t>(batch.logit_rows.size());
+  ensure_capacity(n, n_out);
+  Pass p;
+  p.n = n;
+  p.batch = &batch;
+  prepare(batch, p);
+  backend_.embed(*token_embd_, batch.tokens.data(), n, x_);
+  layers(p, n_layers);
+  if (n_out == 0) return;
+  backend_.gather_rows(x_, batch.logit_rows.data(), n_out, c.n_embd, sel_);
+  backend_.rms_norm(sel_, *output_norm_, n_out, c.n_embd, c.rms_eps, sel_);
+  // Logit rows are one per sequence when generating (decode-like), or every
+  // row of one sequence when scoring.
+  const bool per_sequence = n_out <= static_cast<int32_t>(batch.seqs.size());
+  backend_.matmul(*output_, sel_, n_out, logits_dev_, per_sequence);
+  backend_.download(logits, logits_dev_, static_cast<size_t>(n_out) * c.n_vocab * sizeof(float));
+}
+
+// ------------------------------------------------------------------ blocks
+
+void Decoder::matmul(Pass& p, const DeviceWeight& w, const float* in, float* out) {
+  const int64_t in_dim = w.desc.cols, out_dim = w.desc.rows;
+  for (const auto& seg : p.segments) {
+    backend_.matmul(w, in + seg.first * in_dim, seg.rows, out + seg.first * out_dim, seg.decodes);
+  }
+}
+
+namespace {
+// Weights that read the same input, as one backend call per segment.
+template <typename Segments>
+void matmul_group(Backend& backend, const Segments& segments,
+                  std::initializer_list<std::pair<const DeviceWeight*, float*>> group, const float* in) {
+  const DeviceWeight* ws[3];
+  float* ys[3];
+  int32_t g = 0;
+  for (const auto& [w, out] : group) ws[g] = w, ys[g++] = out;
+  const int64_t in_dim = ws[0]->desc.cols;
+  for (const auto& seg : segments) {
+    float* outs[3];
+    for (int32_t i = 0; i < g; ++i) outs[i] = ys[i] + seg.first * ws[i]->desc.rows;
+    backend.matmul_group(ws, outs, g, in + seg.first * in_dim, seg.rows, seg.decodes);
+  }
+}
+}  // namespace
+
+void Decoder::norm(Pass& p, const DeviceWeight& w, const float* in, float* out) {
+  const auto& c = model_->config();
+  backend_.rms_norm(in, w, p.n, c.n_embd, c.rms_eps, out);
+}
+
+void Decoder::scale_x(Pass& p, float s) {
+  backend_.scale(x_, static_cast<size_t>(p.n) * model_->config().n_embd, s);
+}
+
+void Decoder::qkv(Pass& p, const LayerWeights& w) {
+  matmul_group(backend_, p.segments, {{w.wq.get(), q_}, {w.wk.get(), k_}, {w.wv.get(), v_}}, h_);
+}
+
+void Decoder::qkv_bias(Pass& p, const LayerWeights& w) {
+  const auto& c = model_->config();
+  backend_.add_bias(q_, *w.bq, p.n, c.n_heads * c.head_dim);
+  backend_.add_bias(k_, *w.bk, p.n, c.n_kv_heads * c.head_dim);
+  backend_.add_bias(v_, *w.bv, p.n, c.n_kv_heads * c.head_dim);
+}
+
+void Decoder::qk_norm(Pass& p, const LayerWeights& w) {
+  const auto& c = model_->config();
+  // Every head's vector is a row of head_dim.
+  backend_.rms_norm(q_, *w.q_norm, p.n * c.n_heads, c.head_dim, c.rms_eps, q_);
+  backend_.rms_norm(k_, *w.k_norm, p.n * c.n_kv_heads, c.head_dim, c.rms_eps, k_);
+}
+
+void Decoder::rope(Pass& p, float base, float freq_scale) {
+  const auto& c = model_->config();
+  const int32_t* pos = p.batch->positions.data();
+  if (c.plain_rope()) {
+    backend_.rope(q_, pos, p.n, c.n_heads, c.head_dim, c.rope_dim, c.rope_freq_base);
+    backend_.rope(k_, pos, p.n, c.n_kv_heads, c.head_dim, c.rope_dim, c.rope_freq_base);
+  } else {
+    p.rope.freq_base = base;
+    p.rope.freq_scale = freq_scale;  // (as Model::rope_spec, which K-shift uses)
+    backend_.rope_ext(q_, pos, p.n, c.n_heads, c.head_dim, p.rope);
+    backend_.rope_ext(k_, pos, p.n, c.n_kv_heads, c.head_dim, p.rope);
+  }
+}
+
+void Decoder::scale_q(Pass& p, float s) {
+  const auto& c = model_->config();
+  backend_.scale(q_, static_cast<size_t>(p.n) * c.n_heads * c.head_dim, s);
+}
+
+void Decoder::attention(Pass& p, int32_t il, const LayerWeights& w, int32_t window) {
+  const int32_t g = p.grouped ? groups_.group_of_layer[il] : 0;
+  const int32_t kv_layer = p.grouped ? groups_.index_in_group[il] : il;
+  if (view_.num_kv_heads > 0) {
+    backend_.kv_store_view(view_, kv_layer, k_, v_, p.phys_slots[g].data(), p.n);
+  } else {
+    backend_.kv_store(kv_layer, k_, v_, p.phys_slots[g].data(), p.n);
+  }
+  p.ap.window = window;
+  backend_.attention(kv_layer, q_, p.seqs[g].data(), static_cast<int32_t>(p.seqs[g].size()), p.ap, attn_);
+  matmul(p, *w.wo, attn_, h_);
+}
+
+void Decoder::residual(Pass& p) { backend_.add(x_, h_, static_cast<size_t>(p.n) * model_->config().n_embd); }
+
+void Decoder::glu_ffn(Pass& p, const LayerWeights& w, bool gelu) {
+  const size_t n_ff = static_cast<size_t>(p.n) * model_->config().n_ff;
+  matmul_group(backend_, p.segments, {{w.w_gate.get(), gate_}, {w.w_up.get(), up_}}, h_);
+  if (gelu) {
+    backend_.geglu(gate_, up_, n_ff, gate_);
+  } else {
+    backend_.swiglu(gate_, up_, n_ff, gate_);
+  }
+  matmul(p, *w.w_down, gate_, h_);
+}
+
+void Decoder::llama_layer(Pass& p, int32_t il, bool bias, bool head_norm) {
+  const auto& c = model_->config();
+  const LayerWeights& w = layers_[static_cast<size_t>(il)];
+  norm(p, *w.attn_norm, x_, h_);
+  qkv(p, w);
+  if (bias) qkv_bias(p, w);
+  if (head_norm) qk_norm(p, w);
+  rope(p, c.rope_freq_base, c.rope_freq_scale);
+  attention(p, il, w, 0);
+  residual(p);
+  norm(p, *w.ffn_norm, x_, h_);
+  glu_ffn(p, w, /*gelu=*/false);
+  residual(p);
+}
+
+}  // namespace ember

@@ -1,0 +1,112 @@
+// The shared blocks of a decoder-only transformer's forward pass over a
+// Batch, on any Backend. Each architecture's file (core/model/arch/<name>.cpp)
+// builds its own layer loop from them (Decoder::layers), in the order of
+// llama.cpp's graph for that architecture (src/models/<name>.cpp), so the
+// CPU's results follow it; the batch's preparation (cache slots, attention
+// views, matmul segments), the embeddings and the output head are common.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/backend/backend.h"
+#include "core/model/batch.h"
+#include "core/model/forward.h"
+#include "core/model/model.h"
+
+namespace ember {
+
+// The tensors every Llama-family layer has (blk.N.attn_norm, attn_q/k/v,
+// attn_output, ffn_norm, ffn_gate/up/down); `prefix` is "blk.N.".
+void load_llama_layer(const TensorGetter& get, const ModelConfig& c, const std::string& prefix, LayerWeightDescs& l);
+
+class Decoder : public Forward {
+ public:
+  // Uploads the model's weights to `backend`; the KV pool must already be
+  // initialised with `block_size`.
+  Decoder(std::shared_ptr<const Model> model, Backend& backend, int32_t block_size);
+  ~Decoder() override;
+  void forward(const Batch& batch, float* logits) override;
+  void forward_layers(const Batch& batch, float* logits, int32_t n_layers) override;
+  void use_kv_layout(const KvLayerGroups& groups, const KvView* view) override;
+
+ protected:
+  struct LayerWeights {
+    std::unique_ptr<DeviceWeight> attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
+    std::unique_ptr<DeviceWeight> bq, bk, bv, q_norm, k_norm, post_attn_norm, post_ffn_norm;  // when the file has them
+  };
+  // One batch, prepared: its rows, the cache slots and attention views of
+  // each layer group, and the matmul segments (decode rows together, each
+  // prefill chunk alone: a row's result depends only on its own sequence).
+  struct Pass {
+    int32_t n = 0;  // rows
+    const Batch* batch = nullptr;
+    bool grouped = false;
+    std::vector<std::vector<int32_t>> phys_slots;  // per group, per row
+    std::vector<std::vector<AttentionSeq>> seqs;   // per group, per sequence
+    struct Segment {
+      int32_t first, rows;
+      bool decodes;
+    };
+    std::vector<Segment> segments;
+    AttentionParams ap;
+    RopeSpec rope;
+  };
+  // The architecture's layers [0, n_layers): the residual stream x() holds
+  // the rows' embeddings on entry and the last layer's output on return.
+  virtual void layers(Pass& p, int32_t n_layers) = 0;
+
+  // ---- blocks (every buffer holds p.n rows)
+  const ModelConfig& config() const { return model_->config(); }
+  const LayerWeights& layer(int32_t il) const { return layers_[static_cast<size_t>(il)]; }
+  float* x() { return x_; }  // the residual stream (n_embd per row)
+  float* h() { return h_; }  // a block's input / output (n_embd, or q_dim)
+  // out = rms_norm(in) * w over rows of n_embd (in == out allowed).
+  void norm(Pass& p, const DeviceWeight& w, const float* in, float* out);
+  // Scales the residual stream (Gemma's embedding scale).
+  void scale_x(Pass& p, float s);
+  // q, k, v = W_{q,k,v} h, one backend call per segment.
+  void qkv(Pass& p, const LayerWeights& w);
+  // q, k, v += their biases (Qwen2).
+  void qkv_bias(Pass& p, const LayerWeights& w);
+  // Every head of q and k RMS-normalised with its own weight (Gemma 3, Qwen3).
+  void qk_norm(Pass& p, const LayerWeights& w);
+  // RoPE on q and k at the rows' positions: the model's base, style and
+  // scaling, or `base` / `freq_scale` for this layer (sliding-window layers).
+  void rope(Pass& p, float base, float freq_scale);
+  // Queries scaled before attention (the softmax then takes them as they are).
+  void scale_q(Pass& p, float s);
+  // Writes k, v to layer il's cache and attends (window 0: global); then
+  // h = W_o attn.
+  void attention(Pass& p, int32_t il, const LayerWeights& w, int32_t window);
+  // x += h.
+  void residual(Pass& p);
+  // h = W_down (act(W_gate h) * W_up h): SwiGLU (silu) or GeGLU (gelu).
+  void glu_ffn(Pass& p, const LayerWeights& w, bool gelu);
+  // The decoder layer most architectures share (Llama, Mistral, Qwen2,
+  // Qwen3): pre-norm attention and a SwiGLU FFN, each with a residual;
+  // `bias` adds Qwen2's QKV biases, `head_norm` Qwen3's per-head norms.
+  void llama_layer(Pass& p, int32_t il, bool bias, bool head_norm);
+
+ private:
+  void ensure_capacity(int32_t rows, int32_t logit_rows);
+  void release_buffers();
+  void prepare(const Batch& batch, Pass& p);
+  void matmul(Pass& p, const DeviceWeight& w, const float* in, float* out);
+
+  std::shared_ptr<const Model> model_;
+  Backend& backend_;
+  int32_t block_size_;
+  KvLayerGroups groups_;  // the pool's (batches with one table per group use it)
+  KvView view_;           // num_kv_heads 0: the pool's own rows
+  std::unique_ptr<DeviceWeight> token_embd_, output_norm_, output_;
+  std::vector<LayerWeights> layers_;
+  std::vector<float> rope_freqs_;  // host copy of rope_freqs.weight (config().rope_freqs)
+
+  int32_t capacity_rows_ = 0, capacity_logits_ = 0;
+  float *x_ = nullptr, *h_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_ = nullptr, *gate_ = nullptr,
+        *up_ = nullptr, *sel_ = nullptr, *logits_dev_ = nullptr;
+};
+
+}  // namespace ember
