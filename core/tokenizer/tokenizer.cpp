@@ -12,6 +12,7 @@
 #include "core/gguf/gguf.h"
 #include "core/tokenizer/pretokenize.h"
 #include "core/tokenizer/unicode.h"
+#include "core/util/hash.h"
 #include "core/util/status.h"
 
 namespace ember {
@@ -155,12 +156,7 @@ struct MergeTable {
   static uint64_t key_of(int32_t l, int32_t r) {
     return (static_cast<uint64_t>(static_cast<uint32_t>(l)) << 32) | static_cast<uint32_t>(r);
   }
-  static uint64_t hash(uint64_t k) {
-    k ^= k >> 33;
-    k *= 0xff51afd7ed558ccdULL;
-    k ^= k >> 33;
-    return k;
-  }
+  static uint64_t hash(uint64_t k) { return mix64(k); }
   void reserve(size_t n) {
     size_t cap = 16;
     while (cap < n * 2) cap <<= 1;
