@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/backend/plugin.h"
+#include "core/backend/registry.h"
 #include "core/engine/engine.h"
 #include "core/model/model.h"
 #include "core/tokenizer/tokenizer.h"
@@ -24,8 +25,6 @@
 #include "core/util/log.h"
 #include "core/util/status.h"
 #include "core/util/utf8.h"
-#include "cpu/cpu_backend.h"
-#include "cpu/matmul.h"
 
 using ember::Error;
 using ember::StatusCode;
@@ -412,12 +411,12 @@ ember_status ember_capabilities(ember_capabilities_t* caps) {
     require(caps != nullptr, "caps is NULL");
     require_sized(caps->size);
     const PluginProbe& probe = plugin_probe();
-    const ember::cpu::Isa isa = ember::cpu::active_isa();
+    const ember::BackendInfo cpu = ember::backend_info("cpu");
     ember_capabilities_t out;
     std::memset(&out, 0, sizeof out);
     out.size = sizeof out;
-    out.cpu_isa = static_cast<int32_t>(isa);
-    out.cpu_isa_name = ember::cpu::isa_to_string(isa);
+    out.cpu_isa = cpu.isa;
+    out.cpu_isa_name = cpu.isa_name;
     out.cuda_plugin = probe.state;
     out.cuda_plugin_path = probe.path.c_str();
     out.cuda_plugin_message = probe.message.c_str();
@@ -542,7 +541,6 @@ ember_status ember_engine_create(ember_model* model, const ember_engine_params* 
     ep.prefix_caching = p.prefix_caching != 0;
     ep.manual = p.manual_step != 0;
     ep.batch_invariant = p.batch_invariant != 0;
-    ember::register_cpu_backend();
     auto h = std::make_unique<ember_engine>();
     h->owner = ember::Engine::create(model->model, ep);
     h->backend_name = (*h->owner)->kv().backend_name();

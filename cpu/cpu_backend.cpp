@@ -609,8 +609,22 @@ std::unique_ptr<Backend> make_cpu_backend(int n_threads, bool batch_invariant) {
 void register_cpu_backend() {
   static std::once_flag once;
   std::call_once(once, [] {
-    register_backend("cpu", [](const BackendOptions& o) { return make_cpu_backend(o.n_threads, o.batch_invariant); });
+    register_backend(
+        "cpu", [](const BackendOptions& o) { return make_cpu_backend(o.n_threads, o.batch_invariant); },
+        [] {
+          const cpu::Isa isa = cpu::active_isa();
+          return BackendInfo{static_cast<int32_t>(isa), cpu::isa_to_string(isa)};
+        });
   });
 }
 
 }  // namespace ember
+
+// The CPU backend registers itself as its program or library loads. The link
+// option -u ember_cpu_backend_registered (ember_cpu's INTERFACE link options)
+// keeps this object in every link of the static library, though nothing
+// calls into it directly. Hidden: libember does not export it.
+extern "C" {
+extern const bool ember_cpu_backend_registered;
+const bool ember_cpu_backend_registered = (ember::register_cpu_backend(), true);
+}

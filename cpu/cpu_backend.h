@@ -13,7 +13,11 @@ namespace ember {
 std::unique_ptr<Backend> make_cpu_backend(int n_threads, bool batch_invariant = true);
 
 // Registers the CPU backend as "cpu" in the core's backend registry
-// (core/backend/registry.h). Idempotent, thread-safe.
+// (core/backend/registry.h), with its ISA as the backend's info. Idempotent,
+// thread-safe. It runs by itself when a program or shared library that links
+// ember_cpu loads (a static initializer in cpu_backend.cpp, which the link
+// keeps: see ember_cpu in the top-level CMakeLists.txt); a direct call is
+// only needed before static initialization ends.
 void register_cpu_backend();
 
 }  // namespace ember

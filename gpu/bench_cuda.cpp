@@ -29,13 +29,13 @@
 
 #include "core/backend/backend.h"
 #include "core/backend/plugin.h"
+#include "core/backend/registry.h"
 #include "core/model/arch/llama.h"
 #include "core/model/batch.h"
 #include "core/model/model.h"
 #include "core/tensor/types.h"
 #include "core/tokenizer/tokenizer.h"
 #include "core/util/status.h"
-#include "cpu/cpu_backend.h"
 
 #include <cmath>
 #include <fstream>
@@ -223,7 +223,12 @@ int run_agree(const Args& a) {
   }
   if (static_cast<int32_t>(toks.size()) > a.agree) toks.resize(a.agree);
   if (toks.size() < 40) fail(StatusCode::kInvalidArgument, "--agree needs at least 40 tokens");
-  auto cpu = make_cpu_backend(0);
+  // The CPU backend from the registry (one backend never includes another).
+  CreatedBackend created_cpu = create_backend("cpu", BackendOptions{});
+  if (created_cpu.device != "cpu") {
+    fail(StatusCode::kInvalidArgument, "--agree compares with the CPU backend: unset EMBER_FORCE_DEVICE");
+  }
+  const std::unique_ptr<Backend>& cpu = created_cpu.backend;
   LoadedBackend dev = open_device(a.device);
   std::printf("agreement: %s vs %s on %s, %zu tokens\n", dev.backend->name().c_str(), cpu->name().c_str(),
               model->name().c_str(), toks.size());

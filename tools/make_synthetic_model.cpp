@@ -26,11 +26,15 @@
 // --output-norm F: the final norm's weights around F (default 1; larger
 // gives more peaked next-token distributions).
 //
-// --verify loads the written file with Ember (Model::load), checks the
-// hyperparameters and the tokenizer, and runs a prefill + two decode steps
-// on the CPU backend (finite logits). --verify-device cuda additionally runs
-// the same batches on that device (the CUDA plugin) and compares its logits
-// with the CPU's; the exit status is non-zero when they disagree.
+// The file is written through core/gguf (GgufWriter) and core/tensor alone.
+// --verify then loads it through the public C ABI (libember), as any program
+// would: it checks the hyperparameters, the tokenizer and the chat template,
+// generates three greedy tokens on the CPU (a prefill, then two decode
+// steps) and scores the prompt with them (ember_engine_score): every logit
+// finite, and the scored rows' argmax are the greedy tokens.
+// --verify-device cuda[:N] additionally does the same on that device (the
+// CUDA plugin) and compares its logits with the CPU's; the exit status is
+// non-zero when they disagree.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -42,19 +46,11 @@
 #include <string>
 #include <vector>
 
-#include <unistd.h>
-
-#include "core/backend/backend.h"
-#include "core/backend/plugin.h"
 #include "core/gguf/gguf_writer.h"
-#include "core/model/arch/llama.h"
-#include "core/model/batch.h"
-#include "core/model/model.h"
 #include "core/tensor/types.h"
-#include "core/tokenizer/tokenizer.h"
 #include "core/tokenizer/unicode.h"
 #include "core/util/status.h"
-#include "cpu/cpu_backend.h"
+#include "ember/ember.h"
 
 namespace ember {
 namespace {
@@ -830,116 +826,205 @@ void write_model(const Options& o) {
 }
 
 // ---------------------------------------------------------------- verification
+//
+// Through the public C ABI (include/ember/ember.h) alone, as any program
+// that loads the file would.
 
-// A prefill of `prompt` then two greedy decode steps; returns all logits
-// (prefill rows, then one row per decode step) and the decoded tokens.
-std::vector<float> run_forward(const std::shared_ptr<const Model>& model, Backend& backend,
-                               const std::vector<int32_t>& prompt, std::vector<int32_t>* generated) {
-  const auto& c = model->config();
-  constexpr int32_t kBlock = 16;
-  KvGeometry g;
-  g.num_layers = c.n_layers;
-  g.num_kv_heads = c.n_kv_heads;
-  g.head_dim = c.head_dim;
-  g.block_size = kBlock;
-  g.num_blocks = 8;
-  backend.kv_init(g);
-  LlamaForward fwd(model, backend, kBlock);
-  // Non-contiguous blocks on purpose (the block table is honoured).
-  const std::vector<int32_t> table = {5, 2, 7, 0};
-  const int32_t V = c.n_vocab;
-  std::vector<float> all;
-  Batch b;
-  b.add_sequence(prompt.data(), static_cast<int32_t>(prompt.size()), 0, table, true, true);
-  std::vector<float> logits(static_cast<size_t>(prompt.size()) * V);
-  fwd.forward(b, logits.data());
-  all.insert(all.end(), logits.begin(), logits.end());
-  int32_t next = static_cast<int32_t>(std::max_element(logits.end() - V, logits.end()) - (logits.end() - V));
-  int32_t n_past = static_cast<int32_t>(prompt.size());
-  for (int step = 0; step < 2; ++step) {
-    generated->push_back(next);
-    Batch d;
-    d.add_sequence(&next, 1, n_past, table, true);
-    std::vector<float> l(V);
-    fwd.forward(d, l.data());
-    all.insert(all.end(), l.begin(), l.end());
-    next = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
-    ++n_past;
+void check(ember_status st, const char* what) {
+  if (st != EMBER_OK) {
+    fail(StatusCode::kInternal,
+         std::string("verify: ") + what + ": " + ember_status_string(st) + ": " + ember_last_error());
   }
-  generated->push_back(next);
-  return all;
+}
+
+using ModelPtr = std::unique_ptr<ember_model, decltype(&ember_model_destroy)>;
+using EnginePtr = std::unique_ptr<ember_engine, decltype(&ember_engine_destroy)>;
+using SessionPtr = std::unique_ptr<ember_session, decltype(&ember_session_destroy)>;
+using StreamPtr = std::unique_ptr<ember_stream, decltype(&ember_stream_destroy)>;
+
+std::vector<int32_t> tokenize(ember_model* model, const std::string& text, bool parse_special) {
+  std::vector<int32_t> ids(text.size() + 8);
+  size_t n = 0;
+  check(ember_tokenize(model, text.c_str(), 0, parse_special, ids.data(), ids.size(), &n), "tokenize");
+  ids.resize(n);
+  return ids;
+}
+
+std::string detokenize(ember_model* model, const std::vector<int32_t>& ids) {
+  std::string text(ids.size() * 16 + 16, '\0');
+  size_t len = 0;
+  check(ember_detokenize(model, ids.data(), ids.size(), text.data(), text.size(), &len), "detokenize");
+  text.resize(len);
+  return text;
+}
+
+SessionPtr new_session(ember_engine* engine) {
+  ember_session_params sp;
+  ember_session_params_init(&sp);
+  ember_session* session = nullptr;
+  check(ember_session_create(engine, &sp, &session), "session");
+  return SessionPtr(session, ember_session_destroy);
+}
+
+// Starts a greedy stream of n tokens (EOS ignored) and returns its tokens.
+std::vector<int32_t> greedy(ember_session* session, int32_t n) {
+  ember_stream_params p;
+  ember_stream_params_init(&p);
+  p.max_tokens = n;
+  p.temperature = 0.0f;
+  p.ignore_eos = 1;
+  ember_stream* raw = nullptr;
+  check(ember_stream_start(session, &p, &raw), "stream");
+  StreamPtr stream(raw, ember_stream_destroy);
+  std::vector<int32_t> out;
+  for (;;) {
+    ember_event e;
+    std::memset(&e, 0, sizeof e);
+    e.size = sizeof e;
+    check(ember_stream_next(stream.get(), &e, -1), "stream event");
+    if (e.type == EMBER_EVENT_TEXT) out.insert(out.end(), e.tokens, e.tokens + e.n_tokens);
+    if (e.type == EMBER_EVENT_ERROR) check(e.status, "generation");
+    if (e.type != EMBER_EVENT_TEXT) break;
+  }
+  return out;
+}
+
+struct Run {
+  std::string backend;          // the engine's backend name
+  std::vector<int32_t> greedy;  // 3 greedy tokens after the prompt: a prefill, then two decode steps
+  std::vector<float> logits;    // every row of the prompt and the first two greedy tokens, scored
+  double ms = 0;
+};
+
+// One engine on `device`: the greedy continuation of `prompt` from a stream,
+// then ember_engine_score's logits over the prompt and that continuation.
+Run run(ember_model* model, int32_t device, const std::vector<int32_t>& prompt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  ember_engine_params ep;
+  ember_engine_params_init(&ep);
+  ep.device = device;
+  ember_engine* raw = nullptr;
+  check(ember_engine_create(model, &ep, &raw), "engine");
+  EnginePtr engine(raw, ember_engine_destroy);
+  ember_engine_info_t info;
+  std::memset(&info, 0, sizeof info);
+  info.size = sizeof info;
+  check(ember_engine_info(engine.get(), &info), "engine info");
+  Run r;
+  r.backend = info.backend_name ? info.backend_name : "";
+  if (device == EMBER_DEVICE_CPU && info.device != EMBER_DEVICE_CPU) {
+    fail(StatusCode::kInvalidArgument, "verify: the CPU reference runs on " + r.backend + ": unset EMBER_FORCE_DEVICE");
+  }
+  {
+    SessionPtr session = new_session(engine.get());
+    check(ember_session_add_tokens(session.get(), prompt.data(), prompt.size()), "add tokens");
+    r.greedy = greedy(session.get(), 3);
+  }
+  if (r.greedy.size() != 3) fail(StatusCode::kInternal, "verify: the greedy stream did not give 3 tokens");
+  std::vector<int32_t> scored = prompt;
+  scored.insert(scored.end(), r.greedy.begin(), r.greedy.end() - 1);
+  ember_model_info_t mi;
+  std::memset(&mi, 0, sizeof mi);
+  mi.size = sizeof mi;
+  check(ember_model_info(model, &mi), "model info");
+  std::vector<float> logprobs(scored.size());
+  r.logits.resize(scored.size() * static_cast<size_t>(mi.vocab_size));
+  check(ember_engine_score(engine.get(), scored.data(), scored.size(), logprobs.data(), r.logits.data()), "score");
+  r.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return r;
 }
 
 int verify(const Options& o) {
   const Shape& s = o.shape;
-  std::shared_ptr<const Model> model = Model::load(o.out);
-  const auto& c = model->config();
+  if (!o.verify_device.empty() && o.verify_device != "cuda" && o.verify_device.rfind("cuda:", 0) != 0) {
+    usage(("--verify-device takes cuda or cuda:N, not '" + o.verify_device + "'").c_str());
+  }
+  ember_model* raw = nullptr;
+  check(ember_model_load(o.out.c_str(), nullptr, &raw), "load");
+  ModelPtr model(raw, ember_model_destroy);
+  ember_model_info_t info;
+  std::memset(&info, 0, sizeof info);
+  info.size = sizeof info;
+  check(ember_model_info(model.get(), &info), "model info");
   auto expect = [](bool ok, const std::string& what) {
     if (!ok) fail(StatusCode::kInternal, "verify: " + what);
   };
-  expect(c.n_layers == s.layers && c.n_embd == s.embd && c.n_ff == s.ff && c.n_heads == s.heads &&
-             c.n_kv_heads == s.kv_heads && c.n_vocab == s.vocab && c.n_ctx_train == s.ctx,
+  expect(info.n_layers == s.layers && info.n_embd == s.embd && info.n_heads == s.heads &&
+             info.n_kv_heads == s.kv_heads && info.vocab_size == s.vocab && info.context_length == s.ctx,
          "hyperparameters differ from the ones written");
-  expect(model->chat_template() != nullptr, "chat template: " + model->chat_template_error());
-  const Tokenizer& tok = model->tokenizer();
   const std::string text = "the cat sat on the mat, and then it ran; \xC3\xA9t\xC3\xA9 <|im_end|>";
-  const std::vector<int32_t> ids = tok.encode(text, false, true);
-  expect(tok.decode(ids) == text, "tokenizer round trip");
-  expect(std::find(ids.begin(), ids.end(), tok.find_token("<|im_end|>")) != ids.end(), "special token parsed");
-  expect(std::find(ids.begin(), ids.end(), tok.find_token("\xC4\xA0the")) != ids.end(), "merges applied");
+  const std::vector<int32_t> ids = tokenize(model.get(), text, true);
+  expect(detokenize(model.get(), ids) == text, "tokenizer round trip");
+  auto contains_the_one_token_of = [&](const std::string& piece, bool parse_special) {
+    const std::vector<int32_t> t = tokenize(model.get(), piece, parse_special);
+    return t.size() == 1 && std::find(ids.begin(), ids.end(), t[0]) != ids.end();
+  };
+  expect(contains_the_one_token_of("<|im_end|>", true), "special token parsed");
+  expect(contains_the_one_token_of(" the", false), "merges applied");
 
   std::vector<int32_t> prompt(ids.begin(), ids.begin() + std::min<size_t>(ids.size(), 20));
-  auto cpu = make_cpu_backend(0);
-  std::vector<int32_t> gen_cpu;
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<float> ref = run_forward(model, *cpu, prompt, &gen_cpu);
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const Run cpu = run(model.get(), EMBER_DEVICE_CPU, prompt);
+  {
+    // The chat template renders (a chat stream starts).
+    ember_engine_params ep;
+    ember_engine_params_init(&ep);
+    ember_engine* e = nullptr;
+    check(ember_engine_create(model.get(), &ep, &e), "engine");
+    EnginePtr engine(e, ember_engine_destroy);
+    SessionPtr session = new_session(engine.get());
+    check(ember_session_add_message(session.get(), "user", "hello"), "chat template");
+    greedy(session.get(), 1);
+  }
+  const int32_t V = info.vocab_size;
+  const size_t rows = cpu.logits.size() / static_cast<size_t>(V);
+  auto argmax = [V](const float* row) { return static_cast<int32_t>(std::max_element(row, row + V) - row); };
   float max_abs = 0.0f;
-  for (float v : ref) {
+  for (float v : cpu.logits) {
     expect(std::isfinite(v), "non-finite logit on the CPU");
     max_abs = std::max(max_abs, std::fabs(v));
   }
+  // Scored rows and decode steps agree (batch invariance): the last three
+  // rows' argmax are the greedy tokens.
+  for (size_t i = 0; i < 3; ++i) {
+    expect(argmax(cpu.logits.data() + (rows - 3 + i) * V) == cpu.greedy[i],
+           "greedy decoding disagrees with the scored logits");
+  }
   std::printf(
-      "verify: loaded OK (%s), tokenizer OK, CPU forward OK (%zu prompt tokens + 2 decodes, %.0f ms, "
-      "max |logit| %.3f), greedy tokens:",
-      model->name().c_str(), prompt.size(), ms, max_abs);
-  for (int32_t t : gen_cpu) std::printf(" %d", t);
+      "verify: loaded OK (%s), tokenizer OK, chat template OK, CPU forward OK (%s, %zu prompt tokens + 2 decodes, "
+      "%.0f ms, max |logit| %.3f), greedy tokens:",
+      info.name, cpu.backend.c_str(), prompt.size(), cpu.ms, max_abs);
+  for (int32_t t : cpu.greedy) std::printf(" %d", t);
   std::printf("\n");
   if (o.verify_device.empty()) return 0;
 
-  // In a build tree the plugin sits next to libember.so (build/capi); the
-  // usual search (EMBER_PLUGIN_DIR, the loader's path) follows.
-  PluginSearch search;
-  char exe[4096];
-  const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-  if (n > 0) {
-    exe[n] = '\0';
-    std::string dir(exe);
-    dir = dir.substr(0, dir.rfind('/'));
-    search.dirs.push_back(dir + "/../capi");
-  }
-  LoadedBackend dev = open_backend_plugin(o.verify_device, 0, search);
-  std::printf("verify: device %s (%s, %s)\n", dev.backend->name().c_str(), dev.library.c_str(), dev.build_info.c_str());
-  std::vector<int32_t> gen_dev;
-  const auto t1 = std::chrono::steady_clock::now();
-  const std::vector<float> got = run_forward(model, *dev.backend, prompt, &gen_dev);
-  const double ms_dev = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
-  const int32_t V = c.n_vocab;
-  const size_t rows = ref.size() / static_cast<size_t>(V);
+  // In a build tree the plugin sits next to libember.so, where the loader
+  // looks. The C ABI names a GPU other than the first through
+  // EMBER_FORCE_DEVICE alone (the CPU reference has run).
+  if (o.verify_device != "cuda") setenv("EMBER_FORCE_DEVICE", o.verify_device.c_str(), 1);
+  ember_capabilities_t caps;
+  std::memset(&caps, 0, sizeof caps);
+  caps.size = sizeof caps;
+  check(ember_capabilities(&caps), "capabilities");
+  const Run dev = run(model.get(), EMBER_DEVICE_CUDA, prompt);
+  std::printf("verify: device %s (%s)\n", dev.backend.c_str(), caps.cuda_plugin_path ? caps.cuda_plugin_path : "");
   double max_diff = 0.0;
   size_t top1_same = 0;
   for (size_t r = 0; r < rows; ++r) {
-    const float* a = ref.data() + r * V;
-    const float* b = got.data() + r * V;
+    const float* a = cpu.logits.data() + r * V;
+    const float* b = dev.logits.data() + r * V;
     for (int32_t i = 0; i < V; ++i) {
       if (!std::isfinite(b[i])) fail(StatusCode::kInternal, "verify: non-finite logit on " + o.verify_device);
       max_diff = std::max(max_diff, static_cast<double>(std::fabs(a[i] - b[i])));
     }
-    top1_same += (std::max_element(a, a + V) - a) == (std::max_element(b, b + V) - b);
+    top1_same += argmax(a) == argmax(b);
   }
+  size_t greedy_same = 0;
+  for (size_t i = 0; i < 3; ++i) greedy_same += cpu.greedy[i] == dev.greedy[i];
   const double rel = max_diff / std::max(1e-6f, max_abs);
-  std::printf("verify: %s vs cpu: max |diff| %.4g (%.3g of max |logit|), top-1 agreement %zu/%zu rows, %.0f ms\n",
-              o.verify_device.c_str(), max_diff, rel, top1_same, rows, ms_dev);
+  std::printf(
+      "verify: %s vs cpu: max |diff| %.4g (%.3g of max |logit|), top-1 agreement %zu/%zu rows, greedy tokens %zu/3 "
+      "equal, %.0f ms\n",
+      o.verify_device.c_str(), max_diff, rel, top1_same, rows, greedy_same, dev.ms);
   if (rel > o.tolerance) {
     std::fprintf(stderr, "verify: FAILED: logits differ by more than %.3g of max |logit|\n", o.tolerance);
     return 1;

@@ -14,29 +14,42 @@ std::mutex& registry_mutex() {
   static std::mutex m;
   return m;
 }
-std::map<std::string, BackendFactory>& registry() {
-  static std::map<std::string, BackendFactory> r;
+struct Registered {
+  BackendFactory factory = nullptr;
+  BackendInfoFn info = nullptr;
+};
+std::map<std::string, Registered>& registry() {
+  static std::map<std::string, Registered> r;
   return r;
 }
 bool is_plugin_device(const std::string& device) { return device == "cuda" || device.rfind("cuda:", 0) == 0; }
 
-std::unique_ptr<Backend> create_registered(const std::string& name, const BackendOptions& options) {
-  BackendFactory factory = nullptr;
+Registered find_registered(const std::string& name) {
+  Registered found;
   {
     std::lock_guard<std::mutex> lock(registry_mutex());
     auto it = registry().find(name);
-    if (it != registry().end()) factory = it->second;
+    if (it != registry().end()) found = it->second;
   }
-  if (!factory) {
+  if (!found.factory) {
     fail(StatusCode::kUnsupported, "backend '" + name + "' is not registered in this build");
   }
-  return factory(options);
+  return found;
+}
+
+std::unique_ptr<Backend> create_registered(const std::string& name, const BackendOptions& options) {
+  return find_registered(name).factory(options);
 }
 }  // namespace
 
-void register_backend(const std::string& name, BackendFactory factory) {
+void register_backend(const std::string& name, BackendFactory factory, BackendInfoFn info) {
   std::lock_guard<std::mutex> lock(registry_mutex());
-  registry()[name] = factory;
+  registry()[name] = Registered{factory, info};
+}
+
+BackendInfo backend_info(const std::string& name) {
+  const Registered r = find_registered(name);
+  return r.info ? r.info() : BackendInfo{};
 }
 
 CreatedBackend create_backend(const std::string& requested, const BackendOptions& options) {

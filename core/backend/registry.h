@@ -1,8 +1,9 @@
 // Backend registry: how the core gets a Backend without linking any device
-// library. In-process backends register a factory by name (libember
-// registers the CPU backend, cpu/cpu_backend.h); "cuda" and "cuda:N" are
-// loaded from the plugin (core/backend/plugin.h); "auto" takes CUDA when its
-// plugin loads and a device answers, else "cpu".
+// library. In-process backends register a factory by name: the CPU backend
+// registers itself as "cpu" when the program or library that links it loads
+// (cpu/cpu_backend.h), so libember, the tools and the tests all find it here;
+// "cuda" and "cuda:N" are loaded from the plugin (core/backend/plugin.h);
+// "auto" takes CUDA when its plugin loads and a device answers, else "cpu".
 #pragma once
 
 #include <cstdint>
@@ -22,8 +23,21 @@ struct BackendOptions {
 
 using BackendFactory = std::unique_ptr<Backend> (*)(const BackendOptions& options);
 
+// What an in-process backend says about itself without being created
+// (ember_capabilities): the kernel variant it runs now.
+struct BackendInfo {
+  int32_t isa = 0;            // the CPU backend: EMBER_ISA_* (cpu::Isa)
+  const char* isa_name = "";  // "scalar", "avx2", "avx512_vnni"; static
+};
+using BackendInfoFn = BackendInfo (*)();
+
 // Registers (or replaces) an in-process backend. Thread-safe.
-void register_backend(const std::string& name, BackendFactory factory);
+void register_backend(const std::string& name, BackendFactory factory, BackendInfoFn info = nullptr);
+
+// The registered backend's info, asked now; throws ember::Error
+// (kUnsupported) when `name` is not registered in this build. A backend
+// registered without an info function gives BackendInfo{}.
+BackendInfo backend_info(const std::string& name);
 
 struct CreatedBackend {
   std::unique_ptr<Backend> backend;

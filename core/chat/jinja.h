@@ -3,10 +3,12 @@
 // Pipeline: lex (jinja_lexer.cpp, a transcription of jinja2.lexer's rules,
 // with trim_blocks and lstrip_blocks on, as Hugging Face renders chat
 // templates) -> parse (jinja_parser.cpp, the grammar of jinja2.parser) -> an
-// immutable AST -> evaluate (jinja_eval.cpp) with Python semantics for the
-// values (none, bool, int, float, str, list, tuple, dict) so that the output
-// is byte-identical to Python's jinja2. Strings are UTF-8; anything Python
-// counts in code points (len, slicing, iteration) is counted in code points.
+// immutable AST -> evaluate (jinja_eval.cpp; filters and tests in
+// jinja_filters.cpp, str/dict/list methods in jinja_methods.cpp) with Python
+// semantics for the values (none, bool, int, float, str, list, tuple, dict)
+// so that the output is byte-identical to Python's jinja2. Strings are UTF-8;
+// anything Python counts in code points (len, slicing, iteration) is counted
+// in code points.
 //
 // Errors: ember::Error. Syntax errors -> kBadFormat; constructs this subset
 // does not implement -> kUnsupported (the message names the construct);
@@ -256,13 +258,13 @@ struct Program {
   Limits limits;
 };
 
-// Lexer + parser (jinja_parser.cpp). Throws kBadFormat / kUnsupported.
+// Lexer + parser (jinja_lexer.cpp, jinja_parser.cpp). Throws kBadFormat / kUnsupported.
 std::shared_ptr<const Program> parse_template(const std::string& source, const Limits& limits = {});
 
 // Evaluation (jinja_eval.cpp). `vars` are the render variables (name, value).
 std::string render(const Program& program, const std::vector<std::pair<std::string, Value>>& vars);
 
-// Filter / test lookup (jinja_eval.cpp); null if not implemented.
+// Filter / test lookup (jinja_filters.cpp); null if not implemented.
 FilterFn find_filter(const std::string& name);
 TestFn find_test(const std::string& name);
 // True for names Jinja2 (or HF's environment) defines but this subset does not.

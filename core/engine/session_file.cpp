@@ -36,6 +36,7 @@
 #include "core/model/model.h"
 #include "core/tensor/types.h"
 #include "core/tokenizer/tokenizer.h"
+#include "core/util/hash.h"
 #include "core/util/status.h"
 
 namespace ember {
@@ -45,49 +46,6 @@ namespace {
 constexpr char kMagic[8] = {'E', 'M', 'B', 'E', 'R', 'S', 'E', 'S'};
 constexpr uint32_t kVersion = 2;  // reads 1 and 2
 constexpr size_t kHeaderBytes = 48;
-
-// A 64-bit hash (murmur3-style mixing over 8-byte words), streamed.
-class Hasher {
- public:
-  explicit Hasher(uint64_t seed = 0x9E3779B97F4A7C15ull) : h_(seed) {}
-  void bytes(const void* data, size_t n) {
-    const auto* p = static_cast<const uint8_t*>(data);
-    len_ += n;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-      uint64_t w;
-      std::memcpy(&w, p + i, 8);
-      word(w);
-    }
-    uint64_t tail = 0;
-    for (size_t k = 0; i + k < n; ++k) tail |= static_cast<uint64_t>(p[i + k]) << (8 * k);
-    if (i < n) word(tail ^ 0xA5A5A5A5A5A5A5A5ull);
-  }
-  template <typename T>
-  void value(const T& v) {
-    bytes(&v, sizeof v);
-  }
-  uint64_t digest() const {
-    uint64_t h = h_ ^ len_;
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdull;
-    h ^= h >> 33;
-    h *= 0xc4ceb9fe1a85ec53ull;
-    h ^= h >> 33;
-    return h;
-  }
-
- private:
-  void word(uint64_t k) {
-    k *= 0x87c37b91114253d5ull;
-    k = (k << 31) | (k >> 33);
-    k *= 0x4cf5ad432745937full;
-    h_ ^= k;
-    h_ = ((h_ << 27) | (h_ >> 37)) * 5 + 0x52dce729;
-  }
-  uint64_t h_;
-  uint64_t len_ = 0;
-};
 
 uint64_t model_fingerprint(const Model& model) {
   Hasher h(0x656d6265726d6f64ull);

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "core/util/fault.h"
+#include "core/util/hash.h"
 #include "core/util/status.h"
 
 namespace ember {
@@ -73,21 +74,14 @@ KvCache::KvCache(Backend& backend, const KvGeometry& geometry, bool prefix_cachi
 }
 
 uint64_t KvCache::chain_hash(uint64_t parent, const int32_t* tokens, int32_t n) {
-  // FNV-1a over the parent hash and the token ids, then a final mix.
-  uint64_t h = 1469598103934665603ull ^ parent;
-  auto mix = [&](uint32_t v) {
-    for (int i = 0; i < 4; ++i) {
-      h ^= (v >> (8 * i)) & 0xFF;
-      h *= 1099511628211ull;
-    }
-  };
-  mix(static_cast<uint32_t>(parent >> 32));
-  mix(static_cast<uint32_t>(parent));
-  for (int32_t i = 0; i < n; ++i) mix(static_cast<uint32_t>(tokens[i]));
-  h ^= h >> 33;
-  h *= 0xff51afd7ed558ccdull;
-  h ^= h >> 33;
-  return h;
+  // FNV-1a over the parent hash and the token ids, then a final mix. The
+  // start is the parent xor a constant that is FNV's offset basis less its
+  // last decimal digit (as it always was: any constant serves).
+  constexpr uint64_t kStart = 1469598103934665603ull;
+  uint64_t h = fnv1a_u32(static_cast<uint32_t>(parent >> 32), kStart ^ parent);
+  h = fnv1a_u32(static_cast<uint32_t>(parent), h);
+  for (int32_t i = 0; i < n; ++i) h = fnv1a_u32(static_cast<uint32_t>(tokens[i]), h);
+  return mix64(h);
 }
 
 uint64_t KvCache::group_seed(int32_t group) {

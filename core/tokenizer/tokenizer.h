@@ -135,7 +135,7 @@ class Tokenizer {
   int32_t eos() const { return eos_; }
   // End of turn: tokenizer.ggml.eot_token_id, else the first present of
   // <|eot_id|>, <|im_end|>, <|end|>, <end_of_turn>, ... (kEotTexts in
-  // tokenizer.cpp; llama.cpp's list, in a fixed priority order).
+  // vocab.cpp; llama.cpp's list, in a fixed priority order).
   int32_t eot() const { return eot_; }
   int32_t unk() const { return unk_; }
   int32_t pad() const { return pad_; }
@@ -168,7 +168,7 @@ class Tokenizer {
   std::string pre_name_;
   bool ignore_merges_ = false;  // llama3: a word that is a whole token skips BPE
   std::vector<std::string> tokens_;
-  std::vector<uint16_t> attrs_;                              // attribute bits per token (see tokenizer.cpp)
+  std::vector<uint16_t> attrs_;                              // attribute bits per token (see tokenizer_impl.h)
   std::vector<std::string> pieces_;                          // token_to_piece cache
   std::unordered_map<std::string_view, int32_t> token_ids_;  // views into tokens_
   std::vector<int32_t> special_tokens_;                      // matched in text, longest first

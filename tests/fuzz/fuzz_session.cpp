@@ -7,8 +7,9 @@
 // the target therefore rewrites the payload size and the checksum to match
 // the mutated bytes before loading, which lets the fuzzer reach the payload
 // parser; inputs with that word set are loaded as they are (checksum and size
-// checks). The checksum below is a copy of core/engine/session_file.cpp's;
-// start-up verifies it against a file the engine saved.
+// checks). The checksum below is core/engine/session_file.cpp's, over the
+// same Hasher (core/util/hash.h); start-up verifies it against a file the
+// engine saved.
 //
 // Promises checked: ember_session_load returns OK or BAD_FORMAT /
 // UNSUPPORTED / OUT_OF_MEMORY, never crashes; a loaded session saves and
@@ -26,54 +27,12 @@
 #include <string>
 #include <vector>
 
+#include "core/util/hash.h"
 #include "ember/ember.h"
 #include "fuzz_util.h"
 
 namespace ember::fuzz {
 namespace {
-
-// ---- a copy of session_file.cpp's checksum (see the file comment)
-class Hasher {
- public:
-  explicit Hasher(uint64_t seed) : h_(seed) {}
-  void bytes(const void* data, size_t n) {
-    const auto* p = static_cast<const uint8_t*>(data);
-    len_ += n;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-      uint64_t w;
-      std::memcpy(&w, p + i, 8);
-      word(w);
-    }
-    uint64_t tail = 0;
-    for (size_t k = 0; i + k < n; ++k) tail |= static_cast<uint64_t>(p[i + k]) << (8 * k);
-    if (i < n) word(tail ^ 0xA5A5A5A5A5A5A5A5ull);
-  }
-  template <typename T>
-  void value(const T& v) {
-    bytes(&v, sizeof v);
-  }
-  uint64_t digest() const {
-    uint64_t h = h_ ^ len_;
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdull;
-    h ^= h >> 33;
-    h *= 0xc4ceb9fe1a85ec53ull;
-    h ^= h >> 33;
-    return h;
-  }
-
- private:
-  void word(uint64_t k) {
-    k *= 0x87c37b91114253d5ull;
-    k = (k << 31) | (k >> 33);
-    k *= 0x4cf5ad432745937full;
-    h_ ^= k;
-    h_ = ((h_ << 27) | (h_ >> 37)) * 5 + 0x52dce729;
-  }
-  uint64_t h_;
-  uint64_t len_ = 0;
-};
 
 constexpr size_t kHeader = 48;
 

@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/util/hash.h"
 #include "core/util/status.h"
 
 extern char** environ;
@@ -31,13 +32,6 @@ namespace ember::fuzz {
       std::abort();                                                                         \
     }                                                                                       \
   } while (0)
-
-// FNV-1a, for stable seed file names.
-inline uint64_t fnv1a(std::string_view s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
-  return h;
-}
 
 // Directory named by EMBER_FUZZ_WRITE_SEEDS, or empty.
 inline std::string seed_dir() {
@@ -54,7 +48,7 @@ inline void write_seeds_if_asked(void (*write_seeds)(const std::string& dir)) {
   }
 }
 
-// Writes one seed file <dir>/<name>-<hash> and reports it.
+// Writes one seed file <dir>/<name>-<hash> (FNV-1a: stable names) and reports it.
 inline void write_seed(const std::string& dir, const std::string& name, std::string_view bytes) {
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fnv1a(bytes)));

@@ -16,6 +16,7 @@
 #include "core/gguf/gguf.h"
 #include "core/tokenizer/tokenizer.h"
 #include "core/tokenizer/unicode.h"
+#include "core/util/hash.h"
 
 namespace ember::tok_test {
 
@@ -68,19 +69,12 @@ inline std::vector<std::string> read_lines(const std::string& path) {
   return lines;
 }
 
-constexpr uint64_t kFnvOffset = 0xCBF29CE484222325ULL;
-constexpr uint64_t kFnvPrime = 0x100000001B3ULL;
+constexpr uint64_t kFnvOffset = kFnv1aOffset;
 
-inline uint64_t fnv1a_bytes(const std::string& s, uint64_t h = kFnvOffset) {
-  for (unsigned char c : s) h = (h ^ c) * kFnvPrime;
-  return h;
-}
+inline uint64_t fnv1a_bytes(const std::string& s, uint64_t h = kFnvOffset) { return fnv1a(s, h); }
 
 inline uint64_t fnv1a_ids(const int32_t* ids, size_t n, uint64_t h = kFnvOffset) {
-  for (size_t i = 0; i < n; ++i) {
-    const uint32_t v = static_cast<uint32_t>(ids[i]);
-    for (int k = 0; k < 4; ++k) h = (h ^ ((v >> (8 * k)) & 0xFF)) * kFnvPrime;
-  }
+  for (size_t i = 0; i < n; ++i) h = fnv1a_u32(static_cast<uint32_t>(ids[i]), h);
   return h;
 }
 
