@@ -5,7 +5,7 @@
 //   * decode tokens/s for batches of B sequences (each with --ctx tokens of
 //     cache), with and without CUDA graphs; for B = 1 the fraction of the
 //     read bandwidth reached = weight bytes per token / step time / bandwidth.
-// It drives the model's forward pass (LlamaForward) on the plugin backend
+// It drives the model's forward pass (its architecture's, core/model/arch/) on the plugin backend
 // directly, as the engine does for a step, logits download included.
 //
 //   bench_cuda --model /tmp/l3-8b-q4_0.gguf --ctx 512 --batches 1,8,32,64
@@ -30,7 +30,7 @@
 #include "core/backend/backend.h"
 #include "core/backend/plugin.h"
 #include "core/backend/registry.h"
-#include "core/model/arch/llama.h"
+#include "core/model/arch/registry.h"
 #include "core/model/batch.h"
 #include "core/model/model.h"
 #include "core/tensor/types.h"
@@ -127,6 +127,13 @@ LoadedBackend open_device(const std::string& device) {
 #endif
 }
 
+// The model's forward pass on `be` (its architecture's, from the registry).
+std::unique_ptr<Forward> forward_pass(const std::shared_ptr<const Model>& model, Backend& be, int32_t block_size) {
+  const Architecture* arch = find_architecture(model->architecture());
+  if (!arch) fail(StatusCode::kUnsupported, "bench_cuda: unsupported architecture " + model->architecture());
+  return arch->make_forward(model, be, block_size);
+}
+
 // Teacher-forced logits of `toks` (one sequence, every row), in chunks; with
 // n_layers < the model's, the logits of the first n_layers layers (the output
 // norm and head applied to that residual stream, as self-speculation's exit).
@@ -136,7 +143,8 @@ std::vector<float> score(const std::shared_ptr<const Model>& model, Backend& be,
   const int32_t bs = 16, n = static_cast<int32_t>(toks.size());
   KvGeometry g{c.n_layers, c.n_kv_heads, c.head_dim, bs, (n + bs - 1) / bs + 1};
   be.kv_init(g);
-  LlamaForward fwd(model, be, bs);
+  const std::unique_ptr<Forward> fwd_owner = forward_pass(model, be, bs);
+  Forward& fwd = *fwd_owner;
   std::vector<int32_t> table(g.num_blocks);
   for (int32_t i = 0; i < g.num_blocks; ++i) table[i] = g.num_blocks - 1 - i;
   std::vector<float> out(static_cast<size_t>(n) * c.n_vocab);
@@ -157,7 +165,8 @@ std::vector<int32_t> greedy(const std::shared_ptr<const Model>& model, Backend& 
   const int32_t bs = 16, total = static_cast<int32_t>(prompt.size()) + n + 1;
   KvGeometry g{c.n_layers, c.n_kv_heads, c.head_dim, bs, (total + bs - 1) / bs + 1};
   be.kv_init(g);
-  LlamaForward fwd(model, be, bs);
+  const std::unique_ptr<Forward> fwd_owner = forward_pass(model, be, bs);
+  Forward& fwd = *fwd_owner;
   std::vector<int32_t> table(g.num_blocks);
   for (int32_t i = 0; i < g.num_blocks; ++i) table[i] = i;
   std::vector<float> l(c.n_vocab);
@@ -306,7 +315,8 @@ int run(const Args& a) {
   g.block_size = bs;
   g.num_blocks = blocks_per_seq * std::max(max_b, 1);
   be.kv_init(g);
-  LlamaForward fwd(model, be, bs);
+  const std::unique_ptr<Forward> fwd_owner = forward_pass(model, be, bs);
+  Forward& fwd = *fwd_owner;
   auto table = [&](int32_t s) {
     std::vector<int32_t> t(blocks_per_seq);
     for (int32_t i = 0; i < blocks_per_seq; ++i) t[i] = s * blocks_per_seq + i;
