@@ -1,8 +1,9 @@
 // AVX-512 VNNI variant. Compiled with the AVX-512 flags (see
 // cmake/EmberFlags.cmake): nothing here may run before
 // isa_supported(Isa::kAvx512Vnni) was checked (matmul.cpp does).
-// The kernels live in matmul_avx512_kernels.inc so that the tests can also
-// build them against an emulation of the intrinsics (matmul_avx512_emu.h).
+// The kernels live in matmul_avx512_kernels.inc, the prefill dequantization
+// in dequant_avx512.inc, so that the tests can also build them against an
+// emulation of the intrinsics (matmul_avx512_emu.h).
 // GCC 12's AVX-512 headers build some intrinsics on _mm512_undefined_*()
 // values, which -Wall reports as (maybe-)uninitialized once inlined here.
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -17,6 +18,9 @@ namespace ember::cpu::detail {
 namespace avx512k {
 namespace {
 #include "cpu/matmul_avx512_kernels.inc"
+
+// After the kernels: it uses their helpers.
+#include "cpu/dequant_avx512.inc"
 }  // namespace
 }  // namespace avx512k
 

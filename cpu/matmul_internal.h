@@ -1,6 +1,7 @@
 // Internal interface between the matmul driver (matmul.cpp) and the per-ISA
-// kernel files (matmul_scalar.cpp, matmul_avx2.cpp, matmul_avx512.cpp).
-// Not part of the public API.
+// files: the decode kernels (matmul_scalar.cpp, matmul_avx2.cpp,
+// matmul_avx512.cpp) and the prefill dequantization (dequant_scalar.cpp,
+// dequant_avx2.cpp, dequant_avx512.inc). Not part of the public API.
 //
 // Included by baseline and ISA files alike: every function defined here is
 // in an anonymous namespace, so each file gets its own copy compiled for its
@@ -13,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "core/tensor/types.h"
@@ -45,6 +47,24 @@ inline float bf2f(uint16_t h) {
   float f;
   __builtin_memcpy(&f, &u, 4);
   return f;
+}
+
+// Element k of a float weight row (the scalar variant's kernels and
+// dequantization).
+template <DType T>
+inline float wval(const uint8_t* row, int64_t k) {
+  if constexpr (T == DType::F32) {
+    float f;
+    std::memcpy(&f, row + 4 * k, 4);
+    return f;
+  } else {
+    uint16_t h;
+    std::memcpy(&h, row + 2 * k, 2);
+    if constexpr (T == DType::F16)
+      return h2f(h);
+    else
+      return bf2f(h);
+  }
 }
 
 // Quantized types with blocks of 32 whose activations use the natural Q8
@@ -186,6 +206,16 @@ struct IsaImpl {
   F32ToBf16Fn f32_to_bf16;
   bool reads_packed = false;  // its Q4_0/Q4_1/Q8_0 kernels use DecodeCtx::packed when set
 };
+
+// A variant's prefill dequantization, its IsaImpl's dequant_f32, dequant_bf16
+// and f32_to_bf16 (dequant_scalar.cpp, dequant_avx2.cpp; AVX-512's is
+// dequant_avx512.inc, compiled with its kernels).
+void scalar_dequant_f32(DType type, const void* src, float* dst, int64_t n);
+void scalar_dequant_bf16(DType type, const void* src, uint16_t* dst, int64_t n);
+void scalar_f32_to_bf16(const float* src, uint16_t* dst, int64_t n);
+void avx2_dequant_f32(DType type, const void* src, float* dst, int64_t n);  // only after isa_supported(Isa::kAvx2)
+void avx2_dequant_bf16(DType type, const void* src, uint16_t* dst, int64_t n);
+void avx2_f32_to_bf16(const float* src, uint16_t* dst, int64_t n);
 
 const IsaImpl& scalar_impl();
 const IsaImpl& avx2_impl();

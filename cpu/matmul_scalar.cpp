@@ -55,22 +55,6 @@ void kquant_kernel(const DecodeCtx& c, int64_t n0, int64_t n1) {
 }
 
 template <DType T>
-inline float wval(const uint8_t* row, int64_t k) {
-  if constexpr (T == DType::F32) {
-    float f;
-    std::memcpy(&f, row + 4 * k, 4);
-    return f;
-  } else {
-    uint16_t h;
-    std::memcpy(&h, row + 2 * k, 2);
-    if constexpr (T == DType::F16)
-      return h2f(h);
-    else
-      return bf2f(h);
-  }
-}
-
-template <DType T>
 void float_kernel(const DecodeCtx& c, int64_t n0, int64_t n1) {
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* wr = c.w + static_cast<size_t>(n) * c.w_row_bytes;
@@ -106,76 +90,11 @@ DecodeKernel kernel(DType t) {
   }
 }
 
-template <typename Out, typename Cvt>
-void dequant_generic(DType type, const void* src, Out* dst, int64_t n, Cvt cvt) {
-  const auto* p = static_cast<const uint8_t*>(src);
-  switch (type) {
-    case DType::Q4_0: {
-      const auto* b = reinterpret_cast<const BlockQ4_0*>(p);
-      for (int64_t i = 0; i < n / kQK; ++i, dst += kQK) {
-        const float d = h2f(b[i].d);
-        for (int j = 0; j < 16; ++j) {
-          dst[j] = cvt(d * static_cast<float>((b[i].qs[j] & 0x0F) - 8));
-          dst[j + 16] = cvt(d * static_cast<float>((b[i].qs[j] >> 4) - 8));
-        }
-      }
-      break;
-    }
-    case DType::Q4_1: {
-      const auto* b = reinterpret_cast<const BlockQ4_1*>(p);
-      for (int64_t i = 0; i < n / kQK; ++i, dst += kQK) {
-        const float d = h2f(b[i].d), m = h2f(b[i].m);
-        for (int j = 0; j < 16; ++j) {
-          dst[j] = cvt(d * static_cast<float>(b[i].qs[j] & 0x0F) + m);
-          dst[j + 16] = cvt(d * static_cast<float>(b[i].qs[j] >> 4) + m);
-        }
-      }
-      break;
-    }
-    case DType::Q8_0: {
-      const auto* b = reinterpret_cast<const BlockQ8_0*>(p);
-      for (int64_t i = 0; i < n / kQK; ++i, dst += kQK) {
-        const float d = h2f(b[i].d);
-        for (int j = 0; j < 32; ++j) dst[j] = cvt(d * static_cast<float>(b[i].qs[j]));
-      }
-      break;
-    }
-    case DType::F16:
-      for (int64_t i = 0; i < n; ++i) dst[i] = cvt(wval<DType::F16>(p, i));
-      break;
-    case DType::BF16:
-      for (int64_t i = 0; i < n; ++i) dst[i] = cvt(wval<DType::BF16>(p, i));
-      break;
-    case DType::F32:
-      for (int64_t i = 0; i < n; ++i) dst[i] = cvt(wval<DType::F32>(p, i));
-      break;
-    default: break;
-  }
-}
-
-// Types without a case above (Q5_0, Q5_1, K-quants): the reference dequantizer.
-bool dequant_by_reference(DType type) { return type == DType::Q5_0 || type == DType::Q5_1 || is_kquant(type); }
-
-void dequant_f32(DType type, const void* src, float* dst, int64_t n) {
-  if (dequant_by_reference(type)) return dequant_reference_f32(type, src, dst, n);
-  dequant_generic(type, src, dst, n, [](float v) { return v; });
-}
-void dequant_bf16(DType type, const void* src, uint16_t* dst, int64_t n) {
-  if (dequant_by_reference(type)) return dequant_reference_bf16(type, src, dst, n);
-  if (type == DType::BF16) {
-    std::memcpy(dst, src, static_cast<size_t>(n) * 2);
-    return;
-  }
-  dequant_generic(type, src, dst, n, [](float v) { return f2bf(v); });
-}
-void f32_to_bf16(const float* src, uint16_t* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = f2bf(src[i]);
-}
-
 }  // namespace
 
 const IsaImpl& scalar_impl() {
-  static const IsaImpl impl{"scalar", act_row_bytes, prepare_acts, kernel, dequant_f32, dequant_bf16, f32_to_bf16};
+  static const IsaImpl impl{"scalar",           act_row_bytes,       prepare_acts,      kernel,
+                            scalar_dequant_f32, scalar_dequant_bf16, scalar_f32_to_bf16};
   return impl;
 }
 

@@ -644,6 +644,9 @@ TEST(Matmul, ConcurrentCallersWithOwnScratch) {
 namespace ember::cpu::detail::avx512emu {
 namespace {
 #include "cpu/matmul_avx512_kernels.inc"
+
+// After the kernels: it uses their helpers.
+#include "cpu/dequant_avx512.inc"
 }  // namespace
 const IsaImpl& table(bool dp_bf16) { return dp_bf16 ? impl_table<true>() : impl_table<false>(); }
 DecodeKernel kquant(DType t) { return kquant_kernel(t); }
