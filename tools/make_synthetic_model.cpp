@@ -65,7 +65,8 @@ struct Shape {
 struct Options {
   Shape shape;
   // llama (also Mistral's layout), llama3 (+ rope_freqs: Llama 3.1 RoPE
-  // scaling), qwen2 (QKV biases, NEOX RoPE), gemma3 (QK norms, post norms,
+  // scaling), qwen2 (QKV biases, NEOX RoPE), qwen3 (per-head QK norms, NEOX
+  // RoPE), gemma3 (QK norms, post norms,
   // GeGLU, scaled embeddings, sliding-window layers of --window tokens).
   std::string arch = "llama";
   int64_t window = 64;
@@ -87,7 +88,7 @@ struct Options {
       "usage: make_synthetic_model --out PATH [--preset llama3-8b|smollm2-135m|tiny]\n"
       "         [--layers N] [--embd N] [--ff N] [--heads N] [--kv-heads N] [--vocab N] [--ctx N]\n"
       "         [--type q4_0|q4_1|q5_0|q5_1|q8_0|q2_k|q3_k|q4_k|q5_k|q6_k|q4_k_m|f16|bf16|f32] [--rope-base F]\n"
-      "         [--tied|--untied] [--seed N] [--arch llama|llama3|qwen2|gemma3|mistral] [--window N]\n"
+      "         [--tied|--untied] [--seed N] [--arch llama|llama3|qwen2|qwen3|gemma3|mistral] [--window N]\n"
       "         [--pass-through-from N] [--output-norm F] [--verify] [--verify-device cuda[:N]] [--tolerance F]\n");
   std::exit(2);
 }
@@ -166,7 +167,7 @@ Options parse(int argc, char** argv) {
       o.out = value();
     } else if (a == "--arch") {
       o.arch = value();
-      if (o.arch != "llama" && o.arch != "llama3" && o.arch != "qwen2" && o.arch != "gemma3" && o.arch != "mistral") {
+      if (o.arch != "llama" && o.arch != "llama3" && o.arch != "qwen2" && o.arch != "qwen3" && o.arch != "gemma3" && o.arch != "mistral") {
         usage(("unknown --arch '" + o.arch + "'").c_str());
       }
     } else if (a == "--window") {
@@ -800,9 +801,11 @@ void write_model(const Options& o) {
       vec(p + "attn_k.bias", kv_dim, 0.0f, 0.5f);
       vec(p + "attn_v.bias", kv_dim, 0.0f, 0.5f);
     }
-    if (o.arch == "gemma3") {
+    if (o.arch == "gemma3" || o.arch == "qwen3") {
       vec(p + "attn_q_norm.weight", hd, 1.0f, 0.1f);
       vec(p + "attn_k_norm.weight", hd, 1.0f, 0.1f);
+    }
+    if (o.arch == "gemma3") {
       norm(p + "post_attention_norm.weight");
       norm(p + "post_ffw_norm.weight");
     }

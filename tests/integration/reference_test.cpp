@@ -342,7 +342,7 @@ class ArchReference : public ::testing::TestWithParam<const char*> {
 TEST_P(ArchReference, GreedyContinuationsMatchLlamaCpp) { check_greedy(set()); }
 TEST_P(ArchReference, PerPositionTop1AndLogprobsMatchLlamaCpp) { check_positions(set()); }
 
-INSTANTIATE_TEST_SUITE_P(Synthetic, ArchReference, ::testing::Values("llama3", "qwen2", "gemma3", "mistral"),
+INSTANTIATE_TEST_SUITE_P(Synthetic, ArchReference, ::testing::Values("llama3", "qwen2", "gemma3", "mistral", "qwen3"),
                          [](const auto& info) { return std::string(info.param); });
 
 // The same architectures in a Q4_K_M-style mix (Q4_K, Q6_K), bit for bit as

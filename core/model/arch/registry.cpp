@@ -1,7 +1,7 @@
 #include "core/model/arch/registry.h"
 
 // Every architecture, in the order error messages list them (one file each).
-#define EMBER_ARCHITECTURES(X) X(llama) X(qwen2) X(gemma3)
+#define EMBER_ARCHITECTURES(X) X(llama) X(qwen2) X(gemma3) X(qwen3)
 
 namespace ember {
 
