@@ -34,6 +34,9 @@
 #include <string.h>
 #include "ember/ember.h"
 
+struct eb_sampling;
+static void eb_sampling_set_constraint(struct eb_sampling* s, int32_t kind, const char* text);
+
 /* The last failure of a helper on this thread, copied in the same call. */
 static _Thread_local int32_t eb_status_ = 0;
 static _Thread_local char eb_message_[2048];
@@ -268,6 +271,10 @@ typedef struct ember_stream ember_stream;
 %ignore eb_event::tokens_;
 %ignore eb_sampling::stop_;
 %ignore eb_sampling::n_stop_;
+%ignore eb_sampling::constraint_;
+%ignore eb_sampling::constraint_kind_;
+%ignore eb_sampling::choices_;
+%ignore eb_sampling::n_choices_;
 %ignore eb_tokens::data;
 %ignore eb_floats::data;
 
@@ -364,8 +371,16 @@ typedef struct eb_sampling {
   int32_t spec_max_depth;
   float spec_alpha;
   int32_t spec_lookup; /* SELF, DRAFT: 1 = prompt lookup beside the model (default), 0 = the model alone */
+  int32_t json_object; /* 1: the reply is a JSON object (structured output) */
   char** stop_;
   int32_t n_stop_;
+  /* Structured output (ember_stream_params.json_schema / grammar / regex /
+   * choices): at most one, set with set_json_schema, set_grammar, set_regex
+   * or add_choice (copied). */
+  char* constraint_;
+  int32_t constraint_kind_; /* 0 none, 1 json_schema, 2 grammar, 3 regex */
+  char** choices_;
+  int32_t n_choices_;
 } eb_sampling;
 %}
 
@@ -425,6 +440,16 @@ typedef struct eb_sampling {
   ~eb_model_info() { free($self); }
 }
 
+%{
+static void eb_sampling_set_constraint(eb_sampling* s, int32_t kind, const char* text) {
+  char* copy = strdup(text ? text : "");
+  if (!copy) { eb_fail(EMBER_ERR_OUT_OF_MEMORY, "out of memory"); return; }
+  free(s->constraint_);
+  s->constraint_ = copy;
+  s->constraint_kind_ = kind;
+}
+%}
+
 %extend eb_sampling {
   /* The library's defaults (ember_stream_params_init). */
   eb_sampling() {
@@ -456,7 +481,20 @@ typedef struct eb_sampling {
   ~eb_sampling() {
     for (int32_t i = 0; i < $self->n_stop_; ++i) free($self->stop_[i]);
     free($self->stop_);
+    for (int32_t i = 0; i < $self->n_choices_; ++i) free($self->choices_[i]);
+    free($self->choices_);
+    free($self->constraint_);
     free($self);
+  }
+  void set_json_schema(const char* schema) { eb_sampling_set_constraint($self, 1, schema); }
+  void set_grammar(const char* grammar) { eb_sampling_set_constraint($self, 2, grammar); }
+  void set_regex(const char* regex) { eb_sampling_set_constraint($self, 3, regex); }
+  void add_choice(const char* choice) {
+    char** grown = (char**)realloc($self->choices_, sizeof(char*) * (size_t)($self->n_choices_ + 2));
+    if (!grown) { eb_fail(EMBER_ERR_OUT_OF_MEMORY, "out of memory"); return; }
+    $self->choices_ = grown;
+    $self->choices_[$self->n_choices_] = strdup(choice ? choice : "");
+    $self->choices_[++$self->n_choices_] = NULL;
   }
   void add_stop(const char* stop) {
     char** grown = (char**)realloc($self->stop_, sizeof(char*) * (size_t)($self->n_stop_ + 2));
@@ -658,6 +696,11 @@ ember_stream* eb_stream_start(ember_session* session, const eb_sampling* s) {
     p.spec_max_nodes = s->spec_max_nodes;
     p.spec_max_depth = s->spec_max_depth;
     p.spec_alpha = s->spec_alpha;
+    p.json_object = s->json_object;
+    if (s->constraint_kind_ == 1) p.json_schema = s->constraint_;
+    if (s->constraint_kind_ == 2) p.grammar = s->constraint_;
+    if (s->constraint_kind_ == 3) p.regex = s->constraint_;
+    if (s->n_choices_ > 0) p.choices = (const char* const*)s->choices_;
     p.spec_lookup = s->spec_lookup;
     p.stop = s->n_stop_ ? (const char* const*)s->stop_ : NULL;
   }

@@ -194,6 +194,11 @@ void full_stream_defaults(ember_stream_params* params) {
   params->spec_max_depth = d.spec.tree.max_depth;
   params->spec_alpha = d.spec.tree.alpha;
   params->spec_lookup = d.spec.draft_lookup ? 1 : 0;
+  params->json_schema = nullptr;
+  params->grammar = nullptr;
+  params->regex = nullptr;
+  params->choices = nullptr;
+  params->json_object = 0;
 }
 
 // 1.0 sizes of the parameter structs: what the 1.0 entry points
@@ -262,6 +267,52 @@ void write_sized(T* user, const T& value) {
 static_assert(EMBER_MAX_STOP_STRINGS == ember::StreamParams::kMaxStopStrings);
 static_assert(EMBER_MAX_TOKENS_PER_STREAM == ember::StreamParams::kMaxTokensLimit);
 
+static_assert(EMBER_MAX_CHOICES == ember::grammar::Constraint::kMaxChoices);
+
+// Structured output: at most one constraint; strings bounded before they are copied.
+ember::grammar::Constraint to_constraint(const ember_stream_params& p) {
+  using Kind = ember::grammar::Constraint::Kind;
+  ember::grammar::Constraint c;
+  constexpr size_t kMax = ember::grammar::Constraint::kMaxTextBytes;
+  int set = 0;
+  auto text = [&](const char* v, Kind kind, const char* name) {
+    if (!v) return;
+    ++set;
+    const size_t n = strnlen(v, kMax + 1);
+    if (n > kMax)
+      throw Error(StatusCode::kInvalidArgument, std::string("stream params: ") + name + " is larger than 1 MiB");
+    c.kind = kind;
+    c.text.assign(v, n);
+  };
+  text(p.json_schema, Kind::kJsonSchema, "json_schema");
+  text(p.grammar, Kind::kGrammar, "grammar");
+  text(p.regex, Kind::kRegex, "regex");
+  if (p.json_object != 0 && p.json_object != 1) {
+    throw Error(StatusCode::kInvalidArgument, "stream params: json_object must be 0 or 1");
+  }
+  if (p.json_object) {
+    ++set;
+    c.kind = Kind::kJsonObject;
+  }
+  if (p.choices) {
+    ++set;
+    c.kind = Kind::kChoices;
+    for (size_t i = 0; p.choices[i]; ++i) {
+      if (i >= ember::grammar::Constraint::kMaxChoices) {
+        throw Error(StatusCode::kInvalidArgument, "stream params: more than EMBER_MAX_CHOICES choices");
+      }
+      const size_t n = strnlen(p.choices[i], 4097);
+      if (n > 4096) throw Error(StatusCode::kInvalidArgument, "stream params: a choice is longer than 4096 bytes");
+      c.choices.emplace_back(p.choices[i], n);
+    }
+  }
+  if (set > 1) {
+    throw Error(StatusCode::kInvalidArgument,
+                "stream params: at most one of json_schema, grammar, regex, choices and json_object");
+  }
+  return c;
+}
+
 // Conversion only: the core validates (StreamParams::validate), except the
 // length of stop strings, bounded here before they are copied.
 ember::StreamParams to_stream_params(const ember_stream_params& p) {
@@ -291,6 +342,7 @@ ember::StreamParams to_stream_params(const ember_stream_params& p) {
     throw Error(StatusCode::kInvalidArgument, "stream params: spec_lookup must be 0 or 1");
   }
   s.spec.draft_lookup = p.spec_lookup != 0;
+  s.constraint = to_constraint(p);
   if (p.stop) {
     // Bounded: one past the core's limit is enough for it to refuse.
     for (size_t i = 0; p.stop[i] && i <= ember::StreamParams::kMaxStopStrings; ++i) {
@@ -420,6 +472,7 @@ ember_status ember_capabilities(ember_capabilities_t* caps) {
     out.cuda_plugin = probe.state;
     out.cuda_plugin_path = probe.path.c_str();
     out.cuda_plugin_message = probe.message.c_str();
+    out.structured_output = ember::grammar::available() ? 1 : 0;
     write_sized(caps, out);
   });
 }

@@ -4,7 +4,8 @@
 # Debian 12: build tools, oneDNN (libdnnl-dev, OpenMP runtime), GoogleTest,
 # Google Benchmark, ccache; clang with libFuzzer and OpenMP (tools/fuzz.sh);
 # qemu-user (the pre-AVX2 CPU test, label isa); the bindings' toolchains (SWIG,
-# JDK, mono, Go). Safe to run again: it only installs what is missing.
+# JDK, mono, Go); XGrammar's source (tools/fetch_xgrammar.sh). Safe to run
+# again: it only installs what is missing.
 #
 #   bash tools/setup.sh [--reference]
 #
@@ -46,6 +47,9 @@ fi
 
 bash "$here/fetch_model.sh" >/dev/null
 bash "$here/fetch_model.sh" gemma3 >/dev/null
+# Structured output's grammar engine (XGrammar, pinned source from PyPI,
+# built with Ember by cmake/EmberXgrammar.cmake).
+bash "$here/fetch_xgrammar.sh" >/dev/null
 
 # The speculative draft's recipe (tools/distill_draft.py; test tools_distill_draft):
 # JAX on the CPU, NumPy and gguf-py in a venv at $EMBER_HOME/distillvenv (~150 MB

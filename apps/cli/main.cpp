@@ -242,6 +242,30 @@ void apply_spec(const Args& a, ember_stream_params& sp, SpecChoice& holder) {
   sp.spec_lookup = static_cast<int32_t>(a.integer("--spec-lookup", sp.spec_lookup, 0, 1));
 }
 
+// Structured output: --json-schema FILE | --grammar FILE | --regex RE | --json
+// (the texts live here for as long as the streams that use them).
+const std::vector<std::string> kConstraintOpts = {"--json-schema", "--grammar", "--regex"};
+struct ConstraintText {
+  std::string text;
+};
+
+void apply_constraint(const Args& a, ember_stream_params& sp, ConstraintText& holder) {
+  int n = a.has("--json-schema") + a.has("--grammar") + a.has("--regex") + a.has("--json");
+  if (n > 1) throw CliError("at most one of --json-schema, --grammar, --regex and --json");
+  if (a.has("--json-schema")) {
+    holder.text = read_file(a.str("--json-schema"));
+    sp.json_schema = holder.text.c_str();
+  } else if (a.has("--grammar")) {
+    holder.text = read_file(a.str("--grammar"));
+    sp.grammar = holder.text.c_str();
+  } else if (a.has("--regex")) {
+    holder.text = a.str("--regex");
+    sp.regex = holder.text.c_str();
+  } else if (a.has("--json")) {
+    sp.json_object = 1;
+  }
+}
+
 std::vector<std::string> with(std::vector<std::string> opts, const std::vector<std::string>& more) {
   opts.insert(opts.end(), more.begin(), more.end());
   return opts;
@@ -267,12 +291,14 @@ int cmd_generate(int argc, char** argv) {
   Args a(argc, argv, 2,
          with({"-m", "-p", "-n", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--presence-penalty",
                "--frequency-penalty", "--penalty-last-n", "--seed", "-t"},
-              kSpecOpts),
-         {"--chat", "--stats"});
+              with(kSpecOpts, kConstraintOpts)),
+         {"--chat", "--stats", "--json"});
   if (!a.has("-p")) throw CliError("generate needs -p PROMPT");
   ember_stream_params sp = stream_params(a);
   SpecChoice spec;
   apply_spec(a, sp, spec);
+  ConstraintText constraint;
+  apply_constraint(a, sp, constraint);
   Handles h;
   load(h, a, static_cast<int>(a.integer("-t", 0, 0, 1024)));
   const std::string prompt = a.str("-p");
@@ -1083,6 +1109,8 @@ void usage() {
       "  generate   [-m MODEL] -p PROMPT [-n N] [--temp T] [--top-k K] [--top-p P] [--seed S] [--chat]\n"
       "             [--spec ngram|self[:L]|draft:PATH] [--spec-nodes N] [--spec-depth D] [--spec-threshold P]\n"
       "             [--spec-alpha A] [--spec-lookup 0|1] [--stats]\n"
+      "             [--json-schema FILE | --grammar FILE | --regex RE | --json]   # structured output: the reply\n"
+      "             # matches a JSON schema, a GBNF grammar (root rule \"root\"), a regex, or is a JSON object\n"
       "  chat       [-m MODEL] [--system TEXT]\n"
       "  (generate and chat) [--min-p P] [--repeat-penalty R] [--presence-penalty P] [--frequency-penalty F]\n"
       "             [--penalty-last-n N]   # penalties over the last N tokens (-1: all, 0: off; default 64)\n"

@@ -478,6 +478,13 @@ type Sampling struct {
 	SpecMaxDepth   int     // drafted tokens per branch, 1..64
 	SpecAlpha      float32 // verify when the best branch's confidence falls below this, 0..1 (then adapts)
 	SpecNoLookup   bool    // "self", "draft": the model alone, without prompt lookup beside it
+
+	// Structured output (at most one; see docs/API.md).
+	JSONSchema string   // the reply is compact JSON that validates against this JSON Schema
+	Grammar    string   // the reply is a sentence of this GBNF grammar (llama.cpp's notation, rule "root")
+	Regex      string   // the whole reply matches this regular expression
+	Choices    []string // the reply is exactly one of these
+	JSONObject bool     // the reply is a JSON object (OpenAI's json_object)
 }
 
 // DefaultSampling returns the library's defaults.
@@ -546,6 +553,19 @@ func (s *Session) Generate(opts *Sampling) (*Stream, error) {
 	raw.SetSpec_max_depth(o.SpecMaxDepth)
 	raw.SetSpec_alpha(o.SpecAlpha)
 	raw.SetSpec_lookup(b2i(!o.SpecNoLookup))
+	if o.JSONSchema != "" {
+		raw.Set_json_schema(o.JSONSchema)
+	}
+	if o.Grammar != "" {
+		raw.Set_grammar(o.Grammar)
+	}
+	if o.Regex != "" {
+		raw.Set_regex(o.Regex)
+	}
+	for _, c := range o.Choices {
+		raw.Add_choice(c)
+	}
+	raw.SetJson_object(b2i(o.JSONObject))
 	start := func() (emberc.Struct_SS_ember_stream, error) {
 		return use(s.h, func(h emberc.Struct_SS_ember_session) emberc.Struct_SS_ember_stream {
 			return emberc.Eb_stream_start(h, raw)

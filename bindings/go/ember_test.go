@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -261,6 +262,33 @@ func TestStopStrings(t *testing.T) {
 	st := runGreedy(t, s, g)
 	if st.EndReason() != EndStopString || st.Text() != expected {
 		t.Fatalf("%v %q, expected %q", st.EndReason(), st.Text(), expected)
+	}
+}
+
+func TestStructuredOutput(t *testing.T) {
+	_, e := setup(t)
+	s := must(e.NewSession(nil))(t)
+	ok(t, s.AddMessage("user", "Where does the sun rise?"))
+	g := greedy(8)
+	g.Choices = []string{"east", "west"}
+	if got := runGreedy(t, s, g).Text(); got != "east" && got != "west" {
+		t.Fatalf("not a choice: %q", got)
+	}
+	s.Close()
+	s = must(e.NewSession(nil))(t)
+	defer s.Close()
+	ok(t, s.AddMessage("user", "Which city is the capital of France? Answer in JSON."))
+	g = greedy(48)
+	g.JSONSchema = `{"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}`
+	if got := runGreedy(t, s, g).Text(); !regexp.MustCompile(`^\{"city": "[^"]*"\}$`).MatchString(got) {
+		t.Fatalf("not JSON of the schema: %q", got)
+	}
+	bad := greedy(4)
+	bad.Regex = "("
+	if _, err := s.Generate(bad); err == nil {
+		t.Fatal("a bad regex was accepted")
+	} else if ee, isErr := err.(*Error); !isErr || ee.Status != StatusInvalidArgument {
+		t.Fatalf("bad regex: %v", err)
 	}
 }
 

@@ -1,9 +1,12 @@
 #include "core/engine/engine.h"
+#include "core/engine/step_work.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <future>
+#include <limits>
 
 #include "core/backend/plugin.h"
 #include "core/backend/registry.h"
@@ -158,34 +161,6 @@ void Engine::drop_finished_streams(std::vector<std::shared_ptr<Stream>>* live) {
 
 // ------------------------------------------------------------------ one step
 
-// What the phases of one step hand each other.
-struct Engine::StepWork {
-  // plan: the live streams (stream i has sched().id == i), the scheduler's
-  // plan, and one entry per stream that runs, with its rows in the batch.
-  std::vector<Stream*> streams;
-  std::vector<SchedSequence*> seqs;
-  std::vector<KvManager::BudgetEntry> budget;
-  StepPlan plan;
-  struct Entry {
-    Entry(Stream* s, int32_t c, int32_t li, size_t fl, int32_t n)
-        : stream(s), chunk(c), logit_index(li), first_logit(fl), n_logit_rows(n) {}
-    Stream* stream;
-    int32_t chunk;        // history tokens the pass computes
-    int32_t logit_index;  // -1: no logits this step
-    size_t first_logit;   // history index of the row at logit_index
-    int32_t n_logit_rows;
-    bool lookahead = false;  // the plan reserved slots for a tree
-    bool tree = false;       // a drafted tree: rows = its nodes (root first)
-    // outcome: what apply does to the sequence, and whether the stream ends.
-    KvManager::StepOutcome kv;
-    EndReason end = EndReason::kNone;
-    bool ends = false;
-  };
-  std::vector<Entry> entries;
-  Batch batch;
-  int32_t n_logits = 0;
-};
-
 void Engine::plan(const std::vector<std::shared_ptr<Stream>>& streams, StepWork& w, int32_t token_budget) {
   // Gather: the scheduler's view of every live stream's sequence.
   for (const auto& sp : streams) {
@@ -241,7 +216,7 @@ void Engine::plan(const std::vector<std::shared_ptr<Stream>>& streams, StepWork&
     std::lock_guard<std::mutex> lock(kv.mutex());
     const int32_t room = w.plan.lookahead_of(seq);
     if (room > 0) {
-      const int32_t rows = spec_->draft(*s.spec(), kv, static_cast<size_t>(room), w.batch);
+      const int32_t rows = spec_->draft(*s.spec(), kv, static_cast<size_t>(room), w.batch, candidate_filter(s));
       if (rows > 0) {
         StepWork::Entry en{&s, 1, w.n_logits, kv.tokens().size() - 1, rows};
         en.lookahead = en.tree = true;
@@ -304,10 +279,6 @@ bool Engine::run_forward(StepWork& w) {
 void Engine::outcome(StepWork& w) {
   if (testing::g_step_fault_hook) testing::g_step_fault_hook();
   const int32_t n_vocab = model_->config().n_vocab;
-  speculative::SpecStep::RowMask mask;
-  if (testing::g_outcome_mask_hook) {
-    mask = [n_vocab](int32_t prev, float* row) { testing::g_outcome_mask_hook(prev, row, n_vocab); };
-  }
   for (auto& en : w.entries) {
     Stream& s = *en.stream;
     KvSequence& kv = s.session().kv();
@@ -342,6 +313,12 @@ void Engine::outcome(StepWork& w) {
       if (!kv.bounded()) room = n_ctx > tokens.size() ? n_ctx - tokens.size() : 0;
     }
     float* row = logits_.data() + static_cast<size_t>(en.logit_index) * n_vocab;
+    grammar::Matcher* matcher = s.matcher();
+    // A tree node's row: the constraint after the node's path, then the test hook.
+    const speculative::SpecStep::RowMask mask = [&](const std::vector<int32_t>& path, float* r) {
+      if (matcher) matcher->mask_after(path, r, n_vocab);
+      if (testing::g_outcome_mask_hook) testing::g_outcome_mask_hook(path.empty() ? prev : path.back(), r, n_vocab);
+    };
     std::vector<int32_t> accepted;
     if (en.tree) {
       speculative::Verdict v =
@@ -350,7 +327,9 @@ void Engine::outcome(StepWork& w) {
       accepted = std::move(v.tokens);
       en.kv.path = std::move(v.path);
     } else {
-      if (mask) mask(prev, row);
+      // The decode row's constraint mask was filled during the forward pass.
+      if (matcher) grammar::Matcher::apply(s.bitmask(), row, n_vocab);
+      if (testing::g_outcome_mask_hook) testing::g_outcome_mask_hook(prev, row, n_vocab);
       accepted.push_back(s.sampler().sample(row, history));
     }
     // Cut where the stream ends: what follows never reaches the KV. The
@@ -358,6 +337,18 @@ void Engine::outcome(StepWork& w) {
     // joins the history pending, as in a plain decode.
     const size_t kept = s.take(accepted, room, &en.end);
     en.ends = en.end != EndReason::kNone;
+    if (matcher) {
+      // The constraint follows the kept tokens; once it is complete only a
+      // stop token may follow, so the reply ends there.
+      std::vector<int32_t> kept_tokens(accepted.begin(), accepted.begin() + static_cast<std::ptrdiff_t>(kept));
+      if (matcher->accept_all(kept_tokens) != kept_tokens.size()) {
+        log(LogLevel::kWarn, "engine: a kept token is outside the stream's constraint");
+      }
+      if (!en.ends && matcher->terminated()) {
+        en.ends = true;
+        en.end = EndReason::kEos;
+      }
+    }
     if (kept <= en.kv.path.size()) {
       en.kv.path.resize(kept);
     } else {
@@ -437,7 +428,12 @@ size_t Engine::step(int32_t token_budget) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
       return 0;
     }
-    if (run_forward(w)) {
+    // Constraint masks of the decode rows are filled on a worker while the
+    // forward pass runs (they depend only on the tokens kept so far).
+    std::future<void> masks = fill_masks(w);
+    const bool ran = run_forward(w);
+    if (masks.valid()) masks.get();
+    if (ran) {
       outcome(w);
       apply(w);
     }

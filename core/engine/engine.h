@@ -27,6 +27,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -39,6 +40,7 @@
 #include "core/kv_cache/kv_manager.h"
 #include "core/model/model.h"
 #include "core/scheduler/scheduler.h"
+#include "core/speculative/spec_step.h"
 #include "core/util/status.h"
 
 namespace ember {
@@ -106,6 +108,11 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // Gives a stream that asked for speculative decoding its drafter
   // (SpecStep::prepare). Throws ember::Error before the stream is submitted.
   void prepare_speculation(Stream& stream);
+  // Gives a stream with a constraint (structured output) its matcher,
+  // compiling the constraint or finding it compiled. Throws ember::Error
+  // (kInvalidArgument: a schema, grammar or regex the engine cannot take;
+  // kUnsupported: no grammar engine in this build) before it is submitted.
+  void prepare_constraint(Stream& stream);
   // Stops the worker thread: joins it, or detaches it when called on the
   // worker itself (the worker then drops its own reference and exits).
   void stop_worker();
@@ -131,6 +138,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // Ends a stream: its sequence parked (unless apply did), its reply to the
   // session, the session's turn over, then END (fail_stream: ERROR).
   void end_stream(Stream& s, EndReason reason, bool parked);
+  // Fills the constraint masks of the step's decode rows on a worker.
+  std::future<void> fill_masks(StepWork& w);
+  // Drops drafted candidates the stream's constraint rejects (none: empty).
+  speculative::SpecStep::CandidateFilter candidate_filter(Stream& s);
   void fail_stream(Stream& s, StatusCode code, const std::string& message);
 
   std::shared_ptr<const Model> model_;
@@ -157,6 +168,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   bool stop_ = false;
   std::thread worker_;
   std::vector<float> logits_;
+  std::mutex grammar_mutex_;
+  std::unique_ptr<grammar::Compiler> grammar_;  // made by the first constrained stream
 };
 
 namespace testing {

@@ -155,6 +155,7 @@ std::shared_ptr<Stream> Session::start(const StreamParams& params) {
     kv_manager_.uncompute(*kv_, n_tokens - 1);
     auto created = std::make_shared<Stream>(shared_from_this(), params);
     if (params.spec.kind != SpecParams::Kind::kNone) engine().prepare_speculation(*created);
+    engine().prepare_constraint(*created);
     stream = submit_locked(std::move(created));
   }
   engine().submit(stream);

@@ -39,6 +39,7 @@ void StreamParams::validate() const {
   require(spec.self_layers >= 0, "stream params: spec self layers must be >= 0");
   require(spec.kind != SpecParams::Kind::kDraft || spec.draft_model != nullptr,
           "stream params: the draft drafter needs a draft model");
+  constraint.validate();
 }
 
 Stream::Stream(std::shared_ptr<Session> session, const StreamParams& params)

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/grammar/grammar.h"
 #include "core/sampling/sampler.h"
 #include "core/scheduler/scheduler.h"
 #include "core/speculative/spec_step.h"
@@ -37,6 +38,8 @@ struct StreamParams {
   std::vector<std::string> stop;
   bool ignore_eos = false;
   SpecParams spec;
+  // Structured output: the reply matches this (core/grammar/grammar.h).
+  grammar::Constraint constraint;
 
   // Throws ember::Error(kInvalidArgument) naming the first bad field.
   void validate() const;
@@ -122,7 +125,12 @@ class Stream : public std::enable_shared_from_this<Stream> {
   speculative::StreamSpec* spec() { return spec_.get(); }
   void set_spec(std::unique_ptr<speculative::StreamSpec> spec);
   const SpecParams& spec_params() const { return params_.spec; }
+  // Structured output: the stream's position in its constraint (null: none).
+  grammar::Matcher* matcher() { return matcher_.get(); }
+  void set_matcher(std::unique_ptr<grammar::Matcher> m) { matcher_ = std::move(m); }
+  const grammar::Constraint& constraint() const { return params_.constraint; }
   void record_verification(size_t drafted, size_t accepted);
+  std::vector<uint32_t>& bitmask() { return bitmask_; }
   // Tokens it may still emit (max_tokens minus those generated).
   int32_t tokens_left() const;
   // Ending: flush() emits the text still held (except after a stop string)
@@ -144,6 +152,8 @@ class Stream : public std::enable_shared_from_this<Stream> {
   std::unique_ptr<StreamingDetokenizer> detok_;
   const Tokenizer& tokenizer_;
   std::unique_ptr<speculative::StreamSpec> spec_;
+  std::unique_ptr<grammar::Matcher> matcher_;
+  std::vector<uint32_t> bitmask_;  // the next decode row's mask, filled during the forward pass
   std::atomic<bool> cancel_requested_{false};
 
   // Engine-thread state.

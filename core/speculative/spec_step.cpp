@@ -92,7 +92,7 @@ size_t SpecStep::lookahead(const StreamSpec* spec, const KvSequence& seq, int32_
   return room;
 }
 
-int32_t SpecStep::draft(StreamSpec& spec, KvSequence& seq, size_t room, Batch& batch) {
+int32_t SpecStep::draft(StreamSpec& spec, KvSequence& seq, size_t room, Batch& batch, const CandidateFilter& filter) {
   spec.tree_ = false;
   if (!spec.active() || room == 0) return 0;
   TreeGrower& grower = *spec.grower_;
@@ -103,6 +103,7 @@ int32_t SpecStep::draft(StreamSpec& spec, KvSequence& seq, size_t room, Batch& b
   try {
     for (int32_t leaf; (leaf = grower.next_leaf()) >= 0;) {
       drafter.propose(seq, grower.tree(), leaf, max_candidates, cands);
+      if (filter) filter(grower.tree().path_tokens(leaf), cands);
       grower.extend(leaf, cands);
     }
     drafter.finish_tree(seq);
@@ -134,10 +135,11 @@ Verdict SpecStep::verify(StreamSpec& spec, float* rows, int32_t n_vocab, Sampler
   const DraftTree& tree = grower.tree();
   std::vector<std::pair<int32_t, double>> dist;
   auto target = [&](int32_t node) {
+    const std::vector<int32_t> path = tree.path_tokens(node);
     std::vector<int32_t> h = history;
-    for (int32_t t : tree.path_tokens(node)) h.push_back(t);
+    h.insert(h.end(), path.begin(), path.end());
     float* row = rows + static_cast<size_t>(node) * n_vocab;
-    if (mask) mask(tree.token[static_cast<size_t>(node)], row);
+    if (mask) mask(path, row);
     sampler.distribution(row, h, dist);
     return dist;
   };

@@ -116,15 +116,19 @@ class SpecStep {
   // to `batch`. Returns the rows added, 0 when nothing was drafted (the
   // caller adds the plain decode row; the reserved slots go at apply). A
   // drafter that fails ends speculation for this stream only.
-  int32_t draft(StreamSpec& spec, KvSequence& seq, size_t room, Batch& batch);
+  // `filter(path, candidates)` may drop candidates a constraint rejects
+  // after the node's path (root excluded) before they join the tree.
+  using CandidateFilter = std::function<void(const std::vector<int32_t>& path, std::vector<Candidate>& candidates)>;
+  int32_t draft(StreamSpec& spec, KvSequence& seq, size_t room, Batch& batch, const CandidateFilter& filter = {});
   // Whether `spec` drafted a tree this step.
   static bool drafted(const StreamSpec* spec) { return spec && spec->tree_; }
   // Outcome: verifies this step's tree from its rows' logits (`rows`: one
-  // per node, root first); `mask(prev_token, row)` may reject tokens of a
-  // row before the sampler sees it (a grammar); `history`: the penalty
+  // per node, root first); `mask(path, row)` may reject tokens of a node's
+  // row (`path`: its tokens after the root) before the sampler sees it (a
+  // grammar); `history`: the penalty
   // window before the root's successor. Tells the drafter and the grower
   // what was accepted.
-  using RowMask = std::function<void(int32_t prev_token, float* row)>;
+  using RowMask = std::function<void(const std::vector<int32_t>& path, float* row)>;
   Verdict verify(StreamSpec& spec, float* rows, int32_t n_vocab, Sampler& sampler, const std::vector<int32_t>& history,
                  int32_t tokens_left, const RowMask& mask);
   // Plan: draft models' KV in the engine's pool is a cache of the targets'

@@ -48,7 +48,7 @@ extern "C" {
 #endif
 
 #define EMBER_VERSION_MAJOR 1
-#define EMBER_VERSION_MINOR 2
+#define EMBER_VERSION_MINOR 3
 #define EMBER_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, as ember_version_number() (1.2: 10200). */
 #define EMBER_VERSION_NUMBER (EMBER_VERSION_MAJOR * 10000 + EMBER_VERSION_MINOR * 100 + EMBER_VERSION_PATCH)
@@ -133,6 +133,8 @@ typedef struct ember_capabilities_t {
   int32_t cuda_plugin;             /* EMBER_PLUGIN_* */
   const char* cuda_plugin_path;    /* where the plugin was found, "" if absent; static */
   const char* cuda_plugin_message; /* why it is ABSENT/BROKEN, "" when LOADABLE; static */
+  int32_t structured_output;       /* since 1.3: 1 when the library has its grammar engine (XGrammar):
+                                      ember_stream_params' json_schema, grammar, regex, choices */
 } ember_capabilities_t;
 
 /* What this library can use on this machine. The plugin is searched as the
@@ -533,7 +535,24 @@ typedef struct ember_stream_params {
                                           fraction rejected) */
   int32_t spec_lookup;                 /* SELF, DRAFT: default 1 = prompt lookup's candidates beside the
                                           model's; 0 = the model's alone (NGRAM: ignored) */
+  /* Since 1.3: structured output. At most one of these (NULL = unset); the
+   * reply then matches it: every token the constraint rejects is masked out
+   * of each row of logits before sampling (and before speculative
+   * verification), and the reply ends (EMBER_END_EOS) once it is complete.
+   * The text is copied. A schema, grammar or regex the engine cannot take
+   * fails ember_stream_start with INVALID_ARGUMENT and the engine's message;
+   * a library built without the grammar engine fails with UNSUPPORTED
+   * (ember_capabilities: structured_output). Compiled constraints are cached
+   * per engine: a second stream with the same one starts at once. Limits:
+   * 1 MiB of text, EMBER_MAX_CHOICES choices of at most 4 KiB each. */
+  const char* json_schema;    /* a JSON Schema (JSON text): the reply is compact JSON that validates */
+  const char* grammar;        /* a grammar in llama.cpp's GBNF notation (XGrammar's EBNF), rule "root" */
+  const char* regex;          /* a regular expression the whole reply matches */
+  const char* const* choices; /* NULL-terminated list: the reply is exactly one of them */
+  int32_t json_object;        /* 1: any JSON object (OpenAI's response_format "json_object"); default 0 */
 } ember_stream_params;
+
+#define EMBER_MAX_CHOICES 4096
 
 enum {
   EMBER_SPEC_NONE = 0,

@@ -324,6 +324,16 @@ namespace Ember
         public float SpecAlpha = 0.25f;
         /// <summary>"self" and "draft": prompt lookup beside the model (false: the model alone).</summary>
         public bool SpecLookup = true;
+        /// <summary>Structured output (at most one): the reply is compact JSON that validates against this JSON Schema.</summary>
+        public string JsonSchema;
+        /// <summary>The reply is a sentence of this GBNF grammar (llama.cpp's notation, rule "root").</summary>
+        public string Grammar;
+        /// <summary>The whole reply matches this regular expression.</summary>
+        public string Regex;
+        /// <summary>The reply is exactly one of these.</summary>
+        public IList<string> Choices = new List<string>();
+        /// <summary>The reply is a JSON object (OpenAI's json_object).</summary>
+        public bool JsonObject;
 
         private int Drafter()
         {
@@ -366,6 +376,11 @@ namespace Ember
             s.spec_max_depth = SpecMaxDepth;
             s.spec_alpha = SpecAlpha;
             s.spec_lookup = SpecLookup ? 1 : 0;
+            if (JsonSchema != null) s.set_json_schema(JsonSchema);
+            if (Grammar != null) s.set_grammar(Grammar);
+            if (Regex != null) s.set_regex(Regex);
+            foreach (var c in Choices) s.add_choice(c);
+            s.json_object = JsonObject ? 1 : 0;
             return s;
         }
     }

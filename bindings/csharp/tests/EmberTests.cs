@@ -158,6 +158,38 @@ static class EmberTests
         }
     }
 
+    static void StructuredOutput()
+    {
+        using (var s = engine.Session())
+        {
+            s.AddMessage("user", "Where does the sun rise?");
+            var g = Greedy(8);
+            g.Choices.Add("east");
+            g.Choices.Add("west");
+            var st = RunGreedy(s, g);
+            Check(st.Text == "east" || st.Text == "west", "a choice: '" + st.Text + "'");
+        }
+        using (var s = engine.Session())
+        {
+            s.AddMessage("user", "Which city is the capital of France? Answer in JSON.");
+            var g = Greedy(48);
+            g.JsonSchema = "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"maxLength\": 20}}, \"required\": [\"city\"]}";
+            var st = RunGreedy(s, g);
+            Check(System.Text.RegularExpressions.Regex.IsMatch(st.Text, "^\\{\"city\": \"[^\"]*\"\\}$"), "JSON of the schema: '" + st.Text + "'");
+            try
+            {
+                var bad = Greedy(4);
+                bad.Regex = "(";
+                s.Generate(bad).Dispose();
+                Check(false, "a bad regex is refused");
+            }
+            catch (EmberException e)
+            {
+                Eq(EmberException.InvalidArgument, e.Status, "status of a bad regex");
+            }
+        }
+    }
+
     static void CancelFromAnotherThread()
     {
         using (var s = engine.Session())
@@ -580,6 +612,7 @@ static class EmberTests
             new KeyValuePair<string, Action>("greedy_matches_the_c_api", GreedyMatchesTheCApi),
             new KeyValuePair<string, Action>("pieces_concatenate_to_the_reply", PiecesConcatenate),
             new KeyValuePair<string, Action>("stop_strings", StopStrings),
+            new KeyValuePair<string, Action>("structured_output", StructuredOutput),
             new KeyValuePair<string, Action>("cancel_from_another_thread", CancelFromAnotherThread),
             new KeyValuePair<string, Action>("two_sessions_on_two_threads", TwoSessionsOnTwoThreads),
             new KeyValuePair<string, Action>("save_load_continue_exactly", SaveLoadContinue),

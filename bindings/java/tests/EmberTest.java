@@ -171,6 +171,26 @@ public final class EmberTest {
     }
   }
 
+  static void structuredOutput() {
+    try (Session s = engine.session()) {
+      s.addMessage("user", "Where does the sun rise?");
+      Stream st = runGreedy(s, greedy(8).choices("east", "west"));
+      check(st.text().equals("east") || st.text().equals("west"), "a choice: '" + st.text() + "'");
+    }
+    try (Session s = engine.session()) {
+      s.addMessage("user", "Which city is the capital of France? Answer in JSON.");
+      String schema = "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"maxLength\": 20}}, \"required\": [\"city\"]}";
+      Stream st = runGreedy(s, greedy(48).jsonSchema(schema));
+      check(st.text().matches("\\{\"city\": \"[^\"]*\"\\}"), "JSON of the schema: '" + st.text() + "'");
+      try {
+        s.generate(greedy(4).regex("(")).close();
+        check(false, "a bad regex is refused");
+      } catch (EmberException e) {
+        eq(EmberException.INVALID_ARGUMENT, e.status(), "status of a bad regex");
+      }
+    }
+  }
+
   static void cancelFromAnotherThread() throws Exception {
     try (Session s = engine.session()) {
       s.addMessage("user", "Write a very long story about the sea.");
@@ -545,6 +565,7 @@ public final class EmberTest {
     tests.put("greedy_matches_the_c_api", EmberTest::greedyMatchesTheCApi);
     tests.put("pieces_concatenate_to_the_reply", EmberTest::piecesConcatenate);
     tests.put("stop_strings", EmberTest::stopStrings);
+    tests.put("structured_output", EmberTest::structuredOutput);
     tests.put("cancel_from_another_thread", EmberTest::cancelFromAnotherThread);
     tests.put("two_sessions_on_two_threads", EmberTest::twoSessionsOnTwoThreads);
     tests.put("save_load_continue_exactly", EmberTest::saveLoadContinue);

@@ -2,6 +2,7 @@
 bindings/ember.i). Every native call goes through emberc; this file only
 shapes the surface."""
 
+import json
 import os
 import threading
 from dataclasses import dataclass
@@ -306,7 +307,9 @@ class Session(_Closeable):
                  ignore_eos: bool = False, spec_drafter: Optional[str] = None, spec_self_layers: int = 0,
                  spec_draft_model: Optional[Model] = None, spec_threshold: float = 0.3, spec_max_nodes: int = 12,
                  spec_max_depth: int = 8, spec_alpha: float = 0.25, penalty_last_n: int = 64,
-                 spec_lookup: bool = True) -> "Stream":
+                 spec_lookup: bool = True, json_schema: Union[None, str, dict] = None,
+                 grammar: Optional[str] = None, regex: Optional[str] = None,
+                 choices: Optional[Sequence[str]] = None, json_object: bool = False) -> "Stream":
         """Starts generating from everything added so far; iterate the Stream for text pieces.
 
         Penalties look at the last penalty_last_n tokens (prompt included; -1 = all, 0 = off):
@@ -319,7 +322,13 @@ class Session(_Closeable):
         stream keeps it loaded). spec_threshold, spec_max_nodes (1..64), spec_max_depth (1..64) and
         spec_alpha shape the token tree; spec_lookup (default True) keeps prompt lookup beside the
         "self" and "draft" models (False: the model alone); Stream.stats reports drafted and accepted
-        tokens."""
+        tokens.
+
+        Structured output (at most one; see docs/API.md): json_schema (a dict or JSON text) makes the
+        reply JSON that validates against it, grammar a GBNF grammar (llama.cpp's notation, rule
+        "root"), regex a regular expression the whole reply matches, choices a list the reply is
+        exactly one of, json_object=True any JSON object. A constraint the engine cannot take raises
+        InvalidArgumentError when the stream starts."""
         if spec_drafter is None:
             spec_drafter = "none" if spec_draft_model is None else "draft"
         if not isinstance(spec_drafter, str) or spec_drafter not in _DRAFTERS:
@@ -351,6 +360,24 @@ class Session(_Closeable):
         s.spec_max_depth = int(spec_max_depth)
         s.spec_alpha = float(spec_alpha)
         s.spec_lookup = int(bool(spec_lookup))
+        given = [k for k, v in (("json_schema", json_schema), ("grammar", grammar), ("regex", regex),
+                                ("choices", choices)) if v is not None] + (["json_object"] if json_object else [])
+        if len(given) > 1:
+            raise InvalidArgumentError(f"at most one constraint, not {', '.join(given)}", 1)
+        if json_schema is not None:
+            s.set_json_schema(json_schema if isinstance(json_schema, str) else json.dumps(json_schema))
+        if grammar is not None:
+            s.set_grammar(str(grammar))
+        if regex is not None:
+            s.set_regex(str(regex))
+        if choices is not None:
+            if isinstance(choices, str):
+                raise InvalidArgumentError("choices must be a list of strings", 1)
+            for c in choices:
+                s.add_choice(str(c))
+            if not list(choices):
+                raise InvalidArgumentError("choices must not be empty", 1)
+        s.json_object = int(bool(json_object))
         if spec_draft_model is None:
             with self._g as h:
                 st = _c.eb_stream_start(h, s)

@@ -256,6 +256,28 @@ class EmberTest(unittest.TestCase):
             self.assertEqual(tokens, plain)
             self.assertEqual(st.drafted_tokens, 0)
 
+    def test_structured_output(self):
+        import json
+        schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                  "required": ["city"]}
+        with self.engine.session() as session:
+            session.add_message("user", "Which city is the capital of France? Answer in JSON.")
+            with session.generate(max_tokens=48, temperature=0, json_schema=schema) as stream:
+                reply = stream.read()
+            self.assertEqual(list(json.loads(reply).keys()), ["city"], reply)
+        with self.engine.session() as session:
+            session.add_message("user", "Where does the sun rise?")
+            with session.generate(max_tokens=8, temperature=0, choices=["east", "west"]) as stream:
+                self.assertIn(stream.read(), ("east", "west"))
+        with self.engine.session() as session:
+            session.add_message("user", "Is water wet?")
+            with session.generate(max_tokens=8, temperature=0, regex="(yes|no)") as stream:
+                self.assertIn(stream.read(), ("yes", "no"))
+            with self.assertRaises(ember.InvalidArgumentError):
+                session.generate(regex="(", max_tokens=4)
+            with self.assertRaises(ember.InvalidArgumentError):
+                session.generate(regex="a", grammar="root ::= \"a\"", max_tokens=4)
+
     def test_speculative_stream_keeps_its_draft_model(self):
         plain, _ = self.spec_greedy(("text", COUNTING), 16)
         draft = ember.Model(model_path())

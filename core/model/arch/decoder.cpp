@@ -244,9 +244,7 @@ void Decoder::norm(Pass& p, const DeviceWeight& w, const float* in, float* out) 
   backend_.rms_norm(in, w, p.n, c.n_embd, c.rms_eps, out);
 }
 
-void Decoder::scale_x(Pass& p, float s) {
-  backend_.scale(x_, static_cast<size_t>(p.n) * model_->config().n_embd, s);
-}
+void Decoder::scale_x(Pass& p, float s) { backend_.scale(x_, static_cast<size_t>(p.n) * model_->config().n_embd, s); }
 
 void Decoder::qkv(Pass& p, const LayerWeights& w) {
   matmul_group(backend_, p.segments, {{w.wq.get(), q_}, {w.wk.get(), k_}, {w.wv.get(), v_}}, h_);

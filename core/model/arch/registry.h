@@ -36,10 +36,10 @@ struct Architecture {
 };
 
 // Defines an architecture's registry entry (in its own file).
-#define EMBER_ARCHITECTURE(id, ...)                         \
-  const Architecture& architecture_##id() {                 \
-    static const Architecture kArchitecture = __VA_ARGS__;  \
-    return kArchitecture;                                   \
+#define EMBER_ARCHITECTURE(id, ...)                        \
+  const Architecture& architecture_##id() {                \
+    static const Architecture kArchitecture = __VA_ARGS__; \
+    return kArchitecture;                                  \
   }
 
 // nullptr when the architecture is not supported.

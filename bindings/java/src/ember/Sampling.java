@@ -79,6 +79,21 @@ public final class Sampling {
   /** self and draft: prompt lookup beside the model (default true); false: the model alone. */
   public Sampling specLookup(boolean on) { specLookup = on; return this; }
 
+  // Structured output (at most one; see docs/API.md).
+  String jsonSchema, grammar, regex;
+  final List<String> choices = new ArrayList<>();
+  boolean jsonObject;
+  /** The reply is compact JSON that validates against this JSON Schema (JSON text). */
+  public Sampling jsonSchema(String schema) { jsonSchema = schema; return this; }
+  /** The reply is a sentence of this GBNF grammar (llama.cpp's notation, rule "root"). */
+  public Sampling grammar(String g) { grammar = g; return this; }
+  /** The whole reply matches this regular expression. */
+  public Sampling regex(String re) { regex = re; return this; }
+  /** The reply is exactly one of these. */
+  public Sampling choices(String... options) { choices.addAll(Arrays.asList(options)); return this; }
+  /** The reply is a JSON object (OpenAI's json_object). */
+  public Sampling jsonObject(boolean on) { jsonObject = on; return this; }
+
   int drafter() {
     String d = specDrafter != null ? specDrafter : specDraftModel != null ? "draft" : "none";
     int kind;
@@ -119,6 +134,11 @@ public final class Sampling {
     s.setSpec_max_depth(specMaxDepth);
     s.setSpec_alpha(specAlpha);
     s.setSpec_lookup(specLookup ? 1 : 0);
+    if (jsonSchema != null) s.set_json_schema(jsonSchema);
+    if (grammar != null) s.set_grammar(grammar);
+    if (regex != null) s.set_regex(regex);
+    for (String c : choices) s.add_choice(c);
+    s.setJson_object(jsonObject ? 1 : 0);
     return s;
   }
 }
