@@ -3,7 +3,7 @@
 # (Release) and runs the whole CTest suite (the pre-AVX2 CPU test under qemu,
 # label isa, included), then rebuilds the C ABI and core tests with
 # ASan+UBSan and runs them, then a short run of every fuzz target
-# (tools/fuzz.sh, EMBER_FUZZ_SECONDS each, default 60; EMBER_SKIP_FUZZ=1 skips).
+# (tools/fuzz.sh, EMBER_FUZZ_SECONDS each, default 30; EMBER_SKIP_FUZZ=1 skips).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # ctest runs two test processes at once on 2 cores: OpenMP threads that spin
@@ -23,7 +23,8 @@ bash "$root/tools/build.sh" build -DEMBER_WERROR=ON -DEMBER_BUILD_BINDINGS=ON -D
 # threads, tokens and iterations, the same checks), which keeps the pass
 # within minutes on 2 cores. TSan: the C ABI tests (each drives the engine's
 # worker thread from the caller's; tests/capi/concurrency_test.cpp many
-# threads at once), with tests/capi/tsan.supp. Both without oneDNN
+# threads at once), with tests/capi/tsan.supp, at the reduced size too
+# (EMBER_TSAN_REDUCED=0 runs the full size: ~40 min on 2 cores). Both without oneDNN
 # (EMBER_WITH_ONEDNN=OFF: that build configuration is checked here too).
 if [ "${EMBER_SKIP_SANITIZERS:-0}" != "1" ]; then
   bash "$root/tools/build.sh" build-asan -DEMBER_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
@@ -34,7 +35,7 @@ if [ "${EMBER_SKIP_SANITIZERS:-0}" != "1" ]; then
   cmake -S "$root" -B "$root/build-tsan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEMBER_TSAN=ON \
     -DEMBER_WITH_CUDA=OFF -DEMBER_BUILD_BENCH=OFF -DEMBER_BUILD_BINDINGS=OFF -DEMBER_WITH_ONEDNN=OFF >/dev/null
   cmake --build "$root/build-tsan" -j "$(nproc)" --target test_capi
-  (cd "$root/build-tsan" && EMBER_TEST_REDUCED="${EMBER_TSAN_REDUCED:-0}" ctest --output-on-failure -j 2 \
+  (cd "$root/build-tsan" && EMBER_TEST_REDUCED="${EMBER_TSAN_REDUCED:-1}" ctest --output-on-failure -j 2 \
      --timeout 1800 -L test_capi -E '_NOT_BUILT|capi_exported_symbols')
 fi
 # The fuzz runs start from the committed seeds with a fixed mutation seed
@@ -43,7 +44,7 @@ fi
 # up to the engine's thread timing in the coverage), so a run of this script
 # before a submission predicts the CI's. Exploring is the long campaigns' job
 # (tools/fuzz.sh with a random seed, docs/RELIABILITY.md); this run replays the
-# seeds and reproducers and mutates from them for a minute.
+# seeds and reproducers and mutates from them for half a minute per target.
 if [ "${EMBER_SKIP_FUZZ:-0}" != "1" ]; then
-  EMBER_FUZZ_SEED="${EMBER_FUZZ_SEED:-1}" EMBER_FUZZ_SKIP_SETUP=1 bash "$root/tools/fuzz.sh" "${EMBER_FUZZ_SECONDS:-60}"
+  EMBER_FUZZ_SEED="${EMBER_FUZZ_SEED:-1}" EMBER_FUZZ_SKIP_SETUP=1 bash "$root/tools/fuzz.sh" "${EMBER_FUZZ_SECONDS:-30}"
 fi

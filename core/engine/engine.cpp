@@ -199,9 +199,11 @@ void Engine::plan(const std::vector<std::shared_ptr<Stream>>& streams, StepWork&
     return speculative::SpecStep::reclaim(specs);
   });
   w.plan = scheduler_->schedule(w.seqs, budget, token_budget);
-  for (const auto& [id, error] : budget.errors()) {
+  for (const auto& entry : budget.errors()) {
+    const auto id = entry.first;
+    const Error& error = entry.second;
     auto& run = w.plan.run;
-    run.erase(std::remove_if(run.begin(), run.end(), [&](const auto& r) { return r.first->id == id; }), run.end());
+    run.erase(std::remove_if(run.begin(), run.end(), [id](const auto& r) { return r.first->id == id; }), run.end());
     fail_stream(*w.streams[id], error.code(), error.message());
   }
   for (SchedSequence* f : w.plan.failed) {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -53,6 +54,13 @@ using StreamPtr = std::unique_ptr<ember_stream, StreamDeleter>;
 constexpr uint64_t kTestKvBytes = 48ull << 20;
 
 // RFC 3629 validation, written independently of the library's own.
+// EMBER_TEST_REDUCED=1 (the sanitizer passes of tools/test.sh): the same
+// checks on fewer threads, tokens and iterations.
+inline bool reduced_size() {
+  const char* e = std::getenv("EMBER_TEST_REDUCED");
+  return e && *e && *e != '0';
+}
+
 inline bool valid_utf8(const std::string& s) {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
   size_t i = 0, n = s.size();

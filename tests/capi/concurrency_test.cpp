@@ -33,11 +33,7 @@ constexpr int kMaxThreads = 8;
 
 // Full size, or the reduced size under EMBER_TEST_REDUCED=1.
 int sized(int full, int reduced) {
-  static const bool r = [] {
-    const char* e = std::getenv("EMBER_TEST_REDUCED");
-    return e && *e && *e != '0';
-  }();
-  return r ? reduced : full;
+  return reduced_size() ? reduced : full;
 }
 const int kThreads = sized(kMaxThreads, 4);
 const int32_t kMaxTokens = sized(12, 5);

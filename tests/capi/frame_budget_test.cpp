@@ -23,10 +23,7 @@ constexpr bool kTimed = true;
 #endif
 
 // EMBER_TEST_REDUCED=1 or a sanitizer build: 3 turns and a short prompt.
-bool reduced() {
-  const char* e = std::getenv("EMBER_TEST_REDUCED");
-  return !kTimed || (e && *e && *e != '0');
-}
+bool reduced() { return !kTimed || reduced_size(); }
 int turns() { return reduced() ? 3 : 30; }
 
 double ms_since(std::chrono::steady_clock::time_point t0) {

@@ -13,10 +13,7 @@ namespace {
 
 using namespace capi_test;
 
-bool reduced() {
-  const char* e = std::getenv("EMBER_TEST_REDUCED");
-  return e && *e && *e != '0';
-}
+bool reduced() { return reduced_size(); }
 
 ember_stream_stats_t stats_of(const ember_stream* s) {
   ember_stream_stats_t st;
