@@ -269,6 +269,10 @@ typedef struct ember_stream ember_stream;
 
 %ignore eb_event::text_;
 %ignore eb_event::tokens_;
+%ignore eb_event::tool_call_id_;
+%ignore eb_event::tool_name_;
+%ignore eb_event::tool_arguments_;
+%ignore eb_sampling::tool_name_;
 %ignore eb_sampling::stop_;
 %ignore eb_sampling::n_stop_;
 %ignore eb_sampling::constraint_;
@@ -314,6 +318,9 @@ typedef struct eb_event {
   int32_t status;      /* ERROR */
   char* text_;
   eb_tokens* tokens_;
+  char* tool_call_id_;   /* TOOL_CALL */
+  char* tool_name_;
+  char* tool_arguments_; /* JSON */
 } eb_event;
 
 /* Stream statistics (ember_stream_stats_t with fixed-width fields). */
@@ -381,6 +388,11 @@ typedef struct eb_sampling {
   int32_t constraint_kind_; /* 0 none, 1 json_schema, 2 grammar, 3 regex */
   char** choices_;
   int32_t n_choices_;
+  /* Tool calling (ember_stream_params.tool_choice, since 1.4): TOOL_CHOICE_*;
+   * FUNCTION names its tool with set_tool_name (copied). */
+  int32_t tool_choice;
+  int32_t parallel_tool_calls; /* 1 (default): several calls per reply */
+  char* tool_name_;
 } eb_sampling;
 %}
 
@@ -420,9 +432,15 @@ typedef struct eb_sampling {
   ~eb_event() {
     free($self->text_);
     if ($self->tokens_) { free($self->tokens_->data); free($self->tokens_); }
+    free($self->tool_call_id_);
+    free($self->tool_name_);
+    free($self->tool_arguments_);
     free($self);
   }
   const char* text() { return $self->text_ ? $self->text_ : ""; }
+  const char* tool_call_id() { return $self->tool_call_id_ ? $self->tool_call_id_ : ""; }
+  const char* tool_name() { return $self->tool_name_ ? $self->tool_name_ : ""; }
+  const char* tool_arguments() { return $self->tool_arguments_ ? $self->tool_arguments_ : ""; }
   int64_t n_tokens() { return $self->tokens_ ? $self->tokens_->n : 0; }
   int32_t token(int64_t i) {
     if (!$self->tokens_ || i < 0 || i >= $self->tokens_->n) { eb_fail(EMBER_ERR_INVALID_ARGUMENT, "token index out of range"); return 0; }
@@ -476,6 +494,8 @@ static void eb_sampling_set_constraint(eb_sampling* s, int32_t kind, const char*
     s->spec_max_depth = p.spec_max_depth;
     s->spec_alpha = p.spec_alpha;
     s->spec_lookup = p.spec_lookup;
+    s->tool_choice = p.tool_choice;
+    s->parallel_tool_calls = p.parallel_tool_calls;
     return s;
   }
   ~eb_sampling() {
@@ -484,7 +504,14 @@ static void eb_sampling_set_constraint(eb_sampling* s, int32_t kind, const char*
     for (int32_t i = 0; i < $self->n_choices_; ++i) free($self->choices_[i]);
     free($self->choices_);
     free($self->constraint_);
+    free($self->tool_name_);
     free($self);
+  }
+  void set_tool_name(const char* name) {
+    char* copy = strdup(name ? name : "");
+    if (!copy) { eb_fail(EMBER_ERR_OUT_OF_MEMORY, "out of memory"); return; }
+    free($self->tool_name_);
+    $self->tool_name_ = copy;
   }
   void set_json_schema(const char* schema) { eb_sampling_set_constraint($self, 1, schema); }
   void set_grammar(const char* grammar) { eb_sampling_set_constraint($self, 2, grammar); }
@@ -644,6 +671,10 @@ void eb_session_save(ember_session* session, const char* path) { eb_check(ember_
 void eb_session_add_message(ember_session* session, const char* role, const char* content) {
   eb_check(ember_session_add_message(session, role, content));
 }
+/* tools_json: an OpenAI tool list (JSON text); NULL or "" = none. */
+void eb_session_set_tools(ember_session* session, const char* tools_json) {
+  eb_check(ember_session_set_tools(session, tools_json && *tools_json ? tools_json : NULL));
+}
 void eb_session_add_text(ember_session* session, const char* text, int32_t parse_special) {
   eb_check(ember_session_add_text(session, text, parse_special));
 }
@@ -703,11 +734,14 @@ ember_stream* eb_stream_start(ember_session* session, const eb_sampling* s) {
     if (s->n_choices_ > 0) p.choices = (const char* const*)s->choices_;
     p.spec_lookup = s->spec_lookup;
     p.stop = s->n_stop_ ? (const char* const*)s->stop_ : NULL;
+    p.tool_choice = s->tool_choice;
+    p.parallel_tool_calls = s->parallel_tool_calls;
+    p.tool_name = s->tool_name_;
   }
   eb_check(ember_stream_start(session, &p, &st));
   return st;
 }
-/* Pulls the next event into *out: 1 = an event (TEXT or END), 0 = none within
+/* Pulls the next event into *out: 1 = an event (TEXT, TOOL_CALL or END), 0 = none within
  * timeout_ms, -1 = the stream had already ended. An ERROR event is filled in
  * and raised (its status and message). */
 int32_t eb_stream_next(ember_stream* stream, eb_event* out, int32_t timeout_ms) {
@@ -723,6 +757,19 @@ int32_t eb_stream_next(ember_stream* stream, eb_event* out, int32_t timeout_ms) 
   free(out->text_);
   out->text_ = NULL;
   if (out->tokens_) { free(out->tokens_->data); free(out->tokens_); out->tokens_ = NULL; }
+  free(out->tool_call_id_);
+  free(out->tool_name_);
+  free(out->tool_arguments_);
+  out->tool_call_id_ = out->tool_name_ = out->tool_arguments_ = NULL;
+  if (e.type == EMBER_EVENT_TOOL_CALL) {
+    out->tool_call_id_ = strdup(e.tool_call_id ? e.tool_call_id : "");
+    out->tool_name_ = strdup(e.tool_name ? e.tool_name : "");
+    out->tool_arguments_ = strdup(e.tool_arguments ? e.tool_arguments : "");
+    if (!out->tool_call_id_ || !out->tool_name_ || !out->tool_arguments_) {
+      eb_fail(EMBER_ERR_OUT_OF_MEMORY, "out of memory");
+      return -1;
+    }
+  }
   out->kind = e.type;
   out->end_reason = e.end_reason;
   out->status = e.status;
@@ -785,6 +832,11 @@ void ember_stream_release(ember_stream* stream);
 %constant int32_t EVENT_TEXT = EMBER_EVENT_TEXT;
 %constant int32_t EVENT_END = EMBER_EVENT_END;
 %constant int32_t EVENT_ERROR = EMBER_EVENT_ERROR;
+%constant int32_t EVENT_TOOL_CALL = EMBER_EVENT_TOOL_CALL;
+%constant int32_t TOOL_CHOICE_AUTO = EMBER_TOOL_CHOICE_AUTO;
+%constant int32_t TOOL_CHOICE_NONE = EMBER_TOOL_CHOICE_NONE;
+%constant int32_t TOOL_CHOICE_REQUIRED = EMBER_TOOL_CHOICE_REQUIRED;
+%constant int32_t TOOL_CHOICE_FUNCTION = EMBER_TOOL_CHOICE_FUNCTION;
 %constant int32_t END_NONE = EMBER_END_NONE;
 %constant int32_t END_EOS = EMBER_END_EOS;
 %constant int32_t END_STOP_STRING = EMBER_END_STOP_STRING;

@@ -199,6 +199,9 @@ void full_stream_defaults(ember_stream_params* params) {
   params->regex = nullptr;
   params->choices = nullptr;
   params->json_object = 0;
+  params->tool_choice = EMBER_TOOL_CHOICE_AUTO;
+  params->tool_name = nullptr;
+  params->parallel_tool_calls = 1;
 }
 
 // 1.0 sizes of the parameter structs: what the 1.0 entry points
@@ -343,6 +346,22 @@ ember::StreamParams to_stream_params(const ember_stream_params& p) {
   }
   s.spec.draft_lookup = p.spec_lookup != 0;
   s.constraint = to_constraint(p);
+  if (p.tool_choice < EMBER_TOOL_CHOICE_AUTO || p.tool_choice > EMBER_TOOL_CHOICE_FUNCTION) {
+    throw Error(StatusCode::kInvalidArgument, "stream params: unknown tool_choice");
+  }
+  if (p.parallel_tool_calls != 0 && p.parallel_tool_calls != 1) {
+    throw Error(StatusCode::kInvalidArgument, "stream params: parallel_tool_calls must be 0 or 1");
+  }
+  s.tool_choice.mode = static_cast<ember::chat::ToolChoice::Mode>(p.tool_choice);
+  s.tool_choice.parallel = p.parallel_tool_calls != 0;
+  if (p.tool_choice == EMBER_TOOL_CHOICE_FUNCTION) {
+    if (!p.tool_name) throw Error(StatusCode::kInvalidArgument, "stream params: tool_choice FUNCTION needs tool_name");
+    const size_t n = strnlen(p.tool_name, ember::chat::ToolSet::kMaxNameBytes + 1);
+    if (n > ember::chat::ToolSet::kMaxNameBytes) {
+      throw Error(StatusCode::kInvalidArgument, "stream params: tool_name is longer than 256 bytes");
+    }
+    s.tool_choice.name.assign(p.tool_name, n);
+  }
   if (p.stop) {
     // Bounded: one past the core's limit is enough for it to refuse.
     for (size_t i = 0; p.stop[i] && i <= ember::StreamParams::kMaxStopStrings; ++i) {
@@ -368,6 +387,11 @@ ember_event to_event(const ember::StreamEvent& e) {
   out.n_tokens = e.tokens.size();
   out.end_reason = static_cast<int32_t>(e.end_reason);
   out.status = static_cast<ember_status>(e.status);
+  if (e.type == ember::StreamEvent::kToolCall) {
+    out.tool_call_id = e.call.id.c_str();
+    out.tool_name = e.call.name.c_str();
+    out.tool_arguments = e.call.arguments.c_str();
+  }
   return out;
 }
 
@@ -739,6 +763,19 @@ ember_status ember_session_add_message(ember_session* session, const char* role,
     const std::string r = checked_text(role, "role");
     const std::string c = checked_text(content, "content");
     session->session->add_message(r, c);
+  });
+}
+
+ember_status ember_session_set_tools(ember_session* session, const char* tools_json) {
+  return guarded([&] {
+    require(session != nullptr, "session is NULL");
+    std::string json;
+    if (tools_json) {
+      // Bounded before it is copied: one byte past the core's limit is enough for it to refuse.
+      const size_t n = strnlen(tools_json, ember::chat::ToolSet::kMaxJsonBytes + 1);
+      json.assign(tools_json, n);
+    }
+    session->session->set_tools(json);
   });
 }
 

@@ -31,6 +31,7 @@ at the top, then records made of a keyword line followed, for blobs, by
 exactly N raw bytes and a newline:
     bos N\n<bytes>\n            eos N\n<bytes>\n
     case NAME GEN NMSG\n        then NMSG x (role N\n<bytes>\n content N\n<bytes>\n)
+    tools_case NAME GEN NMSG\n  then tools N\n<JSON bytes>\n and the messages as for case
     snippet NAME\n template N\n<bytes>\n
     expect ok N\n<bytes>\n  |  expect error KIND N\n<message bytes>\n
 KIND is `raise` for raise_exception (message must match exactly) or `error`
@@ -88,6 +89,30 @@ CONVERSATIONS = [
     ("bad_alternation", [m("user", "one"), m("user", "two")]),
     ("empty", []),
     ("long", [m("user" if k % 2 == 0 else "assistant", f"turn {k} " + "word " * (k % 7)) for k in range(40)]),
+]
+
+# Tool calling (core/chat/tools.h): the same templates with `tools` set to an
+# OpenAI tool list (as transformers passes a list of dicts), and messages with
+# a tool call in the assistant's text and a role-"tool" result.
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather — in a city",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "description": "City name, e.g. Zürich"},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}},
+    {"type": "function", "function": {
+        "name": "move_to", "description": "Walk the NPC to a place",
+        "parameters": {"type": "object", "properties": {
+            "x": {"type": "number", "minimum": -100.5}, "y": {"type": "integer"}, "run": {"type": "boolean"}},
+            "required": ["x", "y"]}}},
+]
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+TOOL_CONVERSATIONS = [
+    ("tools_first_turn", [m("system", "You are a helpful assistant."), m("user", "Weather in Paris?")]),
+    ("tools_no_system", [m("user", "Walk to 3, 4.")]),
+    ("tools_round_trip", [m("user", "Weather in Paris?"), m("assistant", CALL), m("tool", '{"temp": 21.5}'),
+                          m("user", "And tomorrow?")]),
+    ("tools_result_last", [m("user", "Weather in Paris?"), m("assistant", CALL), m("tool", "sunny, 21 C")]),
 ]
 
 # Small templates exercising the Jinja subset; rendered with
@@ -240,11 +265,11 @@ def make_env():
     return env
 
 
-def render(env, source, messages, gen, bos, eos):
+def render(env, source, messages, gen, bos, eos, tools=None):
     """Returns ('ok', text) or ('raise'|'error', message)."""
     try:
         tpl = env.from_string(source)
-        return "ok", tpl.render(messages=messages, tools=None, documents=None, add_generation_prompt=gen,
+        return "ok", tpl.render(messages=messages, tools=tools, documents=None, add_generation_prompt=gen,
                                 bos_token=bos, eos_token=eos)
     except TemplateError as e:
         if type(e) is TemplateError:  # raise_exception
@@ -285,6 +310,14 @@ def build_template_golden(env, name, source):
             for msg in msgs:
                 out += blob("role", msg["role"]) + blob("content", msg["content"])
             out += expect(render(env, source, msgs, gen, bos, eos))
+    tools_json = json.dumps(TOOLS, ensure_ascii=False)
+    for conv_name, msgs in TOOL_CONVERSATIONS:
+        for gen in (True, False):
+            out += f"tools_case {conv_name} {int(gen)} {len(msgs)}\n".encode()
+            out += blob("tools", tools_json)
+            for msg in msgs:
+                out += blob("role", msg["role"]) + blob("content", msg["content"])
+            out += expect(render(env, source, msgs, gen, bos, eos, tools=json.loads(tools_json)))
     return bytes(out)
 
 

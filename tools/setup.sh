@@ -2,7 +2,7 @@
 # Installs everything Ember needs to build and test, idempotently, and fetches
 # the default model into $EMBER_HOME (default ~/.cache/ember).
 # Debian 12: build tools, oneDNN (libdnnl-dev, OpenMP runtime), GoogleTest,
-# Google Benchmark, ccache; clang with libFuzzer and OpenMP (tools/fuzz.sh);
+# Google Benchmark, ccache, nlohmann-json (JSON in the tools and chat code); clang with libFuzzer and OpenMP (tools/fuzz.sh);
 # qemu-user (the pre-AVX2 CPU test, label isa); the bindings' toolchains (SWIG,
 # JDK, mono, Go); XGrammar's source (tools/fetch_xgrammar.sh). Safe to run
 # again: it only installs what is missing.
@@ -28,21 +28,29 @@ done
 
 packages=(build-essential cmake ninja-build pkg-config libdnnl-dev libgtest-dev googletest
           libbenchmark-dev ccache python3 python3-venv unzip
-          clang libclang-rt-dev libomp-dev qemu-user)
+          clang libclang-rt-dev libomp-dev qemu-user nlohmann-json3-dev)
 # Language bindings (bindings/): SWIG, Python headers and offline pip install,
 # a JDK, mono (mcs + runtime) and Go.
 packages+=(swig python3-dev python3-setuptools python3-wheel openjdk-17-jdk-headless
            mono-mcs mono-runtime golang-go)
+sudo_cmd=""
+[ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if ((${#missing[@]})); then
   echo "setup: installing ${missing[*]}" >&2
-  sudo_cmd=""
-  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
   $sudo_cmd apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# tests/structured/eval_schemas.py validates replies with Python's jsonschema:
+# Debian's package for Debian's python3, pip for another python3 first in PATH.
+if ! python3 -c "import jsonschema" 2>/dev/null; then
+  python3 -m pip install -q "jsonschema>=4" 2>/dev/null ||
+    { $sudo_cmd apt-get install -y -qq python3-jsonschema >/dev/null; } ||
+    echo "setup: warning: could not install Python's jsonschema (test structured_output_eval needs it)" >&2
 fi
 
 bash "$here/fetch_model.sh" >/dev/null

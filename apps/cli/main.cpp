@@ -187,6 +187,12 @@ ember_stream_stats_t run_stream(ember_session* session, const ember_stream_param
       if (ev.type == EMBER_EVENT_TEXT) {
         std::fwrite(ev.text, 1, ev.text_length, stdout);
         std::fflush(stdout);
+      } else if (ev.type == EMBER_EVENT_TOOL_CALL) {
+        // One JSON line per call (the id and name need no escaping; the
+        // arguments are JSON already).
+        std::printf("{\"tool_call\": {\"id\": \"%s\", \"name\": \"%s\", \"arguments\": %s}}\n", ev.tool_call_id,
+                    ev.tool_name, ev.tool_arguments);
+        std::fflush(stdout);
       } else if (ev.type == EMBER_EVENT_ERROR) {
         throw CliError(std::string("generation failed: ") + ember_last_error());
       } else {
@@ -266,6 +272,32 @@ void apply_constraint(const Args& a, ember_stream_params& sp, ConstraintText& ho
   }
 }
 
+// Tool calling: --tools FILE (an OpenAI tool list, JSON) [--tool-choice
+// auto|none|required|NAME]; the session must be a chat.
+const std::vector<std::string> kToolOpts = {"--tools", "--tool-choice"};
+struct ToolText {
+  std::string json, name;
+};
+
+void apply_tools(const Args& a, ember_session* session, ember_stream_params& sp, ToolText& holder) {
+  if (a.has("--tool-choice") && !a.has("--tools")) throw CliError("--tool-choice needs --tools");
+  if (!a.has("--tools")) return;
+  holder.json = read_file(a.str("--tools"));
+  check(ember_session_set_tools(session, holder.json.c_str()), "setting the tools");
+  const std::string choice = a.has("--tool-choice") ? a.str("--tool-choice") : "auto";
+  if (choice == "auto") {
+    sp.tool_choice = EMBER_TOOL_CHOICE_AUTO;
+  } else if (choice == "none") {
+    sp.tool_choice = EMBER_TOOL_CHOICE_NONE;
+  } else if (choice == "required") {
+    sp.tool_choice = EMBER_TOOL_CHOICE_REQUIRED;
+  } else {
+    sp.tool_choice = EMBER_TOOL_CHOICE_FUNCTION;
+    holder.name = choice;
+    sp.tool_name = holder.name.c_str();
+  }
+}
+
 std::vector<std::string> with(std::vector<std::string> opts, const std::vector<std::string>& more) {
   opts.insert(opts.end(), more.begin(), more.end());
   return opts;
@@ -291,8 +323,9 @@ int cmd_generate(int argc, char** argv) {
   Args a(argc, argv, 2,
          with({"-m", "-p", "-n", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--presence-penalty",
                "--frequency-penalty", "--penalty-last-n", "--seed", "-t"},
-              with(kSpecOpts, kConstraintOpts)),
+              with(kSpecOpts, with(kConstraintOpts, kToolOpts))),
          {"--chat", "--stats", "--json"});
+  if (a.has("--tools") && !a.has("--chat")) throw CliError("--tools needs --chat (tools are for chat sessions)");
   if (!a.has("-p")) throw CliError("generate needs -p PROMPT");
   ember_stream_params sp = stream_params(a);
   SpecChoice spec;
@@ -302,6 +335,8 @@ int cmd_generate(int argc, char** argv) {
   Handles h;
   load(h, a, static_cast<int>(a.integer("-t", 0, 0, 1024)));
   const std::string prompt = a.str("-p");
+  ToolText tools;
+  apply_tools(a, h.session, sp, tools);
   if (a.has("--chat")) {
     check(ember_session_add_message(h.session, "user", prompt.c_str()), "adding the prompt");
   } else {
@@ -327,14 +362,17 @@ int cmd_generate(int argc, char** argv) {
 int cmd_chat(int argc, char** argv) {
   Args a(argc, argv, 2,
          {"-m", "-n", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--presence-penalty",
-          "--frequency-penalty", "--penalty-last-n", "--seed", "-t", "--system"},
+          "--frequency-penalty", "--penalty-last-n", "--seed", "-t", "--system", "--tools", "--tool-choice"},
          {});
-  const ember_stream_params sp = stream_params(a);
+  ember_stream_params sp = stream_params(a);
   Handles h;
   load(h, a, static_cast<int>(a.integer("-t", 0, 0, 1024)));
   if (a.has("--system"))
     check(ember_session_add_message(h.session, "system", a.str("--system").c_str()), "system prompt");
-  std::fprintf(stderr, "ember chat — type a message; /reset starts over, /exit or Ctrl-D quits.\n");
+  ToolText tools;
+  apply_tools(a, h.session, sp, tools);
+  std::fprintf(stderr, "ember chat — type a message; /tool TEXT sends a tool's result, /reset starts over, /exit or "
+                       "Ctrl-D quits.\n");
   std::string line;
   for (;;) {
     std::fprintf(stderr, "> ");
@@ -346,7 +384,9 @@ int cmd_chat(int argc, char** argv) {
       continue;
     }
     if (line.empty()) continue;
-    ember_status st = ember_session_add_message(h.session, "user", line.c_str());
+    const bool tool_result = line.rfind("/tool ", 0) == 0;
+    ember_status st = tool_result ? ember_session_add_message(h.session, "tool", line.c_str() + 6)
+                                  : ember_session_add_message(h.session, "user", line.c_str());
     if (st != EMBER_OK) {
       std::fprintf(stderr, "error: %s\n", ember_last_error());
       continue;
@@ -1111,7 +1151,9 @@ void usage() {
       "             [--spec-alpha A] [--spec-lookup 0|1] [--stats]\n"
       "             [--json-schema FILE | --grammar FILE | --regex RE | --json]   # structured output: the reply\n"
       "             # matches a JSON schema, a GBNF grammar (root rule \"root\"), a regex, or is a JSON object\n"
-      "  chat       [-m MODEL] [--system TEXT]\n"
+      "             [--tools FILE [--tool-choice auto|none|required|NAME]]   # with --chat: tool calling (an\n"
+      "             # OpenAI tool list); each call is printed as a JSON line {\"tool_call\": {id, name, arguments}}\n"
+      "  chat       [-m MODEL] [--system TEXT] [--tools FILE [--tool-choice C]]   # /tool TEXT: a tool's result\n"
       "  (generate and chat) [--min-p P] [--repeat-penalty R] [--presence-penalty P] [--frequency-penalty F]\n"
       "             [--penalty-last-n N]   # penalties over the last N tokens (-1: all, 0: off; default 64)\n"
       "  perplexity [-m MODEL] -f FILE [--ctx C] [--max-tokens N]\n"

@@ -411,9 +411,18 @@ func newSession(e *Engine, p emberc.Struct_SS_ember_session) *Session {
 // Close releases the session (a running stream is cancelled and keeps it alive).
 func (s *Session) Close() error { s.h.close(nil); return nil }
 
-// AddMessage appends a chat message ("system", "user", "assistant").
+// AddMessage appends a chat message ("system", "user", "assistant", or "tool": a tool's result).
 func (s *Session) AddMessage(role, content string) error {
 	return use0(s.h, func(p emberc.Struct_SS_ember_session) { emberc.Eb_session_add_message(p, role, content) })
+}
+
+// SetTools sets the tools the model may call from the next stream on: an
+// OpenAI tool list as JSON text, [{"type": "function", "function": {"name",
+// "description", "parameters"}}, ...]; "" = none. Calls come out in
+// Stream.ToolCalls, not in the text; send a result back with
+// AddMessage("tool", result).
+func (s *Session) SetTools(toolsJSON string) error {
+	return use0(s.h, func(p emberc.Struct_SS_ember_session) { emberc.Eb_session_set_tools(p, toolsJSON) })
 }
 
 // AddText appends raw text (completion mode).
@@ -485,6 +494,11 @@ type Sampling struct {
 	Regex      string   // the whole reply matches this regular expression
 	Choices    []string // the reply is exactly one of these
 	JSONObject bool     // the reply is a JSON object (OpenAI's json_object)
+
+	// Tool calling, for a session with tools (Session.SetTools; see docs/API.md).
+	// Calls come out in Stream.ToolCalls, not in the text.
+	ToolChoice          string // "" or "auto" (default), "none", "required" (at least one call) or a tool's name (exactly one call, of it)
+	NoParallelToolCalls bool   // at most one call per reply (default: several)
 }
 
 // DefaultSampling returns the library's defaults.
@@ -566,6 +580,18 @@ func (s *Session) Generate(opts *Sampling) (*Stream, error) {
 		raw.Add_choice(c)
 	}
 	raw.SetJson_object(b2i(o.JSONObject))
+	switch o.ToolChoice {
+	case "", "auto":
+		raw.SetTool_choice(emberc.TOOL_CHOICE_AUTO)
+	case "none":
+		raw.SetTool_choice(emberc.TOOL_CHOICE_NONE)
+	case "required":
+		raw.SetTool_choice(emberc.TOOL_CHOICE_REQUIRED)
+	default:
+		raw.SetTool_choice(emberc.TOOL_CHOICE_FUNCTION)
+		raw.Set_tool_name(o.ToolChoice)
+	}
+	raw.SetParallel_tool_calls(b2i(!o.NoParallelToolCalls))
 	start := func() (emberc.Struct_SS_ember_stream, error) {
 		return use(s.h, func(h emberc.Struct_SS_ember_session) emberc.Struct_SS_ember_stream {
 			return emberc.Eb_stream_start(h, raw)
@@ -625,7 +651,15 @@ func (r EndReason) String() string {
 	return [...]string{"none", "eos", "stop_string", "max_tokens", "cancelled", "context_full"}[r]
 }
 
-// Stream is one generation. Next returns its text pieces, then io.EOF.
+// ToolCall is a call the model made to one of the session's tools (Session.SetTools).
+type ToolCall struct {
+	ID        string // "call_<n>", unique in the session
+	Name      string // one of the session's tools
+	Arguments string // compact JSON text that validates against the tool's parameters
+}
+
+// Stream is one generation. Next returns its text pieces, then io.EOF;
+// ToolCalls holds the tool calls read so far (not in the text).
 // Cancel may be called from any goroutine.
 type Stream struct {
 	h          *handle[emberc.Struct_SS_ember_stream]
@@ -635,6 +669,7 @@ type Stream struct {
 	ev         emberc.Eb_event
 	text       strings.Builder
 	tokens     []int
+	toolCalls  []ToolCall
 	ended      bool
 	reason     EndReason
 }
@@ -667,6 +702,10 @@ func (st *Stream) NextTimeout(timeoutMs int) (string, error) {
 		for i := int64(0); i < n; i++ {
 			st.tokens = append(st.tokens, st.ev.Token(i))
 		}
+		if st.ev.GetKind() == emberc.EVENT_TOOL_CALL {
+			st.toolCalls = append(st.toolCalls, ToolCall{st.ev.Tool_call_id(), st.ev.Tool_name(), st.ev.Tool_arguments()})
+			continue
+		}
 		if piece := st.ev.Text(); piece != "" {
 			st.text.WriteString(piece)
 			return piece, nil
@@ -694,6 +733,13 @@ func (st *Stream) Tokens() []int {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	return append([]int(nil), st.tokens...)
+}
+
+// ToolCalls are the tool calls read so far (all of them once Next returned io.EOF).
+func (st *Stream) ToolCalls() []ToolCall {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return append([]ToolCall(nil), st.toolCalls...)
 }
 
 // EndReason is why it ended (valid once Next returned io.EOF).

@@ -2,6 +2,7 @@
 package ember
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -290,6 +291,54 @@ func TestStructuredOutput(t *testing.T) {
 	} else if ee, isErr := err.(*Error); !isErr || ee.Status != StatusInvalidArgument {
 		t.Fatalf("bad regex: %v", err)
 	}
+}
+
+func TestToolCalling(t *testing.T) {
+	_, e := setup(t)
+	s := must(e.NewSession(nil))(t)
+	defer s.Close()
+	tools := `[{"type": "function", "function": {"name": "move_to", "description": "Walk to a point",
+		"parameters": {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+		"required": ["x", "y"]}}}]`
+	ok(t, s.SetTools(tools))
+	ok(t, s.AddMessage("user", "Walk to x 3, y 4."))
+	g := greedy(64)
+	g.ToolChoice = "move_to"
+	st := runGreedy(t, s, g)
+	if st.Text() != "" {
+		t.Fatalf("text beside a forced call: %q", st.Text())
+	}
+	if len(st.Tokens()) == 0 {
+		t.Fatal("the call's tokens are not in Tokens()")
+	}
+	calls := st.ToolCalls()
+	if len(calls) != 1 || calls[0].Name != "move_to" || !strings.HasPrefix(calls[0].ID, "call_") {
+		t.Fatalf("calls %+v", calls)
+	}
+	var args map[string]any
+	ok(t, json.Unmarshal([]byte(calls[0].Arguments), &args))
+	if len(args) != 2 {
+		t.Fatalf("arguments %s", calls[0].Arguments)
+	}
+	for _, k := range []string{"x", "y"} {
+		if v, isNum := args[k].(float64); !isNum || v != math.Trunc(v) {
+			t.Fatalf("arguments %s: %s is not an integer", calls[0].Arguments, k)
+		}
+	}
+	ok(t, s.AddMessage("tool", "arrived"))
+	g = greedy(8)
+	g.ToolChoice = "none"
+	if calls := runGreedy(t, s, g).ToolCalls(); len(calls) != 0 {
+		t.Fatalf("calls with ToolChoice none: %+v", calls)
+	}
+	g = greedy(4)
+	g.ToolChoice = "fly_to"
+	expectAllRefused(t, s, []*Sampling{g}, "an unknown tool")
+	expectStatus(t, s.SetTools("not json"), StatusInvalidArgument)
+	ok(t, s.SetTools(""))
+	g = greedy(4)
+	g.ToolChoice = "required"
+	expectAllRefused(t, s, []*Sampling{g}, "required without tools")
 }
 
 func TestCancelFromAnotherGoroutine(t *testing.T) {
@@ -733,6 +782,7 @@ func TestSamplingDefaultsAreTheLibrarys(t *testing.T) {
 		{"PresencePenalty", g.PresencePenalty, d.GetPresence_penalty()},
 		{"FrequencyPenalty", g.FrequencyPenalty, d.GetFrequency_penalty()},
 		{"PenaltyLastN", g.PenaltyLastN, d.GetPenalty_last_n()},
+		{"ParallelToolCalls", b2i(!g.NoParallelToolCalls), d.GetParallel_tool_calls()},
 	} {
 		if c.got != c.want {
 			t.Errorf("DefaultSampling().%s = %v, want the library's %v", c.name, c.got, c.want)

@@ -8,8 +8,9 @@
 // see core/chat/jinja.h and tests/golden/chat/README.md.
 //
 // Render variables: messages (a list of {'role': ..., 'content': ...} dicts),
-// add_generation_prompt, bos_token, eos_token, and tools = documents = None
-// (as transformers passes them when no tools/documents are given).
+// add_generation_prompt, bos_token, eos_token, tools (None, as transformers
+// passes it when no tools are given, or the tool list: parsed JSON, as
+// transformers passes a list of dicts) and documents = None.
 #pragma once
 
 #include <memory>
@@ -29,6 +30,8 @@ struct ChatMessage {
 struct ChatTemplateOptions {
   bool add_generation_prompt = true;
   std::string bos_token, eos_token;
+  // A JSON array (core/chat/tools.h checks it) for `tools`; "" = None.
+  std::string tools_json;
 };
 
 class ChatTemplate {
@@ -46,9 +49,11 @@ class ChatTemplate {
   // kUnsupported for a construct reached at render time that the subset
   // does not implement.
   std::string apply(const std::vector<ChatMessage>& messages, const ChatTemplateOptions& options) const;
+  const std::string& source() const { return *source_; }
 
  private:
   std::shared_ptr<const jinja::Program> program_;
+  std::shared_ptr<const std::string> source_;
 };
 
 }  // namespace ember

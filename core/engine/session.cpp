@@ -47,6 +47,19 @@ void Session::add_message(const std::string& role, const std::string& content) {
   messages_.push_back({role, content});
 }
 
+void Session::set_tools(const std::string& tools_json) {
+  const Model& model = engine().model();
+  if (!model.chat_template()) fail(StatusCode::kUnsupported, model.chat_template_error());
+  std::shared_ptr<const chat::ToolSet> tools;
+  if (!tools_json.empty()) tools = chat::parse_tools(tools_json);
+  std::lock_guard<std::mutex> lock(kv_->mutex());
+  require_idle_locked();
+  if (mode_ == Mode::kText) {
+    fail(StatusCode::kInvalidArgument, "set_tools: the session holds raw text; tools need a chat session");
+  }
+  tools_ = std::move(tools);
+}
+
 void Session::add_text(const std::string& text, bool parse_special) {
   const Tokenizer& tok = engine().model().tokenizer();
   std::lock_guard<std::mutex> lock(kv_->mutex());
@@ -93,6 +106,7 @@ void Session::reset() {
   require_idle_locked();
   kv_manager_.reset(*kv_);
   messages_.clear();
+  tools_.reset();
   mode_ = Mode::kEmpty;
 }
 
@@ -117,8 +131,49 @@ void Session::sync_chat_tokens_locked() {
   opts.add_generation_prompt = true;
   if (tok.bos() >= 0) opts.bos_token = tok.token_to_piece(tok.bos());
   if (tok.eos() >= 0) opts.eos_token = tok.token_to_piece(tok.eos());
-  const std::string text = model.chat_template()->apply(messages_, opts);
+  const ChatTemplate& tmpl = *model.chat_template();
+  std::string text;
+  if (!tools_) {
+    text = tmpl.apply(messages_, opts);
+  } else {
+    // A template that knows tools gets them as its `tools` variable; any
+    // other is told about them in a system message (core/chat/tools.h).
+    const chat::ToolFormat format = chat::detect_tool_format(tmpl.source());
+    if (format != chat::ToolFormat::kGeneric) opts.tools_json = tools_->json;
+    text = tmpl.apply(chat::messages_for(messages_, *tools_, format), opts);
+  }
   kv_manager_.replace_history(*kv_, tok.encode(text, true, true));
+}
+
+void Session::prepare_tool_calls_locked(StreamParams& params) const {
+  using Mode = chat::ToolChoice::Mode;
+  const chat::ToolChoice& choice = params.tool_choice;
+  if (!tools_ || tools_->tools.empty() || mode_ != Session::Mode::kChat) {
+    if (choice.mode == Mode::kRequired || choice.mode == Mode::kFunction) {
+      fail(StatusCode::kInvalidArgument,
+           "stream_start: tool_choice requires a tool but the session has none (tools need a chat session)");
+    }
+    return;
+  }
+  if (choice.mode == Mode::kNone) return;
+  if (params.constraint.active()) {
+    fail(StatusCode::kInvalidArgument,
+         "stream_start: a stream that may call tools takes no other constraint (json_schema, grammar, regex, "
+         "choices, json_object); set tool_choice to none to use one");
+  }
+  const Model& model = engine().model();
+  params.tool_calls = true;
+  params.tool_format = chat::detect_tool_format(model.chat_template()->source());
+  if (!grammar::available()) {
+    // Calls are still recognised, but nothing holds them to their schema.
+    if (choice.mode != Mode::kAuto) {
+      fail(StatusCode::kUnsupported,
+           "stream_start: a required or named tool_choice needs the grammar engine, which this build lacks");
+    }
+    return;
+  }
+  params.constraint.kind = grammar::Constraint::Kind::kStructuralTag;
+  params.constraint.text = chat::tool_constraint(*tools_, params.tool_format, choice);
 }
 
 std::shared_ptr<Stream> Session::submit_locked(std::shared_ptr<Stream> stream) {
@@ -129,12 +184,14 @@ std::shared_ptr<Stream> Session::submit_locked(std::shared_ptr<Stream> stream) {
   return stream;
 }
 
-std::shared_ptr<Stream> Session::start(const StreamParams& params) {
-  params.validate();
+std::shared_ptr<Stream> Session::start(const StreamParams& user_params) {
+  user_params.validate();
+  StreamParams params = user_params;
   std::shared_ptr<Stream> stream;
   {
     std::lock_guard<std::mutex> lock(kv_->mutex());
     require_idle_locked();
+    prepare_tool_calls_locked(params);
     if (mode_ == Mode::kChat) sync_chat_tokens_locked();
     const size_t n_tokens = kv_->tokens().size();
     if (n_tokens == 0)

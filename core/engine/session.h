@@ -9,7 +9,10 @@
 #include <string>
 #include <vector>
 
+#include <atomic>
+
 #include "core/chat/chat_template.h"
+#include "core/chat/tools.h"
 #include "core/kv_cache/kv_manager.h"
 #include "core/kv_cache/streaming.h"
 
@@ -42,6 +45,11 @@ class Session : public std::enable_shared_from_this<Session> {
   ~Session();
 
   void add_message(const std::string& role, const std::string& content);
+  // The tools the model may call from now on (core/chat/tools.h: an OpenAI
+  // tool list as JSON; "" = none). Chat sessions only. Throws ember::Error.
+  void set_tools(const std::string& tools_json);
+  // Numbers the session's tool calls: call_1, call_2, ... (any thread).
+  uint64_t next_tool_call_number() { return ++tool_calls_; }
   void add_text(const std::string& text, bool parse_special);
   void add_tokens(std::vector<int32_t> ids);
   void reset();
@@ -87,6 +95,8 @@ class Session : public std::enable_shared_from_this<Session> {
   // common prefix with the history stays computed.
   void sync_chat_tokens_locked();
   std::shared_ptr<Stream> submit_locked(std::shared_ptr<Stream> stream);
+  // With tools: the stream parses calls, under the tools' constraint.
+  void prepare_tool_calls_locked(StreamParams& params) const;
 
   std::shared_ptr<EngineOwner> engine_;
   KvManager& kv_manager_;
@@ -97,7 +107,9 @@ class Session : public std::enable_shared_from_this<Session> {
   bool busy_ = false;
   Mode mode_ = Mode::kEmpty;
   std::vector<ChatMessage> messages_;
+  std::shared_ptr<const chat::ToolSet> tools_;
   std::weak_ptr<Stream> active_;
+  std::atomic<uint64_t> tool_calls_{0};
 };
 
 }  // namespace ember

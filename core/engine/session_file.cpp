@@ -1,11 +1,12 @@
 // Session save and restore (ember_session_save / ember_session_load).
 //
-// File layout (little-endian), version 2 (version 1 lacks the generated-token
-// flags; such files load with every token counted as prompt):
+// File layout (little-endian), version 3 (version 2 lacks the tools; version
+// 1 also the generated-token flags: such files load with every token counted
+// as prompt):
 //
 //   header (48 bytes)
 //     char[8]  magic "EMBERSES"
-//     u32      version (2)
+//     u32      version (3)
 //     u32      reserved (0)
 //     u64      model fingerprint (architecture, hyperparameters, tokenizer size
 //              and samples of every weight tensor's bytes)
@@ -15,7 +16,8 @@
 //     u64      reserved (0)
 //   payload
 //     policy (kind, sinks, window), n_ctx, priority, mode
-//     messages (role, content), token history, then one byte per token:
+//     messages (role, content), the tools (JSON, "" = none) and the number
+//     of tool calls made so far, token history, then one byte per token:
 //     1 if a stream generated it (its K/V were computed as a decode)
 //     n_processed, evicted tokens, dropped blocks, highest position
 //     KV geometry (block size, layers, kv heads, head dim, dtype, bytes/block)
@@ -44,7 +46,7 @@ namespace ember {
 namespace {
 
 constexpr char kMagic[8] = {'E', 'M', 'B', 'E', 'R', 'S', 'E', 'S'};
-constexpr uint32_t kVersion = 2;  // reads 1 and 2
+constexpr uint32_t kVersion = 3;  // reads 1 to 3
 constexpr size_t kHeaderBytes = 48;
 
 uint64_t model_fingerprint(const Model& model) {
@@ -173,6 +175,8 @@ void Session::save(const std::string& path) {
     w.str(m.role);
     w.str(m.content);
   }
+  w.str(tools_ ? tools_->json : std::string());
+  w.value<uint64_t>(tool_calls_.load());
   w.value<uint64_t>(kv.tokens().size());
   w.raw(kv.tokens().data(), kv.tokens().size() * sizeof(int32_t));
   w.raw(kv.generated().data(), kv.generated().size());
@@ -298,6 +302,20 @@ std::shared_ptr<Session> Session::load(std::shared_ptr<EngineOwner> owner, const
     m.content = r.str();
     messages.push_back(std::move(m));
   }
+  // Version 3: the tools and how many calls were numbered.
+  std::shared_ptr<const chat::ToolSet> tools;
+  uint64_t tool_calls = 0;
+  if (version >= 3) {
+    const std::string tools_json = r.str();
+    tool_calls = r.value<uint64_t>();
+    if (!tools_json.empty()) {
+      try {
+        tools = chat::parse_tools(tools_json);
+      } catch (const Error& e) {
+        r.corrupt("invalid " + e.message());
+      }
+    }
+  }
   const uint64_t n_tokens = r.value<uint64_t>();
   if (n_tokens > r.left() / sizeof(int32_t)) r.corrupt("token count out of range");
   std::vector<int32_t> tokens(static_cast<size_t>(n_tokens));
@@ -355,6 +373,8 @@ std::shared_ptr<Session> Session::load(std::shared_ptr<EngineOwner> owner, const
   }
   se->mode_ = static_cast<Mode>(mode);
   se->messages_ = std::move(messages);
+  se->tools_ = std::move(tools);
+  se->tool_calls_ = tool_calls;
   KvManager::Saved saved;
   saved.tokens = std::move(tokens);
   saved.generated = std::move(decoded);

@@ -49,6 +49,7 @@ Stream::Stream(std::shared_ptr<Session> session, const StreamParams& params)
       detok_(std::make_unique<StreamingDetokenizer>(session_->engine().model().tokenizer())),
       tokenizer_(session_->engine().model().tokenizer()) {
   params_.validate();
+  if (params_.tool_calls) tool_parser_ = std::make_unique<chat::ToolCallParser>(params_.tool_format);
   t_start_ = std::chrono::steady_clock::now();
 }
 
@@ -75,7 +76,7 @@ void Stream::push(StreamEvent ev) {
   std::vector<StreamEvent> deliver;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (ev.type != StreamEvent::kText) finished_ = true;
+    if (ev.last()) finished_ = true;
     queue_.push_back(std::move(ev));
     if (callback_) {
       cb = callback_;
@@ -87,7 +88,7 @@ void Stream::push(StreamEvent ev) {
   cv_.notify_all();
   for (const auto& e : deliver) {
     if (cb(e)) cancel_requested_ = true;
-    if (e.type != StreamEvent::kText) {
+    if (e.last()) {
       {
         std::lock_guard<std::mutex> lock(mutex_);
         callback_done_ = true;
@@ -113,15 +114,39 @@ void Stream::emit_text(bool final_flush) {
   }
   const size_t emit = held_text_.size() - keep;
   if (emit == 0 && !(final_flush && !held_tokens_.empty())) return;
-  StreamEvent ev;
-  ev.type = StreamEvent::kText;
-  ev.text = held_text_.substr(0, emit);
-  ev.tokens = std::move(held_tokens_);
-  held_tokens_.clear();
+  std::string text = held_text_.substr(0, emit);
   held_text_.erase(0, emit);
-  reply_text_ += ev.text;
-  if (ev.text.empty() && ev.tokens.empty()) return;
-  push(std::move(ev));
+  reply_text_ += text;
+  deliver(std::move(text), final_flush);
+}
+
+void Stream::deliver(std::string text, bool final_flush) {
+  std::vector<chat::ToolCallParser::Piece> pieces;
+  if (tool_parser_) {
+    tool_parser_->feed(text, final_flush, pieces);
+  } else if (!text.empty()) {
+    pieces.emplace_back();
+    pieces.back().text = std::move(text);
+  }
+  // The tokens go with the next event out (a call's tokens with its call).
+  if (pieces.empty()) {
+    if (!final_flush || held_tokens_.empty()) return;
+    pieces.emplace_back();
+  }
+  for (auto& piece : pieces) {
+    StreamEvent ev;
+    ev.tokens = std::move(held_tokens_);
+    held_tokens_.clear();
+    if (piece.is_call) {
+      ev.type = StreamEvent::kToolCall;
+      ev.call = std::move(piece.call);
+      ev.call.id = "call_" + std::to_string(session_->next_tool_call_number());
+    } else {
+      ev.type = StreamEvent::kText;
+      ev.text = std::move(piece.text);
+    }
+    push(std::move(ev));
+  }
 }
 
 void Stream::set_spec(std::unique_ptr<speculative::StreamSpec> spec) { spec_ = std::move(spec); }
@@ -222,7 +247,7 @@ StatusCode Stream::next(StreamEvent& out, int32_t timeout_ms) {
   }
   out = std::move(queue_.front());
   queue_.pop_front();
-  if (out.type != StreamEvent::kText) consumer_done_ = true;
+  if (out.last()) consumer_done_ = true;
   return StatusCode::kOk;
 }
 

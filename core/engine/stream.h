@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/chat/tools.h"
 #include "core/grammar/grammar.h"
 #include "core/sampling/sampler.h"
 #include "core/scheduler/scheduler.h"
@@ -40,6 +41,11 @@ struct StreamParams {
   SpecParams spec;
   // Structured output: the reply matches this (core/grammar/grammar.h).
   grammar::Constraint constraint;
+  // Tool calling (core/chat/tools.h): how the reply may call the session's
+  // tools. Session::start turns it into `constraint` and `tool_format`.
+  chat::ToolChoice tool_choice;
+  bool tool_calls = false;  // set by Session::start: parse calls in `tool_format`
+  chat::ToolFormat tool_format = chat::ToolFormat::kGeneric;
 
   // Throws ember::Error(kInvalidArgument) naming the first bad field.
   void validate() const;
@@ -55,8 +61,11 @@ enum class EndReason : int32_t {
 };
 
 struct StreamEvent {
-  enum Type : int32_t { kText = 0, kEnd = 1, kError = 2 } type = kText;
+  enum Type : int32_t { kText = 0, kEnd = 1, kError = 2, kToolCall = 3 } type = kText;
   std::string text;
+  chat::ToolCall call;  // kToolCall
+  // END and ERROR end the stream; TEXT and TOOL_CALL do not.
+  bool last() const { return type == kEnd || type == kError; }
   std::vector<int32_t> tokens;
   EndReason end_reason = EndReason::kNone;
   StatusCode status = StatusCode::kOk;
@@ -144,6 +153,9 @@ class Stream : public std::enable_shared_from_this<Stream> {
  private:
   void push(StreamEvent ev);
   void emit_text(bool final_flush);
+  // Sends `text` (and the tokens held) as events: text, or tool calls when
+  // the stream parses them.
+  void deliver(std::string text, bool final_flush);
 
   std::shared_ptr<Session> session_;
   StreamParams params_;
@@ -153,6 +165,7 @@ class Stream : public std::enable_shared_from_this<Stream> {
   const Tokenizer& tokenizer_;
   std::unique_ptr<speculative::StreamSpec> spec_;
   std::unique_ptr<grammar::Matcher> matcher_;
+  std::unique_ptr<chat::ToolCallParser> tool_parser_;
   std::vector<uint32_t> bitmask_;  // the next decode row's mask, filled during the forward pass
   std::atomic<bool> cancel_requested_{false};
 

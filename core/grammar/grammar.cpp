@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "core/tokenizer/tokenizer.h"
+#include "core/util/nesting.h"
 #include "core/util/utf8.h"
 
 #if EMBER_WITH_XGRAMMAR
@@ -18,39 +19,11 @@
 
 namespace ember::grammar {
 
-namespace {
-// How deeply brackets nest in `text` (strings in double quotes skipped, with
-// their escapes): the parsers behind each kind recurse per level.
-size_t nesting(const std::string& text) {
-  size_t depth = 0, most = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char ch = text[i];
-    if (in_string) {
-      if (ch == '\\') {
-        ++i;
-      } else if (ch == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (ch == '"') {
-      in_string = true;
-    } else if (ch == '(' || ch == '[' || ch == '{') {
-      most = std::max(most, ++depth);
-    } else if ((ch == ')' || ch == ']' || ch == '}') && depth > 0) {
-      --depth;
-    }
-  }
-  return most;
-}
-}  // namespace
-
 void Constraint::validate() const {
   auto bad = [](const std::string& m) { fail(StatusCode::kInvalidArgument, "constraint: " + m); };
   if (text.size() > kMaxTextBytes) bad("the schema, grammar or regex is larger than 1 MiB");
   if (!is_valid_utf8(text)) bad("the schema, grammar or regex is not valid UTF-8");
-  if (nesting(text) > kMaxNesting) {
+  if (nesting_depth(text) > kMaxNesting) {
     bad("the schema, grammar or regex nests brackets more than " + std::to_string(kMaxNesting) + " deep");
   }
   switch (kind) {
@@ -59,6 +32,7 @@ void Constraint::validate() const {
     case Kind::kJsonSchema:
     case Kind::kGrammar:
     case Kind::kRegex:
+    case Kind::kStructuralTag:
       if (text.empty()) bad("empty schema, grammar or regex");
       return;
     case Kind::kChoices:
@@ -199,6 +173,8 @@ std::shared_ptr<const Compiled> Compiler::compile(const Constraint& c) {
         for (size_t i = 0; i < c.choices.size(); ++i) ebnf += (i ? " | " : "") + ebnf_literal(c.choices[i]);
         return std::make_shared<Compiled>(x.CompileGrammar(xgrammar::Grammar::FromEBNF(ebnf, "root")));
       }
+      case Constraint::Kind::kStructuralTag:
+        return std::make_shared<Compiled>(x.CompileStructuralTag(c.text));
       case Constraint::Kind::kNone: break;
     }
     fail(StatusCode::kInvalidArgument, "constraint: unknown kind");

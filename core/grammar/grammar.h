@@ -29,7 +29,10 @@ namespace ember::grammar {
 
 // What a stream's reply must match: at most one kind.
 struct Constraint {
-  enum class Kind : int32_t { kNone = 0, kJsonSchema, kJsonObject, kGrammar, kRegex, kChoices };
+  // kStructuralTag: XGrammar's structural tag (JSON), which tool calling
+  // builds (core/chat/tools.h): free text until a trigger, then a tool call
+  // held to its argument schema.
+  enum class Kind : int32_t { kNone = 0, kJsonSchema, kJsonObject, kGrammar, kRegex, kChoices, kStructuralTag };
   Kind kind = Kind::kNone;
   std::string text;                  // the schema, grammar or regex
   std::vector<std::string> choices;  // kChoices: the reply is exactly one of them

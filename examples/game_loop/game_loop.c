@@ -2,7 +2,7 @@
  * game_loop.c — Ember inside a game's frame loop, in C99 on ember.h alone.
  *
  *   game_loop [-m MODEL] [-t TURNS] [-b BUDGET_MS] [-n MAX_TOKENS] [-w WINDOW]
- *             [-j THREADS] [-r SAVE_TURN] [-s SAVE_DIR] [-q] [-h]
+ *             [-j THREADS] [-r SAVE_TURN] [-s SAVE_DIR] [-a] [-q] [-h]
  *
  * A 60 Hz loop drives a manual-step engine (manual_step = 1): each frame the
  * game gives Ember BUDGET_MS milliseconds (ember_engine_step(engine,
@@ -16,6 +16,12 @@
  * saves (a small game file plus one ember_session_save file per NPC), quits
  * (everything destroyed, the model too) and loads the save
  * (ember_session_load on a new engine); the conversation then continues.
+ *
+ * With -a the NPCs act as well as talk: each reply is held to a JSON schema
+ * (ember_stream_params.json_schema, structured output since 1.3), an object
+ * with one action from the game's list and a line to say, which the game
+ * reads without a JSON parser (the grammar guarantees the shape) and prints
+ * as "Bram [wave]: ...". A reply cut off before its JSON is complete fails.
  *
  * At the end it prints the time the NPCs took out of each frame in which
  * they were talking (ember_engine_step plus polling and starting streams):
@@ -79,8 +85,19 @@ typedef struct options {
   int threads;
   int save_turn;
   const char* save_dir;
+  int actions;
   int quiet;
 } options;
+
+/* -a: what an NPC may do, and the schema its replies are held to. The
+ * reply is compact JSON in the schema's property order:
+ * {"action": "wave", "say": "..."}. */
+static const char* const k_npc_action_schema =
+    "{\"type\": \"object\", \"properties\": {"
+    "\"action\": {\"enum\": [\"greet\", \"wave\", \"point_north\", \"trade\", \"draw_sword\", \"shrug\", "
+    "\"walk_away\"]}, "
+    "\"say\": {\"type\": \"string\", \"maxLength\": 40}}, "
+    "\"required\": [\"action\", \"say\"]}";
 
 /* ------------------------------------------------------------------ helpers */
 
@@ -185,6 +202,7 @@ static int start_turn(npc* npcs, int turn, const options* o) {
     params.max_tokens = o->max_tokens;
     params.temperature = 0.7f;
     params.seed = 1000u + (uint64_t)turn * N_NPCS + (uint64_t)i; /* a replay says the same */
+    if (o->actions) params.json_schema = k_npc_action_schema;
     st = ember_stream_start(n->session, &params, &n->stream);
     if (st != EMBER_OK) return fail("starting an NPC's reply", st);
     n->reply_length = 0;
@@ -215,6 +233,21 @@ static int poll_npc(npc* n, int restored, const options* o, int* ended) {
     n->stream = NULL;
     *ended = 1;
     if (restored && has_text(n->reply, n->reply_length)) ++n->replies_after_restore;
+    if (o->actions) {
+      /* Complete JSON ends the reply (EMBER_END_EOS); its action is the
+       * first string value, one of the schema's names. */
+      static const char k_action_key[] = "{\"action\": \"";
+      const char* action = n->reply + sizeof k_action_key - 1;
+      const char* end;
+      if (event.end_reason != EMBER_END_EOS || strncmp(n->reply, k_action_key, sizeof k_action_key - 1) != 0 ||
+          (end = strchr(action, '"')) == NULL) {
+        fprintf(stderr, "game_loop: %s's action was cut off (end reason %d): %s\n", n->name, (int)event.end_reason,
+                n->reply);
+        return 0;
+      }
+      if (!o->quiet) printf("  %s [%.*s]: %s\n", n->name, (int)(end - action), action, n->reply);
+      return 1;
+    }
     if (!o->quiet) {
       size_t i;
       for (i = 0; i < n->reply_length; ++i) {
@@ -540,11 +573,12 @@ static int parse_int(const char* s, int lo, int hi, int* out) {
 static void usage(void) {
   fprintf(stderr,
           "usage: game_loop [-m MODEL] [-t TURNS] [-b BUDGET_MS] [-n MAX_TOKENS] [-w WINDOW] [-j THREADS]\n"
-          "                 [-r SAVE_TURN] [-s SAVE_DIR] [-q] [-h]\n"
+          "                 [-r SAVE_TURN] [-s SAVE_DIR] [-a] [-q] [-h]\n"
           "  -t turns (default 30), -b the engine's milliseconds per 60 Hz frame (16),\n"
           "  -n tokens per NPC reply (32), -w each NPC's window of cached tokens after 4 sinks (256),\n"
           "  -j engine threads (1), -r save, quit and load after this turn (TURNS / 2),\n"
-          "  -s where the save goes (default: a temporary directory, removed at the end), -q no dialogue\n");
+          "  -s where the save goes (default: a temporary directory, removed at the end), -q no dialogue,\n"
+          "  -a the NPCs choose actions: replies held to a JSON schema ({\"action\": ..., \"say\": ...})\n");
 }
 
 int main(int argc, char** argv) {
@@ -568,7 +602,7 @@ int main(int argc, char** argv) {
   o.window_tokens = 256;
   o.threads = 1;
   o.save_turn = -1;
-  while ((c = getopt(argc, argv, "m:t:b:n:w:j:r:s:qh")) != -1) {
+  while ((c = getopt(argc, argv, "m:t:b:n:w:j:r:s:aqh")) != -1) {
     int valid = 1;
     switch (c) {
       case 'm': o.model_path = optarg; break;
@@ -579,6 +613,7 @@ int main(int argc, char** argv) {
       case 'j': valid = parse_int(optarg, 0, 256, &o.threads); break;
       case 'r': valid = parse_int(optarg, 0, 100000, &o.save_turn); break;
       case 's': o.save_dir = optarg; break;
+      case 'a': o.actions = 1; break;
       case 'q': o.quiet = 1; break;
       case 'h': usage(); return 0;
       default: valid = 0; break;

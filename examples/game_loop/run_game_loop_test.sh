@@ -6,7 +6,9 @@
 # every NPC must have evicted tokens. Then the same game saved only after its
 # last turn: its dialogue must be the first game's, word for word (the
 # restored NPCs went on exactly as if the game had never been quit; sampling
-# is seeded per turn and NPC). Exits 77 (skipped) when the default model is
+# is seeded per turn and NPC). Then a game whose NPCs choose actions (-a:
+# replies held to a JSON schema): every reply must be a complete action with
+# a name from the game's list. Exits 77 (skipped) when the default model is
 # absent, unless $CI is set.
 #   run_game_loop_test.sh GAME_LOOP_EXECUTABLE
 exe=$1
@@ -22,7 +24,8 @@ fi
 
 out=$(mktemp "${TMPDIR:-/tmp}/ember_game_loop.XXXXXX") || exit 1
 out2=$(mktemp "${TMPDIR:-/tmp}/ember_game_loop.XXXXXX") || exit 1
-trap 'rm -f "$out" "$out2" "$out.dialogue" "$out2.dialogue"' EXIT
+out3=$(mktemp "${TMPDIR:-/tmp}/ember_game_loop.XXXXXX") || exit 1
+trap 'rm -f "$out" "$out2" "$out3" "$out.dialogue" "$out2.dialogue"' EXIT
 "$exe" -m "$model" -t 4 -r 2 -n 8 -w 32 -b 16 >"$out"
 rc=$?
 cat "$out"
@@ -51,4 +54,13 @@ if ! diff "$out2.dialogue" "$out.dialogue"; then
   echo "FAIL: the dialogue after the restore differs from the game played without one (diff above)"
   exit 1
 fi
+"$exe" -m "$model" -t 3 -r 1 -n 64 -w 64 -b 16 -a >"$out3"
+rc=$?
+cat "$out3"
+if [ "$rc" -ne 0 ]; then
+  echo "FAIL: game_loop -a exited with $rc"
+  exit 1
+fi
+acted=$(grep -cE '^  (Bram|Elsa|Tomas) \[(greet|wave|point_north|trade|draw_sword|shrug|walk_away)\]: \{"action": "[a-z_]+", "say": ".*"\}$' "$out3")
+[ "$acted" -eq 9 ] || { echo "FAIL: expected 9 actions (3 turns x 3 NPCs), got $acted"; exit 1; }
 echo "PASS"

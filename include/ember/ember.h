@@ -48,7 +48,7 @@ extern "C" {
 #endif
 
 #define EMBER_VERSION_MAJOR 1
-#define EMBER_VERSION_MINOR 3
+#define EMBER_VERSION_MINOR 4
 #define EMBER_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, as ember_version_number() (1.2: 10200). */
 #define EMBER_VERSION_NUMBER (EMBER_VERSION_MAJOR * 10000 + EMBER_VERSION_MINOR * 100 + EMBER_VERSION_PATCH)
@@ -429,6 +429,26 @@ EMBER_API void ember_session_destroy(ember_session* session);
  * message, never a crash. */
 EMBER_API ember_status ember_session_add_message(ember_session* session, const char* role, const char* content);
 
+/* Since 1.4: tool calling. Sets the tools the model may call in this chat
+ * session from the next stream on (NULL or "" = none), as an OpenAI Chat
+ * Completions tool list, JSON text:
+ *   [{"type": "function", "function": {"name": "move_to",
+ *     "description": "Walk to a place", "parameters": {JSON Schema}}}, ...]
+ * Names are 1-256 characters of A-Z a-z 0-9 _ . -, unique; "parameters" is
+ * an object or absent (any JSON object). A template that reads the `tools`
+ * variable (Qwen2.5/3, Hermes, Llama 3.1+) gets the list; any other is told
+ * about the tools in a system message Ember adds, in the <tool_call> format.
+ * Replies then hold each call to its tool's argument schema once it starts
+ * (free text before it; see ember_stream_params.tool_choice), and each call
+ * comes out as an EMBER_EVENT_TOOL_CALL event instead of text. Send a tool's
+ * result back with ember_session_add_message(session, "tool", result).
+ * Saved by ember_session_save (files of 1.4 on; earlier ones load with no
+ * tools). Errors: INVALID_ARGUMENT (NULL session,
+ * invalid JSON or UTF-8, more than 1 MiB, nesting deeper than 128, more than
+ * 512 tools, a bad or repeated name; the message says which), BUSY,
+ * UNSUPPORTED (no usable chat template). */
+EMBER_API ember_status ember_session_set_tools(ember_session* session, const char* tools_json);
+
 /* Appends raw text to the session (completion mode; no template). Special
  * tokens in the text are recognised when parse_special != 0. BOS is added
  * first when the session is empty and the model asks for it.
@@ -550,7 +570,24 @@ typedef struct ember_stream_params {
   const char* regex;          /* a regular expression the whole reply matches */
   const char* const* choices; /* NULL-terminated list: the reply is exactly one of them */
   int32_t json_object;        /* 1: any JSON object (OpenAI's response_format "json_object"); default 0 */
+  /* Since 1.4: tool calling, for a session with tools (ember_session_set_tools).
+   * AUTO: free text, tool calls or both; REQUIRED: at least one call;
+   * FUNCTION: exactly one call, of tool_name; NONE: no calls (the tools stay
+   * in the prompt). A stream that may call tools takes none of the
+   * constraints above (INVALID_ARGUMENT). REQUIRED and FUNCTION need the
+   * grammar engine (UNSUPPORTED without it); AUTO without it still reports
+   * calls, unconstrained. */
+  int32_t tool_choice;         /* EMBER_TOOL_CHOICE_*; default AUTO */
+  const char* tool_name;       /* FUNCTION: the tool to call (copied) */
+  int32_t parallel_tool_calls; /* default 1: several calls per reply; 0: at most one */
 } ember_stream_params;
+
+enum {
+  EMBER_TOOL_CHOICE_AUTO = 0,
+  EMBER_TOOL_CHOICE_NONE = 1,
+  EMBER_TOOL_CHOICE_REQUIRED = 2,
+  EMBER_TOOL_CHOICE_FUNCTION = 3
+};
 
 #define EMBER_MAX_CHOICES 4096
 
@@ -588,7 +625,9 @@ EMBER_API ember_status ember_stream_start(ember_session* session, const ember_st
 enum {
   EMBER_EVENT_TEXT = 0, /* a text piece with its token ids */
   EMBER_EVENT_END = 1,  /* the stream ended; see end_reason */
-  EMBER_EVENT_ERROR = 2 /* the stream failed; see status and ember_last_error() */
+  EMBER_EVENT_ERROR = 2, /* the stream failed; see status and ember_last_error() */
+  EMBER_EVENT_TOOL_CALL = 3 /* since 1.4: a complete tool call (tool_call_id, tool_name, tool_arguments);
+                               its text is not sent as TEXT */
 };
 enum {
   EMBER_END_NONE = 0,
@@ -604,10 +643,14 @@ typedef struct ember_event {
   int32_t type;     /* EMBER_EVENT_* */
   const char* text; /* TEXT: NUL-terminated UTF-8 piece (never splits a character) */
   size_t text_length;
-  const int32_t* tokens; /* TEXT: the token ids this event covers */
+  const int32_t* tokens; /* TEXT, TOOL_CALL: the token ids this event covers */
   size_t n_tokens;
   int32_t end_reason;  /* END: EMBER_END_* */
   ember_status status; /* ERROR: the failure */
+  /* Since 1.4, TOOL_CALL (NULL otherwise): NUL-terminated UTF-8. */
+  const char* tool_call_id;   /* "call_<n>", unique in the session */
+  const char* tool_name;      /* one of the session's tools */
+  const char* tool_arguments; /* compact JSON that validates against the tool's parameters */
 } ember_event;
 
 /* Pulls the next event, waiting up to timeout_ms milliseconds (0 = poll,

@@ -246,9 +246,12 @@ struct Event {
   std::vector<int32_t> tokens;          // TEXT: the ids this piece covers
   int32_t end_reason = EMBER_END_NONE;  // END: EMBER_END_*
   ember_status status = EMBER_OK;       // ERROR: the failure
+  // TOOL_CALL (since 1.4): the call's id, tool and JSON arguments.
+  std::string tool_call_id, tool_name, tool_arguments;
 
   bool is_text() const noexcept { return type == EMBER_EVENT_TEXT; }
   bool is_end() const noexcept { return type == EMBER_EVENT_END; }
+  bool is_tool_call() const noexcept { return type == EMBER_EVENT_TOOL_CALL; }
 
   static Event from(const ember_event& e) {
     Event out;
@@ -257,6 +260,11 @@ struct Event {
     if (e.tokens) out.tokens.assign(e.tokens, e.tokens + e.n_tokens);
     out.end_reason = e.end_reason;
     out.status = e.status;
+    if (e.type == EMBER_EVENT_TOOL_CALL) {
+      if (e.tool_call_id) out.tool_call_id = e.tool_call_id;
+      if (e.tool_name) out.tool_name = e.tool_name;
+      if (e.tool_arguments) out.tool_arguments = e.tool_arguments;
+    }
     return out;
   }
 };
@@ -406,6 +414,10 @@ class Session {
 
   void add_message(const std::string& role, const std::string& content) {
     detail::check(ember_session_add_message(get(), detail::c_text(role, "role"), detail::c_text(content, "content")));
+  }
+  // Tools as an OpenAI tool list in JSON ("" = none); see ember_session_set_tools.
+  void set_tools(const std::string& tools_json) {
+    detail::check(ember_session_set_tools(get(), tools_json.empty() ? nullptr : detail::c_text(tools_json, "tools")));
   }
   void add_text(const std::string& text, bool parse_special = false) {
     detail::check(ember_session_add_text(get(), detail::c_text(text, "text"), parse_special));

@@ -157,9 +157,14 @@ inline ember_event new_event() {
   return ev;
 }
 
+struct CollectedCall {
+  std::string id, name, arguments;
+};
+
 // Everything a stream produced, event by event.
 struct Collected {
   std::vector<std::string> pieces;
+  std::vector<CollectedCall> calls;  // TOOL_CALL events (since 1.4)
   std::vector<int32_t> tokens;
   std::string text;
   int32_t end_reason = EMBER_END_NONE;
@@ -182,6 +187,11 @@ inline Collected drain(ember_stream* stream) {
       EXPECT_TRUE(valid_utf8(piece)) << "invalid UTF-8 piece of " << piece.size() << " bytes";
       c.pieces.push_back(piece);
       c.text += piece;
+      c.tokens.insert(c.tokens.end(), ev.tokens, ev.tokens + ev.n_tokens);
+    } else if (ev.type == EMBER_EVENT_TOOL_CALL) {
+      EXPECT_TRUE(ev.tool_call_id && ev.tool_name && ev.tool_arguments);
+      if (!ev.tool_call_id || !ev.tool_name || !ev.tool_arguments) continue;
+      c.calls.push_back({ev.tool_call_id, ev.tool_name, ev.tool_arguments});
       c.tokens.insert(c.tokens.end(), ev.tokens, ev.tokens + ev.n_tokens);
     } else if (ev.type == EMBER_EVENT_END) {
       c.end_reason = ev.end_reason;

@@ -4,7 +4,7 @@
 #   tests/fuzz/make_corpus.sh            (after tools/fuzz.sh has built build-fuzz/)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-for t in gguf tokenizer chat session spec; do
+for t in gguf tokenizer chat tools session spec; do
   dir="$root/tests/fuzz/corpus/$t"
   rm -rf "$dir"
   mkdir -p "$dir"

@@ -334,6 +334,12 @@ namespace Ember
         public IList<string> Choices = new List<string>();
         /// <summary>The reply is a JSON object (OpenAI's json_object).</summary>
         public bool JsonObject;
+        /// <summary>Tool calling, for a session with tools (Session.SetTools): "auto" (null, the default: free
+        /// text, tool calls or both), "none" (no calls), "required" (at least one call) or a tool's name (exactly
+        /// one call, of that tool). Calls come out in Stream.ToolCalls, not in the text.</summary>
+        public string ToolChoice;
+        /// <summary>Several tool calls per reply (false: at most one).</summary>
+        public bool ParallelToolCalls = true;
 
         private int Drafter()
         {
@@ -381,6 +387,18 @@ namespace Ember
             if (Regex != null) s.set_regex(Regex);
             foreach (var c in Choices) s.add_choice(c);
             s.json_object = JsonObject ? 1 : 0;
+            switch (ToolChoice)
+            {
+                case null: break;
+                case "auto": s.tool_choice = emberc.TOOL_CHOICE_AUTO; break;
+                case "none": s.tool_choice = emberc.TOOL_CHOICE_NONE; break;
+                case "required": s.tool_choice = emberc.TOOL_CHOICE_REQUIRED; break;
+                default:
+                    s.tool_choice = emberc.TOOL_CHOICE_FUNCTION;
+                    s.set_tool_name(ToolChoice);
+                    break;
+            }
+            s.parallel_tool_calls = ParallelToolCalls ? 1 : 0;
             return s;
         }
     }
@@ -396,6 +414,26 @@ namespace Ember
         public long DraftedTokens, AcceptedTokens, VerifyPasses;
         /// <summary>AcceptedTokens / VerifyPasses.</summary>
         public double MeanAcceptedLength;
+    }
+
+    /// <summary>A call the model made to one of the session's tools (Session.SetTools).</summary>
+    public sealed class ToolCall
+    {
+        internal ToolCall(string id, string name, string arguments)
+        {
+            Id = id;
+            Name = name;
+            Arguments = arguments;
+        }
+
+        /// <summary>"call_&lt;n&gt;", unique in the session.</summary>
+        public string Id { get; private set; }
+        /// <summary>One of the session's tools.</summary>
+        public string Name { get; private set; }
+        /// <summary>Compact JSON text that validates against the tool's parameters.</summary>
+        public string Arguments { get; private set; }
+
+        public override string ToString() { return Name + Arguments + " (" + Id + ")"; }
     }
 
     /// <summary>One conversation. One stream at a time; use it from one thread at a time.</summary>
@@ -414,6 +452,10 @@ namespace Ember
         public Engine Engine { get; private set; }
 
         public void AddMessage(string role, string content) { handle.Run(h => emberc.eb_session_add_message(h, role, content)); }
+        /// <summary>The tools the model may call from the next stream on: an OpenAI tool list as JSON text,
+        /// [{"type": "function", "function": {"name", "description", "parameters"}}, ...]; null or "" = none.
+        /// Calls come out in Stream.ToolCalls, not in the text; send a result back with AddMessage("tool", result).</summary>
+        public void SetTools(string toolsJson) { handle.Run(h => emberc.eb_session_set_tools(h, toolsJson)); }
         public void AddText(string text, bool parseSpecial = false) { handle.Run(h => emberc.eb_session_add_text(h, text, parseSpecial ? 1 : 0)); }
         public void AddTokens(IList<int> ids) { using (var t = Tokens.Of(ids)) handle.Run(h => emberc.eb_session_add_tokens(h, t)); }
         public void Reset() { handle.Run(h => emberc.eb_session_reset(h)); }
@@ -472,9 +514,9 @@ namespace Ember
     }
 
     /// <summary>
-    /// One generation: enumerate it for text pieces. Text is everything so far, EndReason and Stats
-    /// say how it ended. Cancel() may be called from any thread. The finalizer cancels it without
-    /// blocking (ember_stream_release).
+    /// One generation: enumerate it for text pieces. Text is everything so far, ToolCalls the tool calls
+    /// read so far (not in the text), EndReason and Stats say how it ended. Cancel() may be called from
+    /// any thread. The finalizer cancels it without blocking (ember_stream_release).
     /// </summary>
     public sealed class Stream : IDisposable, IEnumerable<string>
     {
@@ -482,6 +524,7 @@ namespace Ember
         private readonly eb_event ev = new eb_event();
         private readonly StringBuilder text = new StringBuilder();
         private readonly List<int> tokens = new List<int>();
+        private readonly List<ToolCall> toolCalls = new List<ToolCall>();
         private readonly object readLock = new object();
         private EndReason? end;
 
@@ -514,6 +557,11 @@ namespace Ember
                     if (ev.kind == emberc.EVENT_END) { end = (EndReason)ev.end_reason; break; }
                     long n = ev.n_tokens();
                     for (long i = 0; i < n; i++) tokens.Add(ev.token(i));
+                    if (ev.kind == emberc.EVENT_TOOL_CALL)
+                    {
+                        toolCalls.Add(new ToolCall(ev.tool_call_id(), ev.tool_name(), ev.tool_arguments()));
+                        continue;
+                    }
                     string piece = ev.text();
                     if (piece.Length > 0)
                     {
@@ -540,6 +588,8 @@ namespace Ember
         }
 
         public string Text { get { lock (readLock) return text.ToString(); } }
+        /// <summary>The tool calls read so far (all of them once the stream is read to its end).</summary>
+        public ToolCall[] ToolCalls { get { lock (readLock) return toolCalls.ToArray(); } }
         public int[] Tokens { get { lock (readLock) return tokens.ToArray(); } }
         /// <summary>null until the end was read.</summary>
         public EndReason? EndReason { get { return end; } }

@@ -190,6 +190,43 @@ static class EmberTests
         }
     }
 
+    static void ToolCalling()
+    {
+        const string tools = "[{\"type\": \"function\", \"function\": {\"name\": \"move_to\", \"description\": \"Walk to a point\", "
+            + "\"parameters\": {\"type\": \"object\", \"properties\": {\"x\": {\"type\": \"integer\"}, \"y\": {\"type\": \"integer\"}}, "
+            + "\"required\": [\"x\", \"y\"]}}}]";
+        using (var s = engine.Session())
+        {
+            s.SetTools(tools);
+            s.AddMessage("user", "Walk to x 3, y 4.");
+            var g = Greedy(64);
+            g.ToolChoice = "move_to";
+            var st = RunGreedy(s, g);
+            Eq("", st.Text, "text beside a forced call");
+            Check(st.Tokens.Length > 0, "the call's tokens are in Tokens");
+            var calls = st.ToolCalls;
+            Eq(1, calls.Length, "calls " + string.Join(", ", calls.Select(c => c.ToString())));
+            Eq("move_to", calls[0].Name, "name");
+            Check(calls[0].Id.StartsWith("call_"), "id: " + calls[0].Id);
+            // The tests reference no JSON library: the compact arguments, keys in the schema's order.
+            Check(System.Text.RegularExpressions.Regex.IsMatch(calls[0].Arguments, "^\\{\"x\": *-?[0-9]+, *\"y\": *-?[0-9]+\\}$"),
+                  "arguments: " + calls[0].Arguments);
+            s.AddMessage("tool", "arrived");
+            var none = Greedy(8);
+            none.ToolChoice = "none";
+            Eq(0, RunGreedy(s, none).ToolCalls.Length, "calls with ToolChoice none");
+            var unknown = Greedy(4);
+            unknown.ToolChoice = "fly_to";
+            Throws(EmberException.InvalidArgument, () => s.Generate(unknown).Dispose());
+            Throws(EmberException.InvalidArgument, () => s.SetTools("not json"));
+            s.SetTools(null);
+            var required = Greedy(4);
+            required.ToolChoice = "required";
+            // No tools left to require.
+            Throws(EmberException.InvalidArgument, () => s.Generate(required).Dispose());
+        }
+    }
+
     static void CancelFromAnotherThread()
     {
         using (var s = engine.Session())
@@ -417,6 +454,8 @@ static class EmberTests
             Eq(d.spec_max_depth, g.SpecMaxDepth, "SpecMaxDepth");
             Eq(d.spec_alpha, g.SpecAlpha, "SpecAlpha");
             Eq(d.spec_lookup, g.SpecLookup ? 1 : 0, "SpecLookup");
+            Eq(d.tool_choice, Ember.LowLevel.emberc.TOOL_CHOICE_AUTO, "tool_choice");
+            Eq(d.parallel_tool_calls, g.ParallelToolCalls ? 1 : 0, "ParallelToolCalls");
         }
     }
 
@@ -613,6 +652,7 @@ static class EmberTests
             new KeyValuePair<string, Action>("pieces_concatenate_to_the_reply", PiecesConcatenate),
             new KeyValuePair<string, Action>("stop_strings", StopStrings),
             new KeyValuePair<string, Action>("structured_output", StructuredOutput),
+            new KeyValuePair<string, Action>("tool_calling", ToolCalling),
             new KeyValuePair<string, Action>("cancel_from_another_thread", CancelFromAnotherThread),
             new KeyValuePair<string, Action>("two_sessions_on_two_threads", TwoSessionsOnTwoThreads),
             new KeyValuePair<string, Action>("save_load_continue_exactly", SaveLoadContinue),

@@ -9,6 +9,7 @@ import ember.Sampling;
 import ember.Session;
 import ember.Stream;
 import ember.StreamStats;
+import ember.ToolCall;
 import ember.lowlevel.eb_sampling;
 import java.io.File;
 import java.io.FileInputStream;
@@ -188,6 +189,32 @@ public final class EmberTest {
       } catch (EmberException e) {
         eq(EmberException.INVALID_ARGUMENT, e.status(), "status of a bad regex");
       }
+    }
+  }
+
+  static void toolCalling() throws Exception {
+    String tools = "[{\"type\": \"function\", \"function\": {\"name\": \"move_to\", \"description\": \"Walk to a point\", "
+        + "\"parameters\": {\"type\": \"object\", \"properties\": {\"x\": {\"type\": \"integer\"}, \"y\": {\"type\": \"integer\"}}, "
+        + "\"required\": [\"x\", \"y\"]}}}]";
+    try (Session s = engine.session()) {
+      s.setTools(tools);
+      s.addMessage("user", "Walk to x 3, y 4.");
+      Stream st = runGreedy(s, greedy(64).toolChoice("move_to"));
+      eq("", st.text(), "text beside a forced call");
+      check(st.tokens().length > 0, "the call's tokens are in tokens()");
+      List<ToolCall> calls = st.toolCalls();
+      eq(1, calls.size(), "calls " + calls);
+      eq("move_to", calls.get(0).name, "name");
+      check(calls.get(0).id.startsWith("call_"), "id: " + calls.get(0).id);
+      check(calls.get(0).arguments.matches("\\{\"x\": *-?[0-9]+, *\"y\": *-?[0-9]+\\}"), "arguments: " + calls.get(0).arguments);
+      s.addMessage("tool", "arrived");
+      st = runGreedy(s, greedy(8).toolChoice("none"));
+      eq(0, st.toolCalls().size(), "calls with toolChoice none");
+      expectThrows(EmberException.INVALID_ARGUMENT, () -> s.generate(greedy(4).toolChoice("fly_to")).close());
+      expectThrows(EmberException.INVALID_ARGUMENT, () -> s.setTools("not json"));
+      s.setTools(null);
+      // No tools left to require.
+      expectThrows(EmberException.INVALID_ARGUMENT, () -> s.generate(greedy(4).toolChoice("required")).close());
     }
   }
 
@@ -386,6 +413,7 @@ public final class EmberTest {
       eq(d.getPresence_penalty(), field(g, "presencePenalty"), "presencePenalty");
       eq(d.getFrequency_penalty(), field(g, "frequencyPenalty"), "frequencyPenalty");
       eq(d.getPenalty_last_n(), field(g, "penaltyLastN"), "penaltyLastN");
+      eq(d.getParallel_tool_calls() != 0, field(g, "parallelToolCalls"), "parallelToolCalls");
     } finally {
       d.delete();
     }
@@ -566,6 +594,7 @@ public final class EmberTest {
     tests.put("pieces_concatenate_to_the_reply", EmberTest::piecesConcatenate);
     tests.put("stop_strings", EmberTest::stopStrings);
     tests.put("structured_output", EmberTest::structuredOutput);
+    tests.put("tool_calling", EmberTest::toolCalling);
     tests.put("cancel_from_another_thread", EmberTest::cancelFromAnotherThread);
     tests.put("two_sessions_on_two_threads", EmberTest::twoSessionsOnTwoThreads);
     tests.put("save_load_continue_exactly", EmberTest::saveLoadContinue);

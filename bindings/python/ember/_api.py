@@ -12,7 +12,7 @@ from typing import Iterable, Iterator, List, Optional, Sequence, Union
 from . import emberc as _c
 from .emberc import InvalidArgumentError
 
-__all__ = ["Model", "Engine", "Session", "Stream", "ModelInfo", "StreamStats", "EndReason",
+__all__ = ["Model", "Engine", "Session", "Stream", "ModelInfo", "StreamStats", "EndReason", "ToolCall",
            "version", "version_number", "capabilities"]
 
 
@@ -260,6 +260,21 @@ class StreamStats:
     mean_accepted_length: float = 0.0  # accepted_tokens / verify_passes
 
 
+@dataclass(frozen=True)
+class ToolCall:
+    """A call the model made to one of the session's tools (Session.set_tools)."""
+    id: str  # "call_<n>", unique in the session
+    name: str
+    arguments: str  # JSON text that validates against the tool's parameters
+
+    @property
+    def args(self) -> dict:
+        return json.loads(self.arguments)
+
+
+_TOOL_CHOICES = {"auto": _c.TOOL_CHOICE_AUTO, "none": _c.TOOL_CHOICE_NONE, "required": _c.TOOL_CHOICE_REQUIRED}
+
+
 class Session(_Closeable):
     """One conversation. One stream at a time; use a session from one thread at a time."""
 
@@ -270,6 +285,15 @@ class Session(_Closeable):
     def add_message(self, role: str, content: str) -> None:
         with self._g as h:
             _c.eb_session_add_message(h, role, content)
+
+    def set_tools(self, tools: Union[None, str, Sequence[dict]]) -> None:
+        """The tools the model may call from the next stream on: an OpenAI tool list (a list of
+        {"type": "function", "function": {"name", "description", "parameters"}} dicts, or its JSON
+        text); None or [] = none. Calls come out as Stream.tool_calls; send a result back with
+        add_message("tool", result)."""
+        text = "" if tools is None else (tools if isinstance(tools, str) else json.dumps(list(tools)))
+        with self._g as h:
+            _c.eb_session_set_tools(h, text if text != "[]" else "")
 
     def add_text(self, text: str, parse_special: bool = False) -> None:
         with self._g as h:
@@ -309,7 +333,8 @@ class Session(_Closeable):
                  spec_max_depth: int = 8, spec_alpha: float = 0.25, penalty_last_n: int = 64,
                  spec_lookup: bool = True, json_schema: Union[None, str, dict] = None,
                  grammar: Optional[str] = None, regex: Optional[str] = None,
-                 choices: Optional[Sequence[str]] = None, json_object: bool = False) -> "Stream":
+                 choices: Optional[Sequence[str]] = None, json_object: bool = False,
+                 tool_choice: Union[None, str, dict] = None, parallel_tool_calls: bool = True) -> "Stream":
         """Starts generating from everything added so far; iterate the Stream for text pieces.
 
         Penalties look at the last penalty_last_n tokens (prompt included; -1 = all, 0 = off):
@@ -328,7 +353,12 @@ class Session(_Closeable):
         reply JSON that validates against it, grammar a GBNF grammar (llama.cpp's notation, rule
         "root"), regex a regular expression the whole reply matches, choices a list the reply is
         exactly one of, json_object=True any JSON object. A constraint the engine cannot take raises
-        InvalidArgumentError when the stream starts."""
+        InvalidArgumentError when the stream starts.
+
+        Tool calling (a session with set_tools): tool_choice "auto" (default), "none", "required", a
+        tool's name, or OpenAI's {"type": "function", "function": {"name": ...}}; with
+        parallel_tool_calls=False a reply makes at most one call. Each call is held to its tool's
+        schema and comes out in Stream.tool_calls, not in the text."""
         if spec_drafter is None:
             spec_drafter = "none" if spec_draft_model is None else "draft"
         if not isinstance(spec_drafter, str) or spec_drafter not in _DRAFTERS:
@@ -378,6 +408,20 @@ class Session(_Closeable):
             if not list(choices):
                 raise InvalidArgumentError("choices must not be empty", 1)
         s.json_object = int(bool(json_object))
+        if isinstance(tool_choice, dict):
+            fn = tool_choice.get("function") if tool_choice.get("type") == "function" else None
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                raise InvalidArgumentError("tool_choice dict must be {'type': 'function', 'function': {'name': ...}}", 1)
+            tool_choice = fn["name"]
+        if tool_choice is not None:
+            if not isinstance(tool_choice, str):
+                raise InvalidArgumentError("tool_choice must be 'auto', 'none', 'required' or a tool's name", 1)
+            if tool_choice in _TOOL_CHOICES:
+                s.tool_choice = _TOOL_CHOICES[tool_choice]
+            else:
+                s.tool_choice = _c.TOOL_CHOICE_FUNCTION
+                s.set_tool_name(tool_choice)
+        s.parallel_tool_calls = int(bool(parallel_tool_calls))
         if spec_draft_model is None:
             with self._g as h:
                 st = _c.eb_stream_start(h, s)
@@ -405,6 +449,7 @@ class Stream(_Closeable):
         self.draft_model = draft_model  # the speculative draft model, held as long as the stream
         self._event = _c.eb_event()
         self._pieces: List[str] = []
+        self._calls: List[ToolCall] = []
         self._tokens: List[int] = []
         self._end: Optional[EndReason] = None
         self._lock = threading.Lock()  # one reader at a time
@@ -438,6 +483,9 @@ class Stream(_Closeable):
                     return None
                 text = ev.text()
                 self._tokens.extend(ev.token(i) for i in range(ev.n_tokens()))
+                if ev.kind == _c.EVENT_TOOL_CALL:
+                    self._calls.append(ToolCall(ev.tool_call_id(), ev.tool_name(), ev.tool_arguments()))
+                    continue
                 if text:
                     self._pieces.append(text)
                     return text
@@ -451,6 +499,11 @@ class Stream(_Closeable):
     @property
     def text(self) -> str:
         return "".join(self._pieces)
+
+    @property
+    def tool_calls(self) -> List[ToolCall]:
+        """The tool calls read so far (all of them once the stream is read to its end)."""
+        return list(self._calls)
 
     @property
     def tokens(self) -> List[int]:

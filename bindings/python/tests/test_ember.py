@@ -278,6 +278,38 @@ class EmberTest(unittest.TestCase):
             with self.assertRaises(ember.InvalidArgumentError):
                 session.generate(regex="a", grammar="root ::= \"a\"", max_tokens=4)
 
+    def test_tool_calling(self):
+        tools = [{"type": "function", "function": {
+            "name": "move_to", "description": "Walk to a point",
+            "parameters": {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+                           "required": ["x", "y"]}}}]
+        with self.engine.session() as session:
+            session.set_tools(tools)
+            session.add_message("user", "Walk to x 3, y 4.")
+            with session.generate(max_tokens=64, temperature=0,
+                                  tool_choice={"type": "function", "function": {"name": "move_to"}}) as stream:
+                self.assertEqual(stream.read(), "")
+                calls = stream.tool_calls
+            self.assertEqual(len(calls), 1)
+            self.assertIsInstance(calls[0], ember.ToolCall)
+            self.assertEqual(calls[0].name, "move_to")
+            self.assertTrue(calls[0].id.startswith("call_"))
+            self.assertEqual(sorted(calls[0].args), ["x", "y"])
+            self.assertTrue(all(isinstance(v, int) for v in calls[0].args.values()), calls[0].arguments)
+            session.add_message("tool", "arrived")
+            with session.generate(max_tokens=8, temperature=0, tool_choice="none") as stream:
+                stream.read()
+                self.assertEqual(stream.tool_calls, [])
+            with self.assertRaises(ember.InvalidArgumentError):
+                session.generate(tool_choice="fly_to", max_tokens=4)
+            with self.assertRaises(ember.InvalidArgumentError):
+                session.generate(tool_choice=3, max_tokens=4)
+            with self.assertRaises(ember.InvalidArgumentError):
+                session.set_tools("not json")
+            session.set_tools(None)
+            with self.assertRaises(ember.InvalidArgumentError):  # no tools left to require
+                session.generate(tool_choice="required", max_tokens=4)
+
     def test_speculative_stream_keeps_its_draft_model(self):
         plain, _ = self.spec_greedy(("text", COUNTING), 16)
         draft = ember.Model(model_path())

@@ -39,6 +39,7 @@ struct Case {
   std::string name;
   bool gen = true;
   std::vector<ChatMessage> messages;
+  std::string tools_json;      // tools_case: the `tools` variable (JSON)
   std::string snippet_source;  // subset.golden only
   Expectation expect;
 };
@@ -103,10 +104,11 @@ GoldenFile load(const std::string& path) {
   g.eos = r.blob("eos");
   while (!r.done()) {
     auto w = r.line();
-    if (w.size() == 4 && w[0] == "case") {
+    if (w.size() == 4 && (w[0] == "case" || w[0] == "tools_case")) {
       Case c;
       c.name = w[1] + (w[2] == "1" ? "/gen" : "/nogen");
       c.gen = w[2] == "1";
+      if (w[0] == "tools_case") c.tools_json = r.blob("tools");
       size_t n = std::stoul(w[3]);
       for (size_t k = 0; k < n; ++k) {
         ChatMessage m;
@@ -142,6 +144,7 @@ std::string run_case(const ChatTemplate* parsed, const std::string& source, cons
   opt.add_generation_prompt = c.gen;
   opt.bos_token = g.bos;
   opt.eos_token = g.eos;
+  opt.tools_json = c.tools_json;
   try {
     ChatTemplate t = parsed ? *parsed : ChatTemplate::parse(source);
     std::string out = t.apply(c.messages, opt);

@@ -94,6 +94,18 @@ public final class Sampling {
   /** The reply is a JSON object (OpenAI's json_object). */
   public Sampling jsonObject(boolean on) { jsonObject = on; return this; }
 
+  // Tool calling, for a session with tools (Session.setTools; see docs/API.md).
+  String toolChoice;
+  boolean parallelToolCalls = defaults.getParallel_tool_calls() != 0;
+  /**
+   * "auto" (default: free text, tool calls or both), "none" (no calls), "required" (at least one
+   * call) or a tool's name (exactly one call, of that tool). Calls come out in {@link
+   * Stream#toolCalls}, not in the text.
+   */
+  public Sampling toolChoice(String choice) { toolChoice = choice; return this; }
+  /** Several calls per reply (default true); false: at most one. */
+  public Sampling parallelToolCalls(boolean on) { parallelToolCalls = on; return this; }
+
   int drafter() {
     String d = specDrafter != null ? specDrafter : specDraftModel != null ? "draft" : "none";
     int kind;
@@ -139,6 +151,17 @@ public final class Sampling {
     if (regex != null) s.set_regex(regex);
     for (String c : choices) s.add_choice(c);
     s.setJson_object(jsonObject ? 1 : 0);
+    if (toolChoice != null) {
+      switch (toolChoice) {
+        case "auto": s.setTool_choice(emberc.TOOL_CHOICE_AUTO); break;
+        case "none": s.setTool_choice(emberc.TOOL_CHOICE_NONE); break;
+        case "required": s.setTool_choice(emberc.TOOL_CHOICE_REQUIRED); break;
+        default:
+          s.setTool_choice(emberc.TOOL_CHOICE_FUNCTION);
+          s.set_tool_name(toolChoice);
+      }
+    }
+    s.setParallel_tool_calls(parallelToolCalls ? 1 : 0);
     return s;
   }
 }

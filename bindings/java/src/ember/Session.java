@@ -41,6 +41,16 @@ public final class Session implements AutoCloseable {
     handle.run(h -> emberc.eb_session_add_message(h, role, content));
   }
 
+  /**
+   * The tools the model may call from the next stream on: an OpenAI tool list as JSON text, {@code
+   * [{"type": "function", "function": {"name", "description", "parameters"}}, ...]}; null or "" =
+   * none. Calls come out in {@link Stream#toolCalls}, not in the text; send a result back with
+   * {@code addMessage("tool", result)}.
+   */
+  public void setTools(String toolsJson) {
+    handle.run(h -> emberc.eb_session_set_tools(h, toolsJson));
+  }
+
   public void addText(String text) { addText(text, false); }
 
   public void addText(String text, boolean parseSpecial) {

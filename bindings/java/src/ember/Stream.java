@@ -10,8 +10,9 @@ import java.util.NoSuchElementException;
 
 /**
  * One generation: iterate it for text pieces. {@link #text()} is everything so far, {@link
- * #endReason()} and {@link #stats()} say how it ended. {@link #cancel()} may be called from any
- * thread. Dropping it to the garbage collector cancels it without blocking.
+ * #toolCalls()} the tool calls read so far (not in the text), {@link #endReason()} and {@link
+ * #stats()} say how it ended. {@link #cancel()} may be called from any thread. Dropping it to the
+ * garbage collector cancels it without blocking.
  */
 public final class Stream implements AutoCloseable, Iterable<String>, Iterator<String> {
   final Native.Handle<SWIGTYPE_p_ember_stream> handle;
@@ -21,6 +22,7 @@ public final class Stream implements AutoCloseable, Iterable<String>, Iterator<S
   private final eb_event event = new eb_event();
   private final StringBuilder text = new StringBuilder();
   private final List<Integer> tokens = new ArrayList<>();
+  private final List<ToolCall> toolCalls = new ArrayList<>();
   private volatile EndReason end;
   private String pending;
 
@@ -78,6 +80,10 @@ public final class Stream implements AutoCloseable, Iterable<String>, Iterator<S
       }
       long n = event.n_tokens();
       for (long i = 0; i < n; i++) tokens.add(event.token(i));
+      if (event.getKind() == emberc.EVENT_TOOL_CALL) {
+        toolCalls.add(new ToolCall(event.tool_call_id(), event.tool_name(), event.tool_arguments()));
+        continue;
+      }
       String piece = event.text();
       if (!piece.isEmpty()) {
         text.append(piece);
@@ -95,6 +101,9 @@ public final class Stream implements AutoCloseable, Iterable<String>, Iterator<S
 
   /** Everything read so far. */
   public synchronized String text() { return text.toString(); }
+
+  /** The tool calls read so far (all of them once the stream is read to its end). */
+  public synchronized List<ToolCall> toolCalls() { return new ArrayList<>(toolCalls); }
 
   /** The token ids read so far. */
   public synchronized int[] tokens() { return tokens.stream().mapToInt(Integer::intValue).toArray(); }
