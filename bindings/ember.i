@@ -273,6 +273,11 @@ typedef struct ember_stream ember_stream;
 %ignore eb_event::tool_name_;
 %ignore eb_event::tool_arguments_;
 %ignore eb_sampling::tool_name_;
+%ignore eb_sampling::bias_;
+%ignore eb_sampling::n_bias_;
+%ignore eb_event::logprobs_;
+%ignore eb_event::top_;
+%ignore eb_event::n_top_;
 %ignore eb_sampling::stop_;
 %ignore eb_sampling::n_stop_;
 %ignore eb_sampling::constraint_;
@@ -321,6 +326,9 @@ typedef struct eb_event {
   char* tool_call_id_;   /* TOOL_CALL */
   char* tool_name_;
   char* tool_arguments_; /* JSON */
+  float* logprobs_;      /* with logprobs: one per token */
+  ember_token_logprob* top_;
+  int32_t n_top_;
 } eb_event;
 
 /* Stream statistics (ember_stream_stats_t with fixed-width fields). */
@@ -393,6 +401,12 @@ typedef struct eb_sampling {
   int32_t tool_choice;
   int32_t parallel_tool_calls; /* 1 (default): several calls per reply */
   char* tool_name_;
+  /* Logits (since 1.4): add_logit_bias (copied); logprobs 1 = each event's
+   * tokens carry their log-probabilities, top_logprobs 0..20 alternatives. */
+  int32_t logprobs;
+  int32_t top_logprobs;
+  ember_logit_bias* bias_;
+  int32_t n_bias_;
 } eb_sampling;
 %}
 
@@ -435,8 +449,26 @@ typedef struct eb_sampling {
     free($self->tool_call_id_);
     free($self->tool_name_);
     free($self->tool_arguments_);
+    free($self->logprobs_);
+    free($self->top_);
     free($self);
   }
+  /* With logprobs: token i's log-probability (NaN without), and its k-th
+   * alternative (k < n_top()). */
+  float logprob(int64_t i) {
+    if (!$self->logprobs_ || !$self->tokens_ || i < 0 || i >= $self->tokens_->n) { eb_fail(EMBER_ERR_INVALID_ARGUMENT, "no log-probability at that index"); return 0; }
+    return $self->logprobs_[i];
+  }
+  int32_t n_top() { return $self->n_top_; }
+  int32_t top_token(int64_t i, int32_t k) {
+    if (!$self->top_ || !$self->tokens_ || i < 0 || i >= $self->tokens_->n || k < 0 || k >= $self->n_top_) { eb_fail(EMBER_ERR_INVALID_ARGUMENT, "no alternative at that index"); return 0; }
+    return $self->top_[i * $self->n_top_ + k].token;
+  }
+  float top_logprob(int64_t i, int32_t k) {
+    if (!$self->top_ || !$self->tokens_ || i < 0 || i >= $self->tokens_->n || k < 0 || k >= $self->n_top_) { eb_fail(EMBER_ERR_INVALID_ARGUMENT, "no alternative at that index"); return 0; }
+    return $self->top_[i * $self->n_top_ + k].logprob;
+  }
+  int32_t has_logprobs() { return $self->logprobs_ != NULL; }
   const char* text() { return $self->text_ ? $self->text_ : ""; }
   const char* tool_call_id() { return $self->tool_call_id_ ? $self->tool_call_id_ : ""; }
   const char* tool_name() { return $self->tool_name_ ? $self->tool_name_ : ""; }
@@ -505,7 +537,16 @@ static void eb_sampling_set_constraint(eb_sampling* s, int32_t kind, const char*
     free($self->choices_);
     free($self->constraint_);
     free($self->tool_name_);
+    free($self->bias_);
     free($self);
+  }
+  void add_logit_bias(int32_t token, float bias) {
+    ember_logit_bias* grown = (ember_logit_bias*)realloc($self->bias_, sizeof(ember_logit_bias) * (size_t)($self->n_bias_ + 1));
+    if (!grown) { eb_fail(EMBER_ERR_OUT_OF_MEMORY, "out of memory"); return; }
+    $self->bias_ = grown;
+    $self->bias_[$self->n_bias_].token = token;
+    $self->bias_[$self->n_bias_].bias = bias;
+    ++$self->n_bias_;
   }
   void set_tool_name(const char* name) {
     char* copy = strdup(name ? name : "");
@@ -737,6 +778,10 @@ ember_stream* eb_stream_start(ember_session* session, const eb_sampling* s) {
     p.tool_choice = s->tool_choice;
     p.parallel_tool_calls = s->parallel_tool_calls;
     p.tool_name = s->tool_name_;
+    p.logit_bias = s->bias_;
+    p.n_logit_bias = (size_t)s->n_bias_;
+    p.logprobs = s->logprobs;
+    p.top_logprobs = s->top_logprobs;
   }
   eb_check(ember_stream_start(session, &p, &st));
   return st;
@@ -761,6 +806,20 @@ int32_t eb_stream_next(ember_stream* stream, eb_event* out, int32_t timeout_ms) 
   free(out->tool_name_);
   free(out->tool_arguments_);
   out->tool_call_id_ = out->tool_name_ = out->tool_arguments_ = NULL;
+  free(out->logprobs_);
+  free(out->top_);
+  out->logprobs_ = NULL;
+  out->top_ = NULL;
+  out->n_top_ = 0;
+  if (e.logprobs) {
+    size_t n_top = e.top_logprobs && e.n_top_logprobs > 0 ? (size_t)e.n_top_logprobs : 0;
+    out->logprobs_ = (float*)malloc((e.n_tokens ? e.n_tokens : 1) * sizeof(float));
+    out->top_ = n_top ? (ember_token_logprob*)malloc((e.n_tokens ? e.n_tokens : 1) * n_top * sizeof(ember_token_logprob)) : NULL;
+    if (!out->logprobs_ || (n_top && !out->top_)) { eb_fail(EMBER_ERR_OUT_OF_MEMORY, "out of memory"); return -1; }
+    if (e.n_tokens) memcpy(out->logprobs_, e.logprobs, e.n_tokens * sizeof(float));
+    if (n_top && e.n_tokens) memcpy(out->top_, e.top_logprobs, e.n_tokens * n_top * sizeof(ember_token_logprob));
+    out->n_top_ = (int32_t)n_top;
+  }
   if (e.type == EMBER_EVENT_TOOL_CALL) {
     out->tool_call_id_ = strdup(e.tool_call_id ? e.tool_call_id : "");
     out->tool_name_ = strdup(e.tool_name ? e.tool_name : "");

@@ -202,6 +202,12 @@ void full_stream_defaults(ember_stream_params* params) {
   params->tool_choice = EMBER_TOOL_CHOICE_AUTO;
   params->tool_name = nullptr;
   params->parallel_tool_calls = 1;
+  params->logit_bias = nullptr;
+  params->n_logit_bias = 0;
+  params->logprobs = 0;
+  params->top_logprobs = 0;
+  params->logits_processor = nullptr;
+  params->logits_processor_data = nullptr;
 }
 
 // 1.0 sizes of the parameter structs: what the 1.0 entry points
@@ -271,6 +277,10 @@ static_assert(EMBER_MAX_STOP_STRINGS == ember::StreamParams::kMaxStopStrings);
 static_assert(EMBER_MAX_TOKENS_PER_STREAM == ember::StreamParams::kMaxTokensLimit);
 
 static_assert(EMBER_MAX_CHOICES == ember::grammar::Constraint::kMaxChoices);
+// Events hand out the core's logprob entries as they are.
+static_assert(sizeof(ember_token_logprob) == sizeof(ember::TokenLogprob) &&
+              offsetof(ember_token_logprob, token) == offsetof(ember::TokenLogprob, token) &&
+              offsetof(ember_token_logprob, logprob) == offsetof(ember::TokenLogprob, logprob));
 
 // Structured output: at most one constraint; strings bounded before they are copied.
 ember::grammar::Constraint to_constraint(const ember_stream_params& p) {
@@ -362,6 +372,21 @@ ember::StreamParams to_stream_params(const ember_stream_params& p) {
     }
     s.tool_choice.name.assign(p.tool_name, n);
   }
+  if (p.n_logit_bias > EMBER_MAX_LOGIT_BIAS) {
+    throw Error(StatusCode::kInvalidArgument, "stream params: more than EMBER_MAX_LOGIT_BIAS logit bias entries");
+  }
+  if (p.n_logit_bias > 0 && !p.logit_bias) throw Error(StatusCode::kInvalidArgument, "stream params: logit_bias is NULL");
+  for (size_t i = 0; i < p.n_logit_bias; ++i) s.logit_bias.emplace_back(p.logit_bias[i].token, p.logit_bias[i].bias);
+  if (p.logprobs != 0 && p.logprobs != 1) throw Error(StatusCode::kInvalidArgument, "stream params: logprobs must be 0 or 1");
+  s.logprobs = p.logprobs != 0;
+  s.top_logprobs = p.top_logprobs;
+  if (p.logits_processor) {
+    const ember_logits_processor fn = p.logits_processor;
+    void* data = p.logits_processor_data;
+    s.logits_processor = [fn, data](float* row, int32_t n_vocab, const std::vector<int32_t>& history) {
+      return fn(row, n_vocab, history.data(), history.size(), data) == 0;
+    };
+  }
   if (p.stop) {
     // Bounded: one past the core's limit is enough for it to refuse.
     for (size_t i = 0; p.stop[i] && i <= ember::StreamParams::kMaxStopStrings; ++i) {
@@ -387,6 +412,11 @@ ember_event to_event(const ember::StreamEvent& e) {
   out.n_tokens = e.tokens.size();
   out.end_reason = static_cast<int32_t>(e.end_reason);
   out.status = static_cast<ember_status>(e.status);
+  if (!e.logprobs.empty()) {
+    out.logprobs = e.logprobs.data();
+    out.top_logprobs = e.top_logprobs.empty() ? nullptr : reinterpret_cast<const ember_token_logprob*>(e.top_logprobs.data());
+    out.n_top_logprobs = e.n_top;
+  }
   if (e.type == ember::StreamEvent::kToolCall) {
     out.tool_call_id = e.call.id.c_str();
     out.tool_name = e.call.name.c_str();

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <future>
 #include <limits>
+#include <map>
 
 #include "core/backend/plugin.h"
 #include "core/backend/registry.h"
@@ -292,7 +293,7 @@ void Engine::outcome(StepWork& w) {
       en.end = EndReason::kCancelled;
       continue;
     }
-    std::vector<int32_t> history;
+    std::vector<int32_t> history, full_history;
     int32_t prev = -1;
     size_t room = SIZE_MAX;  // tokens the session's context still holds
     {
@@ -310,16 +311,45 @@ void Engine::outcome(StepWork& w) {
       }
       if (en.logit_index < 0) continue;
       history = penalty_window(s, tokens);
+      if (s.params().logits_processor) full_history = tokens;
       prev = tokens.back();
       const size_t n_ctx = static_cast<size_t>(s.session().n_ctx());
       if (!kv.bounded()) room = n_ctx > tokens.size() ? n_ctx - tokens.size() : 0;
     }
     float* row = logits_.data() + static_cast<size_t>(en.logit_index) * n_vocab;
     grammar::Matcher* matcher = s.matcher();
-    // A tree node's row: the constraint after the node's path, then the test hook.
-    const speculative::SpecStep::RowMask mask = [&](const std::vector<int32_t>& path, float* r) {
-      if (matcher) matcher->mask_after(path, r, n_vocab);
+    const StreamParams& sp = s.params();
+    // A row before a token is chosen from it: the stream's logit bias, its
+    // logits processor (told the history and the row's path), then the
+    // constraint (the decode row's mask was filled during the forward pass;
+    // a tree node's is the constraint after the node's path), then the test
+    // hook; with logprobs, the row's log-softmax is kept (by path) for the
+    // tokens chosen from it.
+    std::string processor_error;
+    std::map<std::vector<int32_t>, RowLogprobs> row_logprobs;
+    auto prepare_row = [&](const std::vector<int32_t>& path, float* r, bool decode_row) {
+      if (!sp.logit_bias.empty()) apply_logit_bias(sp.logit_bias, r, n_vocab);
+      if (sp.logits_processor && processor_error.empty()) {
+        std::vector<int32_t> seen = full_history;
+        seen.insert(seen.end(), path.begin(), path.end());
+        try {
+          if (!sp.logits_processor(r, n_vocab, seen)) processor_error = "the stream's logits processor failed";
+        } catch (const std::exception& e) {
+          processor_error = std::string("the stream's logits processor failed: ") + e.what();
+        }
+      }
+      if (matcher) {
+        if (decode_row) {
+          grammar::Matcher::apply(s.bitmask(), r, n_vocab);
+        } else {
+          matcher->mask_after(path, r, n_vocab);
+        }
+      }
       if (testing::g_outcome_mask_hook) testing::g_outcome_mask_hook(path.empty() ? prev : path.back(), r, n_vocab);
+      if (sp.logprobs) row_logprobs[path] = RowLogprobs(r, n_vocab, sp.top_logprobs);
+    };
+    const speculative::SpecStep::RowMask mask = [&](const std::vector<int32_t>& path, float* r) {
+      prepare_row(path, r, /*decode_row=*/false);
     };
     std::vector<int32_t> accepted;
     if (en.tree) {
@@ -329,15 +359,30 @@ void Engine::outcome(StepWork& w) {
       accepted = std::move(v.tokens);
       en.kv.path = std::move(v.path);
     } else {
-      // The decode row's constraint mask was filled during the forward pass.
-      if (matcher) grammar::Matcher::apply(s.bitmask(), row, n_vocab);
-      if (testing::g_outcome_mask_hook) testing::g_outcome_mask_hook(prev, row, n_vocab);
+      prepare_row({}, row, /*decode_row=*/true);
       accepted.push_back(s.sampler().sample(row, history));
+    }
+    if (!processor_error.empty()) {
+      // Nothing of this row is kept; the stream fails in the apply phase.
+      en.ends = true;
+      en.error = std::move(processor_error);
+      en.kv.path.clear();
+      continue;
+    }
+    std::vector<LogprobEntry> logprobs;
+    if (sp.logprobs) {
+      // Token k was chosen from the row after the first k accepted tokens.
+      std::vector<int32_t> path;
+      for (int32_t t : accepted) {
+        auto it = row_logprobs.find(path);
+        logprobs.push_back(it != row_logprobs.end() ? it->second.entry(t) : LogprobEntry{t, NAN, {}});
+        path.push_back(t);
+      }
     }
     // Cut where the stream ends: what follows never reaches the KV. The
     // path's nodes are computed; the target's next token (the last accepted)
     // joins the history pending, as in a plain decode.
-    const size_t kept = s.take(accepted, room, &en.end);
+    const size_t kept = s.take(accepted, room, &en.end, sp.logprobs ? &logprobs : nullptr);
     en.ends = en.end != EndReason::kNone;
     if (matcher) {
       // The constraint follows the kept tokens; once it is complete only a
@@ -370,7 +415,11 @@ void Engine::apply(StepWork& w) {
       std::lock_guard<std::mutex> lock(kv.mutex());
       kv_->apply(kv, en.kv);
     }
-    if (en.ends) end_stream(s, en.end, /*parked=*/true);
+    if (!en.error.empty()) {
+      fail_stream(s, StatusCode::kCancelled, en.error, /*parked=*/true);
+    } else if (en.ends) {
+      end_stream(s, en.end, /*parked=*/true);
+    }
   }
 }
 
@@ -389,12 +438,14 @@ void Engine::end_stream(Stream& s, EndReason reason, bool parked) {
   s.finish(reason);
 }
 
-void Engine::fail_stream(Stream& s, StatusCode code, const std::string& message) {
+void Engine::fail_stream(Stream& s, StatusCode code, const std::string& message, bool parked) {
   if (s.finished()) return;
   try {
-    KvSequence& kv = s.session().kv();
-    std::lock_guard<std::mutex> lock(kv.mutex());
-    kv_->park(kv);
+    if (!parked) {
+      KvSequence& kv = s.session().kv();
+      std::lock_guard<std::mutex> lock(kv.mutex());
+      kv_->park(kv);
+    }
   } catch (const std::exception& e) {  // the stream still ends; its blocks go with its session
     log(LogLevel::kError, "engine: parking a failed stream's sequence: %s", e.what());
   }

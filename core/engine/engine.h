@@ -142,7 +142,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::future<void> fill_masks(StepWork& w);
   // Drops drafted candidates the stream's constraint rejects (none: empty).
   speculative::SpecStep::CandidateFilter candidate_filter(Stream& s);
-  void fail_stream(Stream& s, StatusCode code, const std::string& message);
+  void fail_stream(Stream& s, StatusCode code, const std::string& message, bool parked = false);
 
   std::shared_ptr<const Model> model_;
   EngineParams params_;

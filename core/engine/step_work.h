@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/engine/engine.h"
@@ -33,6 +34,7 @@ struct Engine::StepWork {
     KvManager::StepOutcome kv;
     EndReason end = EndReason::kNone;
     bool ends = false;
+    std::string error;  // the stream fails (its logits processor did) instead of ending
   };
   std::vector<Entry> entries;
   Batch batch;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/engine/engine.h"
 #include "core/engine/session.h"
@@ -33,6 +34,13 @@ void StreamParams::validate() const {
   require(s.penalty_last_n >= -1, "stream params: penalty_last_n must be >= -1");
   require(stop.size() <= kMaxStopStrings, "stream params: at most 64 stop strings");
   for (const auto& s : stop) require(!s.empty(), "stream params: empty stop string");
+  require(top_logprobs >= 0 && top_logprobs <= kMaxTopLogprobs, "stream params: top_logprobs must be in [0, 20]");
+  require(top_logprobs == 0 || logprobs, "stream params: top_logprobs needs logprobs");
+  for (const auto& [token, bias] : logit_bias) {
+    require(token >= 0, "stream params: a logit bias names a negative token id");
+    require(!std::isnan(bias) && bias != std::numeric_limits<float>::infinity(),
+            "stream params: a logit bias must be a number or -infinity (a ban)");
+  }
   require(spec.kind >= SpecParams::Kind::kNone && spec.kind <= SpecParams::Kind::kDraft,
           "stream params: unknown speculative drafter");
   if (spec.kind != SpecParams::Kind::kNone) spec.tree.validate();
@@ -49,6 +57,13 @@ Stream::Stream(std::shared_ptr<Session> session, const StreamParams& params)
       detok_(std::make_unique<StreamingDetokenizer>(session_->engine().model().tokenizer())),
       tokenizer_(session_->engine().model().tokenizer()) {
   params_.validate();
+  const int32_t n_vocab = session_->engine().model().config().n_vocab;
+  for (const auto& b : params_.logit_bias) {
+    if (b.first >= n_vocab) {
+      fail(StatusCode::kInvalidArgument, "stream params: a logit bias names token " + std::to_string(b.first) +
+                                             ", past the vocabulary of " + std::to_string(n_vocab));
+    }
+  }
   if (params_.tool_calls) tool_parser_ = std::make_unique<chat::ToolCallParser>(params_.tool_format);
   t_start_ = std::chrono::steady_clock::now();
 }
@@ -137,6 +152,13 @@ void Stream::deliver(std::string text, bool final_flush) {
     StreamEvent ev;
     ev.tokens = std::move(held_tokens_);
     held_tokens_.clear();
+    if (params_.logprobs) {
+      ev.logprobs = std::move(held_logprobs_);
+      ev.top_logprobs = std::move(held_top_);
+      ev.n_top = params_.top_logprobs;
+      held_logprobs_.clear();
+      held_top_.clear();
+    }
     if (piece.is_call) {
       ev.type = StreamEvent::kToolCall;
       ev.call = std::move(piece.call);
@@ -163,17 +185,32 @@ int32_t Stream::tokens_left() const {
   return g >= static_cast<size_t>(params_.max_tokens) ? 0 : params_.max_tokens - static_cast<int32_t>(g);
 }
 
-size_t Stream::take(const std::vector<int32_t>& tokens, size_t room, EndReason* end) {
+size_t Stream::take(const std::vector<int32_t>& tokens, size_t room, EndReason* end,
+                    const std::vector<LogprobEntry>* logprobs) {
   *end = EndReason::kNone;
   for (size_t j = 0; j < tokens.size(); ++j) {
     const int32_t token = tokens[j];
     const size_t kept = j + 1;
+    if (params_.logprobs) {
+      // Every kept token has its entry (an end-of-generation token's is
+      // dropped with it below, as the token is not sent).
+      const LogprobEntry* e = logprobs && j < logprobs->size() ? &(*logprobs)[j] : nullptr;
+      held_logprobs_.push_back(e ? e->logprob : std::numeric_limits<float>::quiet_NaN());
+      for (int32_t k = 0; k < params_.top_logprobs; ++k) {
+        held_top_.push_back(e && static_cast<size_t>(k) < e->top.size() ? e->top[static_cast<size_t>(k)]
+                                                                        : TokenLogprob{});
+      }
+    }
     if (!started_decoding_) {
       started_decoding_ = true;
       t_first_token_ = std::chrono::steady_clock::now();
     }
     ++generated_;
     if (tokenizer_.is_eog(token) && !params_.ignore_eos) {
+      if (params_.logprobs) {  // not sent: neither is its entry
+        held_logprobs_.pop_back();
+        held_top_.resize(held_top_.size() - static_cast<size_t>(params_.top_logprobs));
+      }
       *end = EndReason::kEos;
       return kept;
     }

@@ -19,6 +19,7 @@
 
 #include "core/chat/tools.h"
 #include "core/grammar/grammar.h"
+#include "core/sampling/logprobs.h"
 #include "core/sampling/sampler.h"
 #include "core/scheduler/scheduler.h"
 #include "core/speculative/spec_step.h"
@@ -46,6 +47,17 @@ struct StreamParams {
   chat::ToolChoice tool_choice;
   bool tool_calls = false;  // set by Session::start: parse calls in `tool_format`
   chat::ToolFormat tool_format = chat::ToolFormat::kGeneric;
+  // Logits (core/sampling/logprobs.h): each row a token is chosen from gets
+  // the bias, then the processor (false = the stream fails), then the
+  // constraint's mask; with `logprobs` each token's log-probability in that
+  // row (and its `top_logprobs` most likely alternatives) goes with it in
+  // the events.
+  LogitBias logit_bias;
+  using LogitsProcessor = std::function<bool(float* row, int32_t n_vocab, const std::vector<int32_t>& history)>;
+  LogitsProcessor logits_processor;
+  bool logprobs = false;
+  int32_t top_logprobs = 0;
+  static constexpr int32_t kMaxTopLogprobs = 20;
 
   // Throws ember::Error(kInvalidArgument) naming the first bad field.
   void validate() const;
@@ -63,6 +75,11 @@ enum class EndReason : int32_t {
 struct StreamEvent {
   enum Type : int32_t { kText = 0, kEnd = 1, kError = 2, kToolCall = 3 } type = kText;
   std::string text;
+  // With StreamParams::logprobs: one per token, and n_top alternatives per
+  // token (token-major, most likely first).
+  std::vector<float> logprobs;
+  std::vector<TokenLogprob> top_logprobs;
+  int32_t n_top = 0;
   chat::ToolCall call;  // kToolCall
   // END and ERROR end the stream; TEXT and TOOL_CALL do not.
   bool last() const { return type == kEnd || type == kError; }
@@ -128,7 +145,10 @@ class Stream : public std::enable_shared_from_this<Stream> {
   // holds). Returns how many the stream keeps: all, or up to and including
   // the one it ends at (*end says why; kNone: it goes on). Text events for
   // the kept tokens are pushed; the END event waits for finish().
-  size_t take(const std::vector<int32_t>& tokens, size_t room, EndReason* end);
+  // `logprobs` (with StreamParams::logprobs): one entry per token.
+  size_t take(const std::vector<int32_t>& tokens, size_t room, EndReason* end,
+              const std::vector<LogprobEntry>* logprobs = nullptr);
+  const StreamParams& params() const { return params_; }
   // Speculative decoding state (core/speculative/spec_step.h; null when the
   // stream does not speculate).
   speculative::StreamSpec* spec() { return spec_.get(); }
@@ -172,6 +192,8 @@ class Stream : public std::enable_shared_from_this<Stream> {
   // Engine-thread state.
   std::string held_text_;  // decoded but not yet emitted (stop-string look-behind)
   std::vector<int32_t> held_tokens_;
+  std::vector<float> held_logprobs_;  // with StreamParams::logprobs, one per held token
+  std::vector<TokenLogprob> held_top_;
   std::string reply_text_;  // everything emitted, for the session's messages
   std::atomic<size_t> generated_{0};
   std::atomic<bool> started_decoding_{false};

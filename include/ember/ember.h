@@ -523,6 +523,29 @@ EMBER_API ember_status ember_session_load(ember_engine* engine, const char* path
 
 /* ---------------------------------------------------------------- stream */
 
+/* Since 1.4. A logit bias entry (ember_stream_params.logit_bias). */
+typedef struct ember_logit_bias {
+  int32_t token;
+  float bias;
+} ember_logit_bias;
+
+/* Since 1.4. A stream's logits processor: changes `logits` (n_vocab floats)
+ * in place before a token is chosen from them; `history` holds every token
+ * of the session before this row (prompt, earlier replies, this reply so
+ * far, and for a speculative tree row the drafted tokens on its path).
+ * Called on the thread that runs the engine's steps (its worker, or the
+ * ember_engine_step caller in manual-step mode), one row at a time, for
+ * every row a token of this stream is chosen from; streams of other
+ * sessions wait meanwhile, so keep it short. It must not call Ember
+ * functions on this engine (its sessions, streams, steps): that may
+ * deadlock. Return 0 to go on; any other value (or a C++ exception escaping
+ * it) fails the stream: it ends with an ERROR event, status
+ * EMBER_ERR_CANCELLED, and keeps nothing of that row; other streams go on.
+ * Setting a token the constraint rejects to a high value does not let it
+ * through (the mask comes after). */
+typedef int32_t (*ember_logits_processor)(float* logits, int32_t n_vocab, const int32_t* history, size_t n_history,
+                                          void* user_data);
+
 typedef struct ember_stream_params {
   size_t size;             /* sizeof(ember_stream_params) */
   int32_t max_tokens;      /* default 256; generation stops after this many */
@@ -580,7 +603,28 @@ typedef struct ember_stream_params {
   int32_t tool_choice;         /* EMBER_TOOL_CHOICE_*; default AUTO */
   const char* tool_name;       /* FUNCTION: the tool to call (copied) */
   int32_t parallel_tool_calls; /* default 1: several calls per reply; 0: at most one */
+  /* Since 1.4: the logits. Each row a token is chosen from gets, in order:
+   * the logit bias, the logits processor, the constraint's mask (structured
+   * output, tools), then the sampler (penalties, temperature, top-k/p, min-p).
+   * Speculative tree rows get the same, each after its own path. */
+  const ember_logit_bias* logit_bias; /* n_logit_bias entries (copied): bias added to the token's logit;
+                                         -INFINITY bans the token; ids in [0, vocab), finite or -INFINITY */
+  size_t n_logit_bias;                /* at most EMBER_MAX_LOGIT_BIAS */
+  int32_t logprobs;     /* 1: each TEXT/TOOL_CALL event carries its tokens' log-probabilities; default 0 */
+  int32_t top_logprobs; /* 0..20 (needs logprobs): the most likely tokens of each row, with theirs */
+  ember_logits_processor logits_processor; /* NULL = none; see ember_logits_processor */
+  void* logits_processor_data;             /* passed to it as user_data */
 } ember_stream_params;
+
+/* Log-probabilities are those of the row after the bias, the processor and the
+ * constraint, before penalties and temperature (OpenAI's logprobs):
+ * log softmax(row)[token]; a banned or masked token has -INFINITY. */
+typedef struct ember_token_logprob {
+  int32_t token;
+  float logprob;
+} ember_token_logprob;
+
+#define EMBER_MAX_LOGIT_BIAS 65536
 
 enum {
   EMBER_TOOL_CHOICE_AUTO = 0,
@@ -651,6 +695,10 @@ typedef struct ember_event {
   const char* tool_call_id;   /* "call_<n>", unique in the session */
   const char* tool_name;      /* one of the session's tools */
   const char* tool_arguments; /* compact JSON that validates against the tool's parameters */
+  /* Since 1.4, with ember_stream_params.logprobs (NULL / 0 otherwise): */
+  const float* logprobs;                   /* n_tokens values: each token's log-probability */
+  const ember_token_logprob* top_logprobs; /* n_tokens * n_top_logprobs entries, token-major, most likely first */
+  int32_t n_top_logprobs;
 } ember_event;
 
 /* Pulls the next event, waiting up to timeout_ms milliseconds (0 = poll,

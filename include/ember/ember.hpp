@@ -248,6 +248,11 @@ struct Event {
   ember_status status = EMBER_OK;       // ERROR: the failure
   // TOOL_CALL (since 1.4): the call's id, tool and JSON arguments.
   std::string tool_call_id, tool_name, tool_arguments;
+  // With ember_stream_params.logprobs (since 1.4): one per token, and
+  // n_top_logprobs alternatives per token (token-major).
+  std::vector<float> logprobs;
+  std::vector<ember_token_logprob> top_logprobs;
+  int32_t n_top_logprobs = 0;
 
   bool is_text() const noexcept { return type == EMBER_EVENT_TEXT; }
   bool is_end() const noexcept { return type == EMBER_EVENT_END; }
@@ -260,6 +265,12 @@ struct Event {
     if (e.tokens) out.tokens.assign(e.tokens, e.tokens + e.n_tokens);
     out.end_reason = e.end_reason;
     out.status = e.status;
+    if (e.logprobs) {
+      out.logprobs.assign(e.logprobs, e.logprobs + e.n_tokens);
+      out.n_top_logprobs = e.n_top_logprobs;
+      if (e.top_logprobs && e.n_top_logprobs > 0)
+        out.top_logprobs.assign(e.top_logprobs, e.top_logprobs + e.n_tokens * static_cast<size_t>(e.n_top_logprobs));
+    }
     if (e.type == EMBER_EVENT_TOOL_CALL) {
       if (e.tool_call_id) out.tool_call_id = e.tool_call_id;
       if (e.tool_name) out.tool_name = e.tool_name;

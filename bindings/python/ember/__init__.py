@@ -22,6 +22,7 @@ from ._api import (  # noqa: F401
     Session,
     Stream,
     StreamStats,
+    TokenLogprob,
     ToolCall,
     capabilities,
     version,

@@ -12,7 +12,7 @@ from typing import Iterable, Iterator, List, Optional, Sequence, Union
 from . import emberc as _c
 from .emberc import InvalidArgumentError
 
-__all__ = ["Model", "Engine", "Session", "Stream", "ModelInfo", "StreamStats", "EndReason", "ToolCall",
+__all__ = ["Model", "Engine", "Session", "Stream", "ModelInfo", "StreamStats", "EndReason", "ToolCall", "TokenLogprob",
            "version", "version_number", "capabilities"]
 
 
@@ -272,6 +272,15 @@ class ToolCall:
         return json.loads(self.arguments)
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability in the row it was chosen from (after logit bias and
+    constraints, before penalties and temperature), and the row's most likely tokens."""
+    token: int
+    logprob: float
+    top: List[tuple]  # (token, logprob) pairs, most likely first
+
+
 _TOOL_CHOICES = {"auto": _c.TOOL_CHOICE_AUTO, "none": _c.TOOL_CHOICE_NONE, "required": _c.TOOL_CHOICE_REQUIRED}
 
 
@@ -334,7 +343,8 @@ class Session(_Closeable):
                  spec_lookup: bool = True, json_schema: Union[None, str, dict] = None,
                  grammar: Optional[str] = None, regex: Optional[str] = None,
                  choices: Optional[Sequence[str]] = None, json_object: bool = False,
-                 tool_choice: Union[None, str, dict] = None, parallel_tool_calls: bool = True) -> "Stream":
+                 tool_choice: Union[None, str, dict] = None, parallel_tool_calls: bool = True,
+                 logit_bias: Optional[dict] = None, logprobs: bool = False, top_logprobs: int = 0) -> "Stream":
         """Starts generating from everything added so far; iterate the Stream for text pieces.
 
         Penalties look at the last penalty_last_n tokens (prompt included; -1 = all, 0 = off):
@@ -358,7 +368,11 @@ class Session(_Closeable):
         Tool calling (a session with set_tools): tool_choice "auto" (default), "none", "required", a
         tool's name, or OpenAI's {"type": "function", "function": {"name": ...}}; with
         parallel_tool_calls=False a reply makes at most one call. Each call is held to its tool's
-        schema and comes out in Stream.tool_calls, not in the text."""
+        schema and comes out in Stream.tool_calls, not in the text.
+
+        Logits: logit_bias maps token ids to a bias added to their logits (float("-inf") bans a
+        token); logprobs=True records each generated token's log-probability (Stream.logprobs), with
+        top_logprobs (0..20) most likely alternatives."""
         if spec_drafter is None:
             spec_drafter = "none" if spec_draft_model is None else "draft"
         if not isinstance(spec_drafter, str) or spec_drafter not in _DRAFTERS:
@@ -422,6 +436,10 @@ class Session(_Closeable):
                 s.tool_choice = _c.TOOL_CHOICE_FUNCTION
                 s.set_tool_name(tool_choice)
         s.parallel_tool_calls = int(bool(parallel_tool_calls))
+        for token, bias in (logit_bias or {}).items():
+            s.add_logit_bias(int(token), float(bias))
+        s.logprobs = int(bool(logprobs))
+        s.top_logprobs = int(top_logprobs)
         if spec_draft_model is None:
             with self._g as h:
                 st = _c.eb_stream_start(h, s)
@@ -450,6 +468,7 @@ class Stream(_Closeable):
         self._event = _c.eb_event()
         self._pieces: List[str] = []
         self._calls: List[ToolCall] = []
+        self._logprobs: List[TokenLogprob] = []
         self._tokens: List[int] = []
         self._end: Optional[EndReason] = None
         self._lock = threading.Lock()  # one reader at a time
@@ -482,7 +501,13 @@ class Stream(_Closeable):
                     self._end = _END_REASONS.get(ev.end_reason, EndReason.NONE)
                     return None
                 text = ev.text()
-                self._tokens.extend(ev.token(i) for i in range(ev.n_tokens()))
+                n = ev.n_tokens()
+                self._tokens.extend(ev.token(i) for i in range(n))
+                if ev.has_logprobs():
+                    k = ev.n_top()
+                    self._logprobs.extend(
+                        TokenLogprob(ev.token(i), ev.logprob(i), [(ev.top_token(i, j), ev.top_logprob(i, j))
+                                                                 for j in range(k)]) for i in range(n))
                 if ev.kind == _c.EVENT_TOOL_CALL:
                     self._calls.append(ToolCall(ev.tool_call_id(), ev.tool_name(), ev.tool_arguments()))
                     continue
@@ -499,6 +524,11 @@ class Stream(_Closeable):
     @property
     def text(self) -> str:
         return "".join(self._pieces)
+
+    @property
+    def logprobs(self) -> List[TokenLogprob]:
+        """With generate(logprobs=True): one entry per generated token read so far."""
+        return list(self._logprobs)
 
     @property
     def tool_calls(self) -> List[ToolCall]:

@@ -310,6 +310,31 @@ class EmberTest(unittest.TestCase):
             with self.assertRaises(ember.InvalidArgumentError):  # no tools left to require
                 session.generate(tool_choice="required", max_tokens=4)
 
+    def test_logprobs_and_logit_bias(self):
+        with self.engine.session() as session:
+            session.add_text("The capital of France is Paris. The capital of Italy is")
+            with session.generate(max_tokens=6, temperature=0, ignore_eos=True, logprobs=True,
+                                  top_logprobs=3) as stream:
+                stream.read()
+                tokens, lps = stream.tokens, stream.logprobs
+        self.assertEqual(len(lps), len(tokens))
+        self.assertTrue(all(isinstance(e, ember.TokenLogprob) for e in lps))
+        for tok, e in zip(tokens, lps):
+            self.assertEqual(e.token, tok)
+            self.assertLessEqual(e.logprob, 0.0)
+            self.assertEqual(len(e.top), 3)
+            self.assertEqual(e.top[0][0], tok)  # greedy: the most likely
+        with self.engine.session() as session:
+            session.add_text("The capital of France is Paris. The capital of Italy is")
+            with session.generate(max_tokens=6, temperature=0, ignore_eos=True,
+                                  logit_bias={tokens[0]: float("-inf")}) as stream:
+                stream.read()
+                self.assertNotIn(tokens[0], stream.tokens)
+            with self.assertRaises(ember.InvalidArgumentError):
+                session.generate(max_tokens=2, logit_bias={-5: 1.0})
+            with self.assertRaises(ember.InvalidArgumentError):
+                session.generate(max_tokens=2, top_logprobs=3)
+
     def test_speculative_stream_keeps_its_draft_model(self):
         plain, _ = self.spec_greedy(("text", COUNTING), 16)
         draft = ember.Model(model_path())
