@@ -229,7 +229,22 @@ void Matcher::fill(std::vector<uint32_t>& bits) {
 void Matcher::apply(const std::vector<uint32_t>& bits, float* logits, int32_t n_vocab) {
   const float ninf = -std::numeric_limits<float>::infinity();
   const int32_t covered = std::min<int32_t>(n_vocab, static_cast<int32_t>(bits.size() * 32));
-  for (int32_t t = 0; t < covered; ++t) {
+  // A word at a time: most words of a constraint's mask are all-rejected or
+  // all-allowed, handled without looking at their bits one by one.
+  const int32_t full_words = covered / 32;
+  for (int32_t w = 0; w < full_words; ++w) {
+    const uint32_t word = bits[static_cast<size_t>(w)];
+    float* row = logits + static_cast<ptrdiff_t>(w) * 32;
+    if (word == ~0u) continue;
+    if (word == 0u) {
+      std::fill(row, row + 32, ninf);
+      continue;
+    }
+    for (int b = 0; b < 32; ++b) {
+      if (!(word >> b & 1u)) row[b] = ninf;
+    }
+  }
+  for (int32_t t = full_words * 32; t < covered; ++t) {
     if (!(bits[static_cast<size_t>(t) / 32] >> (t % 32) & 1u)) logits[t] = ninf;
   }
   for (int32_t t = covered; t < n_vocab; ++t) logits[t] = ninf;

@@ -8,6 +8,7 @@
 #include <picojson.h>
 
 #include <chrono>
+#include <cmath>
 #include <regex>
 #include <set>
 #include <string>
@@ -271,6 +272,45 @@ TEST(Grammar, CompiledOnceAndCancellable) {
   };
   const double first = start_ms(), second = start_ms();
   EXPECT_LT(second * 5, first + 5) << "first " << first << " ms, second " << second << " ms";
+}
+
+}  // namespace
+}  // namespace ember
+
+namespace ember {
+namespace {
+
+// Matcher::apply works a 32-bit word at a time: it must equal the per-token
+// rule (bit t clear -> logit t is -inf; tokens past the mask are -inf) for
+// any mask, all-zero and all-one words included, and a vocabulary that is
+// not a multiple of 32.
+TEST(Grammar, ApplyingABitmaskEqualsThePerTokenRule) {
+  if (!grammar::available()) GTEST_SKIP() << "built without the grammar engine";
+  uint64_t state = 0x9e3779b97f4a7c15ull;
+  auto next = [&state] {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state;
+  };
+  for (int32_t n_vocab : {1, 31, 32, 33, 1000, 49152, 49171}) {
+    for (int pattern = 0; pattern < 4; ++pattern) {
+      std::vector<uint32_t> bits(static_cast<size_t>((n_vocab + 31) / 32) - (pattern == 3 && n_vocab > 64 ? 1 : 0));
+      for (auto& w : bits) {
+        const uint64_t r = next();
+        w = pattern == 0 ? static_cast<uint32_t>(r) : (r % 3 == 0 ? 0u : r % 3 == 1 ? ~0u : static_cast<uint32_t>(r));
+      }
+      std::vector<float> row(static_cast<size_t>(n_vocab)), want;
+      for (int32_t t = 0; t < n_vocab; ++t) row[static_cast<size_t>(t)] = static_cast<float>(t % 97) - 40.0f;
+      want = row;
+      for (int32_t t = 0; t < n_vocab; ++t) {
+        const size_t w = static_cast<size_t>(t) / 32;
+        if (w >= bits.size() || !(bits[w] >> (t % 32) & 1u)) want[static_cast<size_t>(t)] = -INFINITY;
+      }
+      grammar::Matcher::apply(bits, row.data(), n_vocab);
+      ASSERT_EQ(row, want) << n_vocab << " pattern " << pattern;
+    }
+  }
 }
 
 }  // namespace
