@@ -61,6 +61,15 @@ inline bool reduced_size() {
   return e && *e && *e != '0';
 }
 
+// Whether the library has its grammar engine (structured output, tools).
+inline bool structured_output() {
+  ember_capabilities_t caps;
+  std::memset(&caps, 0, sizeof caps);
+  caps.size = sizeof caps;
+  EXPECT_EQ(ember_capabilities(&caps), EMBER_OK);
+  return caps.structured_output == 1;
+}
+
 inline bool valid_utf8(const std::string& s) {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
   size_t i = 0, n = s.size();

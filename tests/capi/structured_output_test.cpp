@@ -7,18 +7,6 @@
 
 using namespace capi_test;
 
-namespace {
-
-bool structured_output() {
-  ember_capabilities_t caps;
-  std::memset(&caps, 0, sizeof caps);
-  caps.size = sizeof caps;
-  EXPECT_EQ(ember_capabilities(&caps), EMBER_OK);
-  return caps.structured_output == 1;
-}
-
-}  // namespace
-
 TEST(CapiStructuredOutput, EveryKindThroughTheCAbi) {
   CAPI_REQUIRE_MODEL(model);
   if (!structured_output()) GTEST_SKIP() << "built without the grammar engine";

@@ -16,14 +16,6 @@ using Json = nlohmann::json;
 
 namespace {
 
-bool structured_output() {
-  ember_capabilities_t caps;
-  std::memset(&caps, 0, sizeof caps);
-  caps.size = sizeof caps;
-  EXPECT_EQ(ember_capabilities(&caps), EMBER_OK);
-  return caps.structured_output == 1;
-}
-
 const char* kTools = R"([
  {"type": "function", "function": {"name": "get_weather", "description": "The current weather in a city",
   "parameters": {"type": "object", "properties": {
