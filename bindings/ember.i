@@ -453,8 +453,8 @@ typedef struct eb_sampling {
     free($self->top_);
     free($self);
   }
-  /* With logprobs: token i's log-probability (NaN without), and its k-th
-   * alternative (k < n_top()). */
+  /* With logprobs (has_logprobs()): token i's log-probability and its k-th
+   * alternative (k < n_top()); INVALID_ARGUMENT without them or out of range. */
   float logprob(int64_t i) {
     if (!$self->logprobs_ || !$self->tokens_ || i < 0 || i >= $self->tokens_->n) { eb_fail(EMBER_ERR_INVALID_ARGUMENT, "no log-probability at that index"); return 0; }
     return $self->logprobs_[i];

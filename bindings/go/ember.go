@@ -30,7 +30,9 @@ package ember
 import (
 	"fmt"
 	"io"
+	"math"
 	"runtime"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -499,6 +501,11 @@ type Sampling struct {
 	// Calls come out in Stream.ToolCalls, not in the text.
 	ToolChoice          string // "" or "auto" (default), "none", "required" (at least one call) or a tool's name (exactly one call, of it)
 	NoParallelToolCalls bool   // at most one call per reply (default: several)
+
+	// Logits (see docs/API.md).
+	LogitBias   map[int]float32 // token id -> bias added to its logit before a token is chosen; float32(math.Inf(-1)) bans it
+	Logprobs    bool            // record each generated token's log-probability (Stream.Logprobs)
+	TopLogprobs int             // with Logprobs: the most likely tokens of each row, 0..20
 }
 
 // DefaultSampling returns the library's defaults.
@@ -510,7 +517,8 @@ func DefaultSampling() Sampling {
 		PresencePenalty: d.GetPresence_penalty(), FrequencyPenalty: d.GetFrequency_penalty(),
 		PenaltyLastN: d.GetPenalty_last_n(), Seed: uint64(d.GetSeed()),
 		SpecSelfLayers: d.GetSpec_self_layers(), SpecThreshold: d.GetSpec_threshold(),
-		SpecMaxNodes: d.GetSpec_max_nodes(), SpecMaxDepth: d.GetSpec_max_depth(), SpecAlpha: d.GetSpec_alpha()}
+		SpecMaxNodes: d.GetSpec_max_nodes(), SpecMaxDepth: d.GetSpec_max_depth(), SpecAlpha: d.GetSpec_alpha(),
+		Logprobs: d.GetLogprobs() != 0, TopLogprobs: d.GetTop_logprobs()}
 }
 
 // drafter is o's SPEC_* constant.
@@ -544,6 +552,15 @@ func (s *Session) Generate(opts *Sampling) (*Stream, error) {
 	if err != nil {
 		return nil, err
 	}
+	// In id order, so that the native list does not depend on the map's.
+	biased := make([]int, 0, len(o.LogitBias))
+	for id := range o.LogitBias {
+		if id < math.MinInt32 || id > math.MaxInt32 { // would wrap to another id on the way to int32_t
+			return nil, &Error{StatusInvalidArgument, fmt.Sprintf("logit bias: token id %d is out of range", id)}
+		}
+		biased = append(biased, id)
+	}
+	sort.Ints(biased)
 	raw := emberc.NewEb_sampling()
 	defer emberc.DeleteEb_sampling(raw)
 	raw.SetMax_tokens(o.MaxTokens)
@@ -592,6 +609,11 @@ func (s *Session) Generate(opts *Sampling) (*Stream, error) {
 		raw.Set_tool_name(o.ToolChoice)
 	}
 	raw.SetParallel_tool_calls(b2i(!o.NoParallelToolCalls))
+	for _, id := range biased {
+		raw.Add_logit_bias(id, o.LogitBias[id])
+	}
+	raw.SetLogprobs(b2i(o.Logprobs))
+	raw.SetTop_logprobs(o.TopLogprobs)
 	start := func() (emberc.Struct_SS_ember_stream, error) {
 		return use(s.h, func(h emberc.Struct_SS_ember_session) emberc.Struct_SS_ember_stream {
 			return emberc.Eb_stream_start(h, raw)
@@ -658,8 +680,20 @@ type ToolCall struct {
 	Arguments string // compact JSON text that validates against the tool's parameters
 }
 
+// TokenLogprob is a generated token's log-probability in the row it was
+// chosen from (after logit bias and constraints, before penalties and
+// temperature), and the row's most likely tokens (Sampling.Logprobs,
+// Sampling.TopLogprobs).
+type TokenLogprob struct {
+	Token       int
+	Logprob     float32
+	TopTokens   []int     // the row's most likely tokens, most likely first (Sampling.TopLogprobs of them)
+	TopLogprobs []float32 // their log-probabilities, in the same order
+}
+
 // Stream is one generation. Next returns its text pieces, then io.EOF;
-// ToolCalls holds the tool calls read so far (not in the text).
+// ToolCalls holds the tool calls read so far (not in the text), Logprobs
+// the tokens' log-probabilities (with Sampling.Logprobs).
 // Cancel may be called from any goroutine.
 type Stream struct {
 	h          *handle[emberc.Struct_SS_ember_stream]
@@ -670,6 +704,7 @@ type Stream struct {
 	text       strings.Builder
 	tokens     []int
 	toolCalls  []ToolCall
+	logprobs   []TokenLogprob
 	ended      bool
 	reason     EndReason
 }
@@ -701,6 +736,16 @@ func (st *Stream) NextTimeout(timeoutMs int) (string, error) {
 		n := st.ev.N_tokens()
 		for i := int64(0); i < n; i++ {
 			st.tokens = append(st.tokens, st.ev.Token(i))
+		}
+		if st.ev.Has_logprobs() != 0 {
+			k := st.ev.N_top()
+			for i := int64(0); i < n; i++ {
+				e := TokenLogprob{st.ev.Token(i), st.ev.Logprob(i), make([]int, k), make([]float32, k)}
+				for j := 0; j < k; j++ {
+					e.TopTokens[j], e.TopLogprobs[j] = st.ev.Top_token(i, j), st.ev.Top_logprob(i, j)
+				}
+				st.logprobs = append(st.logprobs, e)
+			}
 		}
 		if st.ev.GetKind() == emberc.EVENT_TOOL_CALL {
 			st.toolCalls = append(st.toolCalls, ToolCall{st.ev.Tool_call_id(), st.ev.Tool_name(), st.ev.Tool_arguments()})
@@ -740,6 +785,13 @@ func (st *Stream) ToolCalls() []ToolCall {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	return append([]ToolCall(nil), st.toolCalls...)
+}
+
+// Logprobs are, with Sampling.Logprobs, one entry per generated token read so far (as Tokens).
+func (st *Stream) Logprobs() []TokenLogprob {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return append([]TokenLogprob(nil), st.logprobs...)
 }
 
 // EndReason is why it ended (valid once Next returned io.EOF).

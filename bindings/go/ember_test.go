@@ -341,6 +341,51 @@ func TestToolCalling(t *testing.T) {
 	expectAllRefused(t, s, []*Sampling{g}, "required without tools")
 }
 
+func TestLogprobsAndLogitBias(t *testing.T) {
+	_, e := setup(t)
+	const text = "The capital of France is Paris. The capital of Italy is"
+	s := must(e.NewSession(nil))(t)
+	ok(t, s.AddText(text, false))
+	g := greedy(6)
+	g.IgnoreEOS, g.Logprobs, g.TopLogprobs = true, true, 3
+	st := runGreedy(t, s, g)
+	s.Close()
+	tokens, lps := st.Tokens(), st.Logprobs()
+	if len(tokens) != 6 || len(lps) != len(tokens) {
+		t.Fatalf("tokens %v, logprobs %+v: one entry per token", tokens, lps)
+	}
+	for i, e := range lps {
+		if e.Token != tokens[i] || !(e.Logprob <= 0) || len(e.TopTokens) != 3 || len(e.TopLogprobs) != 3 {
+			t.Fatalf("entry %d %+v for token %d", i, e, tokens[i])
+		}
+		if e.TopTokens[0] != tokens[i] {
+			t.Fatalf("entry %d %+v: greedy did not pick the most likely", i, e)
+		}
+	}
+	s = must(e.NewSession(nil))(t)
+	defer s.Close()
+	ok(t, s.AddText(text, false))
+	g = greedy(6)
+	g.IgnoreEOS = true
+	g.LogitBias = map[int]float32{tokens[0]: float32(math.Inf(-1))}
+	st = runGreedy(t, s, g)
+	for _, tok := range st.Tokens() {
+		if tok == tokens[0] {
+			t.Fatalf("banned token %d in %v", tokens[0], st.Tokens())
+		}
+	}
+	if n := len(st.Logprobs()); n != 0 {
+		t.Fatalf("%d logprobs without Logprobs", n)
+	}
+	top := greedy(2)
+	top.TopLogprobs = 3 // without Logprobs
+	negative := greedy(2)
+	negative.LogitBias = map[int]float32{-5: 1}
+	wide := greedy(2)
+	wide.LogitBias = map[int]float32{1 << 32: 1} // not token 0
+	expectAllRefused(t, s, []*Sampling{top, negative, wide}, "bad logits options")
+}
+
 func TestCancelFromAnotherGoroutine(t *testing.T) {
 	_, e := setup(t)
 	s := must(e.NewSession(nil))(t)
@@ -783,6 +828,7 @@ func TestSamplingDefaultsAreTheLibrarys(t *testing.T) {
 		{"FrequencyPenalty", g.FrequencyPenalty, d.GetFrequency_penalty()},
 		{"PenaltyLastN", g.PenaltyLastN, d.GetPenalty_last_n()},
 		{"ParallelToolCalls", b2i(!g.NoParallelToolCalls), d.GetParallel_tool_calls()},
+		{"Logprobs", b2i(g.Logprobs), d.GetLogprobs()}, {"TopLogprobs", g.TopLogprobs, d.GetTop_logprobs()},
 	} {
 		if c.got != c.want {
 			t.Errorf("DefaultSampling().%s = %v, want the library's %v", c.name, c.got, c.want)

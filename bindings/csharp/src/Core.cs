@@ -340,6 +340,13 @@ namespace Ember
         public string ToolChoice;
         /// <summary>Several tool calls per reply (false: at most one).</summary>
         public bool ParallelToolCalls = true;
+        /// <summary>Logits: token id -> bias added to its logit before a token is chosen;
+        /// float.NegativeInfinity bans the token.</summary>
+        public IDictionary<int, float> LogitBias = new Dictionary<int, float>();
+        /// <summary>Records each generated token's log-probability (Stream.Logprobs).</summary>
+        public bool Logprobs;
+        /// <summary>With Logprobs: the most likely tokens of each row, 0..20.</summary>
+        public int TopLogprobs;
 
         private int Drafter()
         {
@@ -399,6 +406,9 @@ namespace Ember
                     break;
             }
             s.parallel_tool_calls = ParallelToolCalls ? 1 : 0;
+            foreach (var b in LogitBias) s.add_logit_bias(b.Key, b.Value);
+            s.logprobs = Logprobs ? 1 : 0;
+            s.top_logprobs = TopLogprobs;
             return s;
         }
     }
@@ -434,6 +444,38 @@ namespace Ember
         public string Arguments { get; private set; }
 
         public override string ToString() { return Name + Arguments + " (" + Id + ")"; }
+    }
+
+    /// <summary>A generated token's log-probability in the row it was chosen from (after logit bias and
+    /// constraints, before penalties and temperature), and the row's most likely tokens
+    /// (Sampling.Logprobs, Sampling.TopLogprobs).</summary>
+    public sealed class TokenLogprob
+    {
+        private readonly int[] topTokens;
+        private readonly float[] topLogprobs;
+
+        internal TokenLogprob(int token, float logprob, int[] topTokens, float[] topLogprobs)
+        {
+            Token = token;
+            Logprob = logprob;
+            this.topTokens = topTokens;
+            this.topLogprobs = topLogprobs;
+        }
+
+        public int Token { get; private set; }
+        public float Logprob { get; private set; }
+        /// <summary>The row's most likely tokens, most likely first (Sampling.TopLogprobs of them).</summary>
+        public int[] TopTokens { get { return (int[])topTokens.Clone(); } }
+        /// <summary>Their log-probabilities, in the same order as TopTokens.</summary>
+        public float[] TopLogprobs { get { return (float[])topLogprobs.Clone(); } }
+
+        public override string ToString()
+        {
+            var sb = new StringBuilder().Append(Token).Append(": ").Append(Logprob).Append(" [");
+            for (int k = 0; k < topTokens.Length; k++)
+                sb.Append(k == 0 ? "" : ", ").Append(topTokens[k]).Append(": ").Append(topLogprobs[k]);
+            return sb.Append("]").ToString();
+        }
     }
 
     /// <summary>One conversation. One stream at a time; use it from one thread at a time.</summary>
@@ -515,8 +557,8 @@ namespace Ember
 
     /// <summary>
     /// One generation: enumerate it for text pieces. Text is everything so far, ToolCalls the tool calls
-    /// read so far (not in the text), EndReason and Stats say how it ended. Cancel() may be called from
-    /// any thread. The finalizer cancels it without blocking (ember_stream_release).
+    /// read so far (not in the text), Logprobs the tokens' log-probabilities (with Sampling.Logprobs),
+    /// EndReason and Stats say how it ended. Cancel() may be called from any thread. The finalizer cancels it without blocking (ember_stream_release).
     /// </summary>
     public sealed class Stream : IDisposable, IEnumerable<string>
     {
@@ -525,6 +567,7 @@ namespace Ember
         private readonly StringBuilder text = new StringBuilder();
         private readonly List<int> tokens = new List<int>();
         private readonly List<ToolCall> toolCalls = new List<ToolCall>();
+        private readonly List<TokenLogprob> logprobs = new List<TokenLogprob>();
         private readonly object readLock = new object();
         private EndReason? end;
 
@@ -557,6 +600,21 @@ namespace Ember
                     if (ev.kind == emberc.EVENT_END) { end = (EndReason)ev.end_reason; break; }
                     long n = ev.n_tokens();
                     for (long i = 0; i < n; i++) tokens.Add(ev.token(i));
+                    if (ev.has_logprobs() != 0)
+                    {
+                        int k = ev.n_top();
+                        for (long i = 0; i < n; i++)
+                        {
+                            var topTokens = new int[k];
+                            var topLogprobs = new float[k];
+                            for (int j = 0; j < k; j++)
+                            {
+                                topTokens[j] = ev.top_token(i, j);
+                                topLogprobs[j] = ev.top_logprob(i, j);
+                            }
+                            logprobs.Add(new TokenLogprob(ev.token(i), ev.logprob(i), topTokens, topLogprobs));
+                        }
+                    }
                     if (ev.kind == emberc.EVENT_TOOL_CALL)
                     {
                         toolCalls.Add(new ToolCall(ev.tool_call_id(), ev.tool_name(), ev.tool_arguments()));
@@ -590,6 +648,8 @@ namespace Ember
         public string Text { get { lock (readLock) return text.ToString(); } }
         /// <summary>The tool calls read so far (all of them once the stream is read to its end).</summary>
         public ToolCall[] ToolCalls { get { lock (readLock) return toolCalls.ToArray(); } }
+        /// <summary>With Sampling.Logprobs: one entry per generated token read so far (as Tokens).</summary>
+        public TokenLogprob[] Logprobs { get { lock (readLock) return logprobs.ToArray(); } }
         public int[] Tokens { get { lock (readLock) return tokens.ToArray(); } }
         /// <summary>null until the end was read.</summary>
         public EndReason? EndReason { get { return end; } }

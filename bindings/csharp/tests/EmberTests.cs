@@ -227,6 +227,51 @@ static class EmberTests
         }
     }
 
+    static void LogprobsAndLogitBias()
+    {
+        const string text = "The capital of France is Paris. The capital of Italy is";
+        int[] tokens;
+        TokenLogprob[] lps;
+        using (var s = engine.Session())
+        {
+            s.AddText(text);
+            var g = Greedy(6);
+            g.IgnoreEos = true;
+            g.Logprobs = true;
+            g.TopLogprobs = 3;
+            var st = RunGreedy(s, g);
+            tokens = st.Tokens;
+            lps = st.Logprobs;
+        }
+        Eq(6, tokens.Length, "tokens");
+        Eq(tokens.Length, lps.Length, "one entry per token: " + string.Join(", ", lps.Select(e => e.ToString())));
+        for (int i = 0; i < tokens.Length; i++)
+        {
+            var e = lps[i];
+            Eq(tokens[i], e.Token, "entry " + i + " token");
+            Check(e.Logprob <= 0f, "entry " + i + " logprob " + e.Logprob);
+            Eq(3, e.TopTokens.Length, "entry " + i + " alternatives");
+            Eq(3, e.TopLogprobs.Length, "entry " + i + " alternatives' logprobs");
+            Eq(tokens[i], e.TopTokens[0], "entry " + i + ": greedy picks the most likely");
+        }
+        using (var s = engine.Session())
+        {
+            s.AddText(text);
+            var g = Greedy(6);
+            g.IgnoreEos = true;
+            g.LogitBias[tokens[0]] = float.NegativeInfinity;
+            var st = RunGreedy(s, g);
+            Check(!st.Tokens.Contains(tokens[0]), "banned token " + tokens[0] + " in " + Ids(st.Tokens));
+            Eq(0, st.Logprobs.Length, "logprobs without Logprobs");
+            var top = Greedy(2);
+            top.TopLogprobs = 3; // without Logprobs
+            Throws(EmberException.InvalidArgument, () => s.Generate(top).Dispose());
+            var negative = Greedy(2);
+            negative.LogitBias[-5] = 1f;
+            Throws(EmberException.InvalidArgument, () => s.Generate(negative).Dispose());
+        }
+    }
+
     static void CancelFromAnotherThread()
     {
         using (var s = engine.Session())
@@ -456,6 +501,8 @@ static class EmberTests
             Eq(d.spec_lookup, g.SpecLookup ? 1 : 0, "SpecLookup");
             Eq(d.tool_choice, Ember.LowLevel.emberc.TOOL_CHOICE_AUTO, "tool_choice");
             Eq(d.parallel_tool_calls, g.ParallelToolCalls ? 1 : 0, "ParallelToolCalls");
+            Eq(d.logprobs, g.Logprobs ? 1 : 0, "Logprobs");
+            Eq(d.top_logprobs, g.TopLogprobs, "TopLogprobs");
         }
     }
 
@@ -653,6 +700,7 @@ static class EmberTests
             new KeyValuePair<string, Action>("stop_strings", StopStrings),
             new KeyValuePair<string, Action>("structured_output", StructuredOutput),
             new KeyValuePair<string, Action>("tool_calling", ToolCalling),
+            new KeyValuePair<string, Action>("logprobs_and_logit_bias", LogprobsAndLogitBias),
             new KeyValuePair<string, Action>("cancel_from_another_thread", CancelFromAnotherThread),
             new KeyValuePair<string, Action>("two_sessions_on_two_threads", TwoSessionsOnTwoThreads),
             new KeyValuePair<string, Action>("save_load_continue_exactly", SaveLoadContinue),

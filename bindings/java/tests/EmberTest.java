@@ -9,6 +9,7 @@ import ember.Sampling;
 import ember.Session;
 import ember.Stream;
 import ember.StreamStats;
+import ember.TokenLogprob;
 import ember.ToolCall;
 import ember.lowlevel.eb_sampling;
 import java.io.File;
@@ -218,6 +219,36 @@ public final class EmberTest {
     }
   }
 
+  static void logprobsAndLogitBias() throws Exception {
+    String text = "The capital of France is Paris. The capital of Italy is";
+    int[] tokens;
+    List<TokenLogprob> lps;
+    try (Session s = engine.session()) {
+      s.addText(text);
+      Stream st = runGreedy(s, greedy(6).ignoreEos(true).logprobs(true).topLogprobs(3));
+      tokens = st.tokens();
+      lps = st.logprobs();
+    }
+    eq(6, tokens.length, "tokens");
+    eq(tokens.length, lps.size(), "one entry per token: " + lps);
+    for (int i = 0; i < tokens.length; i++) {
+      TokenLogprob e = lps.get(i);
+      eq(tokens[i], e.token, "entry " + i + " token");
+      check(e.logprob <= 0f, "entry " + i + " logprob " + e.logprob);
+      eq(3, e.topTokens().length, "entry " + i + " alternatives");
+      eq(3, e.topLogprobs().length, "entry " + i + " alternatives' logprobs");
+      eq(tokens[i], e.topTokens()[0], "entry " + i + ": greedy picks the most likely");
+    }
+    try (Session s = engine.session()) {
+      s.addText(text);
+      Stream st = runGreedy(s, greedy(6).ignoreEos(true).logitBias(tokens[0], Float.NEGATIVE_INFINITY));
+      for (int t : st.tokens()) check(t != tokens[0], "banned token " + tokens[0] + " in " + Arrays.toString(st.tokens()));
+      eq(0, st.logprobs().size(), "logprobs without logprobs(true)");
+      expectThrows(EmberException.INVALID_ARGUMENT, () -> s.generate(greedy(2).topLogprobs(3)).close());
+      expectThrows(EmberException.INVALID_ARGUMENT, () -> s.generate(greedy(2).logitBias(-5, 1f)).close());
+    }
+  }
+
   static void cancelFromAnotherThread() throws Exception {
     try (Session s = engine.session()) {
       s.addMessage("user", "Write a very long story about the sea.");
@@ -414,6 +445,8 @@ public final class EmberTest {
       eq(d.getFrequency_penalty(), field(g, "frequencyPenalty"), "frequencyPenalty");
       eq(d.getPenalty_last_n(), field(g, "penaltyLastN"), "penaltyLastN");
       eq(d.getParallel_tool_calls() != 0, field(g, "parallelToolCalls"), "parallelToolCalls");
+      eq(d.getLogprobs() != 0, field(g, "logprobs"), "logprobs");
+      eq(d.getTop_logprobs(), field(g, "topLogprobs"), "topLogprobs");
     } finally {
       d.delete();
     }
@@ -595,6 +628,7 @@ public final class EmberTest {
     tests.put("stop_strings", EmberTest::stopStrings);
     tests.put("structured_output", EmberTest::structuredOutput);
     tests.put("tool_calling", EmberTest::toolCalling);
+    tests.put("logprobs_and_logit_bias", EmberTest::logprobsAndLogitBias);
     tests.put("cancel_from_another_thread", EmberTest::cancelFromAnotherThread);
     tests.put("two_sessions_on_two_threads", EmberTest::twoSessionsOnTwoThreads);
     tests.put("save_load_continue_exactly", EmberTest::saveLoadContinue);

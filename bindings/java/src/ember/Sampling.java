@@ -4,7 +4,9 @@ import ember.lowlevel.eb_sampling;
 import ember.lowlevel.emberc;
 import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.LinkedHashMap;
 import java.util.List;
+import java.util.Map;
 
 /**
  * Sampling, stopping and speculative decoding for {@link Session#generate}; defaults are the
@@ -106,6 +108,20 @@ public final class Sampling {
   /** Several calls per reply (default true); false: at most one. */
   public Sampling parallelToolCalls(boolean on) { parallelToolCalls = on; return this; }
 
+  // Logits (see docs/API.md).
+  final Map<Integer, Float> logitBias = new LinkedHashMap<>();
+  boolean logprobs = defaults.getLogprobs() != 0;
+  int topLogprobs = defaults.getTop_logprobs();
+  /**
+   * Adds {@code bias} to the token's logit before a token is chosen; {@link Float#NEGATIVE_INFINITY}
+   * bans it. Repeatable, one entry per token (a second call for a token replaces its bias).
+   */
+  public Sampling logitBias(int token, float bias) { logitBias.put(token, bias); return this; }
+  /** Records each generated token's log-probability ({@link Stream#logprobs}); default false. */
+  public Sampling logprobs(boolean on) { logprobs = on; return this; }
+  /** With {@link #logprobs}: the most likely tokens of each row, 0..20 (default 0). */
+  public Sampling topLogprobs(int n) { topLogprobs = n; return this; }
+
   int drafter() {
     String d = specDrafter != null ? specDrafter : specDraftModel != null ? "draft" : "none";
     int kind;
@@ -162,6 +178,9 @@ public final class Sampling {
       }
     }
     s.setParallel_tool_calls(parallelToolCalls ? 1 : 0);
+    for (Map.Entry<Integer, Float> b : logitBias.entrySet()) s.add_logit_bias(b.getKey(), b.getValue());
+    s.setLogprobs(logprobs ? 1 : 0);
+    s.setTop_logprobs(topLogprobs);
     return s;
   }
 }

@@ -10,9 +10,10 @@ import java.util.NoSuchElementException;
 
 /**
  * One generation: iterate it for text pieces. {@link #text()} is everything so far, {@link
- * #toolCalls()} the tool calls read so far (not in the text), {@link #endReason()} and {@link
- * #stats()} say how it ended. {@link #cancel()} may be called from any thread. Dropping it to the
- * garbage collector cancels it without blocking.
+ * #toolCalls()} the tool calls read so far (not in the text), {@link #logprobs()} the tokens'
+ * log-probabilities (with {@link Sampling#logprobs}), {@link #endReason()} and {@link #stats()} say
+ * how it ended. {@link #cancel()} may be called from any thread. Dropping it to the garbage
+ * collector cancels it without blocking.
  */
 public final class Stream implements AutoCloseable, Iterable<String>, Iterator<String> {
   final Native.Handle<SWIGTYPE_p_ember_stream> handle;
@@ -23,6 +24,7 @@ public final class Stream implements AutoCloseable, Iterable<String>, Iterator<S
   private final StringBuilder text = new StringBuilder();
   private final List<Integer> tokens = new ArrayList<>();
   private final List<ToolCall> toolCalls = new ArrayList<>();
+  private final List<TokenLogprob> logprobs = new ArrayList<>();
   private volatile EndReason end;
   private String pending;
 
@@ -80,6 +82,18 @@ public final class Stream implements AutoCloseable, Iterable<String>, Iterator<S
       }
       long n = event.n_tokens();
       for (long i = 0; i < n; i++) tokens.add(event.token(i));
+      if (event.has_logprobs() != 0) {
+        int k = event.n_top();
+        for (long i = 0; i < n; i++) {
+          int[] topTokens = new int[k];
+          float[] topLogprobs = new float[k];
+          for (int j = 0; j < k; j++) {
+            topTokens[j] = event.top_token(i, j);
+            topLogprobs[j] = event.top_logprob(i, j);
+          }
+          logprobs.add(new TokenLogprob(event.token(i), event.logprob(i), topTokens, topLogprobs));
+        }
+      }
       if (event.getKind() == emberc.EVENT_TOOL_CALL) {
         toolCalls.add(new ToolCall(event.tool_call_id(), event.tool_name(), event.tool_arguments()));
         continue;
@@ -104,6 +118,9 @@ public final class Stream implements AutoCloseable, Iterable<String>, Iterator<S
 
   /** The tool calls read so far (all of them once the stream is read to its end). */
   public synchronized List<ToolCall> toolCalls() { return new ArrayList<>(toolCalls); }
+
+  /** With {@link Sampling#logprobs}: one entry per generated token read so far (as {@link #tokens()}). */
+  public synchronized List<TokenLogprob> logprobs() { return new ArrayList<>(logprobs); }
 
   /** The token ids read so far. */
   public synchronized int[] tokens() { return tokens.stream().mapToInt(Integer::intValue).toArray(); }
