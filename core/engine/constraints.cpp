@@ -21,10 +21,13 @@ void Engine::prepare_constraint(Stream& stream) {
   stream.set_matcher(std::make_unique<grammar::Matcher>(compiler->compile(c)));
 }
 
+bool Engine::checks_first(Stream& s) { return s.matcher() && !s.params().logprobs; }
+
 std::future<void> Engine::fill_masks(StepWork& w) {
   std::vector<Stream*> rows;
   for (auto& en : w.entries) {
-    if (en.stream->matcher() && !en.tree && !en.stream->score_mode() && en.logit_index >= 0) {
+    if (en.stream->matcher() && !en.tree && !en.stream->score_mode() && en.logit_index >= 0 &&
+        !checks_first(*en.stream)) {
       rows.push_back(en.stream);
     }
   }
@@ -43,11 +46,7 @@ speculative::SpecStep::CandidateFilter Engine::candidate_filter(Stream& s) {
       cands.clear();
     } else {
       cands.erase(std::remove_if(cands.begin(), cands.end(),
-                                 [m](const speculative::Candidate& c) {
-                                   if (!m->accept(c.token)) return true;
-                                   m->rollback(1);
-                                   return false;
-                                 }),
+                                 [m](const speculative::Candidate& c) { return !m->allows(c.token); }),
                   cands.end());
     }
     m->rollback(static_cast<int32_t>(n));

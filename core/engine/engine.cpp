@@ -327,6 +327,7 @@ void Engine::outcome(StepWork& w) {
     // tokens chosen from it.
     std::string processor_error;
     std::map<std::vector<int32_t>, RowLogprobs> row_logprobs;
+    const bool check_first = checks_first(s);
     auto prepare_row = [&](const std::vector<int32_t>& path, float* r, bool decode_row) {
       if (!sp.logit_bias.empty()) apply_logit_bias(sp.logit_bias, r, n_vocab);
       if (sp.logits_processor && processor_error.empty()) {
@@ -340,7 +341,7 @@ void Engine::outcome(StepWork& w) {
       }
       if (matcher) {
         if (decode_row) {
-          grammar::Matcher::apply(s.bitmask(), r, n_vocab);
+          if (!check_first) grammar::Matcher::apply(s.bitmask(), r, n_vocab);
         } else {
           matcher->mask_after(path, r, n_vocab);
         }
@@ -360,7 +361,22 @@ void Engine::outcome(StepWork& w) {
       en.kv.path = std::move(v.path);
     } else {
       prepare_row({}, row, /*decode_row=*/true);
-      accepted.push_back(s.sampler().sample(row, history));
+      int32_t token;
+      if (check_first) {
+        // The tokens the sampler would consider are checked one by one; when
+        // that does not settle the choice, the mask now, and the masked row
+        // sampled (its penalties are already applied).
+        token = s.sampler().sample_allowed(row, history, [matcher](int32_t t) { return matcher->allows(t); },
+                                           kMaxConstraintChecks);
+        if (token < 0) {
+          matcher->fill(s.bitmask());
+          grammar::Matcher::apply(s.bitmask(), row, n_vocab);
+          token = s.sampler().sample_penalized(row);
+        }
+      } else {
+        token = s.sampler().sample(row, history);
+      }
+      accepted.push_back(token);
     }
     if (!processor_error.empty()) {
       // Nothing of this row is kept; the stream fails in the apply phase.

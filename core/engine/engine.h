@@ -138,8 +138,19 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // Ends a stream: its sequence parked (unless apply did), its reply to the
   // session, the session's turn over, then END (fail_stream: ERROR).
   void end_stream(Stream& s, EndReason reason, bool parked);
-  // Fills the constraint masks of the step's decode rows on a worker.
+  // Fills the constraint masks of the step's decode rows on a worker (the
+  // rows that need one: see checks_first).
   std::future<void> fill_masks(StepWork& w);
+  // Whether the stream's decode rows are sampled by checking the tokens the
+  // sampler looks at against the constraint (Sampler::sample_allowed: the
+  // same token as from the masked row) and masked only when that does not
+  // settle it: constrained rows that report no logprobs (those need the
+  // masked row's distribution). A full mask costs from microseconds to
+  // milliseconds by the grammar's state (bounded strings are the dear
+  // ones), checking the greedy token or the top-k a few microseconds each.
+  static bool checks_first(Stream& s);
+  // The most tokens a row checks before it falls back to the full mask.
+  static constexpr int32_t kMaxConstraintChecks = 128;
   // Drops drafted candidates the stream's constraint rejects (none: empty).
   speculative::SpecStep::CandidateFilter candidate_filter(Stream& s);
   void fail_stream(Stream& s, StatusCode code, const std::string& message, bool parked = false);

@@ -271,6 +271,12 @@ bool Matcher::accept(int32_t token) {
   return guarded("constraint", [&] { return impl_->m->AcceptToken(token); });
 }
 
+bool Matcher::allows(int32_t token) {
+  if (!accept(token)) return false;
+  rollback(1);
+  return true;
+}
+
 size_t Matcher::accept_all(const std::vector<int32_t>& tokens) {
   size_t n = 0;
   while (n < tokens.size() && accept(tokens[n])) ++n;
@@ -310,6 +316,7 @@ void Matcher::apply(const std::vector<uint32_t>&, float*, int32_t) { unavailable
 void Matcher::mask(float*, int32_t) { unavailable(); }
 void Matcher::mask_after(const std::vector<int32_t>&, float*, int32_t) { unavailable(); }
 bool Matcher::accept(int32_t) { unavailable(); }
+bool Matcher::allows(int32_t) { unavailable(); }
 size_t Matcher::accept_all(const std::vector<int32_t>&) { unavailable(); }
 void Matcher::rollback(int32_t) { unavailable(); }
 bool Matcher::terminated() const { return false; }

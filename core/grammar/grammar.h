@@ -86,6 +86,8 @@ class Matcher {
   void mask_after(const std::vector<int32_t>& path, float* logits, int32_t n_vocab);
   // Advances by one token; false (and no change) when the grammar rejects it.
   bool accept(int32_t token);
+  // Whether `token` may come next (the state is unchanged).
+  bool allows(int32_t token);
   // Accepts `tokens` in order up to the first the grammar rejects; returns
   // how many it accepted.
   size_t accept_all(const std::vector<int32_t>& tokens);

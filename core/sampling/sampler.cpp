@@ -1,6 +1,7 @@
 #include "core/sampling/sampler.h"
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <unordered_map>
 
@@ -53,18 +54,29 @@ void Sampler::apply_penalties(float* logits, const std::vector<int32_t>& history
   }
 }
 
+namespace {
+bool by_logit(const float a_logit, int32_t a_id, const float b_logit, int32_t b_id) {
+  return a_logit > b_logit || (a_logit == b_logit && a_id < b_id);
+}
+}  // namespace
+
 size_t Sampler::survivors(const float* logits) {
   const auto& p = params_;
   cands_.resize(n_vocab_);
   for (int32_t i = 0; i < n_vocab_; ++i) cands_[i] = {logits[i], i};
-  auto by_logit = [](const Cand& a, const Cand& b) { return a.logit > b.logit || (a.logit == b.logit && a.id < b.id); };
+  auto order = [](const Cand& a, const Cand& b) { return by_logit(a.logit, a.id, b.logit, b.id); };
   size_t n = cands_.size();
   if (p.top_k > 0 && static_cast<size_t>(p.top_k) < n) {
-    std::partial_sort(cands_.begin(), cands_.begin() + p.top_k, cands_.end(), by_logit);
+    std::partial_sort(cands_.begin(), cands_.begin() + p.top_k, cands_.end(), order);
     n = static_cast<size_t>(p.top_k);
   } else {
-    std::sort(cands_.begin(), cands_.end(), by_logit);
+    std::sort(cands_.begin(), cands_.end(), order);
   }
+  return truncate(n);
+}
+
+size_t Sampler::truncate(size_t n) {
+  const auto& p = params_;
   // Softmax with temperature over the survivors (sorted, descending).
   std::vector<double>& probs = probs_;
   probs.resize(n);
@@ -96,12 +108,7 @@ size_t Sampler::survivors(const float* logits) {
   return n;
 }
 
-int32_t Sampler::sample(float* logits, const std::vector<int32_t>& history) {
-  apply_penalties(logits, history);
-  if (params_.temperature <= 0.0f) {
-    return static_cast<int32_t>(std::max_element(logits, logits + n_vocab_) - logits);
-  }
-  const size_t n = survivors(logits);
+int32_t Sampler::draw(size_t n) {
   double total = 0.0;
   for (size_t i = 0; i < n; ++i) total += probs_[i];
   double r = next_uniform() * total;
@@ -110,6 +117,55 @@ int32_t Sampler::sample(float* logits, const std::vector<int32_t>& history) {
     if (r < 0.0) return cands_[i].id;
   }
   return cands_[n - 1].id;
+}
+
+int32_t Sampler::sample_allowed(float* logits, const std::vector<int32_t>& history,
+                                const std::function<bool(int32_t)>& allowed, int32_t max_checks) {
+  apply_penalties(logits, history);
+  if (params_.temperature <= 0.0f) {
+    const int32_t t = argmax(logits, n_vocab_);
+    return allowed(t) ? t : -1;
+  }
+  const size_t k = params_.top_k > 0 ? static_cast<size_t>(params_.top_k) : 0;
+  if (k == 0 || k >= static_cast<size_t>(n_vocab_)) return -1;  // every token is a candidate: mask
+  // The survivors of the masked row are the top k allowed tokens in the
+  // same order: walk the tokens by logit, a sorted window at a time,
+  // keeping the allowed ones at the front.
+  cands_.resize(n_vocab_);
+  for (int32_t i = 0; i < n_vocab_; ++i) cands_[i] = {logits[i], i};
+  auto order = [](const Cand& a, const Cand& b) { return by_logit(a.logit, a.id, b.logit, b.id); };
+  const size_t n = cands_.size();
+  size_t sorted = 0, kept = 0;
+  int32_t checks = 0;
+  for (size_t i = 0; i < n && kept < k; ++i) {
+    if (i == sorted) {
+      const size_t next = std::min(n, sorted + std::max<size_t>(2 * k, 64));
+      std::partial_sort(cands_.begin() + static_cast<ptrdiff_t>(sorted), cands_.begin() + static_cast<ptrdiff_t>(next),
+                        cands_.end(), order);
+      sorted = next;
+    }
+    // A -inf candidate: fewer than k finite allowed ones (the masked row's
+    // survivors would include rejected tokens at zero probability).
+    if (std::isinf(cands_[i].logit) && cands_[i].logit < 0) return -1;
+    if (++checks > max_checks) return -1;
+    if (allowed(cands_[i].id)) cands_[kept++] = cands_[i];
+  }
+  if (kept < k) return -1;
+  return draw(truncate(k));
+}
+
+int32_t Sampler::sample_penalized(float* logits) {
+  if (params_.temperature <= 0.0f) return argmax(logits, n_vocab_);
+  return draw(survivors(logits));
+}
+
+int32_t Sampler::argmax(const float* logits, int32_t n_vocab) {
+  return static_cast<int32_t>(std::max_element(logits, logits + n_vocab) - logits);
+}
+
+int32_t Sampler::sample(float* logits, const std::vector<int32_t>& history) {
+  apply_penalties(logits, history);
+  return sample_penalized(logits);
 }
 
 void Sampler::distribution(float* logits, const std::vector<int32_t>& history,

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -38,6 +39,23 @@ class Sampler {
   // verifies drafts against it.
   void distribution(float* logits, const std::vector<int32_t>& history, std::vector<std::pair<int32_t, double>>& out);
   bool greedy() const { return params_.temperature <= 0.0f; }
+  // sample() from the row as if every token `allowed` rejects were -inf,
+  // without masking the row: the tokens are looked at in order of logit
+  // until the choice is known (greedy: the argmax is allowed; sampled: the
+  // top-k allowed tokens, which are the masked row's survivors in the same
+  // order, so the token drawn is the one sample() draws from the masked
+  // row). Returns -1 when that takes more than `max_checks` calls of
+  // `allowed` (or top-k is off, or fewer than top-k finite tokens are
+  // allowed): the caller masks the row and calls sample_penalized(). The
+  // row's penalties are applied either way; the generator is drawn from
+  // only when a token is returned.
+  int32_t sample_allowed(float* logits, const std::vector<int32_t>& history,
+                         const std::function<bool(int32_t)>& allowed, int32_t max_checks);
+  // sample() on a row whose penalties are already applied.
+  int32_t sample_penalized(float* logits);
+  // The greedy choice of a row whose penalties are applied (the first of
+  // equal maxima, as sample() picks).
+  static int32_t argmax(const float* logits, int32_t n_vocab);
   // A uniform draw in [0, 1) from the sampler's own generator.
   double uniform() { return next_uniform(); }
 
@@ -48,6 +66,11 @@ class Sampler {
   // Temperature softmax over the top-k survivors, then top-p and min-p:
   // fills cands_ (sorted) and probs_; returns how many survive.
   size_t survivors(const float* logits);
+  // Softmax with temperature over the first n of cands_ (sorted), then
+  // top-p and min-p: fills probs_; returns how many survive.
+  size_t truncate(size_t n);
+  // Draws one of the first n of cands_ by probs_.
+  int32_t draw(size_t n);
 
   SamplingParams params_;
   int32_t n_vocab_;

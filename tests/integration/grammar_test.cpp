@@ -189,6 +189,37 @@ TEST(Grammar, SpeculationAndBatchingKeepTheTokens) {
   EXPECT_EQ(drain(sc).tokens, free_ref.tokens);
 }
 
+// A constrained row is sampled by checking the tokens the sampler looks at
+// (Engine::checks_first) unless the stream asks for logprobs, which need the
+// masked row: both ways give the same tokens, greedy and sampled, with a
+// penalty, under a schema (bounded strings: a dear mask) and a regex (few
+// tokens allowed: the check falls back to the mask).
+TEST(Grammar, CheckingTokensFirstGivesTheMaskedRowsTokens) {
+  EMBER_REQUIRE_MODEL();
+  if (!grammar::available()) GTEST_SKIP() << "built without XGrammar";
+  auto engine = Engine::create(model(), EngineParams{});
+  struct Case {
+    Kind kind;
+    const char* text;
+    const char* user;
+  };
+  const Case cases[] = {{Kind::kJsonSchema, kPerson, "Describe a fictional person as JSON."},
+                        {Kind::kRegex, "[0-9]{3}-[0-9]{4}( ext [0-9]{1,3})?", "Give me a phone number."}};
+  for (const Case& c : cases) {
+    for (float temperature : {0.0f, 0.9f, 1.3f}) {
+      StreamParams p = params(c.kind, c.text, temperature, 64);
+      p.sampling.seed = 7;
+      p.sampling.repeat_penalty = 1.2f;
+      const Reply checked = ask(engine, c.user, p);
+      p.logprobs = true;
+      const Reply masked = ask(engine, c.user, p);
+      EXPECT_EQ(checked.tokens, masked.tokens) << "temperature " << temperature << ": " << checked.text << " / "
+                                               << masked.text;
+      EXPECT_FALSE(checked.tokens.empty());
+    }
+  }
+}
+
 // Bad constraints fail at stream start with kInvalidArgument and a message;
 // the session stays usable and the engine serves the next stream.
 TEST(Grammar, HostileConstraintsFailCleanly) {

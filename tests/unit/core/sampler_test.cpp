@@ -107,5 +107,63 @@ TEST(Sampler, RepeatPenaltyDemotesSeenTokens) {
   EXPECT_EQ(u.sample(l4.data(), {1, 1}), 0);  // 0.9 < 1.0
 }
 
+// sample_allowed (tokens checked against a constraint in order of logit)
+// draws the same token, from the same generator state, as sample() on the row
+// with every rejected token at -inf: over random rows, allowed sets from
+// nearly everything to a handful, greedy and sampled, with and without
+// penalties, and with a check budget small enough to fall back.
+TEST(Sampler, CheckingTokensEqualsSamplingTheMaskedRow) {
+  const int32_t n_vocab = 2000;
+  uint64_t x = 12345;
+  auto next = [&x] {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x;
+  };
+  int fell_back = 0, decided = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    SamplingParams p;
+    p.temperature = trial % 5 == 0 ? 0.0f : 0.5f + static_cast<float>(trial % 4) * 0.3f;
+    p.top_k = trial % 3 == 0 ? 40 : (trial % 3 == 1 ? 5 : 100);
+    p.repeat_penalty = trial % 2 ? 1.3f : 1.0f;
+    p.seed = static_cast<uint64_t>(trial);
+    const int keep_in = 1 + static_cast<int>(next() % 4) * 30;  // ~1/1 .. ~1/91 of the tokens allowed
+    std::vector<char> allowed(n_vocab);
+    for (int32_t t = 0; t < n_vocab; ++t) allowed[t] = next() % static_cast<uint64_t>(keep_in) == 0;
+    std::vector<float> row(n_vocab);
+    for (float& v : row) v = static_cast<float>(next() % 2000) / 100.0f - 10.0f;  // ties happen
+    std::vector<int32_t> history;
+    for (int i = 0; i < 20; ++i) history.push_back(static_cast<int32_t>(next() % n_vocab));
+    const int32_t budget = trial % 7 == 0 ? 8 : 128;
+
+    std::vector<float> masked = row;
+    for (int32_t t = 0; t < n_vocab; ++t) {
+      if (!allowed[t]) masked[t] = -INFINITY;
+    }
+    Sampler ref(p, n_vocab), checked(p, n_vocab);
+    std::vector<float> checked_row = row;
+    for (int draw = 0; draw < 3; ++draw) {  // the generators stay in step
+      std::vector<float> m = masked, c = checked_row;
+      const int32_t want = ref.sample(m.data(), history);
+      int32_t got = checked.sample_allowed(c.data(), history, [&](int32_t t) { return allowed[t] != 0; }, budget);
+      if (got < 0) {
+        ++fell_back;
+        for (int32_t t = 0; t < n_vocab; ++t) {
+          if (!allowed[t]) c[t] = -INFINITY;
+        }
+        got = checked.sample_penalized(c.data());
+      } else {
+        ++decided;
+      }
+      ASSERT_EQ(got, want) << "trial " << trial << " draw " << draw;
+      ASSERT_TRUE(allowed[got]);
+    }
+  }
+  // Both ways were taken.
+  EXPECT_GT(fell_back, 50);
+  EXPECT_GT(decided, 50);
+}
+
 }  // namespace
 }  // namespace ember
