@@ -181,7 +181,11 @@ void Engine::plan(const std::vector<std::shared_ptr<Stream>>& streams, StepWork&
       s.sched().n_tokens = kv.tokens().size() - 1;
       entry.reuse_limit = s.score_first() == 0 ? 0 : s.score_first() - 1;
     }
-    s.sched().lookahead = s.score_mode() ? 0 : spec_->lookahead(s.spec(), kv, s.session().n_ctx(), s.tokens_left());
+    // An embedding needs every row's hidden state: no prefix-cache hits.
+    if (s.embed_mode()) entry.reuse_limit = 0;
+    s.sched().lookahead = s.score_mode() || s.embed_mode()
+                              ? 0
+                              : spec_->lookahead(s.spec(), kv, s.session().n_ctx(), s.tokens_left());
     w.streams.push_back(&s);
     w.seqs.push_back(&s.sched());
     w.budget.push_back(entry);
@@ -229,6 +233,21 @@ void Engine::plan(const std::vector<std::shared_ptr<Stream>>& streams, StepWork&
       }
     }
     const size_t end = kv.n_computed() + static_cast<size_t>(chunk);
+    if (s.embed_mode()) {
+      // No logits; the hidden states of the rows the pooling takes.
+      const int32_t first_row = w.batch.n_rows();
+      kv_->add_rows(kv, w.batch, chunk, SIZE_MAX);
+      w.entries.emplace_back(&s, chunk, -1, kv.n_computed(), 0);
+      StepWork::Entry& en = w.entries.back();
+      en.embd_index = static_cast<int32_t>(w.batch.embd_rows.size());
+      for (int32_t r = 0; r < chunk; ++r) {
+        if (s.wants_embedding(kv.n_computed() + static_cast<size_t>(r), kv.tokens().size())) {
+          w.batch.embd_rows.push_back(first_row + r);
+        }
+      }
+      en.n_embd_rows = static_cast<int32_t>(w.batch.embd_rows.size()) - en.embd_index;
+      continue;
+    }
     if (s.score_mode()) {
       const size_t from = std::max(kv.n_computed(), s.score_first() == 0 ? size_t{0} : s.score_first() - 1);
       const int32_t rows = end > from ? static_cast<int32_t>(end - from) : 0;
@@ -253,6 +272,7 @@ void Engine::plan(const std::vector<std::shared_ptr<Stream>>& streams, StepWork&
 
 bool Engine::run_forward(StepWork& w) {
   logits_.resize(static_cast<size_t>(w.n_logits) * model_->config().n_vocab);
+  embd_.resize(w.batch.embd_rows.size() * static_cast<size_t>(model_->config().n_embd));
   try {
     std::lock_guard<std::mutex> lock(forward_mutex_);
     // Decode-only steps on a device with graphs are recorded and replayed as
@@ -264,7 +284,7 @@ bool Engine::run_forward(StepWork& w) {
       backend_extras_->graph_begin((static_cast<uint64_t>(w.batch.n_rows()) << 32) | static_cast<uint32_t>(w.n_logits));
     }
     try {
-      forward_->forward(w.batch, logits_.data());
+      forward_->forward(w.batch, logits_.data(), embd_.data());
     } catch (...) {
       if (graph) backend_extras_->graph_abort();
       throw;
@@ -299,6 +319,14 @@ void Engine::outcome(StepWork& w) {
     {
       std::lock_guard<std::mutex> lock(kv.mutex());
       const std::vector<int32_t>& tokens = kv.tokens();
+      if (s.embed_mode()) {
+        const size_t n_embd = static_cast<size_t>(model_->config().n_embd);
+        for (int32_t r = 0; r < en.n_embd_rows; ++r) {
+          s.add_embedding(embd_.data() + static_cast<size_t>(en.embd_index + r) * n_embd);
+        }
+        en.ends = kv.n_computed() + static_cast<size_t>(en.chunk) >= tokens.size();  // every row run
+        continue;
+      }
       if (s.score_mode()) {
         for (int32_t r = 0; r < en.n_logit_rows; ++r) {
           const size_t target = en.first_logit + static_cast<size_t>(r) + 1;  // history index predicted
@@ -447,7 +475,7 @@ void Engine::end_stream(Stream& s, EndReason reason, bool parked) {
     kv_->park(kv);
   }
   s.flush(reason);
-  s.session().end_turn(s.score_mode() ? nullptr : &s.reply());
+  s.session().end_turn(s.score_mode() || s.embed_mode() ? nullptr : &s.reply());
   // Its drafter gives back what it holds (a draft model's KV in the pool)
   // now, not when the host lets go of the stream.
   if (s.spec()) speculative::SpecStep::stop(*s.spec());

@@ -179,6 +179,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   bool stop_ = false;
   std::thread worker_;
   std::vector<float> logits_;
+  std::vector<float> embd_;  // the step's embedding rows (batch.embd_rows)
   std::mutex grammar_mutex_;
   std::unique_ptr<grammar::Compiler> grammar_;  // made by the first constrained stream
 };

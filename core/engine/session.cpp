@@ -235,6 +235,30 @@ SessionCacheInfo Session::cache_info() const {
   return info;
 }
 
+std::shared_ptr<Stream> Session::start_embedding(const std::vector<int32_t>& ids, Pooling pooling) {
+  const ModelConfig& c = engine().model().config();
+  if (ids.empty()) fail(StatusCode::kInvalidArgument, "embed: no tokens");
+  for (int32_t id : ids) {
+    if (id < 0 || id >= c.n_vocab) {
+      fail(StatusCode::kInvalidArgument, "embed: token id " + std::to_string(id) + " out of range");
+    }
+  }
+  std::shared_ptr<Stream> stream;
+  {
+    std::lock_guard<std::mutex> lock(kv_->mutex());
+    require_idle_locked();
+    if (mode_ != Mode::kEmpty || !kv_->tokens().empty()) {
+      fail(StatusCode::kInvalidArgument, "embed: the session is not empty");
+    }
+    append_tokens_locked(ids);
+    stream = std::make_shared<Stream>(shared_from_this(), StreamParams{});
+    stream->enable_embedding(pooling, c.n_embd);
+    submit_locked(stream);
+  }
+  engine().submit(stream);
+  return stream;
+}
+
 void Session::score(const std::vector<int32_t>& ids, float* out) {
   const int32_t n_vocab = engine().model().config().n_vocab;
   for (int32_t id : ids) {

@@ -12,6 +12,7 @@
 #include <atomic>
 
 #include "core/chat/chat_template.h"
+#include "core/engine/embed.h"
 #include "core/chat/tools.h"
 #include "core/kv_cache/kv_manager.h"
 #include "core/kv_cache/streaming.h"
@@ -66,6 +67,11 @@ class Session : public std::enable_shared_from_this<Session> {
   // nullptr (ingest only). The last token stays pending (not yet run), so the
   // next call or stream continues from it. Blocks until done.
   void score(const std::vector<int32_t>& ids, float* out);
+  // Embedding (core/engine/embed.h): an empty session takes `ids` and
+  // runs every one of them through the engine's scheduler; the stream ends
+  // when all are computed, its embedding() pooled by `pooling`. Throws
+  // ember::Error (kInvalidArgument: the session is not empty).
+  std::shared_ptr<Stream> start_embedding(const std::vector<int32_t>& ids, Pooling pooling);
   // Cancels the running stream, if any (used when the session handle goes).
   void cancel_active();
 

@@ -28,6 +28,8 @@ struct Engine::StepWork {
     int32_t logit_index;  // -1: no logits this step
     size_t first_logit;   // history index of the row at logit_index
     int32_t n_logit_rows;
+    int32_t embd_index = -1;  // embedding streams: the first of its rows in batch.embd_rows
+    int32_t n_embd_rows = 0;
     bool lookahead = false;  // the plan reserved slots for a tree
     bool tree = false;       // a drafted tree: rows = its nodes (root first)
     // outcome: what apply does to the sequence, and whether the stream ends.

@@ -76,6 +76,34 @@ void Stream::enable_scoring(size_t first, size_t n_scores) {
   scores_.assign(n_scores, std::nanf(""));
 }
 
+void Stream::enable_embedding(Pooling pooling, int32_t n_embd) {
+  embed_mode_ = true;
+  pooling_ = pooling;
+  embd_sum_.assign(static_cast<size_t>(n_embd), 0.0);
+  embd_rows_ = 0;
+}
+
+bool Stream::wants_embedding(size_t index, size_t n_tokens) const {
+  switch (pooling_) {
+    case Pooling::kMean: return true;
+    case Pooling::kLast: return index + 1 == n_tokens;
+    case Pooling::kCls: return index == 0;
+  }
+  return false;
+}
+
+void Stream::add_embedding(const float* row) {
+  for (size_t i = 0; i < embd_sum_.size(); ++i) embd_sum_[i] += row[i];
+  ++embd_rows_;
+}
+
+std::vector<float> Stream::embedding() const {
+  std::vector<float> v(embd_sum_.size(), 0.0f);
+  if (embd_rows_ == 0) return v;
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(embd_sum_[i] / static_cast<double>(embd_rows_));
+  return v;
+}
+
 bool Stream::finished() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return finished_;

@@ -1,4 +1,4 @@
-// core::Stream: one generation (or one scoring pass) on a session.
+// core::Stream: one generation (or one scoring or embedding pass) on a session.
 //
 // The host pulls events with next() or has them pushed to a callback; the
 // engine's step feeds it (take, finish, fail_with). Text pieces
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/chat/tools.h"
+#include "core/engine/embed.h"
 #include "core/grammar/grammar.h"
 #include "core/sampling/logprobs.h"
 #include "core/sampling/sampler.h"
@@ -126,6 +127,17 @@ class Stream : public std::enable_shared_from_this<Stream> {
   size_t score_first() const { return score_first_; }
   const std::vector<float>& scores() const { return scores_; }
 
+  // ---- embedding (core/engine/embed.h): every history token is run and
+  // the final-normed hidden states the pooling needs are gathered;
+  // embedding() is the pooled vector once the stream has ended.
+  void enable_embedding(Pooling pooling, int32_t n_embd);
+  bool embed_mode() const { return embed_mode_; }
+  Pooling pooling() const { return pooling_; }
+  // Whether history row `index` of `n_tokens` feeds the pooling.
+  bool wants_embedding(size_t index, size_t n_tokens) const;
+  void add_embedding(const float* row);
+  std::vector<float> embedding() const;
+
   // ---- engine side (core/engine/engine.cpp). The stream is the step's
   // event sink: it detokenizes, checks its stop conditions and delivers; it
   // never changes the session or its KV (the engine's apply phase does).
@@ -200,6 +212,10 @@ class Stream : public std::enable_shared_from_this<Stream> {
   bool score_mode_ = false;
   size_t score_first_ = 0;
   std::vector<float> scores_;
+  bool embed_mode_ = false;
+  Pooling pooling_ = Pooling::kMean;
+  std::vector<double> embd_sum_;
+  size_t embd_rows_ = 0;
 
   mutable std::mutex mutex_;
   std::condition_variable cv_;

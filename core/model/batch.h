@@ -35,6 +35,9 @@ struct Batch {
   std::vector<int32_t> seq_of_row;  // index into seqs
   std::vector<BatchSeq> seqs;
   std::vector<int32_t> logit_rows;   // rows whose logits are wanted, in output order
+  // Rows whose hidden state after the final norm (the output head's input,
+  // llama.cpp's embeddings) is wanted, in output order.
+  std::vector<int32_t> embd_rows;
   std::vector<uint8_t> decode_rows;  // per row: 1 = a generated token fed back (AttentionParams::decode_rows)
   // Token-tree rows (AttentionParams::tree_from/tree_begin/tree_slots): empty
   // when the batch has none, else one tree_from/tree_begin per row (-1: an

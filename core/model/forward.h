@@ -12,8 +12,10 @@ class Forward {
  public:
   virtual ~Forward() = default;
   // Runs the batch; writes logits of batch.logit_rows (in that order) to
-  // `logits` (host, logit_rows.size() * n_vocab floats). Throws ember::Error.
-  virtual void forward(const Batch& batch, float* logits) = 0;
+  // `logits` (host, logit_rows.size() * n_vocab floats) and the final-normed
+  // hidden states of batch.embd_rows to `embd` (host, embd_rows.size() *
+  // n_embd floats; may be null when embd_rows is empty). Throws ember::Error.
+  virtual void forward(const Batch& batch, float* logits, float* embd = nullptr) = 0;
   // Early exit (self-speculative drafting): runs only the first `n_layers`
   // layers (writing their K/V), then the final norm and the output head.
   // n_layers >= the model's layer count is forward(). Throws ember::Error.

@@ -98,7 +98,9 @@ void Decoder::use_kv_layout(const KvLayerGroups& groups, const KvView* view) {
   view_ = view ? *view : KvView{};
 }
 
-void Decoder::forward(const Batch& batch, float* logits) { forward_layers(batch, logits, model_->config().n_layers); }
+void Decoder::forward(const Batch& batch, float* logits, float* embd) {
+  run(batch, logits, embd, model_->config().n_layers);
+}
 
 void Decoder::prepare(const Batch& batch, Pass& p) {
   const auto& c = model_->config();
@@ -189,8 +191,12 @@ void Decoder::prepare(const Batch& batch, Pass& p) {
 }
 
 void Decoder::forward_layers(const Batch& batch, float* logits, int32_t n_layers) {
-  const auto& c = model_->config();
   if (n_layers <= 0) fail(StatusCode::kInvalidArgument, "forward: n_layers must be positive");
+  run(batch, logits, nullptr, n_layers);
+}
+
+void Decoder::run(const Batch& batch, float* logits, float* embd, int32_t n_layers) {
+  const auto& c = model_->config();
   n_layers = std::min(n_layers, c.n_layers);
   const int32_t n = batch.n_rows();
   if (n == 0) return;
@@ -202,6 +208,17 @@ void Decoder::forward_layers(const Batch& batch, float* logits, int32_t n_layers
   prepare(batch, p);
   backend_.embed(*token_embd_, batch.tokens.data(), n, x_);
   layers(p, n_layers);
+  const int32_t n_embd_out = static_cast<int32_t>(batch.embd_rows.size());
+  if (n_embd_out > 0) {
+    if (!embd) fail(StatusCode::kInternal, "forward: embedding rows without an output");
+    for (int32_t r : batch.embd_rows) {
+      if (r < 0 || r >= n) fail(StatusCode::kInternal, "forward: an embedding row is out of range");
+    }
+    // The final norm of the wanted rows (h_ is free once the layers are done).
+    backend_.gather_rows(x_, batch.embd_rows.data(), n_embd_out, c.n_embd, h_);
+    backend_.rms_norm(h_, *output_norm_, n_embd_out, c.n_embd, c.rms_eps, h_);
+    backend_.download(embd, h_, static_cast<size_t>(n_embd_out) * c.n_embd * sizeof(float));
+  }
   if (n_out == 0) return;
   backend_.gather_rows(x_, batch.logit_rows.data(), n_out, c.n_embd, sel_);
   backend_.rms_norm(sel_, *output_norm_, n_out, c.n_embd, c.rms_eps, sel_);

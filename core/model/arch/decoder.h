@@ -27,7 +27,7 @@ class Decoder : public Forward {
   // initialised with `block_size`.
   Decoder(std::shared_ptr<const Model> model, Backend& backend, int32_t block_size);
   ~Decoder() override;
-  void forward(const Batch& batch, float* logits) override;
+  void forward(const Batch& batch, float* logits, float* embd = nullptr) override;
   void forward_layers(const Batch& batch, float* logits, int32_t n_layers) override;
   void use_kv_layout(const KvLayerGroups& groups, const KvView* view) override;
 
@@ -91,6 +91,7 @@ class Decoder : public Forward {
 
  private:
   void ensure_capacity(int32_t rows, int32_t logit_rows);
+  void run(const Batch& batch, float* logits, float* embd, int32_t n_layers);
   void release_buffers();
   void prepare(const Batch& batch, Pass& p);
   void matmul(Pass& p, const DeviceWeight& w, const float* in, float* out);
