@@ -18,6 +18,7 @@
 
 #include "core/backend/plugin.h"
 #include "core/backend/registry.h"
+#include "core/engine/embed.h"
 #include "core/engine/engine.h"
 #include "core/model/model.h"
 #include "core/tokenizer/tokenizer.h"
@@ -168,6 +169,12 @@ void full_session_defaults(ember_session_params* params) {
   params->cache_policy = EMBER_CACHE_FULL;
   params->sink_tokens = ember::CachePolicy::kDefaultSinkTokens;
   params->window_tokens = 0;
+}
+
+void full_embed_defaults(ember_embed_params* params) {
+  std::memset(params, 0, sizeof *params);
+  params->size = sizeof *params;
+  params->pooling = EMBER_POOLING_MEAN;
 }
 
 void full_stream_defaults(ember_stream_params* params) {
@@ -740,6 +747,81 @@ ember_status ember_engine_score(ember_engine* engine, const int32_t* tokens, siz
     require(tokens != nullptr, "tokens is NULL");
     require(n_tokens > 0, "n_tokens is 0");
     (*engine->owner)->score(tokens, n_tokens, logprobs, logits);
+  });
+}
+
+// ---------------------------------------------------------------- embeddings
+
+void ember_embed_params_init_sized(ember_embed_params* params, size_t size) {
+  init_sized(params, size, full_embed_defaults);
+}
+
+namespace {
+ember::EmbedParams embed_params(const ember_embed_params* params) {
+  const ember_embed_params p = read_params(params, full_embed_defaults);
+  require(p.pooling == EMBER_POOLING_MEAN || p.pooling == EMBER_POOLING_LAST || p.pooling == EMBER_POOLING_CLS,
+          "embed params: unknown pooling");
+  require(p.normalize == 0 || p.normalize == 1, "embed params: normalize must be 0 or 1");
+  require(p.parse_special == 0 || p.parse_special == 1, "embed params: parse_special must be 0 or 1");
+  ember::EmbedParams e;
+  e.pooling = static_cast<ember::Pooling>(p.pooling);
+  e.normalize = p.normalize != 0;
+  e.parse_special = p.parse_special != 0;
+  return e;
+}
+
+// Checks `out` before anything runs, then copies the vectors into it.
+void check_embed_out(ember_engine* engine, size_t n_inputs, const float* out, size_t out_capacity) {
+  require(n_inputs > 0, "no inputs");
+  require(n_inputs <= EMBER_MAX_EMBED_INPUTS, "more inputs than EMBER_MAX_EMBED_INPUTS");
+  require(out != nullptr, "out is NULL");
+  const size_t n_embd = static_cast<size_t>((*engine->owner)->model().config().n_embd);
+  if (out_capacity / n_embd < n_inputs) {
+    throw Error(StatusCode::kInvalidArgument, "out holds " + std::to_string(out_capacity) + " floats; " +
+                                                  std::to_string(n_inputs) + " vectors of " + std::to_string(n_embd) +
+                                                  " need " + std::to_string(n_inputs * n_embd));
+  }
+}
+
+void write_vectors(const std::vector<std::vector<float>>& vectors, float* out) {
+  for (const auto& v : vectors) out = std::copy(v.begin(), v.end(), out);
+}
+}  // namespace
+
+ember_status ember_engine_embed(ember_engine* engine, const char* const* texts, size_t n_texts,
+                                const ember_embed_params* params, float* out, size_t out_capacity) {
+  return guarded([&] {
+    require(engine != nullptr, "engine is NULL");
+    require(texts != nullptr, "texts is NULL");
+    const ember::EmbedParams p = embed_params(params);
+    check_embed_out(engine, n_texts, out, out_capacity);
+    std::vector<std::string> inputs;
+    inputs.reserve(n_texts);
+    for (size_t i = 0; i < n_texts; ++i) inputs.push_back(checked_text(texts[i], "text"));
+    write_vectors(ember::embed_texts(engine->owner, inputs, p), out);
+  });
+}
+
+ember_status ember_engine_embed_tokens(ember_engine* engine, const int32_t* const* tokens, const size_t* n_tokens,
+                                       size_t n_inputs, const ember_embed_params* params, float* out,
+                                       size_t out_capacity) {
+  return guarded([&] {
+    require(engine != nullptr, "engine is NULL");
+    require(tokens != nullptr && n_tokens != nullptr, "tokens or n_tokens is NULL");
+    const ember::EmbedParams p = embed_params(params);
+    check_embed_out(engine, n_inputs, out, out_capacity);
+    const size_t n_ctx = static_cast<size_t>((*engine->owner)->model().config().n_ctx_train);
+    std::vector<std::vector<int32_t>> inputs(n_inputs);
+    for (size_t i = 0; i < n_inputs; ++i) {
+      require(tokens[i] != nullptr || n_tokens[i] == 0, "an input's tokens are NULL");
+      if (n_tokens[i] > n_ctx) {  // refused before copying an absurd length
+        throw Error(StatusCode::kContextFull, "embed: input " + std::to_string(i) + " has " +
+                                                  std::to_string(n_tokens[i]) +
+                                                  " tokens, more than the model's context of " + std::to_string(n_ctx));
+      }
+      inputs[i].assign(tokens[i], tokens[i] + n_tokens[i]);
+    }
+    write_vectors(ember::embed_tokens(engine->owner, inputs, p), out);
   });
 }
 

@@ -237,7 +237,7 @@ void Engine::plan(const std::vector<std::shared_ptr<Stream>>& streams, StepWork&
       // No logits; the hidden states of the rows the pooling takes.
       const int32_t first_row = w.batch.n_rows();
       kv_->add_rows(kv, w.batch, chunk, SIZE_MAX);
-      w.entries.emplace_back(&s, chunk, -1, kv.n_computed(), 0);
+      w.entries.emplace_back(&s, chunk, -1, kv.n_computed(), 0);  // first_logit: the chunk's first history index
       StepWork::Entry& en = w.entries.back();
       en.embd_index = static_cast<int32_t>(w.batch.embd_rows.size());
       for (int32_t r = 0; r < chunk; ++r) {
@@ -321,8 +321,11 @@ void Engine::outcome(StepWork& w) {
       const std::vector<int32_t>& tokens = kv.tokens();
       if (s.embed_mode()) {
         const size_t n_embd = static_cast<size_t>(model_->config().n_embd);
-        for (int32_t r = 0; r < en.n_embd_rows; ++r) {
-          s.add_embedding(embd_.data() + static_cast<size_t>(en.embd_index + r) * n_embd);
+        int32_t j = 0;  // the chunk's rows the pooling takes, in order (as plan listed them)
+        for (int32_t r = 0; r < en.chunk && j < en.n_embd_rows; ++r) {
+          const size_t index = en.first_logit + static_cast<size_t>(r);
+          if (!s.wants_embedding(index, tokens.size())) continue;
+          s.add_embedding(index, embd_.data() + static_cast<size_t>(en.embd_index + j++) * n_embd);
         }
         en.ends = kv.n_computed() + static_cast<size_t>(en.chunk) >= tokens.size();  // every row run
         continue;

@@ -81,6 +81,7 @@ void Stream::enable_embedding(Pooling pooling, int32_t n_embd) {
   pooling_ = pooling;
   embd_sum_.assign(static_cast<size_t>(n_embd), 0.0);
   embd_rows_ = 0;
+  embd_next_ = 0;
 }
 
 bool Stream::wants_embedding(size_t index, size_t n_tokens) const {
@@ -92,9 +93,11 @@ bool Stream::wants_embedding(size_t index, size_t n_tokens) const {
   return false;
 }
 
-void Stream::add_embedding(const float* row) {
+void Stream::add_embedding(size_t index, const float* row) {
+  if (index < embd_next_) return;
   for (size_t i = 0; i < embd_sum_.size(); ++i) embd_sum_[i] += row[i];
   ++embd_rows_;
+  embd_next_ = index + 1;
 }
 
 std::vector<float> Stream::embedding() const {

@@ -135,7 +135,9 @@ class Stream : public std::enable_shared_from_this<Stream> {
   Pooling pooling() const { return pooling_; }
   // Whether history row `index` of `n_tokens` feeds the pooling.
   bool wants_embedding(size_t index, size_t n_tokens) const;
-  void add_embedding(const float* row);
+  // History row `index`'s hidden state. A row pooled before (recomputed
+  // after a preemption) is not counted again.
+  void add_embedding(size_t index, const float* row);
   std::vector<float> embedding() const;
 
   // ---- engine side (core/engine/engine.cpp). The stream is the step's
@@ -216,6 +218,7 @@ class Stream : public std::enable_shared_from_this<Stream> {
   Pooling pooling_ = Pooling::kMean;
   std::vector<double> embd_sum_;
   size_t embd_rows_ = 0;
+  size_t embd_next_ = 0;  // history rows below it are pooled
 
   mutable std::mutex mutex_;
   std::condition_variable cv_;

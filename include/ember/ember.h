@@ -48,7 +48,7 @@ extern "C" {
 #endif
 
 #define EMBER_VERSION_MAJOR 1
-#define EMBER_VERSION_MINOR 4
+#define EMBER_VERSION_MINOR 5
 #define EMBER_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, as ember_version_number() (1.2: 10200). */
 #define EMBER_VERSION_NUMBER (EMBER_VERSION_MAJOR * 10000 + EMBER_VERSION_MINOR * 100 + EMBER_VERSION_PATCH)
@@ -775,6 +775,60 @@ EMBER_API void ember_stream_release(ember_stream* stream);
  * the context), OUT_OF_MEMORY. Thread-safe. */
 EMBER_API ember_status ember_engine_score(ember_engine* engine, const int32_t* tokens, size_t n_tokens, float* logprobs,
                                           float* logits);
+
+/* ---------------------------------------------------------------- embeddings */
+
+/* Since 1.5. How an embedding pools the hidden states of an input's tokens
+ * (ember_embed_params.pooling). */
+enum {
+  EMBER_POOLING_MEAN = 0, /* the mean over every token */
+  EMBER_POOLING_LAST = 1, /* the last token's */
+  EMBER_POOLING_CLS = 2   /* the first token's (BOS where the model adds one) */
+};
+/* Since 1.5: the most inputs one ember_engine_embed call takes. */
+#define EMBER_MAX_EMBED_INPUTS 4096
+
+typedef struct ember_embed_params {
+  size_t size;           /* sizeof(ember_embed_params) */
+  int32_t pooling;       /* EMBER_POOLING_* (default MEAN) */
+  int32_t normalize;     /* 1: each vector scaled to L2 length 1 (default 0) */
+  int32_t parse_special; /* texts: 1 = special-token text (e.g. "<|im_start|>") is
+                            the special token (default 0, as llama.cpp embeds) */
+} ember_embed_params;
+
+/* Defaults into the first `size` bytes of *params (as the other
+ * *_params_init_sized). Since 1.5. */
+EMBER_API void ember_embed_params_init_sized(ember_embed_params* params, size_t size);
+#define ember_embed_params_init(params) ember_embed_params_init_sized((params), sizeof(ember_embed_params))
+
+/* Embeds `n_texts` UTF-8 texts (each tokenized with the model's BOS/EOS as
+ * its metadata says, like llama.cpp's embeddings): each vector is the hidden
+ * state after the model's final norm (the output head's input), pooled over
+ * the text's tokens by params->pooling, optionally L2-normalised. Writes
+ * n_texts * n_embd floats to `out` (ember_model_info_t.n_embd; vector i at
+ * out + i * n_embd); `out_capacity` is how many floats `out` holds (too few:
+ * INVALID_ARGUMENT, nothing written). `params` may be NULL (defaults).
+ *
+ * Every input runs as its own sequence through the engine's scheduler, in the
+ * same steps as the streams generating on the engine (its rows are prefill
+ * chunks under the engine's max_batch_tokens, so a long text never holds a
+ * decoding stream back by more than a chunk), without prefix-cache hits. A
+ * vector does not depend on what else runs or on how the text was chunked.
+ * Blocks until all are done; in manual-step mode it runs the engine's steps
+ * itself. Errors: INVALID_ARGUMENT (NULL, no texts, more than
+ * EMBER_MAX_EMBED_INPUTS, an empty text, invalid UTF-8, unknown pooling, small
+ * buffer), CONTEXT_FULL (a text longer than the model's context),
+ * OUT_OF_MEMORY (the KV pool cannot hold a text). Thread-safe. Since 1.5. */
+EMBER_API ember_status ember_engine_embed(ember_engine* engine, const char* const* texts, size_t n_texts,
+                                          const ember_embed_params* params, float* out, size_t out_capacity);
+
+/* As ember_engine_embed, for inputs given as token ids: input i is
+ * tokens[i][0 .. n_tokens[i]) (nothing is added; params->parse_special is
+ * not used). Errors as ember_engine_embed, and INVALID_ARGUMENT for an id
+ * out of range. Thread-safe. Since 1.5. */
+EMBER_API ember_status ember_engine_embed_tokens(ember_engine* engine, const int32_t* const* tokens,
+                                                 const size_t* n_tokens, size_t n_inputs,
+                                                 const ember_embed_params* params, float* out, size_t out_capacity);
 
 /* ---------------------------------------------------------------- limits */
 

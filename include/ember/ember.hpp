@@ -118,6 +118,15 @@ inline ember_model_params model_params() {
   ember_model_params_init(&p);
   return p;
 }
+// Embedding parameters (EMBER_POOLING_*, L2 normalisation). Since 1.5.
+inline ember_embed_params embed_params(int32_t pooling = EMBER_POOLING_MEAN, bool normalize = false) {
+  ember_embed_params p;
+  ember_embed_params_init(&p);
+  p.pooling = pooling;
+  p.normalize = normalize ? 1 : 0;
+  return p;
+}
+
 inline ember_engine_params engine_params() {
   ember_engine_params p;
   ember_engine_params_init(&p);
@@ -203,6 +212,7 @@ class Engine {
     ember_engine* e = nullptr;
     detail::check(ember_engine_create(model.get(), &params, &e));
     handle_ = Handle(e);
+    n_embd_ = static_cast<size_t>(model.info().n_embd);
   }
 
   ember_engine* get() const noexcept { return handle_.get(); }
@@ -234,9 +244,43 @@ class Engine {
     return logprobs;
   }
 
+  // One vector of n_embd floats per text (ember_engine_embed). Since 1.5.
+  std::vector<std::vector<float>> embed(const std::vector<std::string>& texts,
+                                        const ember_embed_params& params = embed_params()) const {
+    std::vector<const char*> ptrs;
+    ptrs.reserve(texts.size());
+    for (const auto& t : texts) ptrs.push_back(detail::c_text(t, "text"));
+    std::vector<float> flat(texts.size() * n_embd_);
+    detail::check(ember_engine_embed(get(), ptrs.data(), ptrs.size(), &params, flat.data(), flat.size()));
+    return split(flat, texts.size());
+  }
+  // The same for inputs given as token ids (ember_engine_embed_tokens).
+  std::vector<std::vector<float>> embed_tokens(const std::vector<std::vector<int32_t>>& inputs,
+                                               const ember_embed_params& params = embed_params()) const {
+    std::vector<const int32_t*> ptrs;
+    std::vector<size_t> lengths;
+    for (const auto& in : inputs) {
+      ptrs.push_back(in.data());
+      lengths.push_back(in.size());
+    }
+    std::vector<float> flat(inputs.size() * n_embd_);
+    detail::check(ember_engine_embed_tokens(get(), ptrs.data(), lengths.data(), inputs.size(), &params, flat.data(),
+                                            flat.size()));
+    return split(flat, inputs.size());
+  }
+
  private:
+  std::vector<std::vector<float>> split(const std::vector<float>& flat, size_t n) const {
+    std::vector<std::vector<float>> out(n);
+    for (size_t i = 0; i < n; ++i) {
+      out[i].assign(flat.begin() + static_cast<std::ptrdiff_t>(i * n_embd_),
+                    flat.begin() + static_cast<std::ptrdiff_t>((i + 1) * n_embd_));
+    }
+    return out;
+  }
   using Handle = detail::Handle<ember_engine, ember_engine_destroy>;
   Handle handle_;
+  size_t n_embd_ = 0;
 };
 
 // One stream event with owned text and tokens.
