@@ -10,6 +10,7 @@
 //   ember bench --sessions K [-p P] [-n N] [-t THREADS] [--json]
 //   ember bench --prefix-cache N [-t THREADS] [-r REPS]
 //   ember tokenize [-m MODEL] (-p TEXT | -f FILE) [--special]
+//   ember embed [-m MODEL] (-p TEXT | -f FILE) [--pooling mean|last|cls] [--normalize] [--special] [-t THREADS]
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -424,6 +425,59 @@ int cmd_tokenize(int argc, char** argv) {
     out += std::to_string(ids[i]);
   }
   std::printf("%s\n", out.c_str());
+  return 0;
+}
+
+// ember embed: one JSON array of n_embd numbers per input (-p: the text;
+// -f: each non-empty line of the file), in input order.
+int cmd_embed(int argc, char** argv) {
+  Args a(argc, argv, 2, {"-m", "-p", "-f", "-t", "--pooling"}, {"--normalize", "--special"});
+  if (a.has("-p") == a.has("-f")) throw CliError("embed needs exactly one of -p TEXT or -f FILE");
+  std::vector<std::string> inputs;
+  if (a.has("-p")) {
+    inputs.push_back(a.str("-p"));
+  } else {
+    std::istringstream lines(read_file(a.str("-f")));
+    for (std::string line; std::getline(lines, line);) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (!line.empty()) inputs.push_back(line);
+    }
+    if (inputs.empty()) throw CliError("embed: " + a.str("-f") + " has no non-empty line");
+  }
+  ember_embed_params ep;
+  ember_embed_params_init(&ep);
+  const std::string pooling = a.str("--pooling", "mean");
+  if (pooling == "mean") {
+    ep.pooling = EMBER_POOLING_MEAN;
+  } else if (pooling == "last") {
+    ep.pooling = EMBER_POOLING_LAST;
+  } else if (pooling == "cls") {
+    ep.pooling = EMBER_POOLING_CLS;
+  } else {
+    throw CliError("--pooling must be mean, last or cls");
+  }
+  ep.normalize = a.has("--normalize") ? 1 : 0;
+  ep.parse_special = a.has("--special") ? 1 : 0;
+  Handles h;
+  load(h, a, a.has("-t") ? std::stoi(a.str("-t")) : 0);
+  const size_t n_embd = static_cast<size_t>(model_info(h.model).n_embd);
+  // Up to 64 inputs per call: they run in the same engine steps.
+  constexpr size_t kPerCall = 64;
+  std::vector<float> out;
+  for (size_t first = 0; first < inputs.size(); first += kPerCall) {
+    const size_t n = std::min(kPerCall, inputs.size() - first);
+    std::vector<const char*> texts;
+    for (size_t i = 0; i < n; ++i) texts.push_back(inputs[first + i].c_str());
+    out.assign(n * n_embd, 0.0f);
+    check(ember_engine_embed(h.engine, texts.data(), n, &ep, out.data(), out.size()), "embedding");
+    for (size_t i = 0; i < n; ++i) {
+      std::fputc('[', stdout);
+      for (size_t k = 0; k < n_embd; ++k) {
+        std::fprintf(stdout, k ? ", %.7g" : "%.7g", static_cast<double>(out[i * n_embd + k]));
+      }
+      std::fputs("]\n", stdout);
+    }
+  }
   return 0;
 }
 
@@ -1166,6 +1220,8 @@ void usage() {
       "             [-t THREADS] [-r REPS] [--spec-nodes N] [--spec-depth D] [--spec-threshold P]\n"
       "             [--spec-lookup 0|1] [--json]   # --spec-lookup 0: self/draft without prompt lookup beside them\n"
       "  tokenize   [-m MODEL] (-p TEXT | -f FILE) [--special]\n"
+      "  embed      [-m MODEL] (-p TEXT | -f FILE) [--pooling mean|last|cls] [--normalize] [--special] [-t THREADS]\n"
+      "             # one JSON array (the model's n_embd numbers) per input: the text, or each non-empty line\n"
       "MODEL defaults to $EMBER_HOME/SmolLM2-135M-Instruct.Q4_1.gguf (EMBER_HOME: ~/.cache/ember).\n");
 }
 
@@ -1183,6 +1239,7 @@ int main(int argc, char** argv) {
     if (cmd == "perplexity") return cmd_perplexity(argc, argv);
     if (cmd == "bench") return cmd_bench(argc, argv);
     if (cmd == "tokenize") return cmd_tokenize(argc, argv);
+    if (cmd == "embed") return cmd_embed(argc, argv);
     if (cmd == "--help" || cmd == "-h" || cmd == "help") {
       usage();
       return 0;

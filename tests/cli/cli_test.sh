@@ -70,6 +70,21 @@ j="$("$ember" bench --spec ngram --prompt "1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5
 # tokenize: ids only.
 ids="$("$ember" tokenize -p "Hello world")"
 [ "$ids" = "19556 905" ] && ok || bad "tokenize gave '$ids'"
+# embed: one JSON array of n_embd numbers per non-empty input line, in order;
+# --normalize gives unit vectors; -p TEXT equals the same line of a file.
+printf 'Paris is the capital of France.\n\nThe quick brown fox.\n' > "$tmp/embed.txt"
+"$ember" embed -f "$tmp/embed.txt" --normalize -t 1 > "$tmp/embed.out" && python3 - "$tmp/embed.out" <<'PY' && ok || bad "embed -f"
+import json, math, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert len(rows) == 2 and all(len(r) == 576 for r in rows), [len(r) for r in rows]
+assert all(abs(math.sqrt(sum(x * x for x in r)) - 1) < 1e-4 for r in rows)
+PY
+one="$("$ember" embed -p "The quick brown fox." --normalize -t 1)"
+[ "$one" = "$(sed -n 2p "$tmp/embed.out")" ] && ok || bad "embed -p differs from the file's line"
+"$ember" embed -p "Hi" --pooling last -t 1 | python3 -c "import json,sys; assert len(json.load(sys.stdin)) == 576" \
+  && ok || bad "embed --pooling last"
+expect_error "embed of an empty text" "$ember" embed -p ""
+expect_error "embed --pooling max" "$ember" embed -p "x" --pooling max
 # perplexity: the last line has the contract format.
 head -c 20000 "$(dirname "$0")/../../../shared/data/pride_and_prejudice.txt" > "$tmp/pp.txt" 2>/dev/null || python3 -c "print('It is a truth universally acknowledged. '*300)" > "$tmp/pp.txt"
 last="$("$ember" perplexity -f "$tmp/pp.txt" --ctx 128 --max-tokens 512 2>/dev/null | tail -n 1)"
