@@ -79,6 +79,29 @@ TEST(Embed, Gemma3EqualsLlamaCpp) {
   expect_goldens(test::gemma3_model_path(), "gemma3.json");
 }
 
+// Every architecture Ember runs (the synthetic files the build writes,
+// tools/make_synthetic_model), the same token ids in both engines.
+TEST(Embed, EveryArchitectureEqualsLlamaCpp) {
+  const nlohmann::json g = golden("synthetic.json");
+  const auto inputs = g.at("inputs").get<std::vector<std::vector<int32_t>>>();
+  for (const auto& [arch, entry] : g.at("models").items()) {
+    SCOPED_TRACE(arch);
+    auto model = Model::load(std::string(EMBER_SYNTHETIC_DIR) + "/" + arch + ".gguf");
+    auto engine = Engine::create(model, EngineParams{});
+    for (const char* pooling : {"mean", "last", "cls"}) {
+      EmbedParams p;
+      p.pooling = parse_pooling(pooling);
+      const auto got = embed_tokens(engine, inputs, p);
+      const auto want = entry.at("vectors").at(pooling).get<std::vector<std::vector<float>>>();
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_EQ(got[i].size(), want[i].size());
+        EXPECT_GE(cosine(got[i], want[i]), 0.9999) << pooling << " pooling, input " << i;
+      }
+    }
+  }
+}
+
 const std::vector<std::string> kTexts = {
     "The quick brown fox jumps over the lazy dog.", "Paris is the capital of France.",
     "A tavern keeper sells ale to the travellers who pass through the village, and listens to their stories "
