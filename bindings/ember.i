@@ -4,8 +4,8 @@
  * ABI in include/ember/ember.h that turn its out-parameters and params
  * structs into plain arguments and return values, a handful of C ABI
  * functions as they are, and small value types (eb_tokens, eb_floats,
- * eb_event, eb_stats, eb_model_info, eb_sampling). Nothing else in ember.h is
- * wrapped.
+ * eb_event, eb_stats, eb_model_info, eb_sampling, eb_embed_inputs). Nothing
+ * else in ember.h is wrapped.
  *
  * Errors: every helper records a failed ember_status together with a copy of
  * ember_last_error(), taken inside the same native call (so it is right even
@@ -36,6 +36,8 @@
 
 struct eb_sampling;
 static void eb_sampling_set_constraint(struct eb_sampling* s, int32_t kind, const char* text);
+struct eb_embed_inputs;
+static int eb_embed_inputs_grow(struct eb_embed_inputs* in, int32_t kind);
 
 /* The last failure of a helper on this thread, copied in the same call. */
 static _Thread_local int32_t eb_status_ = 0;
@@ -286,6 +288,12 @@ typedef struct ember_stream ember_stream;
 %ignore eb_sampling::n_choices_;
 %ignore eb_tokens::data;
 %ignore eb_floats::data;
+%ignore eb_embed_inputs::texts_;
+%ignore eb_embed_inputs::tokens_;
+%ignore eb_embed_inputs::n_tokens_;
+%ignore eb_embed_inputs::n_;
+%ignore eb_embed_inputs::cap_;
+%ignore eb_embed_inputs::kind_;
 
 %immutable eb_event::kind;
 %immutable eb_event::end_reason;
@@ -298,6 +306,7 @@ typedef struct ember_stream ember_stream;
 %newobject eb_tokenize;
 %newobject eb_detokenize;
 %newobject eb_session_score;
+%newobject eb_engine_embed;
 
 %inline %{
 /* Failure recorded by the last helper call on this thread (Go reads these). */
@@ -408,6 +417,18 @@ typedef struct eb_sampling {
   ember_logit_bias* bias_;
   int32_t n_bias_;
 } eb_sampling;
+
+/* The inputs of one embedding call (ember_engine_embed or, for token lists,
+ * ember_engine_embed_tokens), copied in order with add_text or add_tokens
+ * (one kind per call). */
+typedef struct eb_embed_inputs {
+  char** texts_;       /* kind_ 1 */
+  int32_t** tokens_;   /* kind_ 2 */
+  size_t* n_tokens_;
+  int64_t n_;
+  int64_t cap_;
+  int32_t kind_;       /* 0 empty, 1 texts, 2 token lists */
+} eb_embed_inputs;
 %}
 
 
@@ -488,6 +509,73 @@ typedef struct eb_sampling {
 %extend eb_model_info {
   eb_model_info() { return (eb_model_info*)calloc(1, sizeof(eb_model_info)); }
   ~eb_model_info() { free($self); }
+}
+
+%{
+/* Room for one more input of `kind`; 0 on failure (recorded). */
+static int eb_embed_inputs_grow(eb_embed_inputs* in, int32_t kind) {
+  if (in->kind_ && in->kind_ != kind) {
+    eb_fail(EMBER_ERR_INVALID_ARGUMENT, "embedding inputs are texts or token lists, not both");
+    return 0;
+  }
+  if (in->n_ >= EMBER_MAX_EMBED_INPUTS) {
+    eb_fail(EMBER_ERR_INVALID_ARGUMENT, "more than EMBER_MAX_EMBED_INPUTS (4096) embedding inputs");
+    return 0;
+  }
+  if (in->n_ == in->cap_) {
+    int64_t cap = in->cap_ ? in->cap_ * 2 : 8;
+    char** texts = (char**)realloc(in->texts_, sizeof(char*) * (size_t)cap);
+    if (texts) in->texts_ = texts;
+    int32_t** tokens = (int32_t**)realloc(in->tokens_, sizeof(int32_t*) * (size_t)cap);
+    if (tokens) in->tokens_ = tokens;
+    size_t* lengths = (size_t*)realloc(in->n_tokens_, sizeof(size_t) * (size_t)cap);
+    if (lengths) in->n_tokens_ = lengths;
+    if (!texts || !tokens || !lengths) { eb_fail(EMBER_ERR_OUT_OF_MEMORY, "out of memory"); return 0; }
+    in->cap_ = cap;
+  }
+  in->kind_ = kind;
+  return 1;
+}
+%}
+
+%extend eb_embed_inputs {
+  eb_embed_inputs() {
+    eb_embed_inputs* in = (eb_embed_inputs*)calloc(1, sizeof(eb_embed_inputs));
+    if (!in) eb_fail(EMBER_ERR_OUT_OF_MEMORY, "out of memory");
+    return in;
+  }
+  ~eb_embed_inputs() {
+    for (int64_t i = 0; i < $self->n_; ++i) {
+      if ($self->kind_ == 1) free($self->texts_[i]);
+      if ($self->kind_ == 2) free($self->tokens_[i]);
+    }
+    free($self->texts_);
+    free($self->tokens_);
+    free($self->n_tokens_);
+    free($self);
+  }
+  /* Appends a UTF-8 text (copied). */
+  void add_text(const char* text) {
+    if (!text) { eb_fail(EMBER_ERR_INVALID_ARGUMENT, "text is NULL"); return; }
+    if (!eb_embed_inputs_grow($self, 1)) return;
+    char* copy = strdup(text);
+    if (!copy) { eb_fail(EMBER_ERR_OUT_OF_MEMORY, "out of memory"); return; }
+    $self->texts_[$self->n_] = copy;
+    ++$self->n_;
+  }
+  /* Appends a token list (copied). */
+  void add_tokens(const eb_tokens* tokens) {
+    if (!tokens) { eb_fail(EMBER_ERR_INVALID_ARGUMENT, "tokens is NULL"); return; }
+    if (!eb_embed_inputs_grow($self, 2)) return;
+    size_t n = tokens->n > 0 ? (size_t)tokens->n : 0;
+    int32_t* copy = (int32_t*)malloc((n ? n : 1) * sizeof(int32_t));
+    if (!copy) { eb_fail(EMBER_ERR_OUT_OF_MEMORY, "out of memory"); return; }
+    if (n) memcpy(copy, tokens->data, n * sizeof(int32_t));
+    $self->tokens_[$self->n_] = copy;
+    $self->n_tokens_[$self->n_] = n;
+    ++$self->n_;
+  }
+  int64_t size() { return $self->n_; }
 }
 
 %{
@@ -686,6 +774,42 @@ int64_t eb_engine_step(ember_engine* engine, int32_t max_ms, int32_t max_tokens)
   size_t n = 0;
   eb_check(ember_engine_step(engine, max_ms, max_tokens, &n));
   return (int64_t)n;
+}
+/* Embeds the inputs (texts: ember_engine_embed, token lists:
+ * ember_engine_embed_tokens): size() * n_embd floats, vector i at i * n_embd
+ * (n_embd: the engine's model's, eb_model_info.n_embd). No inputs are the
+ * library's INVALID_ARGUMENT. */
+eb_floats* eb_engine_embed(ember_engine* engine, const eb_embed_inputs* inputs, int32_t n_embd, int32_t pooling,
+                           int32_t normalize, int32_t parse_special) {
+  ember_embed_params p;
+  ember_embed_params_init(&p);
+  p.pooling = pooling;
+  p.normalize = normalize;
+  p.parse_special = parse_special;
+  if (!inputs) { eb_fail(EMBER_ERR_INVALID_ARGUMENT, "inputs is NULL"); return NULL; }
+  if (n_embd <= 0) { eb_fail(EMBER_ERR_INVALID_ARGUMENT, "n_embd must be > 0"); return NULL; }
+  size_t n = (size_t)inputs->n_;
+  size_t total = n * (size_t)n_embd;
+  eb_floats* f = (eb_floats*)calloc(1, sizeof *f);
+  if (!f) { eb_fail(EMBER_ERR_OUT_OF_MEMORY, "out of memory"); return NULL; }
+  f->data = (float*)malloc((total ? total : 1) * sizeof(float));
+  if (!f->data) { free(f); eb_fail(EMBER_ERR_OUT_OF_MEMORY, "out of memory"); return NULL; }
+  ember_status st;
+  if (inputs->kind_ == 2) {
+    st = ember_engine_embed_tokens(engine, (const int32_t* const*)inputs->tokens_, inputs->n_tokens_, n, &p, f->data,
+                                   total);
+  } else {
+    /* texts (or none: the library's "no texts") */
+    const char* none = NULL;
+    st = ember_engine_embed(engine, n ? (const char* const*)inputs->texts_ : &none, n, &p, f->data, total);
+  }
+  if (eb_check(st)) {
+    free(f->data);
+    free(f);
+    return NULL;
+  }
+  f->n = (int64_t)total;
+  return f;
 }
 
 /* ---- session */
@@ -892,6 +1016,10 @@ void ember_stream_release(ember_stream* stream);
 %constant int32_t EVENT_END = EMBER_EVENT_END;
 %constant int32_t EVENT_ERROR = EMBER_EVENT_ERROR;
 %constant int32_t EVENT_TOOL_CALL = EMBER_EVENT_TOOL_CALL;
+%constant int32_t POOLING_MEAN = EMBER_POOLING_MEAN;
+%constant int32_t POOLING_LAST = EMBER_POOLING_LAST;
+%constant int32_t POOLING_CLS = EMBER_POOLING_CLS;
+%constant int32_t MAX_EMBED_INPUTS = EMBER_MAX_EMBED_INPUTS;
 %constant int32_t TOOL_CHOICE_AUTO = EMBER_TOOL_CHOICE_AUTO;
 %constant int32_t TOOL_CHOICE_NONE = EMBER_TOOL_CHOICE_NONE;
 %constant int32_t TOOL_CHOICE_REQUIRED = EMBER_TOOL_CHOICE_REQUIRED;

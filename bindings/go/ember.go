@@ -299,6 +299,7 @@ type EngineOptions struct {
 type Engine struct {
 	h     *handle[emberc.Struct_SS_ember_engine]
 	Model *Model
+	nEmbd int // for Embed (read at creation: the model may be closed later, the engine keeps it)
 }
 
 // NewEngine creates an engine (opts may be nil).
@@ -316,13 +317,17 @@ func NewEngine(model *Model, opts *EngineOptions) (*Engine, error) {
 	default:
 		return nil, &Error{StatusInvalidArgument, fmt.Sprintf("unknown device %q (cpu, cuda or auto)", opts.Device)}
 	}
+	info, err := model.Info()
+	if err != nil {
+		return nil, err
+	}
 	p, err := use(model.h, func(m emberc.Struct_SS_ember_model) emberc.Struct_SS_ember_engine {
 		return emberc.Eb_engine_create(m, device, opts.NThreads, b2i(opts.ManualStep), opts.KVMemoryBytes)
 	})
 	if err != nil {
 		return nil, err
 	}
-	e := &Engine{h: newHandle(p, emberc.Ember_engine_destroy, "Engine"), Model: model}
+	e := &Engine{h: newHandle(p, emberc.Ember_engine_destroy, "Engine"), Model: model, nEmbd: info.NEmbd}
 	runtime.SetFinalizer(e, func(e *Engine) { gcClose(e.h, nil) })
 	return e, nil
 }
@@ -348,6 +353,132 @@ func (e *Engine) BackendName() (string, error) { return use(e.h, emberc.Eb_engin
 // Step runs engine steps for about maxMs milliseconds (manual mode only); returns the tokens processed.
 func (e *Engine) Step(maxMs, maxTokens int) (int64, error) {
 	return use(e.h, func(p emberc.Struct_SS_ember_engine) int64 { return emberc.Eb_engine_step(p, maxMs, maxTokens) })
+}
+
+// Pooling is how an embedding pools the hidden states of its input's tokens (EMBER_POOLING_*).
+type Pooling string
+
+const (
+	PoolingMean Pooling = "mean" // the mean over every token (the default; "" too)
+	PoolingLast Pooling = "last" // the last token's
+	PoolingCLS  Pooling = "cls"  // the first token's (BOS where the model adds one)
+)
+
+// MaxEmbedInputs is the most inputs one Embed or EmbedTokens call takes (EMBER_MAX_EMBED_INPUTS).
+const MaxEmbedInputs = 4096
+
+// EmbedOptions are an embedding's settings; the zero value is the library's defaults.
+type EmbedOptions struct {
+	Pooling      Pooling // "" or "mean" (default), "last" or "cls"
+	Normalize    bool    // each vector scaled to L2 length 1
+	ParseSpecial bool    // texts: special-token text (e.g. "<|im_start|>") is the special token
+}
+
+func (o *EmbedOptions) pooling() (int, error) {
+	switch o.Pooling {
+	case "", PoolingMean:
+		return emberc.POOLING_MEAN, nil
+	case PoolingLast:
+		return emberc.POOLING_LAST, nil
+	case PoolingCLS:
+		return emberc.POOLING_CLS, nil
+	}
+	return 0, &Error{StatusInvalidArgument, fmt.Sprintf("unknown pooling %q (mean, last or cls)", string(o.Pooling))}
+}
+
+func checkEmbedCount(n int) error {
+	if n > MaxEmbedInputs {
+		return &Error{StatusInvalidArgument, fmt.Sprintf("%d inputs (at most %d per call)", n, MaxEmbedInputs)}
+	}
+	return nil
+}
+
+// Embed returns embeddings (C ABI 1.5, ember_engine_embed): one vector of the
+// model's NEmbd floats per text, in order: the model's hidden state after its
+// final norm, pooled over the text's tokens (opts.Pooling), scaled to L2
+// length 1 with opts.Normalize (opts may be nil: mean pooling, not
+// normalised). Texts are tokenized with the model's BOS/EOS (as llama.cpp
+// embeds). The inputs run through the engine's scheduler beside its streams;
+// the call blocks until all are done (a manual-step engine runs its steps
+// itself). Errors: StatusInvalidArgument (no texts, more than MaxEmbedInputs,
+// an empty text or one with a NUL byte, an unknown pooling),
+// StatusContextFull (a text longer than the model's context).
+func (e *Engine) Embed(texts []string, opts *EmbedOptions) ([][]float32, error) {
+	if opts == nil {
+		opts = &EmbedOptions{}
+	}
+	pooling, err := opts.pooling()
+	if err != nil {
+		return nil, err
+	}
+	if err := checkEmbedCount(len(texts)); err != nil {
+		return nil, err
+	}
+	in := emberc.NewEb_embed_inputs()
+	defer emberc.DeleteEb_embed_inputs(in)
+	for i, text := range texts {
+		if strings.IndexByte(text, 0) >= 0 {
+			return nil, &Error{StatusInvalidArgument, fmt.Sprintf("text %d contains a NUL byte", i)}
+		}
+		if err := call0(func() { in.Add_text(text) }); err != nil {
+			return nil, err
+		}
+	}
+	return e.embed(in, pooling, opts.Normalize, opts.ParseSpecial)
+}
+
+// EmbedTokens is Embed for inputs given as token ids
+// (ember_engine_embed_tokens): nothing is added, so Model.Tokenize(text,
+// true, false) gives the vector of Embed of the text; opts.ParseSpecial is not
+// used. StatusInvalidArgument also for an id outside the vocabulary.
+func (e *Engine) EmbedTokens(inputs [][]int, opts *EmbedOptions) ([][]float32, error) {
+	if opts == nil {
+		opts = &EmbedOptions{}
+	}
+	pooling, err := opts.pooling()
+	if err != nil {
+		return nil, err
+	}
+	if err := checkEmbedCount(len(inputs)); err != nil {
+		return nil, err
+	}
+	in := emberc.NewEb_embed_inputs()
+	defer emberc.DeleteEb_embed_inputs(in)
+	for _, ids := range inputs {
+		for _, id := range ids {
+			if id < math.MinInt32 || id > math.MaxInt32 {
+				return nil, &Error{StatusInvalidArgument, fmt.Sprintf("token id %d out of range", id)}
+			}
+		}
+		t := tokensIn(ids)
+		err := call0(func() { in.Add_tokens(t) })
+		emberc.DeleteEb_tokens(t)
+		if err != nil {
+			return nil, err
+		}
+	}
+	return e.embed(in, pooling, opts.Normalize, false)
+}
+
+func (e *Engine) embed(in emberc.Eb_embed_inputs, pooling int, normalize, parseSpecial bool) ([][]float32, error) {
+	d := e.nEmbd
+	f, err := use(e.h, func(p emberc.Struct_SS_ember_engine) emberc.Eb_floats {
+		return emberc.Eb_engine_embed(p, in, d, pooling, b2i(normalize), b2i(parseSpecial))
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer emberc.DeleteEb_floats(f)
+	n := int(f.Size()) / d
+	flat := make([]float32, n*d)
+	for i := range flat {
+		flat[i] = f.Get(int64(i))
+	}
+	out := make([][]float32, n)
+	for i := range out {
+		out[i] = flat[i*d : (i+1)*d : (i+1)*d]
+	}
+	return out, nil
 }
 
 // SessionOptions are a session's settings; the zero value is a full-cache session.

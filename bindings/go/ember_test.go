@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"runtime"
 	"strconv"
@@ -678,6 +679,88 @@ func TestScore(t *testing.T) {
 			t.Fatal(lp)
 		}
 	}
+}
+
+func TestEmbed(t *testing.T) {
+	m, e := setup(t)
+	texts := []string{"The quick brown fox jumps over the lazy dog.", "Dragons hate rain.", "Paris is in France."}
+	info := must(m.Info())(t)
+	if MaxEmbedInputs != emberc.MAX_EMBED_INPUTS {
+		t.Fatalf("MaxEmbedInputs %d, the library's %d", MaxEmbedInputs, emberc.MAX_EMBED_INPUTS)
+	}
+	vectors := must(e.Embed(texts, nil))(t)
+	if len(vectors) != len(texts) {
+		t.Fatalf("%d vectors for %d texts", len(vectors), len(texts))
+	}
+	for _, v := range vectors {
+		if len(v) != info.NEmbd {
+			t.Fatalf("vector length %d, n_embd %d", len(v), info.NEmbd)
+		}
+		for _, x := range v {
+			if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+				t.Fatal("not finite:", x)
+			}
+		}
+	}
+	if reflect.DeepEqual(vectors[0], vectors[1]) {
+		t.Fatal("two texts, one vector")
+	}
+	if again := must(e.Embed(texts, &EmbedOptions{Pooling: PoolingMean}))(t); !reflect.DeepEqual(again, vectors) {
+		t.Fatal("the same texts again: other vectors")
+	}
+	for i, text := range texts {
+		if one := must(e.Embed([]string{text}, nil))(t); !reflect.DeepEqual(one[0], vectors[i]) {
+			t.Fatalf("text %d alone differs from together", i)
+		}
+	}
+	for _, v := range must(e.Embed(texts, &EmbedOptions{Normalize: true}))(t) {
+		n := 0.0
+		for _, x := range v {
+			n += float64(x) * float64(x)
+		}
+		if math.Abs(math.Sqrt(n)-1) > 1e-4 {
+			t.Fatal("normalised length", math.Sqrt(n))
+		}
+	}
+	last := must(e.Embed(texts, &EmbedOptions{Pooling: PoolingLast}))(t)
+	if len(last[0]) != info.NEmbd || reflect.DeepEqual(last[0], vectors[0]) {
+		t.Fatal("last pooling equals mean")
+	}
+	if cls := must(e.Embed(texts[:1], &EmbedOptions{Pooling: "cls"}))(t); reflect.DeepEqual(cls[0], vectors[0]) {
+		t.Fatal("cls pooling equals mean")
+	}
+	ids := make([][]int, len(texts))
+	for i, text := range texts {
+		ids[i] = must(m.Tokenize(text, true, false))(t)
+	}
+	if byTokens := must(e.EmbedTokens(ids, nil))(t); !reflect.DeepEqual(byTokens, vectors) {
+		t.Fatal("the texts' tokens give other vectors")
+	}
+	if byTokens := must(e.EmbedTokens(ids, &EmbedOptions{Pooling: PoolingLast}))(t); !reflect.DeepEqual(byTokens, last) {
+		t.Fatal("the texts' tokens give other vectors (last)")
+	}
+	// Bad input is an error; the engine goes on.
+	for _, bad := range [][]string{{""}, {"a", ""}, {}, nil, {"a\x00b"}, make([]string, MaxEmbedInputs+1)} {
+		_, err := e.Embed(bad, nil)
+		expectStatus(t, err, StatusInvalidArgument)
+	}
+	for _, p := range []Pooling{"median", "MEAN"} {
+		_, err := e.Embed(texts, &EmbedOptions{Pooling: p})
+		expectStatus(t, err, StatusInvalidArgument)
+	}
+	for _, bad := range [][][]int{{}, {{}}, {{-1}}, {{info.VocabSize}}, {{1 << 40}}} {
+		_, err := e.EmbedTokens(bad, nil)
+		expectStatus(t, err, StatusInvalidArgument)
+	}
+	_, err := e.EmbedTokens([][]int{make([]int, info.ContextLength+1)}, nil)
+	expectStatus(t, err, StatusContextFull)
+	if again := must(e.Embed(texts[2:], nil))(t); !reflect.DeepEqual(again[0], vectors[2]) {
+		t.Fatal("the engine does not go on")
+	}
+	closed := must(NewEngine(m, &EngineOptions{KVMemoryBytes: kv}))(t)
+	closed.Close()
+	_, err = closed.Embed(texts, nil)
+	expectStatus(t, err, StatusInvalidArgument)
 }
 
 // specRun returns the tokens and stats of one stream on a fresh session

@@ -217,10 +217,25 @@ namespace Ember
         }
     }
 
+    /// <summary>How an embedding pools the hidden states of its input's tokens (EMBER_POOLING_*).</summary>
+    public enum Pooling
+    {
+        /// <summary>The mean over every token (the default).</summary>
+        Mean = 0,
+        /// <summary>The last token's.</summary>
+        Last = 1,
+        /// <summary>The first token's (BOS where the model adds one).</summary>
+        Cls = 2,
+    }
+
     /// <summary>A model bound to a device, with its KV pool and scheduler. Thread-safe.</summary>
     public sealed class Engine : IDisposable
     {
         internal readonly Handle<SWIGTYPE_p_ember_engine> handle;
+        private readonly int nEmbd; // for Embed (read at creation: the model may be closed later, the engine keeps it)
+
+        /// <summary>The most inputs one Embed or EmbedTokens call takes (EMBER_MAX_EMBED_INPUTS).</summary>
+        public static readonly int MaxEmbedInputs = emberc.MAX_EMBED_INPUTS;
 
         /// <param name="device">"cpu" (default), "cuda" or "auto"</param>
         /// <param name="nThreads">CPU threads, 0 = all cores</param>
@@ -236,6 +251,7 @@ namespace Ember
                 case "auto": dev = emberc.DEVICE_AUTO; break;
                 default: throw new EmberException(EmberException.InvalidArgument, "unknown device '" + device + "' (cpu, cuda or auto)");
             }
+            nEmbd = model.Info.NEmbd;
             var h = model.handle.Call(m => emberc.eb_engine_create(m, dev, nThreads, manualStep ? 1 : 0, kvMemoryBytes));
             handle = new Handle<SWIGTYPE_p_ember_engine>(h, emberc.ember_engine_destroy, "Engine");
             Model = model;
@@ -275,6 +291,88 @@ namespace Ember
         public long Step(int maxMs = 16, int maxTokens = 0)
         {
             return handle.Call(h => emberc.eb_engine_step(h, maxMs, maxTokens));
+        }
+
+        /// <summary>Embeddings (C ABI 1.5, ember_engine_embed): one vector of Model.Info.NEmbd floats per text,
+        /// in order: the model's hidden state after its final norm, pooled over the text's tokens, scaled to L2
+        /// length 1 when normalize. Texts are tokenized with the model's BOS/EOS (as llama.cpp embeds); special-token
+        /// text is the special token only when parseSpecial. The inputs run through the engine's scheduler beside its
+        /// streams; the call blocks until all are done (a manual-step engine runs its steps itself). Throws
+        /// EmberException: InvalidArgument (no texts, more than MaxEmbedInputs, a null or empty text, an unknown
+        /// pooling), ContextFull (a text longer than the model's context).</summary>
+        public float[][] Embed(IReadOnlyList<string> texts, Pooling pooling = Pooling.Mean, bool normalize = false, bool parseSpecial = false)
+        {
+            if (texts == null) throw new EmberException(EmberException.InvalidArgument, "texts is null");
+            CheckCount(texts.Count);
+            using (var inputs = new eb_embed_inputs())
+            {
+                for (int i = 0; i < texts.Count; i++)
+                {
+                    string t = texts[i];
+                    if (t == null) throw new EmberException(EmberException.InvalidArgument, "text " + i + " is null");
+                    if (t.IndexOf('\0') >= 0) throw new EmberException(EmberException.InvalidArgument, "text " + i + " contains a NUL character");
+                    inputs.add_text(t);
+                }
+                return Embed(inputs, pooling, normalize, parseSpecial);
+            }
+        }
+
+        /// <summary>One text's embedding (as Embed of a list of one).</summary>
+        public float[] Embed(string text, Pooling pooling = Pooling.Mean, bool normalize = false, bool parseSpecial = false)
+        {
+            return Embed(new[] { text }, pooling, normalize, parseSpecial)[0];
+        }
+
+        /// <summary>As Embed, for inputs given as token ids (ember_engine_embed_tokens): nothing is added, so
+        /// Model.Tokenize(text, addSpecial: true) gives the vector of Embed(text). InvalidArgument also for an id
+        /// outside the vocabulary.</summary>
+        public float[][] EmbedTokens(IReadOnlyList<IReadOnlyList<int>> inputs, Pooling pooling = Pooling.Mean, bool normalize = false)
+        {
+            if (inputs == null) throw new EmberException(EmberException.InvalidArgument, "inputs is null");
+            CheckCount(inputs.Count);
+            using (var native = new eb_embed_inputs())
+            {
+                for (int i = 0; i < inputs.Count; i++)
+                {
+                    var ids = inputs[i];
+                    if (ids == null) throw new EmberException(EmberException.InvalidArgument, "input " + i + " is null");
+                    var list = ids as IList<int> ?? new List<int>(ids);
+                    using (var t = Tokens.Of(list)) native.add_tokens(t);
+                }
+                return Embed(native, pooling, normalize, false);
+            }
+        }
+
+        /// <summary>One token list's embedding (as EmbedTokens of a list of one).</summary>
+        public float[] EmbedTokens(IReadOnlyList<int> tokens, Pooling pooling = Pooling.Mean, bool normalize = false)
+        {
+            if (tokens == null) throw new EmberException(EmberException.InvalidArgument, "tokens is null");
+            return EmbedTokens(new[] { tokens }, pooling, normalize)[0];
+        }
+
+        private static void CheckCount(int n)
+        {
+            if (n > MaxEmbedInputs)
+                throw new EmberException(EmberException.InvalidArgument, n + " inputs (at most " + MaxEmbedInputs + " per call)");
+        }
+
+        private float[][] Embed(eb_embed_inputs inputs, Pooling pooling, bool normalize, bool parseSpecial)
+        {
+            int d = nEmbd;
+            return handle.Call(h =>
+            {
+                using (var f = emberc.eb_engine_embed(h, inputs, d, (int)pooling, normalize ? 1 : 0, parseSpecial ? 1 : 0))
+                {
+                    var vectors = new float[f.size() / d][];
+                    for (int i = 0; i < vectors.Length; i++)
+                    {
+                        var v = new float[d];
+                        for (int j = 0; j < d; j++) v[j] = f.get((long)i * d + j);
+                        vectors[i] = v;
+                    }
+                    return vectors;
+                }
+            });
         }
 
         public bool IsClosed { get { return handle.IsClosed; } }

@@ -272,6 +272,63 @@ static class EmberTests
         }
     }
 
+    static bool Same(float[] a, float[] b) { return a.SequenceEqual(b); }
+
+    static bool Same(float[][] a, float[][] b)
+    {
+        return a.Length == b.Length && a.Zip(b, (x, y) => x.SequenceEqual(y)).All(ok => ok);
+    }
+
+    // Embeddings (C ABI 1.5).
+    static void Embed()
+    {
+        var texts = new[] { "The quick brown fox jumps over the lazy dog.", "Dragons hate rain.", "Paris is in France." };
+        int d = model.Info.NEmbd;
+        float[][] vectors = engine.Embed(texts);
+        Eq(texts.Length, vectors.Length, "one vector per text");
+        foreach (var v in vectors)
+        {
+            Eq(d, v.Length, "vector length = n_embd");
+            Check(v.All(x => !float.IsNaN(x) && !float.IsInfinity(x)), "finite values");
+        }
+        Check(!Same(vectors[0], vectors[1]), "two texts, two vectors");
+        Check(Same(vectors, engine.Embed(texts)), "the same texts again: the same vectors");
+        Check(Same(vectors, engine.Embed(new List<string>(texts))), "a List");
+        for (int i = 0; i < texts.Length; i++) Check(Same(vectors[i], engine.Embed(texts[i])), "one at a time = together (" + i + ")");
+        foreach (var v in engine.Embed(texts, normalize: true))
+        {
+            double n = Math.Sqrt(v.Sum(x => (double)x * x));
+            Check(Math.Abs(n - 1.0) < 1e-4, "normalised: length " + n);
+        }
+        float[][] last = engine.Embed(texts, Pooling.Last);
+        Eq(d, last[0].Length, "last: n_embd");
+        Check(!Same(last[0], vectors[0]), "last pooling differs from mean");
+        Check(!Same(engine.Embed(texts[0], Pooling.Cls), vectors[0]), "cls pooling differs from mean");
+        var ids = texts.Select(t => model.Tokenize(t, addSpecial: true, parseSpecial: false)).ToArray();
+        Check(Same(vectors, engine.EmbedTokens(ids)), "tokens of the texts = the texts");
+        Check(Same(vectors[1], engine.EmbedTokens(ids[1])), "one token list");
+        Check(Same(last, engine.EmbedTokens(ids, Pooling.Last)), "tokens, last");
+        // Bad input throws; the engine goes on.
+        Throws(EmberException.InvalidArgument, () => engine.Embed(""));
+        Throws(EmberException.InvalidArgument, () => engine.Embed(new[] { "a", "" }));
+        Throws(EmberException.InvalidArgument, () => engine.Embed(new string[0]));
+        Throws(EmberException.InvalidArgument, () => engine.Embed(new[] { "a", null }));
+        Throws(EmberException.InvalidArgument, () => engine.Embed((IReadOnlyList<string>)null));
+        Throws(EmberException.InvalidArgument, () => engine.Embed("a\0b"));
+        Throws(EmberException.InvalidArgument, () => engine.Embed(texts, (Pooling)7));
+        Throws(EmberException.InvalidArgument, () => engine.Embed(texts, (Pooling)(-1)));
+        Throws(EmberException.InvalidArgument, () => engine.Embed(new string[Engine.MaxEmbedInputs + 1]));
+        Throws(EmberException.InvalidArgument, () => engine.EmbedTokens(new int[0]));
+        Throws(EmberException.InvalidArgument, () => engine.EmbedTokens(new int[0][]));
+        Throws(EmberException.InvalidArgument, () => engine.EmbedTokens(new[] { -1 }));
+        Throws(EmberException.InvalidArgument, () => engine.EmbedTokens(new[] { model.Info.VocabSize }));
+        Throws(EmberException.ContextFull, () => engine.EmbedTokens(new int[model.Info.ContextLength + 1]));
+        Check(Same(vectors[2], engine.Embed(texts[2])), "the engine goes on");
+        var closed = new Engine(model, kvMemoryBytes: Kv);
+        closed.Dispose();
+        Throws(EmberException.InvalidArgument, () => closed.Embed(texts));
+    }
+
     static void CancelFromAnotherThread()
     {
         using (var s = engine.Session())
@@ -701,6 +758,7 @@ static class EmberTests
             new KeyValuePair<string, Action>("structured_output", StructuredOutput),
             new KeyValuePair<string, Action>("tool_calling", ToolCalling),
             new KeyValuePair<string, Action>("logprobs_and_logit_bias", LogprobsAndLogitBias),
+            new KeyValuePair<string, Action>("embed", Embed),
             new KeyValuePair<string, Action>("cancel_from_another_thread", CancelFromAnotherThread),
             new KeyValuePair<string, Action>("two_sessions_on_two_threads", TwoSessionsOnTwoThreads),
             new KeyValuePair<string, Action>("save_load_continue_exactly", SaveLoadContinue),

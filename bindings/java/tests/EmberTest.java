@@ -5,6 +5,7 @@ import ember.EmberException;
 import ember.EndReason;
 import ember.Engine;
 import ember.Model;
+import ember.Pooling;
 import ember.Sampling;
 import ember.Session;
 import ember.Stream;
@@ -217,6 +218,66 @@ public final class EmberTest {
       // No tools left to require.
       expectThrows(EmberException.INVALID_ARGUMENT, () -> s.generate(greedy(4).toolChoice("required")).close());
     }
+  }
+
+  static float[][] normsOf(float[][] vs) {
+    float[][] out = new float[vs.length][1];
+    for (int i = 0; i < vs.length; i++) {
+      double n = 0;
+      for (float x : vs[i]) n += (double) x * x;
+      out[i][0] = (float) Math.sqrt(n);
+    }
+    return out;
+  }
+
+  // Embeddings (C ABI 1.5).
+  static void embed() throws Exception {
+    String[] texts = {"The quick brown fox jumps over the lazy dog.", "Dragons hate rain.", "Paris is in France."};
+    int d = model.info().nEmbd;
+    float[][] vectors = engine.embed(texts);
+    eq(texts.length, vectors.length, "one vector per text");
+    for (float[] v : vectors) {
+      eq(d, v.length, "vector length = n_embd");
+      for (float x : v) check(Float.isFinite(x), "finite values");
+    }
+    check(!Arrays.equals(vectors[0], vectors[1]), "two texts, two vectors");
+    check(Arrays.deepEquals(vectors, engine.embed(texts)), "the same texts again: the same vectors");
+    check(Arrays.deepEquals(vectors, engine.embed(Arrays.asList(texts))), "a List");
+    for (int i = 0; i < texts.length; i++) {
+      check(Arrays.equals(vectors[i], engine.embed(texts[i])[0]), "one at a time = together (" + i + ")");
+    }
+    for (float[] n : normsOf(engine.embed(texts, new Engine.EmbedOptions().normalize(true)))) {
+      check(Math.abs(n[0] - 1.0) < 1e-4, "normalised: length " + n[0]);
+    }
+    float[][] last = engine.embed(texts, new Engine.EmbedOptions().pooling(Pooling.LAST));
+    eq(d, last[0].length, "last: n_embd");
+    check(!Arrays.equals(last[0], vectors[0]), "last pooling differs from mean");
+    float[][] cls = engine.embed(texts, new Engine.EmbedOptions().pooling(Pooling.CLS));
+    check(!Arrays.equals(cls[0], vectors[0]), "cls pooling differs from mean");
+    int[][] ids = new int[texts.length][];
+    for (int i = 0; i < texts.length; i++) ids[i] = model.tokenize(texts[i], true, false);
+    check(Arrays.deepEquals(vectors, engine.embedTokens(ids)), "tokens of the texts = the texts");
+    check(Arrays.deepEquals(last, engine.embedTokens(ids, new Engine.EmbedOptions().pooling(Pooling.LAST))), "tokens, last");
+    // Bad input throws; the engine goes on.
+    expectThrows(EmberException.INVALID_ARGUMENT, () -> engine.embed(""));
+    expectThrows(EmberException.INVALID_ARGUMENT, () -> engine.embed("a", ""));
+    expectThrows(EmberException.INVALID_ARGUMENT, () -> engine.embed());
+    expectThrows(EmberException.INVALID_ARGUMENT, () -> engine.embed(new ArrayList<String>()));
+    expectThrows(EmberException.INVALID_ARGUMENT, () -> engine.embed("a", null));
+    expectThrows(EmberException.INVALID_ARGUMENT, () -> engine.embed((List<String>) null));
+    expectThrows(EmberException.INVALID_ARGUMENT, () -> engine.embed("a\0b"));
+    expectThrows(EmberException.INVALID_ARGUMENT, () -> engine.embed(texts, new Engine.EmbedOptions().pooling(null)));
+    expectThrows(EmberException.INVALID_ARGUMENT, () -> engine.embed(texts, null));
+    expectThrows(EmberException.INVALID_ARGUMENT, () -> engine.embed(new String[Engine.MAX_EMBED_INPUTS + 1]));
+    expectThrows(EmberException.INVALID_ARGUMENT, () -> engine.embedTokens(new int[0]));
+    expectThrows(EmberException.INVALID_ARGUMENT, () -> engine.embedTokens());
+    expectThrows(EmberException.INVALID_ARGUMENT, () -> engine.embedTokens(new int[] {-1}));
+    expectThrows(EmberException.INVALID_ARGUMENT, () -> engine.embedTokens(new int[] {model.info().vocabSize}));
+    expectThrows(EmberException.CONTEXT_FULL, () -> engine.embedTokens(new int[model.info().contextLength + 1]));
+    check(Arrays.equals(vectors[2], engine.embed(texts[2])[0]), "the engine goes on");
+    Engine closed = new Engine(model, new Engine.Options().kvMemoryBytes(KV));
+    closed.close();
+    expectThrows(EmberException.INVALID_ARGUMENT, () -> closed.embed(texts));
   }
 
   static void logprobsAndLogitBias() throws Exception {
@@ -629,6 +690,7 @@ public final class EmberTest {
     tests.put("structured_output", EmberTest::structuredOutput);
     tests.put("tool_calling", EmberTest::toolCalling);
     tests.put("logprobs_and_logit_bias", EmberTest::logprobsAndLogitBias);
+    tests.put("embed", EmberTest::embed);
     tests.put("cancel_from_another_thread", EmberTest::cancelFromAnotherThread);
     tests.put("two_sessions_on_two_threads", EmberTest::twoSessionsOnTwoThreads);
     tests.put("save_load_continue_exactly", EmberTest::saveLoadContinue);

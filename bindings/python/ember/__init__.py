@@ -15,6 +15,7 @@ library's message and status. Calls into the library release the GIL.
 """
 
 from ._api import (  # noqa: F401
+    MAX_EMBED_INPUTS,
     Engine,
     EndReason,
     Model,

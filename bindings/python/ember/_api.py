@@ -13,7 +13,7 @@ from . import emberc as _c
 from .emberc import InvalidArgumentError
 
 __all__ = ["Model", "Engine", "Session", "Stream", "ModelInfo", "StreamStats", "EndReason", "ToolCall", "TokenLogprob",
-           "version", "version_number", "capabilities"]
+           "MAX_EMBED_INPUTS", "version", "version_number", "capabilities"]
 
 
 def version() -> str:
@@ -174,6 +174,29 @@ class Model(_Closeable):
 _DEVICES = {"cpu": _c.DEVICE_CPU, "cuda": _c.DEVICE_CUDA, "auto": _c.DEVICE_AUTO}
 _POLICIES = {"full": _c.CACHE_FULL, "window": _c.CACHE_WINDOW, "sink": _c.CACHE_SINK}
 _DRAFTERS = {"none": _c.SPEC_NONE, "ngram": _c.SPEC_NGRAM, "self": _c.SPEC_SELF, "draft": _c.SPEC_DRAFT}
+_POOLINGS = {"mean": _c.POOLING_MEAN, "last": _c.POOLING_LAST, "cls": _c.POOLING_CLS}
+
+#: The most inputs one Engine.embed / embed_tokens call takes (EMBER_MAX_EMBED_INPUTS).
+MAX_EMBED_INPUTS = _c.MAX_EMBED_INPUTS
+
+
+def _pooling(pooling) -> int:
+    if not isinstance(pooling, str) or pooling not in _POOLINGS:
+        raise InvalidArgumentError(f"unknown pooling {pooling!r} (mean, last or cls)", 1)
+    return _POOLINGS[pooling]
+
+
+def _input_list(inputs, what: str) -> list:
+    """inputs as a list (a sequence or other iterable); the library refuses an empty one."""
+    if isinstance(inputs, (bytes, bytearray, dict)):
+        raise InvalidArgumentError(f"{what} must be a list, not {type(inputs).__name__}", 1)
+    try:
+        inputs = list(inputs)
+    except TypeError:
+        raise InvalidArgumentError(f"{what} must be a list, not {type(inputs).__name__}", 1) from None
+    if len(inputs) > MAX_EMBED_INPUTS:
+        raise InvalidArgumentError(f"{len(inputs)} {what} (at most {MAX_EMBED_INPUTS} per call)", 1)
+    return inputs
 
 
 class Engine(_Closeable):
@@ -183,12 +206,14 @@ class Engine(_Closeable):
                  kv_memory_bytes: int = 0):
         if device not in _DEVICES:
             raise InvalidArgumentError(f"unknown device {device!r} (cpu, cuda or auto)", 1)
+        n_embd = model.info.n_embd  # for embed (read now: the model may be closed later, the engine keeps it)
         with model._g as m:
             h = _c.eb_engine_create(m, _DEVICES[device], int(n_threads), int(bool(manual_step)),
                                     int(kv_memory_bytes))
         self._g = _Handle(h, _c.ember_engine_destroy, "Engine")
         self.model = model
         self.manual_step = bool(manual_step)
+        self._n_embd = n_embd
 
     @property
     def device(self) -> str:
@@ -228,6 +253,59 @@ class Engine(_Closeable):
         """Manual mode only: runs engine steps for about max_ms milliseconds; returns the tokens processed."""
         with self._g as h:
             return _c.eb_engine_step(h, int(max_ms), int(max_tokens))
+
+    def embed(self, texts: Union[str, Iterable[str]], pooling: str = "mean", normalize: bool = False,
+              parse_special: bool = False) -> Union[List[float], List[List[float]]]:
+        """Embeddings (C ABI 1.5, ember_engine_embed): for a str one vector of model.info.n_embd floats,
+        for a list of str one vector per text, in order. Each vector is the model's hidden state after
+        its final norm, pooled over the text's tokens: pooling "mean" (default), "last" or "cls" (the
+        first token); normalize=True scales it to L2 length 1. Texts are tokenized with the model's
+        BOS/EOS (as llama.cpp embeds), special-token text parsed only with parse_special=True. The
+        inputs run through the engine's scheduler beside its streams; the call blocks until all are
+        done (a manual-step engine runs its steps itself). Raises InvalidArgumentError for no texts,
+        more than MAX_EMBED_INPUTS, an empty text, an unknown pooling; ContextFullError for a text
+        longer than the model's context."""
+        kind = _pooling(pooling)
+        single = isinstance(texts, str)
+        items = [texts] if single else _input_list(texts, "texts")
+        inputs = _c.eb_embed_inputs()
+        for t in items:
+            if not isinstance(t, str):
+                raise InvalidArgumentError(f"texts must be str, not {type(t).__name__}", 1)
+            if "\0" in t:
+                raise InvalidArgumentError("text contains a NUL character", 1)
+            inputs.add_text(t)
+        vectors = self._embed(inputs, kind, normalize, parse_special)
+        return vectors[0] if single else vectors
+
+    def embed_tokens(self, inputs: Iterable[Iterable[int]], pooling: str = "mean",
+                     normalize: bool = False) -> Union[List[float], List[List[float]]]:
+        """As embed, for inputs given as token ids (ember_engine_embed_tokens; nothing is added, so
+        model.tokenize(text, add_special=True) gives the same vector as embed(text)): a list of token
+        lists gives one vector per list; a flat list of ints is one input and gives one vector.
+        Raises InvalidArgumentError as embed does, and for an id outside the vocabulary."""
+        kind = _pooling(pooling)
+        items = _input_list(inputs, "inputs")
+        single = bool(items) and all(isinstance(v, int) for v in items)
+        if single:
+            items = [items]
+        native = _c.eb_embed_inputs()
+        for ids in items:
+            if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+                raise InvalidArgumentError(f"each input must be a list of token ids, not {type(ids).__name__}", 1)
+            ids = list(ids)
+            if not all(isinstance(v, int) for v in ids):
+                raise InvalidArgumentError("token ids must be int", 1)
+            native.add_tokens(_tokens_in(ids))
+        vectors = self._embed(native, kind, normalize, False)
+        return vectors[0] if single else vectors
+
+    def _embed(self, inputs, kind, normalize, parse_special) -> List[List[float]]:
+        d = self._n_embd
+        with self._g as h:
+            f = _c.eb_engine_embed(h, inputs, d, kind, int(bool(normalize)), int(bool(parse_special)))
+        flat = [f.get(i) for i in range(f.size())]
+        return [flat[i:i + d] for i in range(0, len(flat), d)]
 
 
 class EndReason(str, Enum):

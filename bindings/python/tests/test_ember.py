@@ -3,6 +3,7 @@
 (skipped when absent, failed when $CI is set)."""
 
 import gc
+import math
 import os
 import subprocess
 import tempfile
@@ -215,6 +216,50 @@ class EmberTest(unittest.TestCase):
         self.assertEqual(len(lp), len(ids))
         self.assertNotEqual(lp[0], lp[0])  # NaN: nothing before the first token
         self.assertTrue(all(v <= 0.0 for v in lp[1:]))
+
+    # -- embeddings (C ABI 1.5)
+    def test_embed(self):
+        texts = ["The quick brown fox jumps over the lazy dog.", "Dragons hate rain.", "Paris is in France."]
+        d = self.model.info.n_embd
+        vectors = self.engine.embed(texts)
+        self.assertEqual(len(vectors), len(texts))
+        for v in vectors:
+            self.assertEqual(len(v), d)
+            self.assertTrue(all(math.isfinite(x) for x in v))
+        self.assertNotEqual(vectors[0], vectors[1])
+        self.assertEqual(self.engine.embed(texts), vectors)  # the same texts again: the same vectors
+        self.assertEqual([self.engine.embed(t) for t in texts], vectors)  # one at a time = together
+        self.assertEqual(self.engine.embed(tuple(texts)), vectors)
+        for v in self.engine.embed(texts, normalize=True):
+            self.assertAlmostEqual(math.sqrt(sum(x * x for x in v)), 1.0, delta=1e-4)
+        last = self.engine.embed(texts, pooling="last")
+        self.assertEqual(len(last[0]), d)
+        self.assertNotEqual(last[0], vectors[0])
+        self.assertNotEqual(self.engine.embed(texts[0], pooling="cls"), vectors[0])
+        # Token ids: the text's tokens as the library adds them (add_special, no special-token parsing).
+        ids = [self.model.tokenize(t, add_special=True, parse_special=False) for t in texts]
+        self.assertEqual(self.engine.embed_tokens(ids), vectors)
+        self.assertEqual(self.engine.embed_tokens(ids[1]), vectors[1])  # a flat list: one input
+        self.assertEqual(self.engine.embed_tokens(ids, pooling="last"), last)
+        # Bad input raises; the engine goes on.
+        for bad in ("", [], ["a", ""], ["a", 3], 7, ["a\0b"]):
+            with self.assertRaises(ember.InvalidArgumentError, msg=repr(bad)):
+                self.engine.embed(bad)
+        for bad in ([], [[]], [[-1]], [[self.model.info.vocab_size]], [["a"]], ["text"]):
+            with self.assertRaises(ember.InvalidArgumentError, msg=repr(bad)):
+                self.engine.embed_tokens(bad)
+        for pooling in ("median", "", None, 1):
+            with self.assertRaises(ember.InvalidArgumentError):
+                self.engine.embed(texts, pooling=pooling)
+        with self.assertRaises(ember.InvalidArgumentError):
+            self.engine.embed(["x"] * (ember.MAX_EMBED_INPUTS + 1))
+        with self.assertRaises(ember.ContextFullError):
+            self.engine.embed_tokens([ids[0][:1] * (self.model.info.context_length + 1)])
+        self.assertEqual(self.engine.embed(texts[2]), vectors[2])
+        with ember.Engine(self.model, kv_memory_bytes=KV) as closed:
+            pass
+        with self.assertRaises(ember.InvalidArgumentError):
+            closed.embed(texts)
 
     # -- speculative decoding
     def spec_greedy(self, prompt, n, **spec):

@@ -2,7 +2,11 @@ package ember;
 
 import ember.lowlevel.SWIGTYPE_p_ember_engine;
 import ember.lowlevel.SWIGTYPE_p_ember_session;
+import ember.lowlevel.eb_embed_inputs;
+import ember.lowlevel.eb_floats;
+import ember.lowlevel.eb_tokens;
 import ember.lowlevel.emberc;
+import java.util.List;
 
 /** A model bound to a device, with its KV pool and scheduler. Thread-safe. */
 public final class Engine implements AutoCloseable {
@@ -27,9 +31,27 @@ public final class Engine implements AutoCloseable {
     public Options kvMemoryBytes(long b) { kvMemoryBytes = b; return this; }
   }
 
+  /** Embedding settings for {@link Engine#embed}; the defaults are the library's. */
+  public static final class EmbedOptions {
+    Pooling pooling = Pooling.MEAN;
+    boolean normalize = false;
+    boolean parseSpecial = false;
+
+    /** {@link Pooling#MEAN} (default), {@link Pooling#LAST} or {@link Pooling#CLS}. */
+    public EmbedOptions pooling(Pooling p) { pooling = p; return this; }
+    /** true: each vector scaled to L2 length 1. */
+    public EmbedOptions normalize(boolean n) { normalize = n; return this; }
+    /** Texts: special-token text (e.g. "<|im_start|>") is the special token (default false). */
+    public EmbedOptions parseSpecial(boolean p) { parseSpecial = p; return this; }
+  }
+
+  /** The most inputs one embed or embedTokens call takes (EMBER_MAX_EMBED_INPUTS). */
+  public static final int MAX_EMBED_INPUTS = emberc.MAX_EMBED_INPUTS;
+
   final Native.Handle<SWIGTYPE_p_ember_engine> handle;
   private final java.lang.ref.Cleaner.Cleanable cleanable;
   private final Model model;
+  private final int nEmbd; // for embed (read at creation: the model may be closed later, the engine keeps it)
 
   public Engine(Model model) {
     this(model, new Options());
@@ -43,6 +65,7 @@ public final class Engine implements AutoCloseable {
       case "auto": device = emberc.DEVICE_AUTO; break;
       default: throw new EmberException(EmberException.INVALID_ARGUMENT, "unknown device '" + o.device + "' (cpu, cuda or auto)");
     }
+    nEmbd = model.info().nEmbd;
     SWIGTYPE_p_ember_engine h = model.handle.call(
         m -> emberc.eb_engine_create(m, device, o.nThreads, o.manualStep ? 1 : 0, o.kvMemoryBytes));
     handle = new Native.Handle<>(h, emberc::ember_engine_destroy, emberc::ember_engine_destroy, "Engine");
@@ -87,6 +110,99 @@ public final class Engine implements AutoCloseable {
   /** Manual mode only: runs steps for about maxMs milliseconds; returns the tokens processed. */
   public long step(int maxMs, int maxTokens) {
     return handle.call(h -> emberc.eb_engine_step(h, maxMs, maxTokens));
+  }
+
+  /** Embeddings with the library's defaults (mean pooling, not normalised): one vector per text. */
+  public float[][] embed(String... texts) { return embed(texts, new EmbedOptions()); }
+
+  public float[][] embed(List<String> texts) { return embed(texts, new EmbedOptions()); }
+
+  public float[][] embed(List<String> texts, EmbedOptions o) {
+    if (texts == null) throw new EmberException(EmberException.INVALID_ARGUMENT, "texts is null");
+    return embed(texts.toArray(new String[0]), o);
+  }
+
+  /**
+   * Embeddings (C ABI 1.5, ember_engine_embed): one vector of {@code model().info().nEmbd} floats
+   * per text, in order: the model's hidden state after its final norm, pooled over the text's
+   * tokens, L2-normalised with {@code normalize(true)}. Texts are tokenized with the model's
+   * BOS/EOS (as llama.cpp embeds). The inputs run through the engine's scheduler beside its
+   * streams; the call blocks until all are done (a manual-step engine runs its steps itself).
+   * Throws EmberException: INVALID_ARGUMENT (no texts, more than {@link #MAX_EMBED_INPUTS}, a null
+   * or empty text, a null pooling), CONTEXT_FULL (a text longer than the model's context).
+   */
+  public float[][] embed(String[] texts, EmbedOptions o) {
+    if (texts == null) throw new EmberException(EmberException.INVALID_ARGUMENT, "texts is null");
+    int pooling = pooling(o);
+    checkCount(texts.length);
+    eb_embed_inputs in = new eb_embed_inputs();
+    try {
+      for (int i = 0; i < texts.length; i++) {
+        if (texts[i] == null) throw new EmberException(EmberException.INVALID_ARGUMENT, "text " + i + " is null");
+        in.add_text(texts[i]);
+      }
+      return embed(in, pooling, o.normalize, o.parseSpecial);
+    } finally {
+      in.delete();
+    }
+  }
+
+  /** Embeddings of inputs given as token ids, with the library's defaults: one vector per input. */
+  public float[][] embedTokens(int[]... inputs) { return embedTokens(inputs, new EmbedOptions()); }
+
+  /**
+   * As {@link #embed(String[], EmbedOptions)} for inputs given as token ids
+   * (ember_engine_embed_tokens): nothing is added, so {@code model.tokenize(text, true, false)}
+   * gives the vector of {@code embed(text)}; parseSpecial is not used. INVALID_ARGUMENT also for an
+   * id outside the vocabulary.
+   */
+  public float[][] embedTokens(int[][] inputs, EmbedOptions o) {
+    if (inputs == null) throw new EmberException(EmberException.INVALID_ARGUMENT, "inputs is null");
+    int pooling = pooling(o);
+    checkCount(inputs.length);
+    eb_embed_inputs in = new eb_embed_inputs();
+    try {
+      for (int i = 0; i < inputs.length; i++) {
+        if (inputs[i] == null) throw new EmberException(EmberException.INVALID_ARGUMENT, "input " + i + " is null");
+        eb_tokens t = Tokens.of(inputs[i]);
+        try {
+          in.add_tokens(t);
+        } finally {
+          t.delete();
+        }
+      }
+      return embed(in, pooling, o.normalize, false);
+    } finally {
+      in.delete();
+    }
+  }
+
+  private static int pooling(EmbedOptions o) {
+    if (o == null) throw new EmberException(EmberException.INVALID_ARGUMENT, "options is null");
+    if (o.pooling == null) throw new EmberException(EmberException.INVALID_ARGUMENT, "pooling is null (MEAN, LAST or CLS)");
+    return o.pooling.toNative();
+  }
+
+  private static void checkCount(int n) {
+    if (n > MAX_EMBED_INPUTS) {
+      throw new EmberException(EmberException.INVALID_ARGUMENT, n + " inputs (at most " + MAX_EMBED_INPUTS + " per call)");
+    }
+  }
+
+  private float[][] embed(eb_embed_inputs in, int pooling, boolean normalize, boolean parseSpecial) {
+    int d = nEmbd;
+    return handle.call(h -> {
+      eb_floats f = emberc.eb_engine_embed(h, in, d, pooling, normalize ? 1 : 0, parseSpecial ? 1 : 0);
+      try {
+        float[][] out = new float[(int) (f.size() / d)][d];
+        for (int i = 0; i < out.length; i++) {
+          for (int j = 0; j < d; j++) out[i][j] = f.get((long) i * d + j);
+        }
+        return out;
+      } finally {
+        f.delete();
+      }
+    });
   }
 
   public boolean isClosed() { return handle.isClosed(); }
