@@ -60,7 +60,8 @@ class Compiled {
 
 namespace {
 // A choice as an EBNF string literal: quotes, backslashes and control
-// characters escaped, other UTF-8 as it is.
+// characters escaped, other UTF-8 as it is. Control characters as \u00XX:
+// the engine reads every hex digit after \x ("\x09" + "b" would be U+009B).
 std::string ebnf_literal(const std::string& s) {
   std::string out = "\"";
   for (unsigned char ch : s) {
@@ -69,7 +70,7 @@ std::string ebnf_literal(const std::string& s) {
       out += static_cast<char>(ch);
     } else if (ch < 0x20 || ch == 0x7f) {
       static const char* hex = "0123456789abcdef";
-      out += "\\x";
+      out += "\\u00";
       out += hex[ch >> 4];
       out += hex[ch & 15];
     } else {
@@ -187,6 +188,7 @@ struct Matcher::Impl {
   std::shared_ptr<const Compiled> compiled;
   std::unique_ptr<xgrammar::GrammarMatcher> m;
   std::vector<int32_t> stops;
+  std::vector<bool> special;  // special tokens that are not stops: never accepted
   int32_t vocab = 0;
 };
 
@@ -197,6 +199,13 @@ Matcher::Matcher(std::shared_ptr<const Compiled> compiled) : impl_(std::make_uni
     const xgrammar::TokenizerInfo info = impl_->compiled->grammar.GetTokenizerInfo();
     impl_->stops = info.GetStopTokenIds();
     impl_->vocab = info.GetVocabSize();
+    impl_->special.assign(static_cast<size_t>(impl_->vocab), false);
+    for (int32_t t : info.GetSpecialTokenIds()) {
+      if (t >= 0 && t < impl_->vocab) impl_->special[static_cast<size_t>(t)] = true;
+    }
+    for (int32_t t : impl_->stops) {
+      if (t >= 0 && t < impl_->vocab) impl_->special[static_cast<size_t>(t)] = false;
+    }
     return 0;
   });
 }
@@ -267,7 +276,12 @@ void Matcher::mask_after(const std::vector<int32_t>& path, float* logits, int32_
 }
 
 bool Matcher::accept(int32_t token) {
-  if (token < 0 || token >= impl_->vocab || impl_->m->IsTerminated()) return false;
+  // Special tokens are refused here: XGrammar refuses them too, but writes a
+  // warning line to stderr for each (and sample_allowed and the drafts'
+  // filter ask about them often).
+  if (token < 0 || token >= impl_->vocab || impl_->m->IsTerminated() || impl_->special[static_cast<size_t>(token)]) {
+    return false;
+  }
   return guarded("constraint", [&] { return impl_->m->AcceptToken(token); });
 }
 

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Regenerates the committed seed corpora (tests/fuzz/corpus/<target>) with the
 # fuzz targets themselves (EMBER_FUZZ_WRITE_SEEDS, see tests/fuzz/fuzz_util.h):
-#   tests/fuzz/make_corpus.sh            (after tools/fuzz.sh has built build-fuzz/)
+#   tests/fuzz/make_corpus.sh [target...]   (after tools/fuzz.sh has built build-fuzz/; default: all)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-for t in gguf tokenizer chat tools session spec; do
+targets=("$@")
+((${#targets[@]})) || targets=(gguf tokenizer chat tools session spec grammar)
+for t in "${targets[@]}"; do
   dir="$root/tests/fuzz/corpus/$t"
   rm -rf "$dir"
   mkdir -p "$dir"
