@@ -98,7 +98,21 @@ auto guarded(const char* what, F&& f) -> decltype(f()) {
       const size_t colon = cc == std::string::npos ? cc : m.find(": ", cc);
       if (colon != std::string::npos) m.erase(0, colon + 2);
     }
+    // Its internal-check prefix says nothing to a user.
+    const std::string check = "Check failed: ";
+    if (m.compare(0, check.size(), check) == 0) {
+      const size_t end = m.find(" is false:");
+      if (end != std::string::npos) m.erase(0, end + 10);
+    }
+    while (!m.empty() && (m.front() == ' ' || m.front() == '\n')) m.erase(0, 1);
     while (!m.empty() && (m.back() == '\n' || m.back() == ' ')) m.pop_back();
+    // Some messages quote the whole input (up to 1 MiB): keep the start.
+    constexpr size_t kMaxMessage = 1024;
+    if (m.size() > kMaxMessage) {
+      size_t cut = kMaxMessage;
+      while (cut > 0 && (static_cast<unsigned char>(m[cut]) & 0xC0) == 0x80) --cut;  // whole UTF-8 characters
+      m = m.substr(0, cut) + "... (" + std::to_string(m.size()) + " bytes)";
+    }
     fail(StatusCode::kInvalidArgument, std::string(what) + ": " + m);
   }
 }
@@ -108,7 +122,15 @@ struct Compiler::Impl {
   std::unique_ptr<xgrammar::TokenizerInfo> info;
   std::unique_ptr<xgrammar::GrammarCompiler> compiler;
   mutable std::mutex mutex;
-  std::map<std::pair<int32_t, std::string>, std::shared_ptr<const Compiled>> cache;
+  // The most recently used constraints (a server taking its users' schemas
+  // must not grow without bound); a stream keeps its own compiled
+  // constraint alive, so dropping one here is always safe.
+  struct Entry {
+    std::shared_ptr<const Compiled> compiled;
+    uint64_t last_use = 0;
+  };
+  std::map<std::pair<int32_t, std::string>, Entry> cache;
+  uint64_t uses = 0;
 };
 
 Compiler::Compiler(const Tokenizer& tok) : impl_(std::make_unique<Impl>()) {
@@ -155,7 +177,10 @@ std::shared_ptr<const Compiled> Compiler::compile(const Constraint& c) {
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
     auto it = impl_->cache.find(key);
-    if (it != impl_->cache.end()) return it->second;
+    if (it != impl_->cache.end()) {
+      it->second.last_use = ++impl_->uses;
+      return it->second.compiled;
+    }
   }
   // Compiled outside the lock (two streams with a new schema at once may
   // both compile it; the first one cached wins).
@@ -181,7 +206,17 @@ std::shared_ptr<const Compiled> Compiler::compile(const Constraint& c) {
     fail(StatusCode::kInvalidArgument, "constraint: unknown kind");
   });
   std::lock_guard<std::mutex> lock(impl_->mutex);
-  return impl_->cache.emplace(key, std::move(compiled)).first->second;
+  auto& cache = impl_->cache;
+  auto [it, inserted] = cache.emplace(key, Impl::Entry{std::move(compiled), 0});
+  it->second.last_use = ++impl_->uses;
+  if (inserted && cache.size() > kMaxCached) {
+    auto oldest = cache.begin();
+    for (auto e = cache.begin(); e != cache.end(); ++e) {
+      if (e->second.last_use < oldest->second.last_use) oldest = e;
+    }
+    cache.erase(oldest);
+  }
+  return it->second.compiled;
 }
 
 struct Matcher::Impl {

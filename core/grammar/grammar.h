@@ -52,8 +52,8 @@ bool available();
 class Compiled;
 
 // The model's vocabulary as the grammar engine sees it, and the compiled
-// constraints (cached by kind and text: a stream with the same schema as an
-// earlier one starts without compiling).
+// constraints (cached by kind and text, the kMaxCached most recently used: a
+// stream with the same schema as a recent one starts without compiling).
 class Compiler {
  public:
   // Throws ember::Error(kUnsupported) when the build has no grammar engine.
@@ -63,6 +63,8 @@ class Compiler {
   // engine's message for a schema, grammar or regex it cannot take.
   std::shared_ptr<const Compiled> compile(const Constraint& c);
   size_t cached() const;
+  // The most constraints kept compiled (least recently used dropped first).
+  static constexpr size_t kMaxCached = 64;
 
  private:
   struct Impl;

@@ -17,6 +17,7 @@
 
 #include "core/engine/engine.h"
 #include "core/grammar/grammar.h"
+#include "core/tokenizer/tokenizer.h"
 #include "model_path.h"
 
 namespace ember {
@@ -303,6 +304,66 @@ TEST(Grammar, CompiledOnceAndCancellable) {
   };
   const double first = start_ms(), second = start_ms();
   EXPECT_LT(second * 5, first + 5) << "first " << first << " ms, second " << second << " ms";
+}
+
+// The compiled-constraint cache keeps the kMaxCached most recently used; a
+// dropped one compiles again, and a matcher outlives its cache entry.
+TEST(Grammar, CacheIsBounded) {
+  EMBER_REQUIRE_MODEL();
+  if (!grammar::available()) GTEST_SKIP() << "built without XGrammar";
+  grammar::Compiler compiler(model()->tokenizer());
+  grammar::Constraint first;
+  first.kind = Kind::kChoices;
+  first.choices = {"choice 0"};
+  grammar::Matcher held(compiler.compile(first));
+  for (size_t i = 1; i < grammar::Compiler::kMaxCached + 10; ++i) {
+    grammar::Constraint c;
+    c.kind = Kind::kChoices;
+    c.choices = {"choice " + std::to_string(i)};
+    compiler.compile(c);
+    EXPECT_LE(compiler.cached(), grammar::Compiler::kMaxCached);
+  }
+  EXPECT_EQ(compiler.cached(), grammar::Compiler::kMaxCached);
+  const auto ids = model()->tokenizer().encode("choice 0", false, false);
+  EXPECT_EQ(held.accept_all(ids), ids.size());  // its entry was dropped, the matcher still works
+  grammar::Matcher again(compiler.compile(first));
+  EXPECT_EQ(again.accept_all(ids), ids.size());
+}
+
+// A choice with a control character before a hex digit is that text exactly
+// (it was once written as "\x09" + "b", which the engine read as U+009B).
+TEST(Grammar, ChoicesWithControlCharactersAreExact) {
+  EMBER_REQUIRE_MODEL();
+  if (!grammar::available()) GTEST_SKIP() << "built without XGrammar";
+  grammar::Compiler compiler(model()->tokenizer());
+  grammar::Constraint c;
+  c.kind = Kind::kChoices;
+  c.choices = {"a\tb", "x\n1f"};
+  for (const auto& choice : c.choices) {
+    grammar::Matcher m(compiler.compile(c));
+    const auto ids = model()->tokenizer().encode(choice, false, false);
+    EXPECT_EQ(m.accept_all(ids), ids.size()) << choice;
+    EXPECT_TRUE(m.allows(model()->tokenizer().eos())) << choice << ": complete, only the end may follow";
+  }
+}
+
+// Messages name the problem without XGrammar's internal-check prefix, and a
+// schema quoted in one is cut.
+TEST(Grammar, ErrorMessagesAreShort) {
+  EMBER_REQUIRE_MODEL();
+  if (!grammar::available()) GTEST_SKIP() << "built without XGrammar";
+  grammar::Compiler compiler(model()->tokenizer());
+  grammar::Constraint c;
+  c.kind = Kind::kJsonSchema;
+  c.text = "{\"type\": \"object\", \"description\": \"" + std::string(200000, 'x') + "\", \"properties\": 5}";
+  try {
+    compiler.compile(c);
+    ADD_FAILURE() << "compiled";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), StatusCode::kInvalidArgument);
+    EXPECT_LT(e.message().size(), 1200u) << e.message().substr(0, 300);
+    EXPECT_EQ(e.message().find("Check failed"), std::string::npos) << e.message().substr(0, 300);
+  }
 }
 
 }  // namespace
