@@ -74,7 +74,9 @@ std::vector<std::vector<float>> embed_tokens(const std::shared_ptr<EngineOwner>&
     }
   } guard{streams};
   for (const auto& ids : inputs) {
-    auto session = std::make_shared<Session>(engine, 0, "");
+    // Background priority: beside interactive streams that decode, an
+    // embedding takes at most EngineParams::background_step_tokens a step.
+    auto session = std::make_shared<Session>(engine, 0, "", /*priority=*/1);
     streams.push_back(session->start_embedding(ids, p.pooling));
     sessions.push_back(std::move(session));
   }

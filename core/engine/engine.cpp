@@ -65,7 +65,11 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineParams& params)
   g.num_blocks = static_cast<int32_t>(blocks);
   kv_ = std::make_unique<KvManager>(*backend_, g, model_->kv_groups(), params_.prefix_caching,
                                     KvManager::Rope{model_->rope_specs()});
-  scheduler_ = std::make_unique<Scheduler>(SchedulerConfig{params_.max_batch_tokens, params_.max_running});
+  if (params_.background_step_tokens < 0 || params_.background_step_tokens > (1 << 16)) {
+    fail(StatusCode::kInvalidArgument, "engine: background_step_tokens must be in [0, 65536]");
+  }
+  scheduler_ = std::make_unique<Scheduler>(
+      SchedulerConfig{params_.max_batch_tokens, params_.max_running, params_.background_step_tokens});
   forward_ = arch->make_forward(model_, *backend_, g.block_size);
   spec_ = std::make_unique<speculative::SpecStep>(
       speculative::SpecStep::Target{model_, forward_.get(), &forward_mutex_, kv_.get(), backend_.get(), params_.device,

@@ -60,6 +60,9 @@ struct EngineParams {
   int32_t kv_block_size = 16;
   int32_t max_batch_tokens = 512;
   int32_t max_running = 64;
+  // Background prompt tokens per step beside interactive decodes
+  // (SchedulerConfig::background_tokens; 0: no limit).
+  int32_t background_step_tokens = 16;
   bool prefix_caching = true;
   // Every sequence computes exactly what it would alone (batching, chunked
   // prefill, prefix hits and preemption never change its tokens).

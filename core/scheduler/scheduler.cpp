@@ -1,6 +1,7 @@
 #include "core/scheduler/scheduler.h"
 
 #include <algorithm>
+#include <climits>
 
 namespace ember {
 
@@ -18,14 +19,22 @@ StepPlan Scheduler::schedule(std::vector<SchedSequence*>& seqs, KvBudget& kv, in
   std::vector<bool> planned(seqs.size(), false);
 
   // Decodes first (one token each, cheap, latency-critical), then prefill
-  // chunks, each pass in rank order.
+  // chunks, each pass in rank order; background prompts beside interactive
+  // decodes within config_.background_tokens.
+  bool interactive_decodes = false;
+  int32_t background_left = config_.background_tokens > 0 ? config_.background_tokens : INT32_MAX;
   for (int pass = 0; pass < 2; ++pass) {
+    if (pass == 1) {
+      for (const auto& r : plan.run) interactive_decodes |= r.first->priority <= 0;
+    }
     for (size_t i = 0; i < seqs.size() && budget > 0; ++i) {
       SchedSequence& s = *seqs[i];
       if (planned[i] || s.n_tokens <= s.n_computed) continue;
       const size_t pending = s.n_tokens - s.n_computed;
       const bool decode = s.running && pending == 1;
       if ((pass == 0) != decode) continue;
+      const bool held_back = !decode && s.priority > 0 && interactive_decodes;
+      if (held_back && background_left <= 0) continue;
       if (!s.running && running >= config_.max_running) continue;
       const size_t need_slots = s.max_slots ? std::min(s.n_tokens + 1, s.max_slots) : s.n_tokens + 1;
       if (need_slots > kv.capacity_slots()) {
@@ -39,6 +48,7 @@ StepPlan Scheduler::schedule(std::vector<SchedSequence*>& seqs, KvBudget& kv, in
       const size_t todo = s.n_tokens - s.n_computed;
       size_t limit = static_cast<size_t>(budget);
       if (s.max_chunk) limit = std::min(limit, s.max_chunk);
+      if (held_back) limit = std::min(limit, static_cast<size_t>(background_left));
       const int32_t chunk = static_cast<int32_t>(std::min<size_t>(todo, limit));
       bool ok = kv.allocate(s, s.n_computed + static_cast<size_t>(chunk));
       // Out of blocks: take back what optional caches hold, else preempt
@@ -90,6 +100,7 @@ StepPlan Scheduler::schedule(std::vector<SchedSequence*>& seqs, KvBudget& kv, in
       planned[i] = true;
       plan.run.emplace_back(&s, chunk);
       budget -= chunk;
+      if (held_back) background_left -= chunk;
     }
   }
   // Speculative rows from what is left, never at another sequence's cost.

@@ -69,6 +69,14 @@ class KvBudget {
 struct SchedulerConfig {
   int32_t max_batch_tokens = 512;
   int32_t max_running = 64;
+  // The most prompt tokens background sequences (priority > 0: embeddings,
+  // background sessions) run in a step while an interactive sequence
+  // decodes in it (0: no limit). A step's time grows with its rows, and an
+  // interactive stream gets one token per step: this bounds what background
+  // prompts add to the time between its tokens (a 512-token chunk of a
+  // 135M model is ~1 s on 2 cores; 16 tokens ~35 ms). Steps without an
+  // interactive decode give background prompts the whole budget.
+  int32_t background_tokens = 16;
 };
 
 struct StepPlan {

@@ -810,10 +810,12 @@ EMBER_API void ember_embed_params_init_sized(ember_embed_params* params, size_t 
  * INVALID_ARGUMENT, nothing written). `params` may be NULL (defaults).
  *
  * Every input runs as its own sequence through the engine's scheduler, in the
- * same steps as the streams generating on the engine (its rows are prefill
- * chunks under the engine's max_batch_tokens, so a long text never holds a
- * decoding stream back by more than a chunk), without prefix-cache hits. A
- * vector does not depend on what else runs or on how the text was chunked.
+ * same steps as the streams generating on the engine, at background priority:
+ * its rows are prefill chunks, at most 16 per step while an interactive
+ * stream decodes (so embedding never stalls a chat: the time between its
+ * tokens grows by the cost of 16 prompt rows at most) and up to the engine's
+ * max_batch_tokens otherwise; no prefix-cache hits. A vector does not depend
+ * on what else runs or on how the text was chunked.
  * Blocks until all are done; in manual-step mode it runs the engine's steps
  * itself. Errors: INVALID_ARGUMENT (NULL, no texts, more than
  * EMBER_MAX_EMBED_INPUTS, an empty text, invalid UTF-8, unknown pooling, small

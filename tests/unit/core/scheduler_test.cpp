@@ -95,6 +95,54 @@ TEST(Scheduler, PriorityFirstThenArrival) {
   EXPECT_EQ(tokens_for(p, 1), 0);
 }
 
+// Background prompts (embeddings, background sessions) take at most
+// background_tokens a step while an interactive sequence decodes, and the
+// whole budget otherwise; a background decode does not hold them back.
+TEST(Scheduler, BackgroundPromptsBesideInteractiveDecodesAreBounded) {
+  Scheduler sched({/*max_batch_tokens=*/256, /*max_running=*/8, /*background_tokens=*/16});
+  FakeBudget kv(1000, 16);
+  SchedSequence chat = seq(1, 10, 0), doc1 = seq(2, 3000, 1), doc2 = seq(3, 3000, 1);
+  std::vector<SchedSequence*> all = {&chat, &doc1, &doc2};
+  StepPlan p = sched.schedule(all, kv);  // the chat's prompt: no decode yet
+  EXPECT_EQ(tokens_for(p, 1), 10);
+  EXPECT_EQ(tokens_for(p, 2), 246);
+  advance(p);
+  chat.n_tokens++;  // now decoding
+  for (int step = 0; step < 3; ++step) {
+    p = sched.schedule(all, kv);
+    EXPECT_EQ(tokens_for(p, 1), 1);
+    EXPECT_EQ(tokens_for(p, 2) + tokens_for(p, 3), 16) << "step " << step;
+    advance(p);
+    chat.n_tokens++;
+  }
+  chat.n_tokens = chat.n_computed;  // the chat ended (nothing pending)
+  p = sched.schedule(all, kv);
+  EXPECT_EQ(tokens_for(p, 2) + tokens_for(p, 3), 256);
+  // Only background sequences decoding: no bound.
+  advance(p);
+  SchedSequence bg_chat = seq(4, 5, 1);
+  bg_chat.arrival = 0;  // ahead of the documents
+  all = {&bg_chat, &doc1, &doc2};
+  p = sched.schedule(all, kv);
+  advance(p);
+  bg_chat.n_tokens++;
+  p = sched.schedule(all, kv);
+  EXPECT_EQ(tokens_for(p, 4), 1);
+  EXPECT_EQ(tokens_for(p, 2) + tokens_for(p, 3), 255);
+  // 0: no bound at all.
+  Scheduler unbounded({256, 8, 0});
+  FakeBudget kv2(1000, 16);
+  SchedSequence c = seq(1, 1, 0), d = seq(2, 300, 1);
+  c.running = true;
+  kv2.allocate(c, 2);
+  c.n_tokens = 2;
+  c.n_computed = 1;
+  std::vector<SchedSequence*> two = {&c, &d};
+  p = unbounded.schedule(two, kv2);
+  EXPECT_EQ(tokens_for(p, 1), 1);
+  EXPECT_EQ(tokens_for(p, 2), 255);
+}
+
 TEST(Scheduler, CapsRunningSequences) {
   Scheduler sched({512, 2});
   FakeBudget kv(1000, 16);
