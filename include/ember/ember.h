@@ -367,7 +367,10 @@ typedef struct ember_session_params {
 } ember_session_params;
 
 /* Scheduling priority of a session's streams: interactive streams run before
- * background ones and may preempt them when the KV pool is full. */
+ * background ones and may preempt them when the KV pool is full. Since 1.5, a
+ * background prompt runs at most 16 tokens per engine step while an
+ * interactive stream is decoding (the whole step budget otherwise), so it
+ * never stalls the interactive stream's tokens. */
 enum { EMBER_PRIORITY_INTERACTIVE = 0, EMBER_PRIORITY_BACKGROUND = 1 };
 
 /* Cache policies (fixed at creation).
