@@ -2,6 +2,8 @@
 // from its constraint, the decode rows' masks filled during the forward
 // pass, and drafted candidates the constraint rejects dropped.
 #include <algorithm>
+#include <chrono>
+#include <cstdint>
 #include <future>
 
 #include "core/engine/engine.h"
@@ -21,19 +23,39 @@ void Engine::prepare_constraint(Stream& stream) {
   stream.set_matcher(std::make_unique<grammar::Matcher>(compiler->compile(c)));
 }
 
-bool Engine::checks_first(Stream& s) { return s.matcher() && !s.params().logprobs; }
+bool Engine::checks_first(Stream& s) {
+  if (!s.matcher() || s.params().logprobs) return false;
+  // Greedy: one check (is the argmax allowed?) costs a few microseconds.
+  if (s.sampler().greedy()) return true;
+  // Sampled: the top-k allowed tokens, some 40-80 checks (~100-200 us),
+  // against a mask filled during the forward pass, from microseconds to
+  // milliseconds by the grammar's state. The last mask's cost decides; it
+  // is measured again every kMaskProbeSteps steps.
+  return s.mask_cost_us() > kCheapMaskUs && s.steps_since_mask() < kMaskProbeSteps;
+}
+
+void Engine::fill_timed(Stream& s) {
+  const auto t0 = std::chrono::steady_clock::now();
+  s.matcher()->fill(s.bitmask());
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0);
+  s.record_mask(static_cast<uint32_t>(std::min<int64_t>(us.count(), UINT32_MAX)));
+}
 
 std::future<void> Engine::fill_masks(StepWork& w) {
   std::vector<Stream*> rows;
   for (auto& en : w.entries) {
-    if (en.stream->matcher() && !en.tree && !en.stream->score_mode() && en.logit_index >= 0 &&
-        !checks_first(*en.stream)) {
-      rows.push_back(en.stream);
+    Stream& s = *en.stream;
+    if (!s.matcher() || en.tree || s.score_mode() || en.logit_index < 0) continue;
+    s.set_checks_first(checks_first(s));
+    if (s.checks_first()) {
+      s.count_step_without_mask();
+    } else {
+      rows.push_back(&s);
     }
   }
   if (rows.empty()) return {};
   return std::async(std::launch::async, [rows] {
-    for (Stream* s : rows) s->matcher()->fill(s->bitmask());
+    for (Stream* s : rows) fill_timed(*s);
   });
 }
 

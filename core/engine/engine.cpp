@@ -362,7 +362,7 @@ void Engine::outcome(StepWork& w) {
     // tokens chosen from it.
     std::string processor_error;
     std::map<std::vector<int32_t>, RowLogprobs> row_logprobs;
-    const bool check_first = checks_first(s);
+    const bool check_first = matcher && s.checks_first();
     auto prepare_row = [&](const std::vector<int32_t>& path, float* r, bool decode_row) {
       if (!sp.logit_bias.empty()) apply_logit_bias(sp.logit_bias, r, n_vocab);
       if (sp.logits_processor && processor_error.empty()) {
@@ -404,7 +404,7 @@ void Engine::outcome(StepWork& w) {
         token = s.sampler().sample_allowed(row, history, [matcher](int32_t t) { return matcher->allows(t); },
                                            kMaxConstraintChecks);
         if (token < 0) {
-          matcher->fill(s.bitmask());
+          fill_timed(s);
           grammar::Matcher::apply(s.bitmask(), row, n_vocab);
           token = s.sampler().sample_penalized(row);
         }

@@ -144,16 +144,24 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // Fills the constraint masks of the step's decode rows on a worker (the
   // rows that need one: see checks_first).
   std::future<void> fill_masks(StepWork& w);
-  // Whether the stream's decode rows are sampled by checking the tokens the
+  // Whether the stream's decode row is sampled by checking the tokens the
   // sampler looks at against the constraint (Sampler::sample_allowed: the
   // same token as from the masked row) and masked only when that does not
-  // settle it: constrained rows that report no logprobs (those need the
-  // masked row's distribution). A full mask costs from microseconds to
+  // settle it; never for rows that report logprobs (they need the masked
+  // row's distribution). A full mask costs from microseconds to
   // milliseconds by the grammar's state (bounded strings are the dear
-  // ones), checking the greedy token or the top-k a few microseconds each.
+  // ones), checking a token a few microseconds. Decided per step by
+  // fill_masks (Stream::checks_first); the result is the same either way.
   static bool checks_first(Stream& s);
   // The most tokens a row checks before it falls back to the full mask.
   static constexpr int32_t kMaxConstraintChecks = 128;
+  // Sampled rows: a mask that took at most this long is filled during the
+  // forward pass; a dearer one is checked instead, re-measured every
+  // kMaskProbeSteps steps.
+  static constexpr uint32_t kCheapMaskUs = 150;
+  static constexpr uint32_t kMaskProbeSteps = 8;
+  // Fills the stream's mask and records how long it took.
+  static void fill_timed(Stream& s);
   // Drops drafted candidates the stream's constraint rejects (none: empty).
   speculative::SpecStep::CandidateFilter candidate_filter(Stream& s);
   void fail_stream(Stream& s, StatusCode code, const std::string& message, bool parked = false);

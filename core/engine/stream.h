@@ -174,6 +174,20 @@ class Stream : public std::enable_shared_from_this<Stream> {
   const grammar::Constraint& constraint() const { return params_.constraint; }
   void record_verification(size_t drafted, size_t accepted);
   std::vector<uint32_t>& bitmask() { return bitmask_; }
+  // This step's way to the constrained decode row's token (set by the
+  // engine's fill_masks before the forward pass, read by the outcome phase):
+  // true = check the sampler's candidates (Sampler::sample_allowed), false =
+  // the mask filled during the forward pass.
+  bool checks_first() const { return checks_first_; }
+  void set_checks_first(bool v) { checks_first_ = v; }
+  // How long the last full mask took (microseconds), and the steps since.
+  uint32_t mask_cost_us() const { return mask_cost_us_; }
+  uint32_t steps_since_mask() const { return steps_since_mask_; }
+  void record_mask(uint32_t us) {
+    mask_cost_us_ = us;
+    steps_since_mask_ = 0;
+  }
+  void count_step_without_mask() { ++steps_since_mask_; }
   // Tokens it may still emit (max_tokens minus those generated).
   int32_t tokens_left() const;
   // Ending: flush() emits the text still held (except after a stop string)
@@ -201,6 +215,8 @@ class Stream : public std::enable_shared_from_this<Stream> {
   std::unique_ptr<grammar::Matcher> matcher_;
   std::unique_ptr<chat::ToolCallParser> tool_parser_;
   std::vector<uint32_t> bitmask_;  // the next decode row's mask, filled during the forward pass
+  bool checks_first_ = false;
+  uint32_t mask_cost_us_ = 0, steps_since_mask_ = 0;
   std::atomic<bool> cancel_requested_{false};
 
   // Engine-thread state.
