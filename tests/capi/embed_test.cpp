@@ -78,7 +78,10 @@ TEST(CapiEmbed, TextsAndTheirTokensGiveTheSameVectors) {
   }
   // The C++ header.
   ember::Model model(ember::test::default_model_path());
-  ember::Engine hpp(model);
+  ember_engine_params ep = ember::engine_params();
+  ep.n_threads = 1;  // as make_engine: one thread (OpenMP's pool is not TSan-instrumented, tests/capi/tsan.supp)
+  ep.kv_memory_bytes = kTestKvBytes;
+  ember::Engine hpp(model, ep);
   EXPECT_EQ(hpp.embed(kTexts), by_text);
   EXPECT_EQ(hpp.embed_tokens(ids), by_text);
   const auto unit = hpp.embed(kTexts, ember::embed_params(EMBER_POOLING_LAST, true));
