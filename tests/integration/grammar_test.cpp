@@ -347,6 +347,67 @@ TEST(Grammar, ChoicesWithControlCharactersAreExact) {
   }
 }
 
+// A string with minLength/maxLength is valid JSON: no raw control character
+// (XGrammar 0.2.8 let tab and NUL through there; tools/patches), escapes
+// allowed, and the bounds count decoded characters.
+TEST(Grammar, BoundedStringsRefuseControlCharactersAndAllowEscapes) {
+  EMBER_REQUIRE_MODEL();
+  if (!grammar::available()) GTEST_SKIP() << "built without XGrammar";
+  grammar::Compiler compiler(model()->tokenizer());
+  grammar::Constraint c;
+  c.kind = Kind::kJsonSchema;
+  c.text = R"({"type": "string", "minLength": 1, "maxLength": 3})";
+  const auto& tok = model()->tokenizer();
+  struct Case {
+    std::string text;
+    bool valid;
+  };
+  const std::vector<Case> cases = {
+      {"\"a\tb\"", false},          // raw tab
+      {std::string("\"a") + '\0' + "\"", false},  // raw NUL
+      {"\"a\x1f" "b\"", false},     // raw unit separator
+      {"\"a\\tb\"", true},         // the escape \t is one character
+      {"\"\\u00e9\\\"x\"", true},  // \u00e9, \" and x: three characters
+      {"\"\\n\\n\\n\"", true},
+      {"\"abcd\"", false},           // four characters
+      {"\"\\n\\n\\n\\n\"", false},  // four escapes
+      {"\"\"", false},               // minLength 1
+      {"\"caf\u00e9\"", false},     // four code points (UTF-8)
+      {"\"\u00e9t\u00e9\"", true},  // three code points, five bytes
+  };
+  for (const auto& k : cases) {
+    grammar::Matcher m(compiler.compile(c));
+    const auto ids = tok.encode(k.text, false, false);
+    const bool all = m.accept_all(ids) == ids.size();
+    const bool complete = all && m.allows(tok.eos());
+    EXPECT_EQ(complete, k.valid) << picojson::value(k.text).serialize();
+  }
+  // Sampled hot under the bound: every reply parses as JSON, no raw control byte.
+  auto engine = Engine::create(model(), EngineParams{});
+  const char* schema = R"({"type": "object", "properties": {"line": {"type": "string", "maxLength": 40}},
+                           "required": ["line"]})";
+  for (uint64_t seed : {1u, 2u, 3u, 4u}) {
+    StreamParams p = params(Kind::kJsonSchema, schema, 1.5f, 80);
+    p.sampling.seed = seed;
+    p.sampling.top_k = 0;
+    p.sampling.top_p = 1.0f;
+    p.sampling.min_p = 0.0f;
+    const Reply r = ask(engine, "Write a line of a poem with a tab in it, as JSON.", p);
+    if (r.end != EndReason::kEos) continue;  // cut by max_tokens: nothing to parse
+    picojson::value v;
+    EXPECT_TRUE(picojson::parse(v, r.text).empty()) << r.text;
+    bool in_string = false, escaped = false;  // JSON forbids raw U+0000-U+001F inside strings
+    for (unsigned char ch : r.text) {
+      if (in_string) {
+        EXPECT_GE(ch, 0x20u) << r.text;
+      }
+      if (escaped) escaped = false;
+      else if (in_string && ch == '\\') escaped = true;
+      else if (ch == '"') in_string = !in_string;
+    }
+  }
+}
+
 // Messages name the problem without XGrammar's internal-check prefix, and a
 // schema quoted in one is cut.
 TEST(Grammar, ErrorMessagesAreShort) {
