@@ -20,6 +20,7 @@
 #include "core/backend/registry.h"
 #include "core/engine/embed.h"
 #include "core/engine/engine.h"
+#include "core/model/lora.h"
 #include "core/model/model.h"
 #include "core/tokenizer/tokenizer.h"
 #include "core/util/fault.h"
@@ -32,6 +33,9 @@ using ember::StatusCode;
 
 struct ember_model {
   std::shared_ptr<ember::Model> model;
+};
+struct ember_lora {
+  std::shared_ptr<const ember::LoraAdapter> adapter;
 };
 struct ember_cache {
   ember::Engine* engine;
@@ -888,6 +892,54 @@ ember_status ember_session_set_tools(ember_session* session, const char* tools_j
       json.assign(tools_json, n);
     }
     session->session->set_tools(json);
+  });
+}
+
+ember_status ember_lora_load(const ember_model* model, const char* path, ember_lora** out_lora) {
+  return guarded([&] {
+    require(out_lora != nullptr, "out_lora is NULL");
+    *out_lora = nullptr;
+    require(model != nullptr, "model is NULL");
+    const std::string p = checked_text(path, "path");
+    auto h = std::make_unique<ember_lora>();
+    h->adapter = ember::LoraAdapter::load(p, *model->model);
+    *out_lora = h.release();
+  });
+}
+
+void ember_lora_destroy(ember_lora* lora) {
+  if (t_in_log_callback) return;  // as the other destroy functions
+  delete lora;
+}
+
+ember_status ember_lora_info(const ember_lora* lora, ember_lora_info_t* info) {
+  return guarded([&] {
+    require(lora != nullptr, "lora is NULL");
+    require(info != nullptr, "info is NULL");
+    const auto& a = *lora->adapter;
+    ember_lora_info_t out;
+    std::memset(&out, 0, sizeof out);
+    out.size = sizeof out;
+    out.n_matrices = a.n_pairs();
+    out.max_rank = a.max_rank();
+    out.alpha = a.alpha();
+    out.bytes = a.bytes();
+    write_sized(info, out);
+  });
+}
+
+ember_status ember_session_set_loras(ember_session* session, const ember_lora* const* loras, const float* scales,
+                                     size_t n) {
+  return guarded([&] {
+    require(session != nullptr, "session is NULL");
+    require(n == 0 || loras != nullptr, "loras is NULL");
+    require(n <= ember::LoraSet::kMaxAdapters, "at most 16 adapters per session");
+    std::vector<ember::LoraUse> uses;
+    for (size_t i = 0; i < n; ++i) {
+      require(loras[i] != nullptr, "an adapter in loras is NULL");
+      uses.push_back({loras[i]->adapter, scales ? scales[i] : 1.0f});
+    }
+    session->session->set_loras(ember::LoraSet::make(std::move(uses)));
   });
 }
 

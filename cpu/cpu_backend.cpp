@@ -2,6 +2,7 @@
 // model's mapping, OpenMP threads (one pool, shared with oneDNN). Compiled for
 // baseline x86-64: its vector kernels are in backend_kernels_{avx2,scalar}.cpp,
 // chosen at run time (cpu/backend_kernels.h).
+#include <immintrin.h>
 #include <omp.h>
 #include <sys/mman.h>
 
@@ -58,6 +59,17 @@ const uint16_t* gelu_f16_table() {
 // matmul, so an embedding table never gets one) the packed copy the active
 // kernels stream faster (cpu::packed_bytes; declined quietly when memory is
 // short).
+// x rounded to f16 and back (round to nearest even, as fp32_to_fp16), 8 at a
+// time with F16C; only called where the AVX2 variant may run.
+__attribute__((target("avx,f16c"))) void round_f16_f16c(const float* in, int64_t n, float* out) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
+  }
+  for (; i < n; ++i) out[i] = fp16_to_fp32(fp32_to_fp16(in[i]));
+}
+
 class CpuWeight final : public DeviceWeight {
  public:
   ~CpuWeight() override { std::free(packed_); }
@@ -521,6 +533,117 @@ class CpuBackend final : public Backend {
     }
   }
 
+  // LoRA terms: t = round(x[rows]) A^T per term (work items: a term's rank
+  // rows in chunks), then y[rows] += scale * round(t) B^T with the output
+  // columns split across threads, every term in order inside a column chunk
+  // (a row with several adapters adds them in set order). Both products are
+  // Ember's row-invariant kernels (cpu::matmul, one thread per item), so a
+  // row's result never depends on what else the call holds.
+  void lora(const LoraTerm* terms, int32_t n_terms, const float* x, float* y) override {
+    if (n_terms <= 0) return;
+    std::lock_guard<std::mutex> lock(scratch_mutex_);
+    const int64_t K = terms[0].a->desc.cols, N = terms[0].b->desc.rows;
+    std::vector<size_t> x_off(static_cast<size_t>(n_terms)), t_off(static_cast<size_t>(n_terms));
+    size_t x_len = 0, t_len = 0;
+    for (int32_t i = 0; i < n_terms; ++i) {
+      const LoraTerm& t = terms[i];
+      const int64_t r = t.a->desc.rows;
+      if (t.a->desc.cols != K || t.b->desc.rows != N || t.b->desc.cols != r || t.n_rows < 0) {
+        fail(StatusCode::kInternal, "cpu lora: the terms' shapes disagree");
+      }
+      x_off[i] = x_len;
+      t_off[i] = t_len;
+      x_len += static_cast<size_t>(t.n_rows) * K;
+      t_len += static_cast<size_t>(t.n_rows) * r;
+    }
+    lora_x_.resize(x_len);
+    lora_t_.resize(t_len);
+    // The rows each term reads, rounded to its lora_a's type.
+    for (int32_t i = 0; i < n_terms; ++i) {
+      const LoraTerm& t = terms[i];
+      for (int32_t m = 0; m < t.n_rows; ++m) {
+        round_to(t.a->desc.type, x + static_cast<size_t>(t.rows[m]) * K, K,
+                 lora_x_.data() + x_off[i] + static_cast<size_t>(m) * K);
+      }
+    }
+    const int nt = threads();
+    if (lora_scratch_.size() < static_cast<size_t>(nt)) lora_scratch_.resize(static_cast<size_t>(nt));
+    if (lora_tmp_.size() < static_cast<size_t>(nt)) lora_tmp_.resize(static_cast<size_t>(nt));
+    // Phase 1 items: (term, chunk of 8 rank rows).
+    std::vector<std::pair<int32_t, int64_t>> items;
+    for (int32_t i = 0; i < n_terms; ++i) {
+      if (terms[i].n_rows == 0) continue;
+      for (int64_t r0 = 0; r0 < terms[i].a->desc.rows; r0 += kLoraRankChunk) items.emplace_back(i, r0);
+    }
+    // Phase 2: output column chunks (multiples of 8, several per thread).
+    const int64_t col_chunk = std::max<int64_t>(8, ((N + 4 * nt - 1) / (4 * nt) + 7) & ~int64_t{7});
+    const int64_t n_col_chunks = (N + col_chunk - 1) / col_chunk;
+    std::atomic<bool> failed{false};
+    Error first_error(StatusCode::kOk, "");
+    std::mutex error_mutex;
+    omp_set_num_threads(nt);
+#pragma omp parallel num_threads(nt)
+    {
+      const int tid = omp_get_thread_num();
+      omp_set_num_threads(1);  // the kernels below run on this thread alone
+      cpu::MatmulScratch& sc = lora_scratch_[static_cast<size_t>(tid)];
+      std::vector<float>& tmp = lora_tmp_[static_cast<size_t>(tid)];
+      auto guarded = [&](auto&& body) {
+        if (failed) return;
+        try {
+          body();
+        } catch (const Error& e) {
+          std::lock_guard<std::mutex> el(error_mutex);
+          if (!failed.exchange(true)) first_error = e;
+        } catch (const std::bad_alloc&) {
+          std::lock_guard<std::mutex> el(error_mutex);
+          if (!failed.exchange(true)) first_error = Error(StatusCode::kOutOfMemory, "cpu lora: out of memory");
+        }
+      };
+#pragma omp for schedule(dynamic, 1)
+      for (size_t it = 0; it < items.size(); ++it) {
+        guarded([&] {
+          const auto [i, r0] = items[it];
+          const LoraTerm& t = terms[i];
+          const WeightDesc& a = t.a->desc;
+          const int64_t r = a.rows, rn = std::min<int64_t>(kLoraRankChunk, r - r0);
+          const cpu::WeightView view{a.type, rn, K, static_cast<const uint8_t*>(a.host_data) + r0 * row_bytes(a.type, K)};
+          tmp.resize(static_cast<size_t>(t.n_rows) * rn);
+          cpu::matmul(view, lora_x_.data() + x_off[i], t.n_rows, tmp.data(), sc, cpu::MatmulPath::kRowInvariant,
+                      cpu::RowKind::kDecode);
+          // t rounded to lora_b's type: the second product's input.
+          for (int32_t m = 0; m < t.n_rows; ++m) {
+            round_to(t.b->desc.type, tmp.data() + static_cast<size_t>(m) * rn, rn,
+                     lora_t_.data() + t_off[i] + static_cast<size_t>(m) * r + r0);
+          }
+        });
+      }  // (implicit barrier)
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t c = 0; c < n_col_chunks; ++c) {
+        guarded([&] {
+          const int64_t n0 = c * col_chunk, nn = std::min<int64_t>(col_chunk, N - n0);
+          for (int32_t i = 0; i < n_terms; ++i) {
+            const LoraTerm& t = terms[i];
+            if (t.n_rows == 0) continue;
+            const WeightDesc& b = t.b->desc;
+            const int64_t r = b.cols;
+            const cpu::WeightView view{b.type, nn, r, static_cast<const uint8_t*>(b.host_data) + n0 * row_bytes(b.type, r)};
+            tmp.resize(static_cast<size_t>(t.n_rows) * nn);
+            cpu::matmul(view, lora_t_.data() + t_off[i], t.n_rows, tmp.data(), sc, cpu::MatmulPath::kRowInvariant,
+                        cpu::RowKind::kDecode);
+            for (int32_t m = 0; m < t.n_rows; ++m) {
+              float* yr = y + static_cast<size_t>(t.rows[m]) * N + n0;
+              const float* u = tmp.data() + static_cast<size_t>(m) * nn;
+              for (int64_t j = 0; j < nn; ++j) yr[j] += u[j] * t.scale;  // ggml_scale, then ggml_add
+            }
+          }
+        });
+      }
+    }
+    omp_set_num_threads(nt);
+    if (failed) throw first_error;
+  }
+
  private:
   void release_kv() {
     if (kv_) munmap(kv_, kv_bytes_);
@@ -598,6 +721,27 @@ class CpuBackend final : public Backend {
   size_t kv_bytes_ = 0;
   std::mutex scratch_mutex_;
   cpu::MatmulScratch scratch_;
+  // LoRA (under scratch_mutex_): gathered rows, the rank-r products, and
+  // per-thread matmul scratch and tiles.
+  static constexpr int64_t kLoraRankChunk = 8;
+  static void round_to(DType type, const float* in, int64_t n, float* out) {
+    switch (type) {
+      case DType::F16:
+        if (cpu::active_isa() != cpu::Isa::kScalar) {
+          round_f16_f16c(in, n, out);
+          return;
+        }
+        for (int64_t i = 0; i < n; ++i) out[i] = fp16_to_fp32(fp32_to_fp16(in[i]));
+        return;
+      case DType::BF16:
+        for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_fp32(fp32_to_bf16(in[i]));
+        return;
+      default: std::memcpy(out, in, static_cast<size_t>(n) * sizeof(float));
+    }
+  }
+  std::vector<float> lora_x_, lora_t_;
+  std::vector<cpu::MatmulScratch> lora_scratch_;
+  std::vector<std::vector<float>> lora_tmp_;
 };
 
 }  // namespace

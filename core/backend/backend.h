@@ -121,6 +121,15 @@ struct BackendLimits {
   int32_t head_dim_multiple = 8;  // head_dim must be a multiple of this
 };
 
+// One LoRA adapter's product on some rows of a batch (Backend::lora).
+struct LoraTerm {
+  const DeviceWeight* a = nullptr;  // rank rows of K (lora_a)
+  const DeviceWeight* b = nullptr;  // N rows of rank (lora_b)
+  float scale = 1.0f;
+  const int32_t* rows = nullptr;  // host: the batch rows it applies to
+  int32_t n_rows = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -257,6 +266,18 @@ class Backend {
   virtual void add(float* x, const float* y, size_t n) = 0;
   // Gathers rows: out[i] = x[rows[i]] (rows of `dim`).
   virtual void gather_rows(const float* x, const int32_t* rows, int32_t n, int32_t dim, float* out) = 0;
+
+  // ---- LoRA adapters (plugin ABI 7)
+  // For each term in order and each of its rows r: y[r] += scale * (B (A
+  // x[r])), x rows of K = a->desc.cols, y rows of N = b->desc.rows (every
+  // term the same K and N). A and B are F32, F16 or BF16; each product reads
+  // its input rounded to the weight's type, as llama.cpp's CPU does (ggml's
+  // vec_dot_type), and every row is computed on its own, whatever else the
+  // call holds (a row's result never depends on the other rows or terms).
+  virtual void lora(const LoraTerm* terms, int32_t n_terms, const float* x, float* y) {
+    (void)terms, (void)n_terms, (void)x, (void)y;
+    unsupported("lora");
+  }
 
  protected:
   [[noreturn]] void unsupported(const char* op) const {

@@ -60,6 +60,26 @@ void Session::set_tools(const std::string& tools_json) {
   tools_ = std::move(tools);
 }
 
+void Session::set_loras(std::shared_ptr<const LoraSet> loras) {
+  const Model& model = engine().model();
+  if (loras) {
+    for (const auto& u : loras->uses()) {
+      if (!u.adapter->fits(model)) {
+        fail(StatusCode::kInvalidArgument,
+             "set_loras: adapter '" + u.adapter->path() + "' was made for another model than the engine's");
+      }
+    }
+  }
+  std::lock_guard<std::mutex> lock(kv_->mutex());
+  require_idle_locked();
+  kv_manager_.set_lora(*kv_, std::move(loras));
+}
+
+std::shared_ptr<const LoraSet> Session::loras() const {
+  std::lock_guard<std::mutex> lock(kv_->mutex());
+  return kv_->lora();
+}
+
 void Session::add_text(const std::string& text, bool parse_special) {
   const Tokenizer& tok = engine().model().tokenizer();
   std::lock_guard<std::mutex> lock(kv_->mutex());

@@ -49,6 +49,13 @@ class Session : public std::enable_shared_from_this<Session> {
   // The tools the model may call from now on (core/chat/tools.h: an OpenAI
   // tool list as JSON; "" = none). Chat sessions only. Throws ember::Error.
   void set_tools(const std::string& tools_json);
+  // The LoRA adapters (core/model/lora.h) its turns decode with from now
+  // on (null: none), between turns. Each must fit the engine's model. A
+  // different set recomputes the history under it (from the prefix cache
+  // where it can). Throws ember::Error (kBusy: a stream is running;
+  // kInvalidArgument: an adapter for another model).
+  void set_loras(std::shared_ptr<const LoraSet> loras);
+  std::shared_ptr<const LoraSet> loras() const;
   // Numbers the session's tool calls: call_1, call_2, ... (any thread).
   uint64_t next_tool_call_number() { return ++tool_calls_; }
   void add_text(const std::string& text, bool parse_special);

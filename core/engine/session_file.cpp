@@ -160,6 +160,10 @@ void Session::save(const std::string& path) {
   std::lock_guard<std::mutex> lock(kv_->mutex());
   require_idle_locked();
   const KvSequence& kv = *kv_;
+  if (kv.lora()) {
+    // Its K/V hold the adapters' work, which the file cannot name yet.
+    fail(StatusCode::kUnsupported, "save: a session with LoRA adapters cannot be saved yet (set none first)");
+  }
   const std::unique_ptr<KvManager::Export> exported = kvm.export_blocks(*kv_);
   const CachePolicy& policy = kv.policy();
 

@@ -168,10 +168,10 @@ const int32_t* key_tokens(const int32_t* t, const uint8_t* decoded, size_t first
 }  // namespace
 
 std::vector<int32_t> KvCache::match_locked(const int32_t* tokens, size_t n, const uint8_t* decoded, int32_t group,
-                                           bool stop_at_missing) {
+                                           uint64_t salt, bool stop_at_missing) {
   std::vector<int32_t> out;
   const int32_t bs = geometry_.block_size;
-  uint64_t parent = group_seed(group);
+  uint64_t parent = group_seed(group) ^ salt;
   std::vector<int32_t> key;
   for (size_t i = 0; i < n; ++i) {
     const int32_t* t = key_tokens(tokens + i * bs, decoded, i * bs, bs, key);
@@ -194,11 +194,11 @@ std::vector<int32_t> KvCache::match_locked(const int32_t* tokens, size_t n, cons
 }
 
 std::vector<int32_t> KvCache::match_prefix(const int32_t* tokens, size_t n_tokens, size_t max_blocks, bool count_stats,
-                                           const uint8_t* decoded, int32_t group) {
+                                           const uint8_t* decoded, int32_t group, uint64_t salt) {
   if (!prefix_caching_) return {};
   const size_t full = std::min(n_tokens / static_cast<size_t>(geometry_.block_size), max_blocks);
   std::lock_guard<std::mutex> lock(mutex_);
-  std::vector<int32_t> out = match_locked(tokens, full, decoded, group, true);
+  std::vector<int32_t> out = match_locked(tokens, full, decoded, group, salt, true);
   if (count_stats) {
     counters_.prefix_hits += out.size();
     counters_.prefix_misses += full - out.size();
@@ -207,10 +207,10 @@ std::vector<int32_t> KvCache::match_prefix(const int32_t* tokens, size_t n_token
 }
 
 std::vector<int32_t> KvCache::find_blocks(const int32_t* tokens, size_t n_blocks, const uint8_t* decoded,
-                                          int32_t group) {
+                                          int32_t group, uint64_t salt) {
   if (!prefix_caching_) return std::vector<int32_t>(n_blocks, kNoBlock);
   std::lock_guard<std::mutex> lock(mutex_);
-  return match_locked(tokens, n_blocks, decoded, group, false);
+  return match_locked(tokens, n_blocks, decoded, group, salt, false);
 }
 
 void KvCache::count_prefix(size_t hits, size_t misses) {
@@ -287,12 +287,12 @@ bool KvCache::prepare_write(std::vector<int32_t>* const* tables, size_t n_tables
 }
 
 void KvCache::commit(const std::vector<int32_t>& block_table, const int32_t* tokens, size_t n_filled,
-                     const uint8_t* decoded, int32_t group) {
+                     const uint8_t* decoded, int32_t group, uint64_t salt) {
   if (!prefix_caching_) return;
   const int32_t bs = geometry_.block_size;
   const size_t full = std::min(n_filled / static_cast<size_t>(bs), block_table.size());
   std::lock_guard<std::mutex> lock(mutex_);
-  uint64_t parent = group_seed(group);
+  uint64_t parent = group_seed(group) ^ salt;
   bool parent_known = true;  // false past a freed entry, until a hashed block gives it again
   std::vector<int32_t> key;
   for (size_t i = 0; i < full; ++i) {
@@ -308,7 +308,7 @@ void KvCache::commit(const std::vector<int32_t>& block_table, const int32_t* tok
       continue;
     }
     if (!parent_known) {  // rare: an unindexed block right after freed ones
-      parent = group_seed(group);
+      parent = group_seed(group) ^ salt;
       for (size_t j = 0; j < i; ++j) parent = chain_hash(parent, key_tokens(tokens + j * bs, decoded, j * bs, bs, key), bs);
       parent_known = true;
     }

@@ -52,14 +52,17 @@ class KvCache {
   // are computed in the decode order (AttentionParams::decode_rows). It is
   // part of a block's key, here and in commit, so a reused block always
   // holds what the reusing sequence would have computed itself.
-  // `group`: the layer group the blocks belong to (its own keys).
+  // `group`: the layer group the blocks belong to (its own keys). `salt`:
+  // what else the K/V depends on (the sequence's LoRA adapters, 0: none);
+  // blocks match only blocks committed with the same salt.
   std::vector<int32_t> match_prefix(const int32_t* tokens, size_t n_tokens, size_t max_blocks, bool count_stats = true,
-                                    const uint8_t* decoded = nullptr, int32_t group = 0);
+                                    const uint8_t* decoded = nullptr, int32_t group = 0, uint64_t salt = 0);
   // Like match_prefix, but looks up every one of the first `n_blocks` full
   // blocks and does not stop at a missing one: its entry is kNoBlock (a
   // sliding-window group needs only the blocks at the end of the prefix).
   // Found blocks are referenced by the caller.
-  std::vector<int32_t> find_blocks(const int32_t* tokens, size_t n_blocks, const uint8_t* decoded, int32_t group);
+  std::vector<int32_t> find_blocks(const int32_t* tokens, size_t n_blocks, const uint8_t* decoded, int32_t group,
+                                   uint64_t salt = 0);
   // Prefix-cache statistics counted by the caller (in blocks).
   void count_prefix(size_t hits, size_t misses);
 
@@ -80,7 +83,7 @@ class KvCache {
   // the K/V of `tokens[0, n_filled)`. Blocks already indexed are skipped.
   // kNoBlock entries are skipped (the chain of keys goes on through them).
   void commit(const std::vector<int32_t>& block_table, const int32_t* tokens, size_t n_filled,
-              const uint8_t* decoded = nullptr, int32_t group = 0);
+              const uint8_t* decoded = nullptr, int32_t group = 0, uint64_t salt = 0);
   // Shrinks `block_table` to cover `n_slots` slots, releasing the rest
   // (last block first, so the tail of a sequence is evicted before its head).
   void truncate(std::vector<int32_t>& block_table, int32_t n_slots);
@@ -123,7 +126,7 @@ class KvCache {
   static uint64_t chain_hash(uint64_t parent, const int32_t* tokens, int32_t n);
   static uint64_t group_seed(int32_t group);
   // Looks up the first n full blocks (stop_at_missing: the leading run only).
-  std::vector<int32_t> match_locked(const int32_t* tokens, size_t n, const uint8_t* decoded, int32_t group,
+  std::vector<int32_t> match_locked(const int32_t* tokens, size_t n, const uint8_t* decoded, int32_t group, uint64_t salt,
                                     bool stop_at_missing);
   void free_list_push_back(int32_t b);
   void free_list_remove(int32_t b);

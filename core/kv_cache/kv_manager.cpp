@@ -115,7 +115,8 @@ void KvManager::release_all(KvSequence& seq) {
 void KvManager::commit_all(KvSequence& seq) {
   if (!index_) return;
   for (int32_t g = 0; g < groups_.n_groups(); ++g) {
-    pool_->commit(seq.tables_[static_cast<size_t>(g)], seq.tokens_.data(), seq.n_computed_, seq.generated_.data(), g);
+    pool_->commit(seq.tables_[static_cast<size_t>(g)], seq.tokens_.data(), seq.n_computed_, seq.generated_.data(), g,
+                  seq.salt_);
   }
 }
 
@@ -141,7 +142,7 @@ size_t KvManager::regain_local(KvSequence& seq, size_t n) {
     if (!holes) continue;
     // Freed blocks were indexed when they filled: the prefix cache may still hold them.
     std::vector<int32_t> found =
-        pool_->find_blocks(seq.tokens_.data(), std::min(end, n / bs), seq.generated_.data(), g);
+        pool_->find_blocks(seq.tokens_.data(), std::min(end, n / bs), seq.generated_.data(), g, seq.salt_);
     for (size_t i = 0; i < found.size(); ++i) {
       if (i >= first && i < t.size() && t[i] < 0 && found[i] >= 0) {
         t[i] = found[i];
@@ -166,6 +167,7 @@ void KvManager::add_batch_rows(KvSequence& seq, Batch& batch, const int32_t* tok
   batch.add_rows(toks, pos, slot, n, std::move(flat), hole ? seq.layout_.hole_begin() : 0,
                  hole ? seq.layout_.hole_end() : 0, first_logit, decoded);
   batch.seqs.back().n_groups = groups_.n_groups();
+  batch.seqs.back().lora = seq.lora_;
 }
 
 // ------------------------------------------------------------------ sequences
@@ -235,6 +237,19 @@ void KvManager::uncompute(KvSequence& seq, size_t n) {
   }
   truncate_all(seq, static_cast<int32_t>(n));
   seq.n_computed_ = regain_local(seq, n);
+}
+
+void KvManager::set_lora(KvSequence& seq, std::shared_ptr<const LoraSet> lora) {
+  const uint64_t salt = lora_key(lora);
+  if (salt != seq.salt_) {
+    if (!index_ && salt != 0) {
+      fail(StatusCode::kUnsupported, "LoRA adapters apply to the target model's sequences, not a draft model's");
+    }
+    uncompute(seq, 0);
+    seq.provisional_.clear();
+  }
+  seq.salt_ = salt;
+  seq.lora_ = std::move(lora);
 }
 
 // ------------------------------------------------------------------ scheduling
@@ -329,12 +344,13 @@ size_t KvManager::match_groups(const KvSequence& seq, size_t max_blocks, std::ve
   size_t h = max_blocks;
   for (int32_t g = 0; g < n_groups; ++g) {
     if (local(g)) continue;
-    out[g] = pool_->match_prefix(seq.tokens_.data(), seq.tokens_.size(), h, false, seq.generated_.data(), g);
+    out[g] = pool_->match_prefix(seq.tokens_.data(), seq.tokens_.size(), h, false, seq.generated_.data(), g,
+                                 seq.salt_);
     h = std::min(h, out[g].size());
   }
   // ...a sliding-window group only those its window sees from the end of it.
   for (int32_t g = 0; g < n_groups; ++g) {
-    if (local(g)) out[g] = pool_->find_blocks(seq.tokens_.data(), h, seq.generated_.data(), g);
+    if (local(g)) out[g] = pool_->find_blocks(seq.tokens_.data(), h, seq.generated_.data(), g, seq.salt_);
   }
   for (; h > 0; --h) {
     bool ok = true;

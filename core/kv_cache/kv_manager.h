@@ -46,6 +46,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/model/lora.h"
 #include "core/kv_cache/kv_cache.h"
 #include "core/kv_cache/streaming.h"
 #include "core/scheduler/scheduler.h"
@@ -79,6 +80,8 @@ class KvSequence {
   const StreamingLayout& layout() const { return layout_; }
   // Highest RoPE position any of its rows was given (-1: none).
   int32_t max_position() const { return max_position_; }
+  // The LoRA adapters its rows are computed with (KvManager::set_lora).
+  const std::shared_ptr<const LoraSet>& lora() const { return lora_; }
   // Tokens whose K/V are in the cache now.
   size_t resident() const;
   // Whether its cache holds tokens at moved positions (an evicting policy
@@ -99,6 +102,8 @@ class KvSequence {
   size_t n_computed_ = 0;
   std::vector<int32_t> provisional_;
   int32_t max_position_ = -1;
+  std::shared_ptr<const LoraSet> lora_;
+  uint64_t salt_ = 0;  // lora_key(lora_): part of its blocks' prefix keys
 };
 
 class KvManager {
@@ -158,6 +163,12 @@ class KvManager {
   // history stays. Throws kUnsupported when a bounded policy has already
   // evicted token n.
   void uncompute(KvSequence& seq, size_t n);
+  // The adapters the sequence's rows are computed with from now on. Cached
+  // K/V depends on them: a different set drops every computed token (the
+  // history stays and is computed again, from the prefix cache where the
+  // same tokens were computed with the same set). Throws kUnsupported for a
+  // bounded sequence that has evicted tokens.
+  void set_lora(KvSequence& seq, std::shared_ptr<const LoraSet> lora);
 
   // ---- scheduling
   // The scheduler's view of a sequence (SchedSequence fields it owns).

@@ -5,9 +5,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace ember {
+
+class LoraSet;
 
 struct BatchSeq {
   int32_t first_row = 0;
@@ -25,6 +28,8 @@ struct BatchSeq {
   // Every row is computed as a one-token decode (speculative verification:
   // each tree row must equal the decode of its token), also in the matmuls.
   bool decodes = false;
+  // The LoRA adapters its rows are computed with (null: none).
+  std::shared_ptr<const LoraSet> lora;
 };
 
 struct Batch {

@@ -48,7 +48,7 @@ extern "C" {
 #endif
 
 #define EMBER_VERSION_MAJOR 1
-#define EMBER_VERSION_MINOR 5
+#define EMBER_VERSION_MINOR 6
 #define EMBER_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, as ember_version_number() (1.2: 10200). */
 #define EMBER_VERSION_NUMBER (EMBER_VERSION_MAJOR * 10000 + EMBER_VERSION_MINOR * 100 + EMBER_VERSION_PATCH)
@@ -155,6 +155,7 @@ typedef struct ember_cache ember_cache;         /* the engine's KV block pool (b
 typedef struct ember_scheduler ember_scheduler; /* the engine's step scheduler (borrowed) */
 typedef struct ember_session ember_session;     /* one conversation */
 typedef struct ember_stream ember_stream;       /* one generation on a session */
+typedef struct ember_lora ember_lora;           /* a LoRA adapter for a model (since 1.6) */
 
 /* ---------------------------------------------------------------- model */
 
@@ -523,6 +524,55 @@ EMBER_API ember_status ember_session_save(ember_session* session, const char* pa
  * Thread-safe. */
 EMBER_API ember_status ember_session_load(ember_engine* engine, const char* path, const ember_session_params* params,
                                           ember_session** out_session);
+
+/* ---------------------------------------------------------------- LoRA */
+
+/* Since 1.6. Loads a LoRA adapter in llama.cpp's GGUF format
+ * (convert_lora_to_gguf.py: general.type "adapter", adapter.type "lora",
+ * adapter.lora.alpha, <matrix>.lora_a / .lora_b in F32, F16 or BF16) for
+ * `model`: it must be made for the model's architecture and shapes. Layer
+ * matrices (attn_q/k/v/output, ffn_gate/up/down) are adapted; an adapter of
+ * anything else is refused. The file is read once (a private copy). On
+ * success *out_lora receives a new handle owned by the caller. Errors:
+ * INVALID_ARGUMENT (NULL, an adapter for another model: the message names
+ * the first mismatch), NOT_FOUND, BAD_FORMAT (corrupt or truncated, not an
+ * adapter, lora_a/lora_b missing or of disagreeing rank, a non-finite
+ * value), UNSUPPORTED (a tensor type or matrix Ember does not apply),
+ * OUT_OF_MEMORY. Thread-safe. */
+EMBER_API ember_status ember_lora_load(const ember_model* model, const char* path, ember_lora** out_lora);
+
+/* Releases the caller's reference. Sessions using the adapter keep it alive
+ * until they set other adapters or go, so this is safe at any time. NULL is
+ * a no-op. Since 1.6. */
+EMBER_API void ember_lora_destroy(ember_lora* lora);
+
+typedef struct ember_lora_info_t {
+  size_t size;        /* set by the library: sizeof the struct it filled */
+  int32_t n_matrices; /* matrices adapted */
+  int32_t max_rank;   /* largest rank of its pairs */
+  float alpha;        /* adapter.lora.alpha (0: none; each term is then scaled by its scale alone) */
+  uint64_t bytes;     /* the adapter's tensors */
+} ember_lora_info_t;
+
+/* Fills `info` (any size; fields beyond the caller's size are not written).
+ * Since 1.6. Errors: INVALID_ARGUMENT. */
+EMBER_API ember_status ember_lora_info(const ember_lora* lora, ember_lora_info_t* info);
+
+/* Since 1.6. The adapters the session's next turns decode with, in order,
+ * each with its scale (`scales` may be NULL: all 1.0); n == 0 sets none. A
+ * row computes W x + sum_i scale_i * alpha_i / rank_i * B_i A_i x, as
+ * llama.cpp does; sessions with different adapters (or none) still decode
+ * in the same engine steps, and a session's tokens never depend on what the
+ * others use. Changing the set between turns recomputes the history under
+ * the new one (KV computed with the same set and tokens is reused from the
+ * prefix cache). Sessions with adapters cannot be saved yet
+ * (ember_session_save answers UNSUPPORTED). Errors: INVALID_ARGUMENT (NULL
+ * session, a NULL adapter with n > 0, more than 16 adapters, a scale that
+ * is not finite or beyond +-1000, an adapter loaded for a model of another
+ * shape), BUSY (a stream runs), UNSUPPORTED (a window/sink session that has
+ * evicted tokens cannot recompute its history). */
+EMBER_API ember_status ember_session_set_loras(ember_session* session, const ember_lora* const* loras,
+                                               const float* scales, size_t n);
 
 /* ---------------------------------------------------------------- stream */
 

@@ -173,6 +173,23 @@ void Decoder::prepare(const Batch& batch, Pass& p) {
   rope.neox = c.rope_style == RopeStyle::kNeox;
   rope.freq_factors = rope_freqs_.empty() ? nullptr : rope_freqs_.data();
 
+  // LoRA: the rows of each adapter set (sets compared by key: equal sets
+  // of different sessions share their terms), their adapters on the backend.
+  p.lora_groups.clear();
+  for (const auto& bs : batch.seqs) {
+    if (!bs.lora) continue;
+    Pass::LoraGroup* g = nullptr;
+    for (auto& e : p.lora_groups) {
+      if (e.set->key() == bs.lora->key()) g = &e;
+    }
+    if (!g) {
+      for (const auto& u : bs.lora->uses()) device_lora(u.adapter);
+      p.lora_groups.push_back({bs.lora.get(), {}});
+      g = &p.lora_groups.back();
+    }
+    for (int32_t r = bs.first_row; r < bs.first_row + bs.n_rows; ++r) g->rows.push_back(r);
+  }
+
   // Matmuls run per segment: single-token rows (decodes) together, each
   // multi-token run (a prefill chunk) alone. A row's result then depends only
   // on its own sequence, so a batched sequence computes exactly what it would
@@ -202,6 +219,10 @@ void Decoder::run(const Batch& batch, float* logits, float* embd, int32_t n_laye
   if (n == 0) return;
   const int32_t n_out = static_cast<int32_t>(batch.logit_rows.size());
   ensure_capacity(n, n_out);
+  // Adapters no set holds any more (only this cache does) leave the backend.
+  for (auto it = lora_dev_.begin(); it != lora_dev_.end();) {
+    it = it->second.adapter.use_count() == 1 ? lora_dev_.erase(it) : std::next(it);
+  }
   Pass p;
   p.n = n;
   p.batch = &batch;
@@ -230,6 +251,46 @@ void Decoder::run(const Batch& batch, float* logits, float* embd, int32_t n_laye
 }
 
 // ------------------------------------------------------------------ blocks
+
+const Decoder::DeviceLora& Decoder::device_lora(const std::shared_ptr<const LoraAdapter>& adapter) {
+  auto it = lora_dev_.find(adapter.get());
+  if (it != lora_dev_.end()) return it->second;
+  if (!adapter->fits(*model_)) {
+    fail(StatusCode::kInvalidArgument, "lora: adapter '" + adapter->path() + "' was made for another model");
+  }
+  DeviceLora d;
+  d.adapter = adapter;
+  const int32_t n_layers = model_->config().n_layers;
+  d.a.resize(static_cast<size_t>(n_layers) * kLoraLayerTargets);
+  d.b.resize(d.a.size());
+  for (int32_t il = 0; il < n_layers; ++il) {
+    for (int32_t t = 0; t < kLoraLayerTargets; ++t) {
+      const LoraAdapter::Pair* pair = adapter->find(il, static_cast<LoraTarget>(t));
+      if (!pair) continue;
+      const size_t i = static_cast<size_t>(il) * kLoraLayerTargets + static_cast<size_t>(t);
+      d.a[i] = backend_.upload_weight(pair->a);
+      d.b[i] = backend_.upload_weight(pair->b);
+    }
+  }
+  return lora_dev_.emplace(adapter.get(), std::move(d)).first->second;
+}
+
+void Decoder::lora(Pass& p, int32_t il, LoraTarget t, const float* in, float* out) {
+  if (p.lora_groups.empty()) return;
+  auto& terms = p.lora_terms;
+  terms.clear();
+  const size_t slot = static_cast<size_t>(il) * kLoraLayerTargets + static_cast<size_t>(t);
+  for (const auto& g : p.lora_groups) {
+    for (const auto& u : g.set->uses()) {
+      const LoraAdapter::Pair* pair = u.adapter->find(il, t);
+      if (!pair) continue;
+      const DeviceLora& d = lora_dev_.at(u.adapter.get());
+      terms.push_back(LoraTerm{d.a[slot].get(), d.b[slot].get(), u.scale * pair->alpha_scale, g.rows.data(),
+                               static_cast<int32_t>(g.rows.size())});
+    }
+  }
+  if (!terms.empty()) backend_.lora(terms.data(), static_cast<int32_t>(terms.size()), in, out);
+}
 
 void Decoder::matmul(Pass& p, const DeviceWeight& w, const float* in, float* out) {
   const int64_t in_dim = w.desc.cols, out_dim = w.desc.rows;
@@ -265,6 +326,10 @@ void Decoder::scale_x(Pass& p, float s) { backend_.scale(x_, static_cast<size_t>
 
 void Decoder::qkv(Pass& p, const LayerWeights& w) {
   matmul_group(backend_, p.segments, {{w.wq.get(), q_}, {w.wk.get(), k_}, {w.wv.get(), v_}}, h_);
+  const int32_t il = layer_index(w);
+  lora(p, il, LoraTarget::kQ, h_, q_);
+  lora(p, il, LoraTarget::kK, h_, k_);
+  lora(p, il, LoraTarget::kV, h_, v_);
 }
 
 void Decoder::qkv_bias(Pass& p, const LayerWeights& w) {
@@ -311,6 +376,7 @@ void Decoder::attention(Pass& p, int32_t il, const LayerWeights& w, int32_t wind
   p.ap.window = window;
   backend_.attention(kv_layer, q_, p.seqs[g].data(), static_cast<int32_t>(p.seqs[g].size()), p.ap, attn_);
   matmul(p, *w.wo, attn_, h_);
+  lora(p, il, LoraTarget::kO, attn_, h_);
 }
 
 void Decoder::residual(Pass& p) { backend_.add(x_, h_, static_cast<size_t>(p.n) * model_->config().n_embd); }
@@ -318,12 +384,16 @@ void Decoder::residual(Pass& p) { backend_.add(x_, h_, static_cast<size_t>(p.n) 
 void Decoder::glu_ffn(Pass& p, const LayerWeights& w, bool gelu) {
   const size_t n_ff = static_cast<size_t>(p.n) * model_->config().n_ff;
   matmul_group(backend_, p.segments, {{w.w_gate.get(), gate_}, {w.w_up.get(), up_}}, h_);
+  const int32_t il = layer_index(w);
+  lora(p, il, LoraTarget::kGate, h_, gate_);
+  lora(p, il, LoraTarget::kUp, h_, up_);
   if (gelu) {
     backend_.geglu(gate_, up_, n_ff, gate_);
   } else {
     backend_.swiglu(gate_, up_, n_ff, gate_);
   }
   matmul(p, *w.w_down, gate_, h_);
+  lora(p, il, LoraTarget::kDown, gate_, h_);
 }
 
 void Decoder::llama_layer(Pass& p, int32_t il, bool bias, bool head_norm) {

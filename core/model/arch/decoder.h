@@ -8,11 +8,13 @@
 
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/backend/backend.h"
 #include "core/model/batch.h"
 #include "core/model/forward.h"
+#include "core/model/lora.h"
 #include "core/model/model.h"
 
 namespace ember {
@@ -52,6 +54,14 @@ class Decoder : public Forward {
     std::vector<Segment> segments;
     AttentionParams ap;
     RopeSpec rope;
+    // Rows computed with LoRA adapters, grouped by adapter set (a set's
+    // rows, in batch order, wherever its sequences sit in the batch).
+    struct LoraGroup {
+      const LoraSet* set;
+      std::vector<int32_t> rows;
+    };
+    std::vector<LoraGroup> lora_groups;
+    std::vector<LoraTerm> lora_terms;  // one product's terms (reused)
   };
   // The architecture's layers [0, n_layers): the residual stream x() holds
   // the rows' embeddings on entry and the last layer's output on return.
@@ -95,6 +105,18 @@ class Decoder : public Forward {
   void release_buffers();
   void prepare(const Batch& batch, Pass& p);
   void matmul(Pass& p, const DeviceWeight& w, const float* in, float* out);
+  // out += the LoRA terms of layer il's matrix `t` for the rows that have
+  // adapters (Backend::lora; nothing without adapters).
+  void lora(Pass& p, int32_t il, LoraTarget t, const float* in, float* out);
+  int32_t layer_index(const LayerWeights& w) const { return static_cast<int32_t>(&w - layers_.data()); }
+  // The adapters' weights on the backend, per adapter in use (dropped once
+  // no batch's set holds the adapter any more).
+  struct DeviceLora {
+    std::shared_ptr<const LoraAdapter> adapter;
+    std::vector<std::unique_ptr<DeviceWeight>> a, b;  // per (layer, target) slot; null: none
+  };
+  const DeviceLora& device_lora(const std::shared_ptr<const LoraAdapter>& adapter);
+  std::unordered_map<const LoraAdapter*, DeviceLora> lora_dev_;
 
   std::shared_ptr<const Model> model_;
   Backend& backend_;

@@ -506,6 +506,87 @@ TEST_P(BackendOps, ElementwiseAndGather) {
     for (int32_t d = 0; d < dim; ++d) ASSERT_EQ(gr[i * dim + d], u[rows[i] * dim + d]);
 }
 
+// LoRA terms (Backend::lora): y[r] += scale * B (A x[r]) per term, in term
+// order, inputs rounded to each weight's type; a row's result is the same
+// bits whatever else the call holds, rows without terms are untouched.
+TEST_P(BackendOps, LoraTermsOnChosenRows) {
+  const int64_t K = 96, N = 72;
+  const int32_t n_rows = 8;
+  struct Spec {
+    DType type;
+    int64_t rank;
+    float scale;
+    std::vector<int32_t> rows;
+  };
+  const std::vector<Spec> specs = {{DType::F16, 16, 0.7f, {0, 3, 5}},
+                                   {DType::F32, 5, -1.3f, {1, 3}},
+                                   {DType::BF16, 8, 2.0f, {6}}};
+  std::vector<std::vector<uint8_t>> a_bytes, b_bytes;
+  std::vector<std::unique_ptr<DeviceWeight>> a_w, b_w;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    a_bytes.push_back(make_weight(specs[i].type, specs[i].rank, K, 100 + static_cast<uint32_t>(i)));
+    b_bytes.push_back(make_weight(specs[i].type, N, specs[i].rank, 200 + static_cast<uint32_t>(i)));
+    a_w.push_back(b().upload_weight(WeightDesc{specs[i].type, specs[i].rank, K, a_bytes.back().data()}));
+    b_w.push_back(b().upload_weight(WeightDesc{specs[i].type, N, specs[i].rank, b_bytes.back().data()}));
+  }
+  const auto x = randn(static_cast<size_t>(n_rows * K), 7);
+  const auto y0 = randn(static_cast<size_t>(n_rows * N), 8);
+  auto terms_of = [&](const std::vector<size_t>& which) {
+    std::vector<LoraTerm> t;
+    for (size_t i : which) {
+      t.push_back(LoraTerm{a_w[i].get(), b_w[i].get(), specs[i].scale, specs[i].rows.data(),
+                           static_cast<int32_t>(specs[i].rows.size())});
+    }
+    return t;
+  };
+  Buf bx(b(), x), by(b(), y0);
+  const auto all = terms_of({0, 1, 2});
+  b().lora(all.data(), static_cast<int32_t>(all.size()), bx.f(), by.f());
+  const auto y = by.get();
+  // Reference: each term in order, in double, inputs rounded as the weight's type reads them.
+  auto round_as = [](DType t, float v) {
+    return t == DType::F16 ? f16_round(v) : t == DType::BF16 ? bf16_to_fp32(fp32_to_bf16(v)) : v;
+  };
+  std::vector<float> ref = y0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const Spec& sp = specs[i];
+    const auto A = dequant(sp.type, a_bytes[i].data(), sp.rank, K);
+    const auto B = dequant(sp.type, b_bytes[i].data(), N, sp.rank);
+    for (int32_t r : sp.rows) {
+      std::vector<float> t(static_cast<size_t>(sp.rank));
+      for (int64_t j = 0; j < sp.rank; ++j) {
+        double acc = 0;
+        for (int64_t k = 0; k < K; ++k) acc += static_cast<double>(A[j * K + k]) * round_as(sp.type, x[r * K + k]);
+        t[j] = round_as(sp.type, static_cast<float>(acc));
+      }
+      for (int64_t n = 0; n < N; ++n) {
+        double acc = 0;
+        for (int64_t j = 0; j < sp.rank; ++j) acc += static_cast<double>(B[n * sp.rank + j]) * t[j];
+        ref[r * N + n] += static_cast<float>(acc) * sp.scale;
+      }
+    }
+  }
+  for (int32_t r = 0; r < n_rows; ++r) {
+    const bool touched = r == 0 || r == 1 || r == 3 || r == 5 || r == 6;
+    for (int64_t n = 0; n < N; ++n) {
+      const size_t i = static_cast<size_t>(r * N + n);
+      if (!touched) {
+        ASSERT_EQ(y[i], y0[i]) << "row " << r << " has no term";
+      } else {
+        ASSERT_NEAR(y[i], ref[i], 2e-4 * (1 + std::fabs(ref[i]))) << "row " << r << " col " << n;
+      }
+    }
+  }
+  // Row 3 alone (its two terms, nothing else in the call): the same bits.
+  const std::vector<int32_t> only3 = {3};
+  std::vector<LoraTerm> alone = terms_of({0, 1});
+  for (auto& t : alone) t.rows = only3.data(), t.n_rows = 1;
+  Buf by2(b(), y0);
+  b().lora(alone.data(), static_cast<int32_t>(alone.size()), bx.f(), by2.f());
+  const auto y2 = by2.get();
+  for (int64_t n = 0; n < N; ++n) ASSERT_EQ(y2[3 * N + n], y[3 * N + n]) << "col " << n;
+}
+
 // ---------------------------------------------------------------- KV cache + attention
 
 struct SeqSpec {
