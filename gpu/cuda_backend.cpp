@@ -277,6 +277,16 @@ struct GatherOp {
   float* out;
   bool operator==(const GatherOp&) const = default;
 };
+struct LoraOp {
+  DevWeight a, b;
+  float scale;
+  const int32_t* rows;  // device (staged)
+  int32_t n;
+  const float* x;
+  float* t;  // n * rank floats of scratch
+  float* y;
+  bool operator==(const LoraOp&) const = default;
+};
 struct KvShiftOp {
   KvView kv;
   const int32_t* blocks;
@@ -297,7 +307,7 @@ struct KvCopyOp {
   bool operator==(const KvCopyOp&) const = default;
 };
 using Op = std::variant<EmbedOp, RmsNormOp, MatmulOp, RopeOp, KvStoreOp, AttentionOp, SwigluOp, AddOp, GatherOp,
-                        KvCopyOp, KvShiftOp, GegluOp, ScaleOp, AddBiasOp>;
+                        KvCopyOp, KvShiftOp, GegluOp, ScaleOp, AddBiasOp, LoraOp>;
 
 // Kinds of staged host data (dedup of identical consecutive pieces).
 enum StageKind : int {
@@ -311,6 +321,7 @@ enum StageKind : int {
   kKvShift,
   kSampling,
   kRopeFactors,
+  kLoraRows,
   kNumKinds
 };
 
@@ -862,6 +873,36 @@ class CudaBackend final : public Backend, public BackendExtras {
     submit(GatherOp{x, r, n, dim, out});
   }
 
+  // Each term: its rank-r products on the device (gpu::lora_term), the
+  // terms in order on the stream (a row with several adapters adds them in
+  // set order). Every row is computed on its own.
+  void lora(const LoraTerm* terms, int32_t n_terms, const float* x, float* y) override {
+    Lock lock(this, "lora");
+    if (n_terms <= 0) return;
+    size_t t_floats = 0;
+    for (int32_t i = 0; i < n_terms; ++i) {
+      const DevWeight& a = view(*terms[i].a);
+      const DevWeight& b = view(*terms[i].b);
+      if (!gpu::is_float(a.type) || !gpu::is_float(b.type) || b.K != a.N || a.K != view(*terms[0].a).K ||
+          b.N != view(*terms[0].b).N || terms[i].n_rows < 0) {
+        fail(StatusCode::kInternal, "lora: the terms' shapes or types disagree");
+      }
+      for (int32_t m = 0; m < terms[i].n_rows; ++m) {
+        if (terms[i].rows[m] < 0) fail(StatusCode::kInvalidArgument, "lora: negative row");
+      }
+      t_floats += static_cast<size_t>(terms[i].n_rows) * static_cast<size_t>(a.N);
+    }
+    auto* t = static_cast<float*>(scratch(lora_t_, std::max<size_t>(t_floats, 1) * sizeof(float)));
+    for (int32_t i = 0; i < n_terms; ++i) {
+      const LoraTerm& term = terms[i];
+      if (term.n_rows == 0) continue;
+      const auto* r =
+          static_cast<const int32_t*>(stage(kLoraRows, term.rows, static_cast<size_t>(term.n_rows) * 4));
+      submit(LoraOp{view(*term.a), view(*term.b), term.scale, r, term.n_rows, x, t, y});
+      t += static_cast<size_t>(term.n_rows) * static_cast<size_t>(view(*term.a).N);
+    }
+  }
+
   // ---------------------------------------------------------------- extras
 
   std::string device_description() const override {
@@ -1251,6 +1292,9 @@ class CudaBackend final : public Backend, public BackendExtras {
   void run(const SwigluOp& op) { ck(gpu::swiglu(op.gate, op.up, op.n, op.out, stream_), "swiglu"); }
   void run(const AddOp& op) { ck(gpu::add(op.x, op.y, op.n, stream_), "add"); }
   void run(const GatherOp& op) { ck(gpu::gather_rows(op.x, op.rows, op.n, op.dim, op.out, stream_), "gather_rows"); }
+  void run(const LoraOp& op) {
+    ck(gpu::lora_term(op.a, op.b, op.scale, op.rows, op.n, op.x, op.t, op.y, stream_), "lora");
+  }
   void run(const KvShiftOp& op) {
     ck(gpu::kv_rope_shift(op.kv, op.blocks, op.n, op.cs, op.sn, op.rot_dim, stream_, op.layer_stride, op.neox),
        "kv_rope_shift");
@@ -1390,7 +1434,7 @@ class CudaBackend final : public Backend, public BackendExtras {
 
   Stager stager_;
   PinnedBuffer bounce_;
-  DeviceBuffer act_, xh_, wtile_, attn_part_, tokens_;
+  DeviceBuffer act_, xh_, wtile_, attn_part_, tokens_, lora_t_;
   std::vector<DeviceBuffer> dev_graveyard_;
   std::vector<PinnedBuffer> host_graveyard_;
   std::vector<int32_t> meta_;

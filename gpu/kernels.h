@@ -77,6 +77,12 @@ cudaError_t add_bias(float* x, const float* bias, int32_t rows, int32_t dim, cud
 cudaError_t swiglu(const float* gate, const float* up, size_t n, float* out, cudaStream_t stream);
 cudaError_t add(float* x, const float* y, size_t n, cudaStream_t stream);
 cudaError_t gather_rows(const float* x, const int32_t* rows, int32_t n, int32_t dim, float* out, cudaStream_t stream);
+// One LoRA term (Backend::lora) on n rows: t[m] = round_b(A round_a(x[rows[m]]))
+// (a: rank rows of K, b: N rows of rank; F32, F16 or BF16, rows of `stride`
+// elements; round_w = the value as the weight's type holds it), then
+// y[rows[m]] += (B t[m]) * scale. `t` holds n * rank floats.
+cudaError_t lora_term(const DevWeight& a, const DevWeight& b, float scale, const int32_t* rows, int32_t n,
+                      const float* x, float* t, float* y, cudaStream_t stream);
 cudaError_t kv_store(const KvView& kv, int32_t layer, const float* k, const float* v, const int32_t* slots,
                      int32_t rows, cudaStream_t stream);
 // Whole blocks, all layers, K and V: src[i] -> dst[i]; the caller guarantees

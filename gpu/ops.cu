@@ -152,6 +152,59 @@ __global__ void gather_rows_kernel(const float* __restrict__ x, const int32_t* _
   }
 }
 
+// ------------------------------------------------------------------ LoRA
+
+__device__ __forceinline__ float lora_weight(const DevWeight& w, int64_t row, int64_t col) {
+  const int64_t i = row * w.stride + col;
+  switch (w.type) {
+    case DType::F16: return __half2float(reinterpret_cast<const __half*>(w.data)[i]);
+    case DType::BF16: return __uint_as_float(static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(w.data)[i]) << 16);
+    default: return reinterpret_cast<const float*>(w.data)[i];
+  }
+}
+
+// The value as a weight of type `t` holds it (ggml's vec_dot_type rounding).
+__device__ __forceinline__ float lora_round(DType t, float v) {
+  if (t == DType::F16) return __half2float(__float2half_rn(v));
+  if (t == DType::BF16) {
+    const uint32_t u = __float_as_uint(v);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return __uint_as_float((u | 0x00400000u) & 0xffff0000u);  // nan
+    return __uint_as_float((u + (0x7fffu + ((u >> 16) & 1u))) & 0xffff0000u);
+  }
+  return v;
+}
+
+// One warp per (row m, rank j): t[m][j] = round_b(sum_k A[j][k] round_a(x[rows[m]][k])).
+__global__ void lora_down_kernel(DevWeight a, DType b_type, const int32_t* __restrict__ rows, int32_t n,
+                                 const float* __restrict__ x, float* __restrict__ t) {
+  const int lane = threadIdx.x & 31;
+  const int64_t total = static_cast<int64_t>(n) * a.N;
+  const int64_t n_warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+  // (warp-uniform loop: every lane of a warp takes the same iterations)
+  for (int64_t w = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5; w < total; w += n_warps) {
+    const int64_t m = w / a.N, j = w % a.N;
+    const float* xr = x + static_cast<int64_t>(rows[m]) * a.K;
+    float acc = 0.f;
+    for (int64_t k = lane; k < a.K; k += 32) acc += lora_weight(a, j, k) * lora_round(a.type, xr[k]);
+    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(kFull, acc, off);
+    if (lane == 0) t[m * a.N + j] = lora_round(b_type, acc);
+  }
+}
+
+// One thread per (row m, output n): y[rows[m]][n] += (sum_j B[n][j] t[m][j]) * scale.
+__global__ void lora_up_kernel(DevWeight b, float scale, const int32_t* __restrict__ rows, int32_t n,
+                               const float* __restrict__ t, float* __restrict__ y) {
+  const int64_t total = static_cast<int64_t>(n) * b.N;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t m = i / b.N, o = i % b.N;
+    const float* tm = t + m * b.K;
+    float acc = 0.f;
+    for (int64_t j = 0; j < b.K; ++j) acc += lora_weight(b, o, j) * tm[j];
+    y[static_cast<int64_t>(rows[m]) * b.N + o] += acc * scale;
+  }
+}
+
 // ------------------------------------------------------------------ KV cache
 
 // One thread per (row, kv head, element).
@@ -553,6 +606,17 @@ cudaError_t gather_rows(const float* x, const int32_t* rows, int32_t n, int32_t 
   const int64_t total = static_cast<int64_t>(n) * dim;
   if (total <= 0) return cudaSuccess;
   gather_rows_kernel<<<grid_for(total, 256), 256, 0, stream>>>(x, rows, n, dim, out);
+  return cudaGetLastError();
+}
+
+cudaError_t lora_term(const DevWeight& a, const DevWeight& b, float scale, const int32_t* rows, int32_t n,
+                      const float* x, float* t, float* y, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  const int64_t warps = static_cast<int64_t>(n) * a.N;
+  lora_down_kernel<<<grid_for(warps * 32, 256), 256, 0, stream>>>(a, b.type, rows, n, x, t);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  lora_up_kernel<<<grid_for(static_cast<int64_t>(n) * b.N, 256), 256, 0, stream>>>(b, scale, rows, n, t, y);
   return cudaGetLastError();
 }
 
