@@ -35,6 +35,28 @@
 // --verify-device cuda[:N] additionally does the same on that device (the
 // CUDA plugin) and compares its logits with the CPU's; the exit status is
 // non-zero when they disagree.
+//
+// Adapter mode: a random LoRA adapter for an existing base model, in the
+// GGUF layout llama.cpp's convert_lora_to_gguf.py writes and
+// llama_adapter_lora_init (src/llama-adapter.cpp) reads:
+//
+//   make_synthetic_model --lora-for BASE.gguf --rank R --seed S --out FILE
+//       [--alpha A] [--lora-type f16|f32] [--lora-magnitude M]
+//
+// Metadata: general.architecture (the base's), general.type "adapter",
+// general.name "synthetic-lora", adapter.type "lora", adapter.lora.alpha
+// (float32 A, default R: scale alpha / rank = 1). For every layer il and
+// target in attn_q attn_k attn_v attn_output ffn_gate ffn_up ffn_down whose
+// base tensor blk.il.target.weight exists with 2 dims ne = [K, N]:
+// blk.il.target.weight.lora_a with ne = [K, R] and .lora_b with ne = [R, N],
+// in F16 (default) or F32, so that W x becomes W x + scale * B (A x).
+// Values are uniform on a grid, seeded by --seed: A in +-1/sqrt(K), B in
+// +-M/sqrt(R) (M default 1.75, kLoraMagnitude: on SmolLM2-135M-Instruct Q4_1 a
+// rank-16 adapter at scale 1 turns llama.cpp's greedy continuations within a
+// few tokens while the text stays English-like). The same arguments give a
+// byte-identical file. A base that is not a model (general.type "adapter",
+// no general.architecture, no target tensor), a rank outside 1..1024 or no
+// --out is refused (non-zero exit status).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -43,9 +65,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "core/gguf/gguf.h"
 #include "core/gguf/gguf_writer.h"
 #include "core/tensor/types.h"
 #include "core/tokenizer/unicode.h"
@@ -79,7 +103,22 @@ struct Options {
   double tolerance = 0.02;         // relative max logit difference allowed vs the CPU
   int64_t pass_through_from = -1;  // layers from here add nothing (-1: none)
   float output_norm = 1.0f;
+  // Adapter mode (--lora-for): a LoRA adapter for that base instead of a model.
+  std::string lora_for;
+  int64_t lora_rank = 0;
+  float lora_alpha = 0.0f;  // 0: the rank (scale 1)
+  DType lora_type = DType::F16;
+  float lora_magnitude = 0.0f;  // 0: kLoraMagnitude
 };
+
+// B's half-width times sqrt(rank) (--lora-magnitude's default): B A then has
+// entries of RMS about M / (3 sqrt(K)) (0.024 for K = 576). Chosen on
+// SmolLM2-135M-Instruct Q4_1 with a rank-16 seed-1 adapter at scale 1: the
+// smallest of 0.25 0.5 0.75 1 1.25 1.5 1.75 2 at which llama.cpp's greedy
+// continuation of each golden prompt leaves the base's at a step whose
+// top1-top2 logit gap is >= 0.2, with no gap below 0.1 before it (there:
+// steps 0, 2, 1; tests/golden/lora/README.md); the text stays English or code.
+constexpr float kLoraMagnitude = 1.75f;
 
 [[noreturn]] void usage(const char* msg) {
   if (msg) std::fprintf(stderr, "make_synthetic_model: %s\n\n", msg);
@@ -89,7 +128,9 @@ struct Options {
       "         [--layers N] [--embd N] [--ff N] [--heads N] [--kv-heads N] [--vocab N] [--ctx N]\n"
       "         [--type q4_0|q4_1|q5_0|q5_1|q8_0|q2_k|q3_k|q4_k|q5_k|q6_k|q4_k_m|f16|bf16|f32] [--rope-base F]\n"
       "         [--tied|--untied] [--seed N] [--arch llama|llama3|qwen2|qwen3|gemma3|mistral] [--window N]\n"
-      "         [--pass-through-from N] [--output-norm F] [--verify] [--verify-device cuda[:N]] [--tolerance F]\n");
+      "         [--pass-through-from N] [--output-norm F] [--verify] [--verify-device cuda[:N]] [--tolerance F]\n"
+      "   or: make_synthetic_model --lora-for BASE.gguf --rank R --out PATH [--seed N] [--alpha F]\n"
+      "         [--lora-type f16|f32] [--lora-magnitude F]\n");
   std::exit(2);
 }
 
@@ -146,13 +187,44 @@ uint32_t file_type(DType t) {
 Options parse(int argc, char** argv) {
   Options o;
   std::vector<std::pair<std::string, std::string>> overrides;
+  bool model_only = false, lora_only = false;  // options of one mode only were given
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
       if (i + 1 >= argc) usage(("missing value after " + a).c_str());
       return argv[++i];
     };
-    if (a == "--preset") {
+    if (a == "--preset" || a == "--type" || a == "--arch" || a == "--window" || a == "--verify" ||
+        a == "--verify-device" || a == "--tolerance" || a == "--pass-through-from" || a == "--output-norm" ||
+        a == "--tied" || a == "--untied") {
+      model_only = true;
+    }
+    if (a == "--rank" || a == "--alpha" || a == "--lora-type" || a == "--lora-magnitude") lora_only = true;
+    if (a == "--lora-for") {
+      o.lora_for = value();
+    } else if (a == "--rank") {
+      const std::string v = value();
+      char* end = nullptr;
+      o.lora_rank = std::strtoll(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || o.lora_rank < 1 || o.lora_rank > 1024) {
+        usage(("--rank must be an integer in 1..1024, not '" + v + "'").c_str());
+      }
+    } else if (a == "--alpha") {
+      o.lora_alpha = static_cast<float>(std::atof(value().c_str()));
+      if (!(o.lora_alpha > 0.0f) || !std::isfinite(o.lora_alpha)) usage("--alpha must be > 0");
+    } else if (a == "--lora-type") {
+      const std::string t = value();
+      if (t == "f16") {
+        o.lora_type = DType::F16;
+      } else if (t == "f32") {
+        o.lora_type = DType::F32;
+      } else {
+        usage(("--lora-type takes f16 or f32, not '" + t + "'").c_str());
+      }
+    } else if (a == "--lora-magnitude") {
+      o.lora_magnitude = static_cast<float>(std::atof(value().c_str()));
+      if (!(o.lora_magnitude > 0.0f) || !std::isfinite(o.lora_magnitude)) usage("--lora-magnitude must be > 0");
+    } else if (a == "--preset") {
       if (!preset(value(), &o.shape)) usage(("unknown preset '" + std::string(argv[i]) + "'").c_str());
     } else if (a == "--layers" || a == "--embd" || a == "--ff" || a == "--heads" || a == "--kv-heads" ||
                a == "--vocab" || a == "--ctx" || a == "--rope-base") {
@@ -167,7 +239,8 @@ Options parse(int argc, char** argv) {
       o.out = value();
     } else if (a == "--arch") {
       o.arch = value();
-      if (o.arch != "llama" && o.arch != "llama3" && o.arch != "qwen2" && o.arch != "qwen3" && o.arch != "gemma3" && o.arch != "mistral") {
+      if (o.arch != "llama" && o.arch != "llama3" && o.arch != "qwen2" && o.arch != "qwen3" && o.arch != "gemma3" &&
+          o.arch != "mistral") {
         usage(("unknown --arch '" + o.arch + "'").c_str());
       }
     } else if (a == "--window") {
@@ -220,6 +293,15 @@ Options parse(int argc, char** argv) {
     if (k != "--tied" && k != "--untied" && k != "--rope-base") s.name = "custom";
   }
   if (o.out.empty()) usage("--out is required");
+  if (!o.lora_for.empty()) {
+    if (model_only || !overrides.empty())
+      usage("--lora-for writes an adapter: model options (shape, type, --verify) do not apply");
+    if (o.lora_rank == 0) usage("--lora-for needs --rank R (1..1024)");
+    if (o.lora_alpha == 0.0f) o.lora_alpha = static_cast<float>(o.lora_rank);
+    if (o.lora_magnitude == 0.0f) o.lora_magnitude = kLoraMagnitude;
+  } else if (lora_only) {
+    usage("--rank, --alpha, --lora-type and --lora-magnitude need --lora-for BASE.gguf");
+  }
   return o;
 }
 
@@ -828,6 +910,74 @@ void write_model(const Options& o) {
               static_cast<double>(w.file_size()) / (1 << 20), sec);
 }
 
+// ---------------------------------------------------------------- LoRA adapter
+
+void write_lora(const Options& o) {
+  std::unique_ptr<gguf::GgufFile> base;
+  try {
+    base = gguf::GgufFile::open(o.lora_for);
+  } catch (const Error& e) {
+    fail(StatusCode::kInvalidArgument, "--lora-for: cannot read the base model: " + std::string(e.what()));
+  }
+  const std::string what = "--lora-for " + o.lora_for + ": ";
+  const std::optional<std::string> type = base->get_string("general.type");
+  if (type && *type != "model")
+    fail(StatusCode::kInvalidArgument, what + "general.type is '" + *type + "', not a model");
+  const std::optional<std::string> arch = base->get_string("general.architecture");
+  if (!arch || arch->empty()) fail(StatusCode::kInvalidArgument, what + "no general.architecture: not a model");
+  const std::optional<int64_t> layers = base->get_int(*arch + ".block_count");
+  if (!layers || *layers < 1) fail(StatusCode::kInvalidArgument, what + "no " + *arch + ".block_count: not a model");
+
+  const int64_t R = o.lora_rank;
+  gguf::GgufWriter w;
+  w.add_string("general.architecture", *arch);
+  w.add_string("general.type", "adapter");
+  w.add_string("general.name", "synthetic-lora");
+  w.add_u32("general.file_type", file_type(o.lora_type));
+  w.add_string("adapter.type", "lora");
+  w.add_f32("adapter.lora.alpha", o.lora_alpha);
+
+  // Streams of their own: an adapter and a model of the same --seed share none.
+  uint64_t tensor_seed = o.seed * 1000003ull ^ 0x4C6F5241ull;  // "LoRA"
+  auto b_values = std::make_shared<ValueTables>(o.lora_magnitude / std::sqrt(static_cast<float>(R)));
+  std::vector<std::pair<int64_t, std::shared_ptr<ValueTables>>> by_k;  // A's values by K (a few widths)
+  auto table_for = [&](int64_t K) {
+    for (const auto& [k, t] : by_k)
+      if (k == K) return t;
+    by_k.emplace_back(K, std::make_shared<ValueTables>(1.0f / std::sqrt(static_cast<float>(K))));
+    return by_k.back().second;
+  };
+  const DType t = o.lora_type;
+  int pairs = 0;
+  uint64_t params = 0;
+  for (int64_t il = 0; il < *layers; ++il) {
+    for (const char* target : {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"}) {
+      const std::string name = "blk." + std::to_string(il) + "." + target + ".weight";
+      const gguf::TensorInfo* ti = base->find_tensor(name);
+      tensor_seed += 2;  // per target whether present or not: one layer's values do not depend on another's
+      if (!ti || ti->n_dims != 2) continue;
+      const int64_t K = ti->ne[0], N = ti->ne[1];
+      const uint64_t seed_a = tensor_seed - 1, seed_b = tensor_seed;
+      auto va = table_for(K);
+      w.add_tensor(name + ".lora_a", t, {K, R},
+                   [t, seed_a, va](uint8_t* dst, size_t n) { fill_matrix(t, dst, n, seed_a, *va); });
+      w.add_tensor(name + ".lora_b", t, {R, N},
+                   [t, seed_b, b_values](uint8_t* dst, size_t n) { fill_matrix(t, dst, n, seed_b, *b_values); });
+      ++pairs;
+      params += static_cast<uint64_t>(R) * static_cast<uint64_t>(K + N);
+    }
+  }
+  if (pairs == 0)
+    fail(StatusCode::kInvalidArgument, what + "no 2-D blk.N.{attn_q,...,ffn_down}.weight tensor: not a model");
+  w.write_file(o.out);
+  std::printf(
+      "wrote %s: LoRA for %s (%s, %lld layers), rank %lld, alpha %g, %s, magnitude %g, %d pairs, %llu parameters, %.2f "
+      "MiB\n",
+      o.out.c_str(), o.lora_for.c_str(), arch->c_str(), static_cast<long long>(*layers), static_cast<long long>(R),
+      static_cast<double>(o.lora_alpha), type_name(static_cast<uint32_t>(t)), static_cast<double>(o.lora_magnitude),
+      pairs, static_cast<unsigned long long>(params), static_cast<double>(w.file_size()) / (1 << 20));
+}
+
 // ---------------------------------------------------------------- verification
 //
 // Through the public C ABI (include/ember/ember.h) alone, as any program
@@ -1041,6 +1191,10 @@ int verify(const Options& o) {
 int main(int argc, char** argv) {
   const ember::Options o = ember::parse(argc, argv);
   try {
+    if (!o.lora_for.empty()) {
+      ember::write_lora(o);
+      return 0;
+    }
     ember::write_model(o);
     if (o.verify) return ember::verify(o);
   } catch (const ember::Error& e) {
