@@ -69,6 +69,7 @@ class Args {
         if (a == o) {
           if (i + 1 >= argc) throw CliError("option " + a + " needs a value");
           values_[o] = argv[++i];
+          all_[o].push_back(values_[o]);
           known = true;
         }
       }
@@ -82,6 +83,11 @@ class Args {
     }
   }
   bool has(const std::string& k) const { return values_.count(k) || flags_.count(k); }
+  // Every value of a repeatable option, in order.
+  std::vector<std::string> all(const std::string& k) const {
+    auto it = all_.find(k);
+    return it == all_.end() ? std::vector<std::string>{} : it->second;
+  }
   std::string str(const std::string& k, const std::string& def = "") const {
     auto it = values_.find(k);
     return it == values_.end() ? def : it->second;
@@ -113,6 +119,7 @@ class Args {
  private:
   std::map<std::string, std::string> values_;
   std::map<std::string, bool> flags_;
+  std::map<std::string, std::vector<std::string>> all_;
 };
 
 std::string read_file(const std::string& path) {
@@ -127,8 +134,10 @@ struct Handles {
   ember_model* model = nullptr;
   ember_engine* engine = nullptr;
   ember_session* session = nullptr;
+  std::vector<ember_lora*> loras;
   ~Handles() {
     ember_session_destroy(session);
+    for (ember_lora* l : loras) ember_lora_destroy(l);
     ember_engine_destroy(engine);
     ember_model_destroy(model);
   }
@@ -144,6 +153,34 @@ void load(Handles& h, const Args& a, int n_threads = 0, bool with_engine = true)
   if (a.has("--no-batch-invariant")) ep.batch_invariant = 0;  // (bench only: oneDNN for large prefill chunks)
   check(ember_engine_create(h.model, &ep, &h.engine), "creating the engine");
   check(ember_session_create(h.engine, nullptr, &h.session), "creating the session");
+}
+
+// --lora FILE[:SCALE] (repeatable): the adapters the session decodes with,
+// in order; SCALE defaults to 1.
+const std::vector<std::string> kLoraOpts = {"--lora"};
+void apply_loras(const Args& a, Handles& h) {
+  const auto specs = a.all("--lora");
+  if (specs.empty()) return;
+  std::vector<float> scales;
+  for (const std::string& spec : specs) {
+    std::string file = spec;
+    float scale = 1.0f;
+    const size_t colon = spec.rfind(':');
+    if (colon != std::string::npos && colon + 1 < spec.size()) {
+      char* end = nullptr;
+      const double v = std::strtod(spec.c_str() + colon + 1, &end);
+      if (end && *end == '\0') {  // FILE:SCALE (a path with a colon and no scale stays whole)
+        if (!std::isfinite(v)) throw CliError("--lora " + spec + ": the scale is not a finite number");
+        file = spec.substr(0, colon);
+        scale = static_cast<float>(v);
+      }
+    }
+    ember_lora* l = nullptr;
+    check(ember_lora_load(h.model, file.c_str(), &l), ("loading the adapter " + file).c_str());
+    h.loras.push_back(l);
+    scales.push_back(scale);
+  }
+  check(ember_session_set_loras(h.session, h.loras.data(), scales.data(), h.loras.size()), "setting the adapters");
 }
 
 ember_model_info_t model_info(const ember_model* model) {
@@ -324,7 +361,7 @@ int cmd_generate(int argc, char** argv) {
   Args a(argc, argv, 2,
          with({"-m", "-p", "-n", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--presence-penalty",
                "--frequency-penalty", "--penalty-last-n", "--seed", "-t"},
-              with(kSpecOpts, with(kConstraintOpts, kToolOpts))),
+              with(kSpecOpts, with(kConstraintOpts, with(kToolOpts, kLoraOpts)))),
          {"--chat", "--stats", "--json"});
   if (a.has("--tools") && !a.has("--chat")) throw CliError("--tools needs --chat (tools are for chat sessions)");
   if (!a.has("-p")) throw CliError("generate needs -p PROMPT");
@@ -335,6 +372,7 @@ int cmd_generate(int argc, char** argv) {
   apply_constraint(a, sp, constraint);
   Handles h;
   load(h, a, static_cast<int>(a.integer("-t", 0, 0, 1024)));
+  apply_loras(a, h);
   const std::string prompt = a.str("-p");
   ToolText tools;
   apply_tools(a, h.session, sp, tools);
@@ -363,11 +401,12 @@ int cmd_generate(int argc, char** argv) {
 int cmd_chat(int argc, char** argv) {
   Args a(argc, argv, 2,
          {"-m", "-n", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--presence-penalty",
-          "--frequency-penalty", "--penalty-last-n", "--seed", "-t", "--system", "--tools", "--tool-choice"},
+          "--frequency-penalty", "--penalty-last-n", "--seed", "-t", "--system", "--tools", "--tool-choice", "--lora"},
          {});
   ember_stream_params sp = stream_params(a);
   Handles h;
   load(h, a, static_cast<int>(a.integer("-t", 0, 0, 1024)));
+  apply_loras(a, h);
   if (a.has("--system"))
     check(ember_session_add_message(h.session, "system", a.str("--system").c_str()), "system prompt");
   ToolText tools;
@@ -1208,6 +1247,8 @@ void usage() {
       "             [--tools FILE [--tool-choice auto|none|required|NAME]]   # with --chat: tool calling (an\n"
       "             # OpenAI tool list); each call is printed as a JSON line {\"tool_call\": {id, name, arguments}}\n"
       "  chat       [-m MODEL] [--system TEXT] [--tools FILE [--tool-choice C]]   # /tool TEXT: a tool's result\n"
+      "  (generate and chat) [--lora FILE[:SCALE]]...   # LoRA adapters (llama.cpp GGUF) for the model, in order;\n"
+      "             # SCALE defaults to 1 (the term is SCALE * alpha / rank * B A x)\n"
       "  (generate and chat) [--min-p P] [--repeat-penalty R] [--presence-penalty P] [--frequency-penalty F]\n"
       "             [--penalty-last-n N]   # penalties over the last N tokens (-1: all, 0: off; default 64)\n"
       "  perplexity [-m MODEL] -f FILE [--ctx C] [--max-tokens N]\n"

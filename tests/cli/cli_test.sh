@@ -109,5 +109,23 @@ out="$("$ember" bench --prefix-cache 64 -r 1 -t 1)"
 echo "$out" | grep -Eq "prefix blocks reused [1-9]" && ok || bad "bench --prefix-cache '$out'"
 expect_error "bench --sessions 0" "$ember" bench --sessions 0
 
+# --lora FILE[:SCALE]: an adapter changes the greedy text; at scale 0 it is
+# the base's; a truncated, missing or out-of-range one is an error line.
+if [ -n "${2:-}" ]; then
+  "$2" --lora-for "$model" --rank 8 --seed 5 --out "$tmp/lora.gguf" >/dev/null 2>&1 || bad "make_synthetic_model --lora-for"
+  base="$("$ember" generate -p "The capital of France is" -n 12 --temp 0 -t 1 2>/dev/null)"
+  with="$("$ember" generate -p "The capital of France is" -n 12 --temp 0 -t 1 --lora "$tmp/lora.gguf" 2>/dev/null)"
+  zero="$("$ember" generate -p "The capital of France is" -n 12 --temp 0 -t 1 --lora "$tmp/lora.gguf:0" 2>/dev/null)"
+  [ -n "$with" ] && [ "$with" != "$base" ] && ok || bad "--lora changed nothing: '$with'"
+  [ "$zero" = "$base" ] && ok || bad "--lora FILE:0 differs from the base: '$zero' vs '$base'"
+  two="$("$ember" generate -p "The capital of France is" -n 12 --temp 0 -t 1 --lora "$tmp/lora.gguf:0.5" --lora "$tmp/lora.gguf:0.5" 2>/dev/null)"
+  [ -n "$two" ] && ok || bad "two --lora"
+  head -c 5000 "$tmp/lora.gguf" > "$tmp/lora_trunc.gguf"
+  expect_error "truncated adapter" "$ember" generate -p hi -n 2 --lora "$tmp/lora_trunc.gguf"
+  expect_error "missing adapter" "$ember" generate -p hi -n 2 --lora "$tmp/none.gguf"
+  expect_error "adapter scale out of range" "$ember" generate -p hi -n 2 --lora "$tmp/lora.gguf:5000"
+  expect_error "a model as adapter" "$ember" generate -p hi -n 2 --lora "$model"
+fi
+
 echo "cli: $pass passed, $fail failed"
 [ $fail -eq 0 ]
