@@ -70,6 +70,224 @@ __attribute__((target("avx,f16c"))) void round_f16_f16c(const float* in, int64_t
   for (; i < n; ++i) out[i] = fp16_to_fp32(fp32_to_fp16(in[i]));
 }
 
+// ---- LoRA dot products in llama.cpp's order. Its CPU multiplies an F32,
+// F16 or BF16 lora_a / lora_b with llamafile's tinyBLAS (K a multiple of
+// the vector width): per output, one accumulator vector of L lanes, an FMA of
+// L weights and L inputs (the input rounded to the weight's type) per step of
+// L, then the lanes folded in halves (upper half onto lower) down to one.
+// L = 16 where llama.cpp is built for AVX-512, 8 for AVX2; the scalar
+// variant computes the 8-lane order with std::fma. A K that is not a
+// multiple of L adds its tail after the fold (llama.cpp then takes another
+// kernel: such ranks are not bit-exact with it).
+inline float lora_weight_at(DType t, const void* row, int64_t k) {
+  if (t == DType::F16) return fp16_to_fp32(static_cast<const uint16_t*>(row)[k]);
+  if (t == DType::BF16) return bf16_to_fp32(static_cast<const uint16_t*>(row)[k]);
+  return static_cast<const float*>(row)[k];
+}
+
+inline float lora_dot_scalar1(DType t, const void* w, const float* x, int64_t K) {
+  constexpr int L = 8;
+  float acc[L] = {};
+  int64_t k = 0;
+  for (; k + L <= K; k += L)
+    for (int l = 0; l < L; ++l) acc[l] = std::fma(lora_weight_at(t, w, k + l), x[k + l], acc[l]);
+  for (int w2 = L / 2; w2 >= 1; w2 /= 2)
+    for (int l = 0; l < w2; ++l) acc[l] = acc[l + w2] + acc[l];
+  float s = acc[0];
+  for (; k < K; ++k) s += lora_weight_at(t, w, k) * x[k];
+  return s;
+}
+
+__attribute__((target("avx2,fma,f16c"))) inline float lora_dot_avx2_1(DType t, const void* w, const float* x,
+                                                                      int64_t K) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    __m256 wv;
+    if (t == DType::F16) {
+      wv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(w) + k)));
+    } else if (t == DType::BF16) {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(w) + k));
+      wv = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    } else {
+      wv = _mm256_loadu_ps(static_cast<const float*>(w) + k);
+    }
+    acc = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + k), acc);
+  }
+  __m128 v = _mm_add_ps(_mm256_extractf128_ps(acc, 1), _mm256_castps256_ps128(acc));
+  v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+  v = _mm_add_ss(v, _mm_movehdup_ps(v));
+  float s = _mm_cvtss_f32(v);
+  for (; k < K; ++k) s += lora_weight_at(t, w, k) * x[k];
+  return s;
+}
+
+// (GCC 12 warns about its own intrinsics' undefined pass-through operands here.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) inline float lora_dot_avx512_1(DType t,
+                                                                                                const void* w,
+                                                                                                const float* x,
+                                                                                                int64_t K) {
+  __m512 acc = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    __m512 wv;
+    if (t == DType::F16) {
+      wv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(w) + k)));
+    } else if (t == DType::BF16) {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(w) + k));
+      wv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    } else {
+      wv = _mm512_loadu_ps(static_cast<const float*>(w) + k);
+    }
+    acc = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + k), acc);
+  }
+  // _mm512_reduce_add_ps's order: halves folded down to one lane.
+  alignas(64) float l16[16];
+  _mm512_store_ps(l16, acc);
+  for (int w2 = 8; w2 >= 1; w2 /= 2)
+    for (int l = 0; l < w2; ++l) l16[l] = l16[l + w2] + l16[l];
+  float s = l16[0];
+  for (; k < K; ++k) s += lora_weight_at(t, w, k) * x[k];
+  return s;
+}
+
+// One-token rows: llama.cpp's ggml_vec_dot_f16 / _f32 (its mul_mat without
+// llamafile for a batch of one token): four accumulators of L lanes over
+// steps of 4L, reduced (a0+a2) + (a1+a3), then the vector summed (L = 8:
+// its 128-bit halves added, two hadds; L = 16: halves folded), then the
+// elements past the last full step: F16 in double, F32 with FMAs (its
+// compiler contracts `sumf += x*y`). BF16 takes the batched order here.
+inline float vec_reduce8(const float* a0, const float* a1, const float* a2, const float* a3) {
+  float s[8], t[4];
+  for (int l = 0; l < 8; ++l) s[l] = (a0[l] + a2[l]) + (a1[l] + a3[l]);
+  for (int l = 0; l < 4; ++l) t[l] = s[l] + s[l + 4];
+  return (t[0] + t[1]) + (t[2] + t[3]);
+}
+
+inline float vec_tail(DType t, const void* w, const float* x, int64_t k, int64_t K, float head) {
+  if (t == DType::F16) {
+    double d = head;
+    for (; k < K; ++k) d += static_cast<double>(lora_weight_at(t, w, k) * x[k]);
+    return static_cast<float>(d);
+  }
+  float f = head;
+  for (; k < K; ++k) f = std::fma(lora_weight_at(t, w, k), x[k], f);
+  return f;
+}
+
+float lora_vec_scalar1(DType t, const void* w, const float* x, int64_t K) {
+  if (t == DType::BF16) return lora_dot_scalar1(t, w, x, K);
+  float a[4][8] = {};
+  const int64_t np = K & ~int64_t{31};
+  for (int64_t i = 0; i < np; i += 32)
+    for (int j = 0; j < 4; ++j)
+      for (int l = 0; l < 8; ++l) {
+        const int64_t k = i + 8 * j + l;
+        a[j][l] = std::fma(lora_weight_at(t, w, k), x[k], a[j][l]);
+      }
+  return vec_tail(t, w, x, np, K, vec_reduce8(a[0], a[1], a[2], a[3]));
+}
+
+__attribute__((target("avx2,fma,f16c"))) inline __m256 lora_load8(DType t, const void* w, int64_t k) {
+  if (t == DType::F16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(w) + k)));
+  }
+  return _mm256_loadu_ps(static_cast<const float*>(w) + k);
+}
+
+__attribute__((target("avx2,fma,f16c"))) float lora_vec_avx2_1(DType t, const void* w, const float* x, int64_t K) {
+  if (t == DType::BF16) return lora_dot_avx2_1(t, w, x, K);
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  const int64_t np = K & ~int64_t{31};
+  for (int64_t i = 0; i < np; i += 32) {
+    a0 = _mm256_fmadd_ps(lora_load8(t, w, i), _mm256_loadu_ps(x + i), a0);
+    a1 = _mm256_fmadd_ps(lora_load8(t, w, i + 8), _mm256_loadu_ps(x + i + 8), a1);
+    a2 = _mm256_fmadd_ps(lora_load8(t, w, i + 16), _mm256_loadu_ps(x + i + 16), a2);
+    a3 = _mm256_fmadd_ps(lora_load8(t, w, i + 24), _mm256_loadu_ps(x + i + 24), a3);
+  }
+  a0 = _mm256_add_ps(a0, a2);
+  a1 = _mm256_add_ps(a1, a3);
+  a0 = _mm256_add_ps(a0, a1);
+  const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1));
+  const __m128 t1 = _mm_hadd_ps(t0, t0);
+  return vec_tail(t, w, x, np, K, _mm_cvtss_f32(_mm_hadd_ps(t1, t1)));
+}
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) inline __m512 lora_load16(DType t, const void* w,
+                                                                                            int64_t k) {
+  if (t == DType::F16) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(w) + k)));
+  }
+  return _mm512_loadu_ps(static_cast<const float*>(w) + k);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) float lora_vec_avx512_1(DType t, const void* w,
+                                                                                          const float* x, int64_t K) {
+  if (t == DType::BF16) return lora_dot_avx512_1(t, w, x, K);
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  const int64_t np = K & ~int64_t{63};
+  for (int64_t i = 0; i < np; i += 64) {
+    a0 = _mm512_fmadd_ps(lora_load16(t, w, i), _mm512_loadu_ps(x + i), a0);
+    a1 = _mm512_fmadd_ps(lora_load16(t, w, i + 16), _mm512_loadu_ps(x + i + 16), a1);
+    a2 = _mm512_fmadd_ps(lora_load16(t, w, i + 32), _mm512_loadu_ps(x + i + 32), a2);
+    a3 = _mm512_fmadd_ps(lora_load16(t, w, i + 48), _mm512_loadu_ps(x + i + 48), a3);
+  }
+  a0 = _mm512_add_ps(a0, a2);
+  a1 = _mm512_add_ps(a1, a3);
+  a0 = _mm512_add_ps(a0, a1);
+  alignas(64) float l16[16];
+  _mm512_store_ps(l16, a0);
+  for (int w2 = 8; w2 >= 1; w2 /= 2)
+    for (int l = 0; l < w2; ++l) l16[l] = l16[l + w2] + l16[l];
+  return vec_tail(t, w, x, np, K, l16[0]);
+}
+#pragma GCC diagnostic pop
+
+// out[i] = row (first + i) of w . x for n rows of row_bytes.
+void lora_dot_scalar(DType t, const uint8_t* w, size_t row_bytes, int64_t n, const float* x, int64_t K, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = lora_dot_scalar1(t, w + static_cast<size_t>(i) * row_bytes, x, K);
+}
+__attribute__((target("avx2,fma,f16c"))) void lora_dot_avx2(DType t, const uint8_t* w, size_t row_bytes, int64_t n,
+                                                           const float* x, int64_t K, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = lora_dot_avx2_1(t, w + static_cast<size_t>(i) * row_bytes, x, K);
+}
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) void lora_dot_avx512(DType t, const uint8_t* w,
+                                                                                       size_t row_bytes, int64_t n,
+                                                                                       const float* x, int64_t K,
+                                                                                       float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = lora_dot_avx512_1(t, w + static_cast<size_t>(i) * row_bytes, x, K);
+}
+
+#pragma GCC diagnostic pop
+
+void lora_vec_scalar(DType t, const uint8_t* w, size_t row_bytes, int64_t n, const float* x, int64_t K, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = lora_vec_scalar1(t, w + static_cast<size_t>(i) * row_bytes, x, K);
+}
+__attribute__((target("avx2,fma,f16c"))) void lora_vec_avx2(DType t, const uint8_t* w, size_t row_bytes, int64_t n,
+                                                           const float* x, int64_t K, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = lora_vec_avx2_1(t, w + static_cast<size_t>(i) * row_bytes, x, K);
+}
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) void lora_vec_avx512(DType t, const uint8_t* w,
+                                                                                       size_t row_bytes, int64_t n,
+                                                                                       const float* x, int64_t K,
+                                                                                       float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = lora_vec_avx512_1(t, w + static_cast<size_t>(i) * row_bytes, x, K);
+}
+
+using LoraDot = void (*)(DType, const uint8_t*, size_t, int64_t, const float*, int64_t, float*);
+// decodes: one-token rows (llama.cpp's vec order), else its batched order.
+LoraDot lora_dot_for(cpu::Isa isa, bool decodes) {
+  switch (isa) {
+    case cpu::Isa::kAvx512Vnni: return decodes ? lora_vec_avx512 : lora_dot_avx512;
+    case cpu::Isa::kAvx2: return decodes ? lora_vec_avx2 : lora_dot_avx2;
+    default: return decodes ? lora_vec_scalar : lora_dot_scalar;
+  }
+}
+
 class CpuWeight final : public DeviceWeight {
  public:
   ~CpuWeight() override { std::free(packed_); }
@@ -534,11 +752,11 @@ class CpuBackend final : public Backend {
   }
 
   // LoRA terms: t = round(x[rows]) A^T per term (work items: a term's rank
-  // rows in chunks), then y[rows] += scale * round(t) B^T with the output
+  // rows in chunks), then y[rows] += (round(t) B^T) * scale with the output
   // columns split across threads, every term in order inside a column chunk
-  // (a row with several adapters adds them in set order). Both products are
-  // Ember's row-invariant kernels (cpu::matmul, one thread per item), so a
-  // row's result never depends on what else the call holds.
+  // (a row with several adapters adds them in set order). Each dot product
+  // is llama.cpp's (lora_dot_*), so a row's result never depends on what
+  // else the call holds.
   void lora(const LoraTerm* terms, int32_t n_terms, const float* x, float* y) override {
     if (n_terms <= 0) return;
     std::lock_guard<std::mutex> lock(scratch_mutex_);
@@ -566,10 +784,9 @@ class CpuBackend final : public Backend {
                  lora_x_.data() + x_off[i] + static_cast<size_t>(m) * K);
       }
     }
+    const cpu::Isa isa = cpu::active_isa();
     const int nt = threads();
-    if (lora_scratch_.size() < static_cast<size_t>(nt)) lora_scratch_.resize(static_cast<size_t>(nt));
-    if (lora_tmp_.size() < static_cast<size_t>(nt)) lora_tmp_.resize(static_cast<size_t>(nt));
-    // Phase 1 items: (term, chunk of 8 rank rows).
+    // Phase 1 items: (term, chunk of rank rows).
     std::vector<std::pair<int32_t, int64_t>> items;
     for (int32_t i = 0; i < n_terms; ++i) {
       if (terms[i].n_rows == 0) continue;
@@ -578,70 +795,49 @@ class CpuBackend final : public Backend {
     // Phase 2: output column chunks (multiples of 8, several per thread).
     const int64_t col_chunk = std::max<int64_t>(8, ((N + 4 * nt - 1) / (4 * nt) + 7) & ~int64_t{7});
     const int64_t n_col_chunks = (N + col_chunk - 1) / col_chunk;
-    std::atomic<bool> failed{false};
-    Error first_error(StatusCode::kOk, "");
-    std::mutex error_mutex;
-    omp_set_num_threads(nt);
-#pragma omp parallel num_threads(nt)
+    const size_t work = t_len * static_cast<size_t>(K + N);
+#pragma omp parallel num_threads(nt) if (work > 65536)
     {
-      const int tid = omp_get_thread_num();
-      omp_set_num_threads(1);  // the kernels below run on this thread alone
-      cpu::MatmulScratch& sc = lora_scratch_[static_cast<size_t>(tid)];
-      std::vector<float>& tmp = lora_tmp_[static_cast<size_t>(tid)];
-      auto guarded = [&](auto&& body) {
-        if (failed) return;
-        try {
-          body();
-        } catch (const Error& e) {
-          std::lock_guard<std::mutex> el(error_mutex);
-          if (!failed.exchange(true)) first_error = e;
-        } catch (const std::bad_alloc&) {
-          std::lock_guard<std::mutex> el(error_mutex);
-          if (!failed.exchange(true)) first_error = Error(StatusCode::kOutOfMemory, "cpu lora: out of memory");
-        }
-      };
 #pragma omp for schedule(dynamic, 1)
       for (size_t it = 0; it < items.size(); ++it) {
-        guarded([&] {
-          const auto [i, r0] = items[it];
-          const LoraTerm& t = terms[i];
-          const WeightDesc& a = t.a->desc;
-          const int64_t r = a.rows, rn = std::min<int64_t>(kLoraRankChunk, r - r0);
-          const cpu::WeightView view{a.type, rn, K, static_cast<const uint8_t*>(a.host_data) + r0 * row_bytes(a.type, K)};
-          tmp.resize(static_cast<size_t>(t.n_rows) * rn);
-          cpu::matmul(view, lora_x_.data() + x_off[i], t.n_rows, tmp.data(), sc, cpu::MatmulPath::kRowInvariant,
-                      cpu::RowKind::kDecode);
-          // t rounded to lora_b's type: the second product's input.
-          for (int32_t m = 0; m < t.n_rows; ++m) {
-            round_to(t.b->desc.type, tmp.data() + static_cast<size_t>(m) * rn, rn,
-                     lora_t_.data() + t_off[i] + static_cast<size_t>(m) * r + r0);
-          }
-        });
+        const auto [i, r0] = items[it];
+        const LoraTerm& t = terms[i];
+        const LoraDot dot = lora_dot_for(isa, t.decodes);
+        const WeightDesc& a = t.a->desc;
+        const int64_t r = a.rows, r1 = std::min<int64_t>(r0 + kLoraRankChunk, r);
+        const size_t a_row = row_bytes(a.type, K);
+        for (int32_t m = 0; m < t.n_rows; ++m) {
+          const float* xm = lora_x_.data() + x_off[i] + static_cast<size_t>(m) * K;
+          float* tm = lora_t_.data() + t_off[i] + static_cast<size_t>(m) * r;
+          float v[kLoraRankChunk];
+          dot(a.type, static_cast<const uint8_t*>(a.host_data) + r0 * a_row, a_row, r1 - r0, xm, K, v);
+          round_to(t.b->desc.type, v, r1 - r0, tm + r0);  // lora_b's input, rounded to its type
+        }
       }  // (implicit barrier)
 #pragma omp for schedule(dynamic, 1)
       for (int64_t c = 0; c < n_col_chunks; ++c) {
-        guarded([&] {
-          const int64_t n0 = c * col_chunk, nn = std::min<int64_t>(col_chunk, N - n0);
-          for (int32_t i = 0; i < n_terms; ++i) {
-            const LoraTerm& t = terms[i];
-            if (t.n_rows == 0) continue;
-            const WeightDesc& b = t.b->desc;
-            const int64_t r = b.cols;
-            const cpu::WeightView view{b.type, nn, r, static_cast<const uint8_t*>(b.host_data) + n0 * row_bytes(b.type, r)};
-            tmp.resize(static_cast<size_t>(t.n_rows) * nn);
-            cpu::matmul(view, lora_t_.data() + t_off[i], t.n_rows, tmp.data(), sc, cpu::MatmulPath::kRowInvariant,
-                        cpu::RowKind::kDecode);
-            for (int32_t m = 0; m < t.n_rows; ++m) {
-              float* yr = y + static_cast<size_t>(t.rows[m]) * N + n0;
-              const float* u = tmp.data() + static_cast<size_t>(m) * nn;
-              for (int64_t j = 0; j < nn; ++j) yr[j] += u[j] * t.scale;  // ggml_scale, then ggml_add
+        const int64_t n0 = c * col_chunk, n1 = std::min<int64_t>(n0 + col_chunk, N);
+        for (int32_t i = 0; i < n_terms; ++i) {
+          const LoraTerm& t = terms[i];
+          const LoraDot dot = lora_dot_for(isa, t.decodes);
+          const WeightDesc& b = t.b->desc;
+          const int64_t r = b.cols;
+          const size_t b_row = row_bytes(b.type, r);
+          for (int32_t m = 0; m < t.n_rows; ++m) {
+            const float* tm = lora_t_.data() + t_off[i] + static_cast<size_t>(m) * r;
+            float* yr = y + static_cast<size_t>(t.rows[m]) * N;
+            float u[kLoraColChunkMax];
+            for (int64_t c0 = n0; c0 < n1; c0 += kLoraColChunkMax) {
+              const int64_t cn = std::min<int64_t>(kLoraColChunkMax, n1 - c0);
+              dot(b.type, static_cast<const uint8_t*>(b.host_data) + c0 * b_row, b_row, cn, tm, r, u);
+              for (int64_t j = 0; j < cn; ++j) {
+                yr[c0 + j] = yr[c0 + j] + u[j] * t.scale;  // ggml_scale, then ggml_add (no FMA contraction here)
+              }
             }
           }
-        });
+        }
       }
     }
-    omp_set_num_threads(nt);
-    if (failed) throw first_error;
   }
 
  private:
@@ -724,6 +920,7 @@ class CpuBackend final : public Backend {
   // LoRA (under scratch_mutex_): gathered rows, the rank-r products, and
   // per-thread matmul scratch and tiles.
   static constexpr int64_t kLoraRankChunk = 8;
+  static constexpr int64_t kLoraColChunkMax = 256;
   static void round_to(DType type, const float* in, int64_t n, float* out) {
     switch (type) {
       case DType::F16:
@@ -740,8 +937,6 @@ class CpuBackend final : public Backend {
     }
   }
   std::vector<float> lora_x_, lora_t_;
-  std::vector<cpu::MatmulScratch> lora_scratch_;
-  std::vector<std::vector<float>> lora_tmp_;
 };
 
 }  // namespace

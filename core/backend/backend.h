@@ -128,6 +128,10 @@ struct LoraTerm {
   float scale = 1.0f;
   const int32_t* rows = nullptr;  // host: the batch rows it applies to
   int32_t n_rows = 0;
+  // The rows are one-token decodes (a sequence's only row in the step):
+  // the CPU sums them in llama.cpp's one-token order, others in its batched
+  // order (as Backend::matmul's rows_are_decodes).
+  bool decodes = false;
 };
 
 class Backend {

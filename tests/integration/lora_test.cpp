@@ -3,16 +3,23 @@
 // other's tokens, the prefix cache keyed by the adapter set, adapters changed
 // between turns and released while in use. The adapters are written by
 // make_synthetic_model --lora-for (tests/CMakeLists.txt) for the synthetic
-// bases; llama.cpp's greedy tokens with an adapter on the real model are in
-// lora_reference_test.cpp.
+// bases. On the real model, greedy decoding with an adapter equals llama.cpp's
+// with the same file (tests/golden/lora: tools/ref_lora.py's goldens, the
+// adapter written again here from tests/golden/lora/adapters.txt).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <string>
 #include <vector>
+
+#include <picojson.h>
+
+#include <cstdlib>
+#include <sstream>
 
 #include "core/engine/engine.h"
 #include "core/model/lora.h"
@@ -268,6 +275,97 @@ TEST(Lora, ChangedBetweenTurnsAndReleasedWhileInUse) {
     ADD_FAILURE() << "saved";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), StatusCode::kUnsupported);
+  }
+}
+
+// ---- llama.cpp's greedy tokens with the adapter (tests/golden/lora)
+
+picojson::value read_json(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  picojson::value v;
+  const std::string err = picojson::parse(v, ss.str());
+  EXPECT_TRUE(err.empty()) << path << ": " << err;
+  return v;
+}
+
+std::vector<int32_t> ints(const picojson::value& v) {
+  std::vector<int32_t> out;
+  for (const auto& e : v.get<picojson::array>()) out.push_back(static_cast<int32_t>(e.get<double>()));
+  return out;
+}
+
+// Writes the adapter `file` of tests/golden/lora/adapters.txt (its recipe,
+// make_synthetic_model on the model in $EMBER_HOME) into the test's temp dir.
+std::string write_golden_adapter(const std::string& file) {
+  std::ifstream recipes(std::string(EMBER_SOURCE_DIR) + "/tests/golden/lora/adapters.txt");
+  std::string line;
+  while (std::getline(recipes, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream in(line);
+    std::string name, base_file;
+    in >> name >> base_file;
+    if (name != file) continue;
+    std::string args;
+    std::getline(in, args);
+    const std::string home = test::default_model_path().substr(0, test::default_model_path().rfind('/') + 1);
+    const std::string out = ::testing::TempDir() + "/" + file;
+    const std::string cmd = std::string("'") + EMBER_MAKE_SYNTHETIC_MODEL + "' --lora-for '" + home + base_file + "'" +
+                            args + " --out '" + out + "' > /dev/null";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    return out;
+  }
+  ADD_FAILURE() << "no recipe for " << file;
+  return "";
+}
+
+TEST(LoraReference, GreedyWithAnAdapterEqualsLlamaCpp) {
+  EMBER_REQUIRE_MODEL();
+  auto m = Model::load(test::default_model_path());
+  std::map<std::string, std::shared_ptr<const LoraAdapter>> adapters;
+  for (const char* golden : {"smollm2_r16_s1.json", "smollm2_r16_s1_scale0.5.json"}) {
+    const picojson::value g = read_json(std::string(EMBER_SOURCE_DIR) + "/tests/golden/lora/" + golden);
+    std::vector<LoraUse> uses;
+    for (const auto& l : g.get("lora").get<picojson::array>()) {
+      const std::string file = l.get("file").get<std::string>();
+      if (!adapters.count(file)) adapters[file] = LoraAdapter::load(write_golden_adapter(file), *m);
+      uses.push_back({adapters[file], static_cast<float>(l.get("scale").get<double>())});
+    }
+    const auto set = LoraSet::make(uses);
+    const int n = static_cast<int>(g.get("n").get<double>());
+    // Every prompt at once (different sets beside each other are covered above),
+    // with the adapter and without.
+    auto engine = Engine::create(m, EngineParams{});
+    struct Run {
+      std::string prompt;
+      std::vector<int32_t> expected, expected_base;
+      std::shared_ptr<Session> with, without;
+      std::shared_ptr<Stream> s_with, s_without;
+    };
+    std::vector<Run> runs;
+    for (const auto& p : g.get("prompts").get<picojson::array>()) {
+      Run r;
+      r.prompt = p.get("prompt").get<std::string>();
+      r.expected = ints(p.get("tokens"));
+      r.expected_base = ints(p.get("base_tokens"));
+      const auto ids = ints(p.get("prompt_tokens"));
+      StreamParams sp = greedy(n);
+      r.with = std::make_shared<Session>(engine, 0, "");
+      r.with->set_loras(set);
+      r.with->add_tokens(ids);
+      r.s_with = r.with->start(sp);
+      r.without = std::make_shared<Session>(engine, 0, "");
+      r.without->add_tokens(ids);
+      r.s_without = r.without->start(sp);
+      runs.push_back(std::move(r));
+    }
+    for (auto& r : runs) {
+      const auto got = drain(r.s_with);
+      EXPECT_EQ(got, r.expected) << golden << ": '" << r.prompt << "' with the adapter";
+      EXPECT_EQ(drain(r.s_without), r.expected_base) << golden << ": '" << r.prompt << "' without";
+      EXPECT_NE(r.expected, r.expected_base) << "the golden adapter changes nothing";
+    }
   }
 }
 

@@ -178,13 +178,14 @@ void Decoder::prepare(const Batch& batch, Pass& p) {
   p.lora_groups.clear();
   for (const auto& bs : batch.seqs) {
     if (!bs.lora) continue;
+    const bool decodes = bs.n_rows == 1 || bs.decodes;
     Pass::LoraGroup* g = nullptr;
     for (auto& e : p.lora_groups) {
-      if (e.set->key() == bs.lora->key()) g = &e;
+      if (e.set->key() == bs.lora->key() && e.decodes == decodes) g = &e;
     }
     if (!g) {
       for (const auto& u : bs.lora->uses()) device_lora(u.adapter);
-      p.lora_groups.push_back({bs.lora.get(), {}});
+      p.lora_groups.push_back({bs.lora.get(), decodes, {}});
       g = &p.lora_groups.back();
     }
     for (int32_t r = bs.first_row; r < bs.first_row + bs.n_rows; ++r) g->rows.push_back(r);
@@ -286,7 +287,7 @@ void Decoder::lora(Pass& p, int32_t il, LoraTarget t, const float* in, float* ou
       if (!pair) continue;
       const DeviceLora& d = lora_dev_.at(u.adapter.get());
       terms.push_back(LoraTerm{d.a[slot].get(), d.b[slot].get(), u.scale * pair->alpha_scale, g.rows.data(),
-                               static_cast<int32_t>(g.rows.size())});
+                               static_cast<int32_t>(g.rows.size()), g.decodes});
     }
   }
   if (!terms.empty()) backend_.lora(terms.data(), static_cast<int32_t>(terms.size()), in, out);

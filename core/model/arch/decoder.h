@@ -58,6 +58,7 @@ class Decoder : public Forward {
     // rows, in batch order, wherever its sequences sit in the batch).
     struct LoraGroup {
       const LoraSet* set;
+      bool decodes;  // its sequences' only rows in the step (Segment::decodes)
       std::vector<int32_t> rows;
     };
     std::vector<LoraGroup> lora_groups;

@@ -511,16 +511,19 @@ TEST_P(BackendOps, ElementwiseAndGather) {
 // bits whatever else the call holds, rows without terms are untouched.
 TEST_P(BackendOps, LoraTermsOnChosenRows) {
   const int64_t K = 96, N = 72;
-  const int32_t n_rows = 8;
+  const int32_t n_rows = 9;  // row 8 has no term
   struct Spec {
     DType type;
     int64_t rank;
     float scale;
     std::vector<int32_t> rows;
+    bool decodes;  // one-token rows: the other summation order
   };
-  const std::vector<Spec> specs = {{DType::F16, 16, 0.7f, {0, 3, 5}},
-                                   {DType::F32, 5, -1.3f, {1, 3}},
-                                   {DType::BF16, 8, 2.0f, {6}}};
+  const std::vector<Spec> specs = {{DType::F16, 16, 0.7f, {0, 3, 5}, false},
+                                   {DType::F32, 5, -1.3f, {1, 3}, false},
+                                   {DType::BF16, 8, 2.0f, {6}, false},
+                                   {DType::F16, 16, 1.5f, {7, 2}, true},
+                                   {DType::F32, 12, 0.25f, {4}, true}};
   std::vector<std::vector<uint8_t>> a_bytes, b_bytes;
   std::vector<std::unique_ptr<DeviceWeight>> a_w, b_w;
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -535,12 +538,12 @@ TEST_P(BackendOps, LoraTermsOnChosenRows) {
     std::vector<LoraTerm> t;
     for (size_t i : which) {
       t.push_back(LoraTerm{a_w[i].get(), b_w[i].get(), specs[i].scale, specs[i].rows.data(),
-                           static_cast<int32_t>(specs[i].rows.size())});
+                           static_cast<int32_t>(specs[i].rows.size()), specs[i].decodes});
     }
     return t;
   };
   Buf bx(b(), x), by(b(), y0);
-  const auto all = terms_of({0, 1, 2});
+  const auto all = terms_of({0, 1, 2, 3, 4});
   b().lora(all.data(), static_cast<int32_t>(all.size()), bx.f(), by.f());
   const auto y = by.get();
   // Reference: each term in order, in double, inputs rounded as the weight's type reads them.
@@ -567,7 +570,7 @@ TEST_P(BackendOps, LoraTermsOnChosenRows) {
     }
   }
   for (int32_t r = 0; r < n_rows; ++r) {
-    const bool touched = r == 0 || r == 1 || r == 3 || r == 5 || r == 6;
+    const bool touched = r != 8;
     for (int64_t n = 0; n < N; ++n) {
       const size_t i = static_cast<size_t>(r * N + n);
       if (!touched) {
