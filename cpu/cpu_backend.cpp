@@ -264,17 +264,97 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) void lora_dot
 
 #pragma GCC diagnostic pop
 
+// vec order for K below one step (a rank-r lora_b: every element is the
+// tail): per output, the products added one by one (F16: in double; F32:
+// FMAs), eight outputs interleaved so their chains overlap; the products of
+// a row are formed eight at a time (f16 x f16 is exact in f32).
+__attribute__((target("avx2,fma,f16c"))) void lora_vec_tail_rows_avx2(DType t, const uint8_t* w, size_t row_bytes,
+                                                                     int64_t n, const float* x, int64_t K,
+                                                                     float* out) {
+  if (t == DType::F16 && K % 8 == 0 && K <= 32) {
+    // Each product of two f16 values is exact in f32, and a double holds
+    // the sum of up to 32 of them exactly unless their magnitudes span more
+    // than ~2^24: the sum is then the same in any order, and the float it
+    // rounds to is llama.cpp's. So the products are summed 4 lanes at a time.
+    for (int64_t o = 0; o < n; ++o) {
+      const void* row = w + static_cast<size_t>(o) * row_bytes;
+      __m256d acc = _mm256_setzero_pd();
+      for (int64_t k = 0; k < K; k += 8) {
+        const __m256 prod = _mm256_mul_ps(lora_load8(t, row, k), _mm256_loadu_ps(x + k));
+        acc = _mm256_add_pd(acc, _mm256_cvtps_pd(_mm256_castps256_ps128(prod)));
+        acc = _mm256_add_pd(acc, _mm256_cvtps_pd(_mm256_extractf128_ps(prod, 1)));
+      }
+      const __m128d h = _mm_add_pd(_mm256_castpd256_pd128(acc), _mm256_extractf128_pd(acc, 1));
+      out[o] = static_cast<float>(_mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h))));
+    }
+    return;
+  }
+  constexpr int kMaxK = 63;  // K < 32 (AVX2 order) or < 64 (AVX-512 order)
+  constexpr int kOut = 16;   // outputs interleaved
+  alignas(32) float p[kMaxK + 1][kOut];  // p[k][i]: output i's k-th product
+  for (int64_t o = 0; o < n; o += kOut) {
+    const int64_t cnt = std::min<int64_t>(kOut, n - o);
+    for (int64_t i = 0; i < kOut; ++i) {
+      const void* row = w + static_cast<size_t>(o + std::min(i, cnt - 1)) * row_bytes;
+      if (t == DType::F16) {
+        int64_t k = 0;
+        for (; k + 8 <= K; k += 8) {
+          alignas(32) float v[8];
+          _mm256_store_ps(v, _mm256_mul_ps(lora_load8(t, row, k), _mm256_loadu_ps(x + k)));
+          for (int l = 0; l < 8; ++l) p[k + l][i] = v[l];
+        }
+        for (; k < K; ++k) p[k][i] = lora_weight_at(t, row, k) * x[k];
+      } else {
+        for (int64_t k = 0; k < K; ++k) p[k][i] = static_cast<const float*>(row)[k];  // the weights (FMAs below)
+      }
+    }
+    if (t == DType::F16) {  // sumf += (double)(w * x), element by element
+      __m256d d[kOut / 4];
+      for (auto& v : d) v = _mm256_setzero_pd();
+      for (int64_t k = 0; k < K; ++k)
+        for (int q = 0; q < kOut / 4; ++q) d[q] = _mm256_add_pd(d[q], _mm256_cvtps_pd(_mm_load_ps(p[k] + 4 * q)));
+      alignas(32) double r[kOut];
+      for (int q = 0; q < kOut / 4; ++q) _mm256_store_pd(r + 4 * q, d[q]);
+      for (int64_t i = 0; i < cnt; ++i) out[o + i] = static_cast<float>(r[i]);
+    } else {  // F32: sumf = fma(w, x, sumf), element by element
+      __m256 f[kOut / 8];
+      for (auto& v : f) v = _mm256_setzero_ps();
+      for (int64_t k = 0; k < K; ++k) {
+        const __m256 xk = _mm256_set1_ps(x[k]);
+        for (int q = 0; q < kOut / 8; ++q) f[q] = _mm256_fmadd_ps(_mm256_load_ps(p[k] + 8 * q), xk, f[q]);
+      }
+      alignas(32) float r[kOut];
+      for (int q = 0; q < kOut / 8; ++q) _mm256_store_ps(r + 8 * q, f[q]);
+      for (int64_t i = 0; i < cnt; ++i) out[o + i] = r[i];
+    }
+  }
+}
+
+// y[j] = y[j] + u[j] * s, n elements: a multiply, then an add (no FMA: as
+// ggml_scale then ggml_add).
+__attribute__((target("avx"))) void lora_scale_add_avx(float* y, const float* u, int64_t n, float s) {
+  const __m256 sv = _mm256_set1_ps(s);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 prod = _mm256_mul_ps(_mm256_loadu_ps(u + j), sv);
+    _mm256_storeu_ps(y + j, _mm256_add_ps(_mm256_loadu_ps(y + j), prod));
+  }
+  for (; j < n; ++j) y[j] = y[j] + u[j] * s;
+}
+
 void lora_vec_scalar(DType t, const uint8_t* w, size_t row_bytes, int64_t n, const float* x, int64_t K, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = lora_vec_scalar1(t, w + static_cast<size_t>(i) * row_bytes, x, K);
 }
 __attribute__((target("avx2,fma,f16c"))) void lora_vec_avx2(DType t, const uint8_t* w, size_t row_bytes, int64_t n,
                                                            const float* x, int64_t K, float* out) {
+  if (K < 32 && t != DType::BF16) return lora_vec_tail_rows_avx2(t, w, row_bytes, n, x, K, out);
   for (int64_t i = 0; i < n; ++i) out[i] = lora_vec_avx2_1(t, w + static_cast<size_t>(i) * row_bytes, x, K);
 }
 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) void lora_vec_avx512(DType t, const uint8_t* w,
                                                                                        size_t row_bytes, int64_t n,
                                                                                        const float* x, int64_t K,
                                                                                        float* out) {
+  if (K < 64 && t != DType::BF16) return lora_vec_tail_rows_avx2(t, w, row_bytes, n, x, K, out);
   for (int64_t i = 0; i < n; ++i) out[i] = lora_vec_avx512_1(t, w + static_cast<size_t>(i) * row_bytes, x, K);
 }
 
@@ -786,10 +866,42 @@ class CpuBackend final : public Backend {
     }
     const cpu::Isa isa = cpu::active_isa();
     const int nt = threads();
+    // Prompt rows: llama.cpp's batched (tinyBLAS) order is the row-invariant
+    // float kernels' (one accumulator of the vector width, halves folded),
+    // with the weights loaded once for several rows: cpu::matmul per product.
+    bool any_decodes = false;
+    omp_set_num_threads(nt);
+    for (int32_t i = 0; i < n_terms; ++i) {
+      const LoraTerm& t = terms[i];
+      if (t.decodes || t.n_rows == 0) {
+        any_decodes |= t.decodes && t.n_rows > 0;
+        continue;
+      }
+      const WeightDesc& a = t.a->desc;
+      const WeightDesc& b = t.b->desc;
+      const int64_t r = a.rows;
+      float* tm = lora_t_.data() + t_off[i];
+      cpu::matmul(cpu::WeightView{a.type, r, K, a.host_data}, lora_x_.data() + x_off[i], t.n_rows, tm, scratch_,
+                  cpu::MatmulPath::kRowInvariant, cpu::RowKind::kPrompt);
+      round_to(b.type, tm, static_cast<int64_t>(t.n_rows) * r, tm);
+      lora_u_.resize(static_cast<size_t>(t.n_rows) * N);
+      cpu::matmul(cpu::WeightView{b.type, N, r, b.host_data}, tm, t.n_rows, lora_u_.data(), scratch_,
+                  cpu::MatmulPath::kRowInvariant, cpu::RowKind::kPrompt);
+      for (int32_t m = 0; m < t.n_rows; ++m) {
+        float* yr = y + static_cast<size_t>(t.rows[m]) * N;
+        const float* u = lora_u_.data() + static_cast<size_t>(m) * N;
+        if (isa != cpu::Isa::kScalar) {
+          lora_scale_add_avx(yr, u, N, t.scale);
+        } else {
+          for (int64_t j = 0; j < N; ++j) yr[j] = yr[j] + u[j] * t.scale;  // ggml_scale, then ggml_add
+        }
+      }
+    }
+    if (!any_decodes) return;
     // Phase 1 items: (term, chunk of rank rows).
     std::vector<std::pair<int32_t, int64_t>> items;
     for (int32_t i = 0; i < n_terms; ++i) {
-      if (terms[i].n_rows == 0) continue;
+      if (terms[i].n_rows == 0 || !terms[i].decodes) continue;
       for (int64_t r0 = 0; r0 < terms[i].a->desc.rows; r0 += kLoraRankChunk) items.emplace_back(i, r0);
     }
     // Phase 2: output column chunks (multiples of 8, several per thread).
@@ -819,6 +931,7 @@ class CpuBackend final : public Backend {
         const int64_t n0 = c * col_chunk, n1 = std::min<int64_t>(n0 + col_chunk, N);
         for (int32_t i = 0; i < n_terms; ++i) {
           const LoraTerm& t = terms[i];
+          if (!t.decodes) continue;  // (done above)
           const LoraDot dot = lora_dot_for(isa, t.decodes);
           const WeightDesc& b = t.b->desc;
           const int64_t r = b.cols;
@@ -830,8 +943,10 @@ class CpuBackend final : public Backend {
             for (int64_t c0 = n0; c0 < n1; c0 += kLoraColChunkMax) {
               const int64_t cn = std::min<int64_t>(kLoraColChunkMax, n1 - c0);
               dot(b.type, static_cast<const uint8_t*>(b.host_data) + c0 * b_row, b_row, cn, tm, r, u);
-              for (int64_t j = 0; j < cn; ++j) {
-                yr[c0 + j] = yr[c0 + j] + u[j] * t.scale;  // ggml_scale, then ggml_add (no FMA contraction here)
+              if (isa != cpu::Isa::kScalar) {
+                lora_scale_add_avx(yr + c0, u, cn, t.scale);
+              } else {
+                for (int64_t j = 0; j < cn; ++j) yr[c0 + j] = yr[c0 + j] + u[j] * t.scale;  // ggml_scale, ggml_add
               }
             }
           }
@@ -936,7 +1051,7 @@ class CpuBackend final : public Backend {
       default: std::memcpy(out, in, static_cast<size_t>(n) * sizeof(float));
     }
   }
-  std::vector<float> lora_x_, lora_t_;
+  std::vector<float> lora_x_, lora_t_, lora_u_;
 };
 
 }  // namespace

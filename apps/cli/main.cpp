@@ -809,13 +809,26 @@ int bench_sessions(const Args& a, int n_prompt, int n_gen, int threads, int k) {
   ep.max_running = std::max(k, 1);
   ember_engine* engine = nullptr;
   ember_status st = ember_engine_create(model, &ep, &engine);
+  // --lora FILE (repeatable): session i decodes with adapter i % count.
+  std::vector<ember_lora*> loras;
+  for (const std::string& f : a.all("--lora")) {
+    if (st != EMBER_OK) break;
+    ember_lora* l = nullptr;
+    st = ember_lora_load(model, f.c_str(), &l);
+    if (st == EMBER_OK) loras.push_back(l);
+  }
   ember_model_destroy(model);
-  check(st, "creating the engine");
+  check(st, "creating the engine and loading the adapters");
   std::mt19937 rng(4321);
   std::vector<ember_session*> sessions(static_cast<size_t>(k), nullptr);
   std::vector<ember_stream*> streams(static_cast<size_t>(k), nullptr);
   for (int i = 0; i < k; ++i) {
     check(ember_session_create(engine, nullptr, &sessions[static_cast<size_t>(i)]), "session");
+    if (!loras.empty()) {
+      check(ember_session_set_loras(sessions[static_cast<size_t>(i)], &loras[static_cast<size_t>(i) % loras.size()],
+                                    nullptr, 1),
+            "adapter");
+    }
     std::vector<int32_t> prompt(static_cast<size_t>(n_prompt));
     for (auto& t : prompt) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(info.vocab_size));
     check(ember_session_add_tokens(sessions[static_cast<size_t>(i)], prompt.data(), prompt.size()), "prompt");
@@ -945,6 +958,7 @@ int bench_sessions(const Args& a, int n_prompt, int n_gen, int threads, int k) {
     ember_stream_destroy(streams[static_cast<size_t>(i)]);
     ember_session_destroy(sessions[static_cast<size_t>(i)]);
   }
+  for (ember_lora* l : loras) ember_lora_destroy(l);
   ember_engine_destroy(engine);
   // KV per token held: paged (peak blocks in use over the tokens the
   // sequences hold) against reserving the model's context per sequence.
@@ -1162,7 +1176,8 @@ ember_stream_stats_t run_token_times(ember_session* session, const ember_stream_
 
 int cmd_bench(int argc, char** argv) {
   Args a(argc, argv, 2,
-         with({"-m", "-p", "-n", "-t", "-r", "--sessions", "--prefix-cache", "--prompt-file", "--prompt"}, kSpecOpts),
+         with({"-m", "-p", "-n", "-t", "-r", "--sessions", "--prefix-cache", "--prompt-file", "--prompt", "--lora"},
+              kSpecOpts),
          {"--json", "--chat", "--token-times", "--no-batch-invariant"});
   const int n_prompt = static_cast<int>(a.integer("-p", 512, 1, 1 << 20));
   const int n_gen = static_cast<int>(a.integer("-n", 128, 1, 1 << 20));
@@ -1255,6 +1270,7 @@ void usage() {
       "  perplexity [-m MODEL] -f FILE --stream --cache full|window:W|sink:S:W|recompute:W\n"
       "             [--max-tokens N] [--series FILE.csv] [--stride K] [--logprobs FILE.csv] [--chunk K]\n"
       "  bench      [-m MODEL] [-p 512] [-n 128] [-t THREADS] [-r REPS] [--sessions K] [--prefix-cache N] [--json]\n"
+      "             [--lora FILE]...   # with --sessions: session i decodes with adapter i mod count\n"
       "             [--token-times]   # with --json: the last repetition's per-token decode times\n"
       "             [--no-batch-invariant]   # oneDNN for large prefill chunks (results may depend on chunking)\n"
       "  bench      [-m MODEL] --spec ngram|self[:L]|draft:PATH (--prompt-file F | --prompt TEXT) [--chat] [-n N]\n"
