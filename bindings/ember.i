@@ -4,8 +4,8 @@
  * ABI in include/ember/ember.h that turn its out-parameters and params
  * structs into plain arguments and return values, a handful of C ABI
  * functions as they are, and small value types (eb_tokens, eb_floats,
- * eb_event, eb_stats, eb_model_info, eb_sampling, eb_embed_inputs). Nothing
- * else in ember.h is wrapped.
+ * eb_event, eb_stats, eb_model_info, eb_sampling, eb_embed_inputs,
+ * eb_lora_info, eb_lora_set). Nothing else in ember.h is wrapped.
  *
  * Errors: every helper records a failed ember_status together with a copy of
  * ember_last_error(), taken inside the same native call (so it is right even
@@ -16,7 +16,7 @@
  * (runtime.LockOSThread) and reads eb_last_status()/eb_last_message() right
  * after the call.
  *
- * The idiomatic classes (Model, Engine, Session, Stream) are small
+ * The idiomatic classes (Model, Engine, Session, Stream, Lora) are small
  * hand-written files per language over this module; the files SWIG generates
  * are never edited.
  *
@@ -268,6 +268,7 @@ typedef struct ember_model ember_model;
 typedef struct ember_engine ember_engine;
 typedef struct ember_session ember_session;
 typedef struct ember_stream ember_stream;
+typedef struct ember_lora ember_lora;
 
 %ignore eb_event::text_;
 %ignore eb_event::tokens_;
@@ -294,6 +295,10 @@ typedef struct ember_stream ember_stream;
 %ignore eb_embed_inputs::n_;
 %ignore eb_embed_inputs::cap_;
 %ignore eb_embed_inputs::kind_;
+%ignore eb_lora_set::loras_;
+%ignore eb_lora_set::scales_;
+%ignore eb_lora_set::n_;
+%ignore eb_lora_set::cap_;
 
 %immutable eb_event::kind;
 %immutable eb_event::end_reason;
@@ -302,6 +307,10 @@ typedef struct ember_stream ember_stream;
 %immutable eb_floats::n;
 %immutable eb_model_info::architecture;
 %immutable eb_model_info::name;
+%immutable eb_lora_info::n_matrices;
+%immutable eb_lora_info::max_rank;
+%immutable eb_lora_info::alpha;
+%immutable eb_lora_info::bytes;
 
 %newobject eb_tokenize;
 %newobject eb_detokenize;
@@ -429,6 +438,25 @@ typedef struct eb_embed_inputs {
   int64_t cap_;
   int32_t kind_;       /* 0 empty, 1 texts, 2 token lists */
 } eb_embed_inputs;
+
+/* LoRA adapter metadata (ember_lora_info_t with fixed-width fields; since 1.6). */
+typedef struct eb_lora_info {
+  int32_t n_matrices; /* matrices adapted */
+  int32_t max_rank;   /* largest rank of its pairs */
+  float alpha;        /* adapter.lora.alpha (0: none) */
+  int64_t bytes;      /* the adapter's tensors */
+} eb_lora_info;
+
+/* The adapters of one ember_session_set_loras call, in order, each with its
+ * scale (add). The handles are borrowed: the language layer keeps its Lora
+ * objects open across eb_session_set_loras (the session then keeps the
+ * adapters alive itself). */
+typedef struct eb_lora_set {
+  const ember_lora** loras_;
+  float* scales_;
+  int64_t n_;
+  int64_t cap_;
+} eb_lora_set;
 %}
 
 
@@ -509,6 +537,41 @@ typedef struct eb_embed_inputs {
 %extend eb_model_info {
   eb_model_info() { return (eb_model_info*)calloc(1, sizeof(eb_model_info)); }
   ~eb_model_info() { free($self); }
+}
+
+%extend eb_lora_info {
+  eb_lora_info() { return (eb_lora_info*)calloc(1, sizeof(eb_lora_info)); }
+  ~eb_lora_info() { free($self); }
+}
+
+%extend eb_lora_set {
+  eb_lora_set() {
+    eb_lora_set* set = (eb_lora_set*)calloc(1, sizeof(eb_lora_set));
+    if (!set) eb_fail(EMBER_ERR_OUT_OF_MEMORY, "out of memory");
+    return set;
+  }
+  ~eb_lora_set() {
+    free((void*)$self->loras_);
+    free($self->scales_);
+    free($self);
+  }
+  /* Appends an adapter (borrowed) with its scale (checked by ember_session_set_loras). */
+  void add(const ember_lora* lora, float scale) {
+    if (!lora) { eb_fail(EMBER_ERR_INVALID_ARGUMENT, "lora is NULL"); return; }
+    if ($self->n_ == $self->cap_) {
+      int64_t cap = $self->cap_ ? $self->cap_ * 2 : 4;
+      const ember_lora** loras = (const ember_lora**)realloc((void*)$self->loras_, sizeof(ember_lora*) * (size_t)cap);
+      if (loras) $self->loras_ = loras;
+      float* scales = (float*)realloc($self->scales_, sizeof(float) * (size_t)cap);
+      if (scales) $self->scales_ = scales;
+      if (!loras || !scales) { eb_fail(EMBER_ERR_OUT_OF_MEMORY, "out of memory"); return; }
+      $self->cap_ = cap;
+    }
+    $self->loras_[$self->n_] = lora;
+    $self->scales_[$self->n_] = scale;
+    ++$self->n_;
+  }
+  int64_t size() { return $self->n_; }
 }
 
 %{
@@ -840,6 +903,29 @@ void eb_session_add_message(ember_session* session, const char* role, const char
 void eb_session_set_tools(ember_session* session, const char* tools_json) {
   eb_check(ember_session_set_tools(session, tools_json && *tools_json ? tools_json : NULL));
 }
+/* ---- LoRA (since 1.6) */
+ember_lora* eb_lora_load(const ember_model* model, const char* path) {
+  ember_lora* l = NULL;
+  eb_check(ember_lora_load(model, path, &l));
+  return l;
+}
+void eb_lora_info_get(const ember_lora* lora, eb_lora_info* out) {
+  ember_lora_info_t i;
+  memset(&i, 0, sizeof i);
+  i.size = sizeof i;
+  if (!out) { eb_fail(EMBER_ERR_INVALID_ARGUMENT, "info is NULL"); return; }
+  if (eb_check(ember_lora_info(lora, &i))) return;
+  out->n_matrices = i.n_matrices;
+  out->max_rank = i.max_rank;
+  out->alpha = i.alpha;
+  out->bytes = (int64_t)i.bytes;
+}
+/* The adapters the session's next turns decode with; NULL or empty = none. */
+void eb_session_set_loras(ember_session* session, const eb_lora_set* loras) {
+  size_t n = loras ? (size_t)loras->n_ : 0;
+  eb_check(ember_session_set_loras(session, n ? (const ember_lora* const*)loras->loras_ : NULL,
+                                   n ? loras->scales_ : NULL, n));
+}
 void eb_session_add_text(ember_session* session, const char* text, int32_t parse_special) {
   eb_check(ember_session_add_text(session, text, parse_special));
 }
@@ -1000,6 +1086,7 @@ void ember_engine_destroy(ember_engine* engine);
 void ember_session_destroy(ember_session* session);
 void ember_stream_destroy(ember_stream* stream);
 void ember_stream_release(ember_stream* stream);
+void ember_lora_destroy(ember_lora* lora);
 
 /* Constants the language layers use (values fixed by ember.h). */
 %constant int32_t DEVICE_CPU = EMBER_DEVICE_CPU;

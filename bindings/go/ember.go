@@ -287,6 +287,57 @@ func b2i(b bool) int {
 	return 0
 }
 
+// LoraInfo is a LoRA adapter's metadata (ember_lora_info_t).
+type LoraInfo struct {
+	NMatrices int     // matrices adapted
+	MaxRank   int     // the largest rank of its pairs
+	Alpha     float32 // adapter.lora.alpha (0: none; each term is then scaled by its scale alone)
+	Bytes     int64   // the adapter's tensors
+}
+
+// Lora is a LoRA adapter (C ABI 1.6) loaded for a model; use it with
+// Session.SetLoras. Immutable and safe for concurrent use: share it across
+// sessions and engines of the model. Sessions using it keep it alive, so
+// Close is safe at any time.
+type Lora struct {
+	h     *handle[emberc.Struct_SS_ember_lora]
+	Model *Model
+	Path  string
+}
+
+// LoadLora loads a LoRA adapter in llama.cpp's GGUF format for model (made
+// for its architecture and shapes; the file is read once). Errors:
+// StatusNotFound, StatusBadFormat (not an adapter, corrupt),
+// StatusInvalidArgument (an adapter for another model), StatusUnsupported.
+func LoadLora(model *Model, path string) (*Lora, error) {
+	if model == nil {
+		return nil, &Error{StatusInvalidArgument, "model is nil"}
+	}
+	p, err := use(model.h, func(m emberc.Struct_SS_ember_model) emberc.Struct_SS_ember_lora {
+		return emberc.Eb_lora_load(m, path)
+	})
+	if err != nil {
+		return nil, err
+	}
+	l := &Lora{h: newHandle(p, emberc.Ember_lora_destroy, "Lora"), Model: model, Path: path}
+	runtime.SetFinalizer(l, func(l *Lora) { gcClose(l.h, nil) })
+	return l, nil
+}
+
+// Close releases the adapter; sessions using it keep it alive.
+func (l *Lora) Close() error { l.h.close(nil); return nil }
+
+// Info returns the adapter's metadata.
+func (l *Lora) Info() (LoraInfo, error) {
+	raw := emberc.NewEb_lora_info()
+	defer emberc.DeleteEb_lora_info(raw)
+	err := use0(l.h, func(p emberc.Struct_SS_ember_lora) { emberc.Eb_lora_info_get(p, raw) })
+	if err != nil {
+		return LoraInfo{}, err
+	}
+	return LoraInfo{raw.GetN_matrices(), raw.GetMax_rank(), raw.GetAlpha(), raw.GetBytes()}, nil
+}
+
 // EngineOptions are an engine's settings; the zero value is the library's defaults on the CPU.
 type EngineOptions struct {
 	Device        string // "cpu" (default), "cuda" or "auto"
@@ -556,6 +607,44 @@ func (s *Session) AddMessage(role, content string) error {
 // AddMessage("tool", result).
 func (s *Session) SetTools(toolsJSON string) error {
 	return use0(s.h, func(p emberc.Struct_SS_ember_session) { emberc.Eb_session_set_tools(p, toolsJSON) })
+}
+
+// SetLoras sets the LoRA adapters the next turns decode with, in order (C ABI
+// 1.6), with their scales (scales nil: all 1.0; 0 is the base model); no
+// adapters = none. Each adds scale * alpha / rank * B A x to its matrices'
+// rows, as llama.cpp does. Changing the set between turns recomputes the
+// history under the new one. The session keeps the adapters alive (closing a
+// Lora afterwards is safe). Errors: StatusInvalidArgument (more than 16
+// adapters, a scale that is not finite or beyond +-1000, an adapter of
+// another model, a closed or nil Lora, scales of another length), StatusBusy
+// (a stream runs).
+func (s *Session) SetLoras(loras []*Lora, scales []float32) error {
+	if scales != nil && len(scales) != len(loras) {
+		return &Error{StatusInvalidArgument, fmt.Sprintf("%d scales for %d adapters", len(scales), len(loras))}
+	}
+	for i, l := range loras {
+		if l == nil {
+			return &Error{StatusInvalidArgument, fmt.Sprintf("adapter %d is nil", i)}
+		}
+	}
+	set := emberc.NewEb_lora_set()
+	defer emberc.DeleteEb_lora_set(set)
+	// Every adapter stays open across the call; the session then keeps them alive itself.
+	for i, l := range loras {
+		p, err := l.h.acquire()
+		if err != nil {
+			return err
+		}
+		defer l.h.done()
+		scale := float32(1)
+		if scales != nil {
+			scale = scales[i]
+		}
+		if err := call0(func() { set.Add(p, scale) }); err != nil {
+			return err
+		}
+	}
+	return use0(s.h, func(p emberc.Struct_SS_ember_session) { emberc.Eb_session_set_loras(p, set) })
 }
 
 // AddText appends raw text (completion mode).

@@ -786,6 +786,147 @@ func spec(n int, set func(*Sampling)) *Sampling {
 	return s
 }
 
+// makeAdapter writes a rank-8 adapter for the test model (make_synthetic_model --lora-for).
+func makeAdapter(t *testing.T) string {
+	t.Helper()
+	tool := os.Getenv("EMBER_MAKE_SYNTHETIC_MODEL")
+	if tool == "" {
+		t.Skip("EMBER_MAKE_SYNTHETIC_MODEL not set (run through CTest)")
+	}
+	path := filepath.Join(t.TempDir(), "lora.gguf")
+	out, err := exec.Command(tool, "--lora-for", modelPath(), "--rank", "8", "--seed", "3", "--out", path).CombinedOutput()
+	if err != nil {
+		t.Fatalf("make_synthetic_model: %v\n%s", err, out)
+	}
+	return path
+}
+
+func loraGreedy(t *testing.T, e *Engine, loras []*Lora, scales []float32) []int {
+	t.Helper()
+	s := must(e.NewSession(nil))(t)
+	defer s.Close()
+	if loras != nil {
+		ok(t, s.SetLoras(loras, scales))
+	}
+	ok(t, s.AddMessage("user", prompt))
+	return runGreedy(t, s, greedy(16)).Tokens()
+}
+
+func TestLora(t *testing.T) {
+	m, e := setup(t)
+	path := makeAdapter(t)
+	lora := must(LoadLora(m, path))(t)
+	defer lora.Close()
+	info := must(lora.Info())(t)
+	if info.MaxRank != 8 || info.NMatrices <= 0 || info.Bytes <= 0 || math.IsNaN(float64(info.Alpha)) ||
+		math.IsInf(float64(info.Alpha), 0) {
+		t.Fatalf("info %+v", info)
+	}
+	if lora.Model != m || lora.Path != path {
+		t.Fatal("model or path")
+	}
+	base := loraGreedy(t, e, nil, nil)
+	adapted := loraGreedy(t, e, []*Lora{lora}, []float32{1})
+	if len(base) == 0 || len(adapted) == 0 || reflect.DeepEqual(base, adapted) {
+		t.Fatalf("the adapter must change the greedy reply: %v vs %v", base, adapted)
+	}
+	if got := loraGreedy(t, e, []*Lora{lora}, nil); !reflect.DeepEqual(got, adapted) {
+		t.Fatalf("nil scales (1.0): %v, want %v", got, adapted)
+	}
+	for name, got := range map[string][]int{
+		"scale 0":     loraGreedy(t, e, []*Lora{lora}, []float32{0}),
+		"no adapters": loraGreedy(t, e, []*Lora{}, nil),
+	} {
+		if !reflect.DeepEqual(got, base) {
+			t.Fatalf("%s: %v, want the base %v", name, got, base)
+		}
+	}
+
+	// Changed on one session: none restores the base model's output.
+	s := must(e.NewSession(nil))(t)
+	defer s.Close()
+	turn := func(want []int, what string) {
+		t.Helper()
+		ok(t, s.AddMessage("user", prompt))
+		if got := runGreedy(t, s, greedy(16)).Tokens(); !reflect.DeepEqual(got, want) {
+			t.Fatalf("%s: %v, want %v", what, got, want)
+		}
+	}
+	ok(t, s.SetLoras([]*Lora{lora}, nil))
+	turn(adapted, "with the adapter")
+	ok(t, s.Reset())
+	ok(t, s.SetLoras(nil, nil))
+	turn(base, "set to none")
+
+	// Refused sets return the library's message; the session goes on.
+	ok(t, s.Reset())
+	for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(1)), -2000} {
+		err := expectStatus(t, s.SetLoras([]*Lora{lora}, []float32{bad}), StatusInvalidArgument)
+		if !strings.Contains(err.Message, "scale") {
+			t.Fatal(err.Message)
+		}
+	}
+	many := make([]*Lora, 17)
+	for i := range many {
+		many[i] = lora
+	}
+	if err := expectStatus(t, s.SetLoras(many, nil), StatusInvalidArgument); !strings.Contains(err.Message, "16") {
+		t.Fatal(err.Message)
+	}
+	expectStatus(t, s.SetLoras([]*Lora{lora}, []float32{1, 1}), StatusInvalidArgument)
+	expectStatus(t, s.SetLoras([]*Lora{lora, nil}, nil), StatusInvalidArgument)
+	turn(base, "after refused sets")
+	g := greedy(50)
+	g.IgnoreEOS = true
+	st := must(s.Generate(g))(t)
+	expectStatus(t, s.SetLoras([]*Lora{lora}, nil), StatusBusy)
+	st.Close()
+
+	// Closing the adapter while a session uses it: the session keeps it alive.
+	s2 := must(e.NewSession(nil))(t)
+	defer s2.Close()
+	dropped := must(LoadLora(m, path))(t)
+	ok(t, s2.SetLoras([]*Lora{dropped}, nil))
+	ok(t, dropped.Close())
+	ok(t, s2.AddMessage("user", prompt))
+	if got := runGreedy(t, s2, greedy(16)).Tokens(); !reflect.DeepEqual(got, adapted) {
+		t.Fatalf("after close: %v, want %v", got, adapted)
+	}
+	expectStatus(t, s2.SetLoras([]*Lora{dropped}, nil), StatusInvalidArgument)
+	_, err := dropped.Info()
+	expectStatus(t, err, StatusInvalidArgument)
+	ok(t, s2.Reset())
+	ok(t, s2.AddMessage("user", prompt))
+	if got := runGreedy(t, s2, greedy(16)).Tokens(); !reflect.DeepEqual(got, adapted) {
+		t.Fatalf("the set it had: %v, want %v", got, adapted)
+	}
+
+	// ... and in the middle of a stream.
+	s3 := must(e.NewSession(nil))(t)
+	defer s3.Close()
+	mid := must(LoadLora(m, path))(t)
+	ok(t, s3.SetLoras([]*Lora{mid}, nil))
+	ok(t, s3.AddMessage("user", prompt))
+	st3 := must(s3.Generate(greedy(16)))(t)
+	defer st3.Close()
+	must(st3.Next())(t)
+	ok(t, mid.Close())
+	must(st3.ReadAll())(t)
+	if got := st3.Tokens(); !reflect.DeepEqual(got, adapted) {
+		t.Fatalf("closed mid-stream: %v, want %v", got, adapted)
+	}
+
+	// Not an adapter.
+	_, err = LoadLora(m, modelPath())
+	if be := expectStatus(t, err, StatusBadFormat); !strings.Contains(be.Message, "not an adapter") {
+		t.Fatal(be.Message)
+	}
+	_, err = LoadLora(m, filepath.Join(t.TempDir(), "missing.gguf"))
+	expectStatus(t, err, StatusNotFound)
+	_, err = LoadLora(nil, path)
+	expectStatus(t, err, StatusInvalidArgument)
+}
+
 func TestSpeculativeGreedyEqualsPlain(t *testing.T) {
 	_, e := setup(t)
 	draft := must(LoadModel(modelPath()))(t) // the same file loaded twice: exactness, not speed

@@ -217,6 +217,77 @@ namespace Ember
         }
     }
 
+    /// <summary>LoRA adapter metadata (ember_lora_info_t).</summary>
+    public sealed class LoraInfo
+    {
+        /// <summary>Matrices adapted.</summary>
+        public int NMatrices;
+        /// <summary>The largest rank of its pairs.</summary>
+        public int MaxRank;
+        /// <summary>adapter.lora.alpha (0: none; each term is then scaled by its scale alone).</summary>
+        public float Alpha;
+        /// <summary>The adapter's tensors.</summary>
+        public long Bytes;
+
+        public override string ToString()
+        {
+            return NMatrices + " matrices, rank <= " + MaxRank + ", alpha " + Alpha + ", " + Bytes + " bytes";
+        }
+    }
+
+    /// <summary>A LoRA adapter (C ABI 1.6) in llama.cpp's GGUF format, loaded for a model (made for its
+    /// architecture and shapes; the file is read once). Use it with Session.SetLoras; immutable and thread-safe,
+    /// share it across sessions and engines of the model. Sessions using it keep it alive, so Dispose is safe at
+    /// any time.</summary>
+    public sealed class Lora : IDisposable
+    {
+        internal readonly Handle<SWIGTYPE_p_ember_lora> handle;
+        private LoraInfo info;
+
+        /// <summary>Loads an adapter for model; throws EmberException: NotFound, BadFormat (not an adapter,
+        /// corrupt), InvalidArgument (an adapter for another model), Unsupported, ...</summary>
+        public Lora(Model model, string path)
+        {
+            if (model == null) throw new EmberException(EmberException.InvalidArgument, "model is null");
+            var h = model.handle.Call(m => emberc.eb_lora_load(m, path));
+            handle = new Handle<SWIGTYPE_p_ember_lora>(h, emberc.ember_lora_destroy, "Lora");
+            Model = model;
+            Path = path;
+        }
+
+        ~Lora() { if (handle != null) handle.Close(); } // null when the constructor threw
+
+        public Model Model { get; private set; }
+        public string Path { get; private set; }
+
+        public LoraInfo Info
+        {
+            get
+            {
+                if (info == null)
+                {
+                    using (var raw = new eb_lora_info())
+                    {
+                        handle.Run(h => emberc.eb_lora_info_get(h, raw));
+                        info = new LoraInfo { NMatrices = raw.n_matrices, MaxRank = raw.max_rank, Alpha = raw.alpha, Bytes = raw.bytes };
+                    }
+                }
+                return info;
+            }
+        }
+
+        public bool IsClosed { get { return handle.IsClosed; } }
+
+        /// <summary>Releases the adapter; sessions using it keep it alive. Idempotent.</summary>
+        public void Dispose()
+        {
+            handle.Close();
+            GC.SuppressFinalize(this);
+        }
+
+        public override string ToString() { return "Lora(" + Path + (IsClosed ? ", closed" : "") + ")"; }
+    }
+
     /// <summary>How an embedding pools the hidden states of its input's tokens (EMBER_POOLING_*).</summary>
     public enum Pooling
     {
@@ -596,6 +667,43 @@ namespace Ember
         /// [{"type": "function", "function": {"name", "description", "parameters"}}, ...]; null or "" = none.
         /// Calls come out in Stream.ToolCalls, not in the text; send a result back with AddMessage("tool", result).</summary>
         public void SetTools(string toolsJson) { handle.Run(h => emberc.eb_session_set_tools(h, toolsJson)); }
+        /// <summary>The LoRA adapters the next turns decode with, in order (C ABI 1.6), with their scales (scales
+        /// null: all 1.0; 0 is the base model); null or empty = none. Each adds scale * alpha / rank * B A x to its
+        /// matrices' rows, as llama.cpp does. Changing the set between turns recomputes the history under the new
+        /// one. The session keeps the adapters alive (disposing a Lora afterwards is safe). Throws EmberException:
+        /// InvalidArgument (more than 16 adapters, a scale that is not finite or beyond +-1000, an adapter of
+        /// another model, a disposed Lora, scales of another length), Busy (a stream runs).</summary>
+        public void SetLoras(IList<Lora> loras, IList<float> scales = null)
+        {
+            int n = loras == null ? 0 : loras.Count;
+            if (scales != null && scales.Count != n)
+                throw new EmberException(EmberException.InvalidArgument, scales.Count + " scales for " + n + " adapters");
+            for (int i = 0; i < n; i++)
+                if (loras[i] == null) throw new EmberException(EmberException.InvalidArgument, "adapter " + i + " is null");
+            int held = 0;
+            using (var set = new eb_lora_set())
+            {
+                try
+                {
+                    // Every adapter stays open across the call; the session then keeps them alive itself.
+                    for (int i = 0; i < n; i++)
+                    {
+                        var p = loras[i].handle.Acquire();
+                        held++;
+                        set.add(p, scales == null ? 1.0f : scales[i]);
+                    }
+                    handle.Run(h => emberc.eb_session_set_loras(h, set));
+                }
+                finally
+                {
+                    for (int i = 0; i < held; i++) loras[i].handle.Release();
+                }
+            }
+        }
+
+        /// <summary>As SetLoras(loras), each adapter at scale 1.0; none = the base model.</summary>
+        public void SetLoras(params Lora[] loras) { SetLoras((IList<Lora>)loras, null); }
+
         public void AddText(string text, bool parseSpecial = false) { handle.Run(h => emberc.eb_session_add_text(h, text, parseSpecial ? 1 : 0)); }
         public void AddTokens(IList<int> ids) { using (var t = Tokens.Of(ids)) handle.Run(h => emberc.eb_session_add_tokens(h, t)); }
         public void Reset() { handle.Run(h => emberc.eb_session_reset(h)); }

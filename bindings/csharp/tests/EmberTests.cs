@@ -329,6 +329,132 @@ static class EmberTests
         Throws(EmberException.InvalidArgument, () => closed.Embed(texts));
     }
 
+    /// <summary>A rank-8 adapter for the test model (make_synthetic_model --lora-for); null when the tool is unknown.</summary>
+    static string MakeAdapter(string dir)
+    {
+        string tool = Environment.GetEnvironmentVariable("EMBER_MAKE_SYNTHETIC_MODEL");
+        if (string.IsNullOrEmpty(tool)) return null;
+        string output = Path.Combine(dir, "lora.gguf");
+        var psi = new ProcessStartInfo(tool) { UseShellExecute = false, RedirectStandardOutput = true };
+        psi.Arguments = "--lora-for \"" + ModelPath() + "\" --rank 8 --seed 3 --out \"" + output + "\"";
+        using (var p = Process.Start(psi))
+        {
+            p.StandardOutput.ReadToEnd();
+            p.WaitForExit();
+            Eq(0, p.ExitCode, "make_synthetic_model exit status");
+        }
+        return output;
+    }
+
+    static string LoraGreedy(IList<Lora> loras, IList<float> scales)
+    {
+        using (var s = engine.Session())
+        {
+            if (loras != null) s.SetLoras(loras, scales);
+            s.AddMessage("user", Prompt);
+            return Ids(RunGreedy(s, Greedy(16)).Tokens);
+        }
+    }
+
+    static void LoraAdapters()
+    {
+        string dir = Path.Combine(Path.GetTempPath(), "ember-lora-" + Guid.NewGuid().ToString("N"));
+        Directory.CreateDirectory(dir);
+        try
+        {
+            string path = MakeAdapter(dir);
+            if (path == null) { Console.WriteLine("SKIP lora: EMBER_MAKE_SYNTHETIC_MODEL not set (run through CTest)"); return; }
+            string baseIds = LoraGreedy(null, null);
+            string adapted;
+            using (var lora = new Lora(model, path))
+            {
+                var info = lora.Info;
+                Eq(8, info.MaxRank, "max rank");
+                Check(info.NMatrices > 0, "matrices adapted: " + info);
+                Check(info.Bytes > 0, "bytes: " + info);
+                Check(!float.IsNaN(info.Alpha) && !float.IsInfinity(info.Alpha), "alpha: " + info);
+                Check(lora.Model == model, "model");
+                adapted = LoraGreedy(new[] { lora }, new[] { 1.0f });
+                Check(baseIds.Length > 0 && adapted.Length > 0, "tokens");
+                Check(adapted != baseIds, "the adapter changes the greedy reply");
+                Eq(adapted, LoraGreedy(new[] { lora }, null), "null scales: 1.0");
+                Eq(baseIds, LoraGreedy(new[] { lora }, new[] { 0.0f }), "scale 0");
+                Eq(baseIds, LoraGreedy(new Lora[0], null), "no adapters");
+                // Changed on one session: none restores the base model's output.
+                using (var s = engine.Session())
+                {
+                    s.SetLoras(lora);
+                    s.AddMessage("user", Prompt);
+                    Eq(adapted, Ids(RunGreedy(s, Greedy(16)).Tokens), "with the adapter");
+                    s.Reset();
+                    s.SetLoras();
+                    s.AddMessage("user", Prompt);
+                    Eq(baseIds, Ids(RunGreedy(s, Greedy(16)).Tokens), "set to none");
+                    s.SetLoras(lora);
+                    s.SetLoras(null);
+                    s.Reset();
+                    s.AddMessage("user", Prompt);
+                    Eq(baseIds, Ids(RunGreedy(s, Greedy(16)).Tokens), "set to null");
+                }
+                // Refused sets throw with the library's message; the session goes on.
+                using (var s = engine.Session())
+                {
+                    foreach (float bad in new[] { float.NaN, float.PositiveInfinity, -2000f })
+                    {
+                        var e = Throws(EmberException.InvalidArgument, () => s.SetLoras(new[] { lora }, new[] { bad }));
+                        Check(e.Message.Contains("scale"), "message names the scale: " + e.Message);
+                    }
+                    var many = Enumerable.Repeat(lora, 17).ToArray();
+                    var tooMany = Throws(EmberException.InvalidArgument, () => s.SetLoras(many));
+                    Check(tooMany.Message.Contains("16"), "message names the limit: " + tooMany.Message);
+                    Throws(EmberException.InvalidArgument, () => s.SetLoras(new[] { lora }, new[] { 1f, 1f }));
+                    Throws(EmberException.InvalidArgument, () => s.SetLoras(lora, null));
+                    s.AddMessage("user", Prompt);
+                    Eq(baseIds, Ids(RunGreedy(s, Greedy(16)).Tokens), "after refused sets");
+                    using (var st = s.Generate(new Sampling { MaxTokens = 50, Temperature = 0, IgnoreEos = true }))
+                        Throws(EmberException.Busy, () => s.SetLoras(lora));
+                }
+            }
+            // Disposing the adapter while a session uses it: the session keeps it alive.
+            using (var s = engine.Session())
+            {
+                var dropped = new Lora(model, path);
+                s.SetLoras(dropped);
+                dropped.Dispose();
+                Check(dropped.IsClosed, "closed");
+                s.AddMessage("user", Prompt);
+                Eq(adapted, Ids(RunGreedy(s, Greedy(16)).Tokens), "after dispose");
+                Throws(EmberException.InvalidArgument, () => s.SetLoras(dropped));
+                Throws(EmberException.InvalidArgument, () => { var unused = dropped.Info; });
+                s.Reset();
+                s.AddMessage("user", Prompt);
+                Eq(adapted, Ids(RunGreedy(s, Greedy(16)).Tokens), "the set it had");
+            }
+            // ... and in the middle of a stream.
+            using (var s = engine.Session())
+            using (var mid = new Lora(model, path))
+            {
+                s.SetLoras(mid);
+                s.AddMessage("user", Prompt);
+                using (var st = s.Generate(Greedy(16)))
+                {
+                    st.NextPiece();
+                    mid.Dispose();
+                    st.ReadAll();
+                    Eq(adapted, Ids(st.Tokens), "disposed mid-stream");
+                }
+            }
+            // Not an adapter.
+            var notAdapter = Throws(EmberException.BadFormat, () => new Lora(model, ModelPath()));
+            Check(notAdapter.Message.Contains("not an adapter"), "message: " + notAdapter.Message);
+            Throws(EmberException.NotFound, () => new Lora(model, Path.Combine(dir, "missing.gguf")));
+        }
+        finally
+        {
+            Directory.Delete(dir, true);
+        }
+    }
+
     static void CancelFromAnotherThread()
     {
         using (var s = engine.Session())
@@ -759,6 +885,7 @@ static class EmberTests
             new KeyValuePair<string, Action>("tool_calling", ToolCalling),
             new KeyValuePair<string, Action>("logprobs_and_logit_bias", LogprobsAndLogitBias),
             new KeyValuePair<string, Action>("embed", Embed),
+            new KeyValuePair<string, Action>("lora", LoraAdapters),
             new KeyValuePair<string, Action>("cancel_from_another_thread", CancelFromAnotherThread),
             new KeyValuePair<string, Action>("two_sessions_on_two_threads", TwoSessionsOnTwoThreads),
             new KeyValuePair<string, Action>("save_load_continue_exactly", SaveLoadContinue),

@@ -4,6 +4,8 @@ import ember.Ember;
 import ember.EmberException;
 import ember.EndReason;
 import ember.Engine;
+import ember.Lora;
+import ember.LoraInfo;
 import ember.Model;
 import ember.Pooling;
 import ember.Sampling;
@@ -441,6 +443,121 @@ public final class EmberTest {
     }
   }
 
+  /** A rank-8 adapter for the test model (make_synthetic_model --lora-for); null when the tool is unknown. */
+  static String makeAdapter(Path dir) throws Exception {
+    String tool = System.getenv("EMBER_MAKE_SYNTHETIC_MODEL");
+    if (tool == null || tool.isEmpty()) return null;
+    String out = dir.resolve("lora.gguf").toString();
+    Process p = new ProcessBuilder(tool, "--lora-for", modelPath(), "--rank", "8", "--seed", "3", "--out", out)
+        .redirectErrorStream(true).start();
+    String log = new String(p.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
+    eq(0, p.waitFor(), "make_synthetic_model exit status (" + log + ")");
+    return out;
+  }
+
+  static int[] loraGreedy(Lora[] loras, float[] scales) {
+    try (Session s = engine.session()) {
+      if (loras != null) s.setLoras(Arrays.asList(loras), scales);
+      s.addMessage("user", PROMPT);
+      return runGreedy(s, greedy(16)).tokens();
+    }
+  }
+
+  static void lora() throws Exception {
+    Path dir = Files.createTempDirectory("ember-lora");
+    try {
+      String path = makeAdapter(dir);
+      if (path == null) {
+        System.out.println("SKIP lora: EMBER_MAKE_SYNTHETIC_MODEL not set (run through CTest)");
+        return;
+      }
+      int[] base = loraGreedy(null, null);
+      int[] adapted;
+      try (Lora lora = new Lora(model, path)) {
+        LoraInfo info = lora.info();
+        eq(8, info.maxRank, "max rank");
+        check(info.nMatrices > 0, "matrices adapted: " + info);
+        check(info.bytes > 0, "bytes: " + info);
+        check(Float.isFinite(info.alpha), "alpha: " + info);
+        check(lora.model() == model, "model");
+        adapted = loraGreedy(new Lora[] {lora}, new float[] {1.0f});
+        check(base.length > 0 && adapted.length > 0, "tokens");
+        check(!Arrays.equals(base, adapted), "the adapter changes the greedy reply");
+        eq(Arrays.toString(adapted), Arrays.toString(loraGreedy(new Lora[] {lora}, null)), "null scales: 1.0");
+        eq(Arrays.toString(base), Arrays.toString(loraGreedy(new Lora[] {lora}, new float[] {0.0f})), "scale 0");
+        eq(Arrays.toString(base), Arrays.toString(loraGreedy(new Lora[0], null)), "no adapters");
+        // Changed on one session: none restores the base model's output.
+        try (Session s = engine.session()) {
+          s.setLoras(lora);
+          s.addMessage("user", PROMPT);
+          eq(Arrays.toString(adapted), Arrays.toString(runGreedy(s, greedy(16)).tokens()), "with the adapter");
+          s.reset();
+          s.setLoras();
+          s.addMessage("user", PROMPT);
+          eq(Arrays.toString(base), Arrays.toString(runGreedy(s, greedy(16)).tokens()), "set to none");
+          s.setLoras(lora);
+          s.setLoras(null, null);
+          s.reset();
+          s.addMessage("user", PROMPT);
+          eq(Arrays.toString(base), Arrays.toString(runGreedy(s, greedy(16)).tokens()), "set to null");
+        }
+        // Refused sets throw with the library's message; the session goes on.
+        try (Session s = engine.session()) {
+          for (float bad : new float[] {Float.NaN, Float.POSITIVE_INFINITY, -2000f}) {
+            EmberException e = expectThrows(EmberException.INVALID_ARGUMENT,
+                () -> s.setLoras(List.of(lora), new float[] {bad}));
+            check(e.getMessage().contains("scale"), "message names the scale: " + e.getMessage());
+          }
+          Lora[] many = new Lora[17];
+          Arrays.fill(many, lora);
+          EmberException e = expectThrows(EmberException.INVALID_ARGUMENT, () -> s.setLoras(many));
+          check(e.getMessage().contains("16"), "message names the limit: " + e.getMessage());
+          expectThrows(EmberException.INVALID_ARGUMENT, () -> s.setLoras(List.of(lora), new float[] {1f, 1f}));
+          expectThrows(EmberException.INVALID_ARGUMENT, () -> s.setLoras(lora, null));
+          s.addMessage("user", PROMPT);
+          eq(Arrays.toString(base), Arrays.toString(runGreedy(s, greedy(16)).tokens()), "after refused sets");
+          try (Stream st = s.generate(greedy(50).ignoreEos(true))) {
+            expectThrows(EmberException.BUSY, () -> s.setLoras(lora));
+          }
+        }
+      }
+      // Closing the adapter while a session uses it: the session keeps it alive.
+      try (Session s = engine.session()) {
+        Lora dropped = new Lora(model, path);
+        s.setLoras(dropped);
+        dropped.close();
+        check(dropped.isClosed(), "closed");
+        s.addMessage("user", PROMPT);
+        eq(Arrays.toString(adapted), Arrays.toString(runGreedy(s, greedy(16)).tokens()), "after close");
+        expectThrows(EmberException.INVALID_ARGUMENT, () -> s.setLoras(dropped));
+        expectThrows(EmberException.INVALID_ARGUMENT, dropped::info);
+        s.reset();
+        s.addMessage("user", PROMPT);
+        eq(Arrays.toString(adapted), Arrays.toString(runGreedy(s, greedy(16)).tokens()), "the set it had");
+      }
+      // ... and in the middle of a stream.
+      try (Session s = engine.session(); Lora mid = new Lora(model, path)) {
+        s.setLoras(mid);
+        s.addMessage("user", PROMPT);
+        try (Stream st = s.generate(greedy(16))) {
+          st.next();
+          mid.close();
+          st.readAll();
+          eq(Arrays.toString(adapted), Arrays.toString(st.tokens()), "closed mid-stream");
+        }
+      }
+      // Not an adapter.
+      EmberException e = expectThrows(EmberException.BAD_FORMAT, () -> new Lora(model, modelPath()));
+      check(e.getMessage().contains("not an adapter"), "message: " + e.getMessage());
+      expectThrows(EmberException.NOT_FOUND, () -> new Lora(model, dir.resolve("missing.gguf").toString()));
+    } finally {
+      try (java.util.stream.Stream<Path> files = Files.list(dir)) {
+        for (Path f : (Iterable<Path>) files::iterator) Files.deleteIfExists(f);
+      }
+      Files.deleteIfExists(dir);
+    }
+  }
+
   static void speculativeStreamKeepsItsDraftModel() throws Exception {
     int[] plain = specRun(true, greedy(16)).tokens;
     Model draft = new Model(modelPath());
@@ -691,6 +808,7 @@ public final class EmberTest {
     tests.put("tool_calling", EmberTest::toolCalling);
     tests.put("logprobs_and_logit_bias", EmberTest::logprobsAndLogitBias);
     tests.put("embed", EmberTest::embed);
+    tests.put("lora", EmberTest::lora);
     tests.put("cancel_from_another_thread", EmberTest::cancelFromAnotherThread);
     tests.put("two_sessions_on_two_threads", EmberTest::twoSessionsOnTwoThreads);
     tests.put("save_load_continue_exactly", EmberTest::saveLoadContinue);

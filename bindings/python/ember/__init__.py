@@ -7,9 +7,9 @@
         for piece in session.generate(max_tokens=64):
             print(piece, end="", flush=True)
 
-Every handle (Model, Engine, Session, Stream) is a context manager and has
-close(); closing in any order is safe (an engine keeps its model alive, a
-session its engine, a stream its session). A closed handle raises
+Every handle (Model, Engine, Session, Stream, Lora) is a context manager and
+has close(); closing in any order is safe (an engine keeps its model alive, a
+session its engine and its LoRA adapters, a stream its session). A closed handle raises
 InvalidArgumentError. Failures raise ember.EmberError subclasses carrying the
 library's message and status. Calls into the library release the GIL.
 """
@@ -18,6 +18,8 @@ from ._api import (  # noqa: F401
     MAX_EMBED_INPUTS,
     Engine,
     EndReason,
+    Lora,
+    LoraInfo,
     Model,
     ModelInfo,
     Session,

@@ -2,7 +2,9 @@
 bindings/ember.i). Every native call goes through emberc; this file only
 shapes the surface."""
 
+import contextlib
 import json
+import math
 import os
 import threading
 from dataclasses import dataclass
@@ -12,8 +14,8 @@ from typing import Iterable, Iterator, List, Optional, Sequence, Union
 from . import emberc as _c
 from .emberc import InvalidArgumentError
 
-__all__ = ["Model", "Engine", "Session", "Stream", "ModelInfo", "StreamStats", "EndReason", "ToolCall", "TokenLogprob",
-           "MAX_EMBED_INPUTS", "version", "version_number", "capabilities"]
+__all__ = ["Model", "Engine", "Session", "Stream", "Lora", "ModelInfo", "LoraInfo", "StreamStats", "EndReason",
+           "ToolCall", "TokenLogprob", "MAX_EMBED_INPUTS", "version", "version_number", "capabilities"]
 
 
 def version() -> str:
@@ -169,6 +171,44 @@ class Model(_Closeable):
 
     def __repr__(self):
         return f"ember.Model({self.path!r}{', closed' if self.closed else ''})"
+
+
+@dataclass(frozen=True)
+class LoraInfo:
+    n_matrices: int  # matrices adapted
+    max_rank: int  # largest rank of its pairs
+    alpha: float  # adapter.lora.alpha (0: none; each term is then scaled by its scale alone)
+    bytes: int  # the adapter's tensors
+
+
+class Lora(_Closeable):
+    """A LoRA adapter (C ABI 1.6) in llama.cpp's GGUF format, loaded for `model` (made for its
+    architecture and shapes; the file is read once). Use it with Session.set_loras; immutable, share it
+    across sessions and engines of the model. Sessions using it keep it alive, so close() is safe at any
+    time. Raises NotFoundError, BadFormatError (not an adapter, corrupt), InvalidArgumentError (an
+    adapter for another model), UnsupportedError."""
+
+    def __init__(self, model: Model, path: Union[str, os.PathLike]):
+        if not isinstance(model, Model):
+            raise InvalidArgumentError("model must be an ember.Model", 1)
+        with model._g as m:
+            h = _c.eb_lora_load(m, os.fspath(path))
+        self._g = _Handle(h, _c.ember_lora_destroy, "Lora")
+        self.model = model
+        self.path = os.fspath(path)
+        self._info = None
+
+    @property
+    def info(self) -> LoraInfo:
+        if self._info is None:
+            raw = _c.eb_lora_info()
+            with self._g as h:
+                _c.eb_lora_info_get(h, raw)
+            self._info = LoraInfo(raw.n_matrices, raw.max_rank, raw.alpha, raw.bytes)
+        return self._info
+
+    def __repr__(self):
+        return f"ember.Lora({self.path!r}{', closed' if self.closed else ''})"
 
 
 _DEVICES = {"cpu": _c.DEVICE_CPU, "cuda": _c.DEVICE_CUDA, "auto": _c.DEVICE_AUTO}
@@ -362,6 +402,9 @@ class TokenLogprob:
 _TOOL_CHOICES = {"auto": _c.TOOL_CHOICE_AUTO, "none": _c.TOOL_CHOICE_NONE, "required": _c.TOOL_CHOICE_REQUIRED}
 
 
+_FLT_MAX = 3.4028234663852886e38
+
+
 class Session(_Closeable):
     """One conversation. One stream at a time; use a session from one thread at a time."""
 
@@ -381,6 +424,47 @@ class Session(_Closeable):
         text = "" if tools is None else (tools if isinstance(tools, str) else json.dumps(list(tools)))
         with self._g as h:
             _c.eb_session_set_tools(h, text if text != "[]" else "")
+
+    def set_loras(self, loras: Union[None, Lora, Iterable[Union[Lora, tuple]]]) -> None:
+        """The LoRA adapters the next turns decode with, in order (C ABI 1.6): a list of Lora or
+        (Lora, scale) pairs (scale 1.0 when not given; 0 is the base model); None or [] = none. Each
+        adds scale * alpha / rank * B A x to its matrices' rows, as llama.cpp does. Changing the set
+        between turns recomputes the history under the new one. The session keeps the adapters alive
+        (closing a Lora afterwards is safe). Raises InvalidArgumentError (more than 16 adapters, a
+        scale that is not finite or beyond +-1000, an adapter of another model, a closed Lora), BusyError
+        (a stream runs)."""
+        if loras is None:
+            items = []
+        elif isinstance(loras, Lora):
+            items = [loras]
+        else:
+            try:
+                items = list(loras)
+            except TypeError:
+                raise InvalidArgumentError(f"loras must be a list of Lora or (Lora, scale), not "
+                                           f"{type(loras).__name__}", 1) from None
+        pairs = []
+        for item in items:
+            if isinstance(item, Lora):
+                lora, scale = item, 1.0
+            elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], Lora):
+                lora, scale = item
+            else:
+                raise InvalidArgumentError(f"loras must be Lora or (Lora, scale), not {item!r}", 1)
+            try:
+                scale = float(scale)
+            except (TypeError, ValueError):
+                raise InvalidArgumentError(f"a LoRA scale must be a number, not {scale!r}", 1) from None
+            if math.isfinite(scale) and abs(scale) > _FLT_MAX:  # the library refuses it, as inf
+                scale = math.copysign(math.inf, scale)
+            pairs.append((lora, scale))
+        native = _c.eb_lora_set()
+        # Every adapter stays open across the call; the session then keeps them alive itself.
+        with contextlib.ExitStack() as held:
+            for lora, scale in pairs:
+                native.add(held.enter_context(lora._g), scale)
+            with self._g as h:
+                _c.eb_session_set_loras(h, native)
 
     def add_text(self, text: str, parse_special: bool = False) -> None:
         with self._g as h:

@@ -261,6 +261,110 @@ class EmberTest(unittest.TestCase):
         with self.assertRaises(ember.InvalidArgumentError):
             closed.embed(texts)
 
+    # -- LoRA adapters (C ABI 1.6)
+    def make_adapter(self, directory, base=None, name="lora.gguf"):
+        """A rank-8 adapter for `base` (the test model) written by make_synthetic_model --lora-for."""
+        tool = os.environ.get("EMBER_MAKE_SYNTHETIC_MODEL")
+        if not tool:
+            self.skipTest("EMBER_MAKE_SYNTHETIC_MODEL not set (run through CTest)")
+        path = os.path.join(directory, name)
+        subprocess.run([tool, "--lora-for", base or model_path(), "--rank", "8", "--seed", "3", "--out", path],
+                       check=True, capture_output=True)
+        return path
+
+    def lora_greedy(self, loras, n=16):
+        with self.engine.session() as session:
+            if loras is not None:
+                session.set_loras(loras)
+            session.add_message("user", PROMPT)
+            return self.greedy(session, n).tokens
+
+    def test_lora(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = self.make_adapter(d)
+            with ember.Lora(self.model, path) as lora:
+                info = lora.info
+                self.assertIsInstance(info, ember.LoraInfo)
+                self.assertEqual(info.max_rank, 8)
+                self.assertGreater(info.n_matrices, 0)
+                self.assertGreater(info.bytes, 0)
+                self.assertTrue(math.isfinite(info.alpha))
+                base = self.lora_greedy(None)
+                adapted = self.lora_greedy([(lora, 1.0)])
+                self.assertTrue(base and adapted)
+                self.assertNotEqual(adapted, base)
+                self.assertEqual(self.lora_greedy([lora]), adapted)  # scale 1.0 when not given
+                self.assertEqual(self.lora_greedy([(lora, 0.0)]), base)
+                self.assertEqual(self.lora_greedy([]), base)
+                # Changed on one session: [] restores the base model's output.
+                with self.engine.session() as s:
+                    s.set_loras([(lora, 1.0)])
+                    s.add_message("user", PROMPT)
+                    self.assertEqual(self.greedy(s, 16).tokens, adapted)
+                    s.reset()
+                    s.set_loras([])
+                    s.add_message("user", PROMPT)
+                    self.assertEqual(self.greedy(s, 16).tokens, base)
+                    s.set_loras([lora])
+                    s.set_loras(None)
+                    s.reset()
+                    s.add_message("user", PROMPT)
+                    self.assertEqual(self.greedy(s, 16).tokens, base)
+                # Refused sets raise with the library's message; the session goes on.
+                with self.engine.session() as s:
+                    for bad in (float("nan"), float("inf"), -2000.0, 1e39):
+                        with self.assertRaises(ember.InvalidArgumentError, msg=repr(bad)) as cm:
+                            s.set_loras([(lora, bad)])
+                        self.assertIn("scale", str(cm.exception))
+                    with self.assertRaises(ember.InvalidArgumentError) as cm:
+                        s.set_loras([lora] * 17)
+                    self.assertIn("16", str(cm.exception))
+                    for bad in ([path], [(lora, "x")], [(lora,)], 3, [(1.0, lora)]):
+                        with self.assertRaises(ember.InvalidArgumentError, msg=repr(bad)):
+                            s.set_loras(bad)
+                    s.add_message("user", PROMPT)
+                    self.assertEqual(self.greedy(s, 16).tokens, base)
+                    with s.generate(max_tokens=50, temperature=0, ignore_eos=True):
+                        with self.assertRaises(ember.BusyError):
+                            s.set_loras([lora])
+            # Closing the adapter while a session uses it: the session keeps it alive.
+            with self.engine.session() as s:
+                dropped = ember.Lora(self.model, path)
+                s.set_loras([dropped])
+                dropped.close()
+                self.assertTrue(dropped.closed)
+                s.add_message("user", PROMPT)
+                self.assertEqual(self.greedy(s, 16).tokens, adapted)
+                with self.assertRaises(ember.InvalidArgumentError):
+                    s.set_loras([dropped])  # a closed Lora
+                with self.assertRaises(ember.InvalidArgumentError):
+                    dropped.info
+                s.reset()
+                s.add_message("user", PROMPT)
+                self.assertEqual(self.greedy(s, 16).tokens, adapted)  # still the set it had
+            # ... and in the middle of a stream.
+            with self.engine.session() as s, ember.Lora(self.model, path) as mid:
+                s.set_loras([mid])
+                s.add_message("user", PROMPT)
+                with s.generate(max_tokens=16, temperature=0) as st:
+                    next(st)
+                    mid.close()
+                    st.read()
+                    self.assertEqual(st.tokens, adapted)
+            # Files that are not adapters for this model.
+            with self.assertRaises(ember.BadFormatError) as cm:
+                ember.Lora(self.model, model_path())
+            self.assertIn("not an adapter", str(cm.exception))
+            with self.assertRaises(ember.NotFoundError):
+                ember.Lora(self.model, os.path.join(d, "no-such-adapter.gguf"))
+            tiny = os.path.join(d, "tiny.gguf")
+            subprocess.run([os.environ["EMBER_MAKE_SYNTHETIC_MODEL"], "--preset", "tiny", "--out", tiny],
+                           check=True, capture_output=True)
+            with self.assertRaises(ember.InvalidArgumentError):
+                ember.Lora(self.model, self.make_adapter(d, base=tiny, name="tiny_lora.gguf"))
+            with self.assertRaises(ember.InvalidArgumentError):
+                ember.Lora("not a model", path)
+
     # -- speculative decoding
     def spec_greedy(self, prompt, n, **spec):
         """Greedy tokens and stats of one stream on a fresh session: prompt is (kind, text)."""

@@ -1,10 +1,14 @@
 package ember;
 
+import ember.lowlevel.SWIGTYPE_p_ember_lora;
 import ember.lowlevel.SWIGTYPE_p_ember_session;
 import ember.lowlevel.SWIGTYPE_p_ember_stream;
 import ember.lowlevel.eb_floats;
+import ember.lowlevel.eb_lora_set;
 import ember.lowlevel.eb_sampling;
 import ember.lowlevel.emberc;
+import java.util.Arrays;
+import java.util.List;
 
 /** One conversation. One stream at a time; use it from one thread at a time. */
 public final class Session implements AutoCloseable {
@@ -49,6 +53,48 @@ public final class Session implements AutoCloseable {
    */
   public void setTools(String toolsJson) {
     handle.run(h -> emberc.eb_session_set_tools(h, toolsJson));
+  }
+
+  /**
+   * The LoRA adapters the next turns decode with, in order (C ABI 1.6), each at scale 1.0; none =
+   * the base model. See {@link #setLoras(List, float[])}.
+   */
+  public void setLoras(Lora... loras) {
+    setLoras(loras == null ? List.of() : Arrays.asList(loras), null);
+  }
+
+  /**
+   * The LoRA adapters the next turns decode with, in order (C ABI 1.6), with their scales ({@code
+   * scales} null: all 1.0; 0 is the base model); null or empty = none. Each adds scale * alpha / rank
+   * * B A x to its matrices' rows, as llama.cpp does. Changing the set between turns recomputes the
+   * history under the new one. The session keeps the adapters alive (closing a Lora afterwards is
+   * safe). Throws EmberException: INVALID_ARGUMENT (more than 16 adapters, a scale that is not finite
+   * or beyond +-1000, an adapter of another model, a closed Lora, scales of another length), BUSY (a
+   * stream runs).
+   */
+  public void setLoras(List<Lora> loras, float[] scales) {
+    int n = loras == null ? 0 : loras.size();
+    if (scales != null && scales.length != n) {
+      throw new EmberException(EmberException.INVALID_ARGUMENT,
+          scales.length + " scales for " + n + " adapters");
+    }
+    for (int i = 0; i < n; i++) {
+      if (loras.get(i) == null) throw new EmberException(EmberException.INVALID_ARGUMENT, "adapter " + i + " is null");
+    }
+    eb_lora_set set = new eb_lora_set();
+    int held = 0;
+    try {
+      // Every adapter stays open across the call; the session then keeps them alive itself.
+      for (int i = 0; i < n; i++) {
+        SWIGTYPE_p_ember_lora p = loras.get(i).handle.acquire();
+        held++;
+        set.add(p, scales == null ? 1.0f : scales[i]);
+      }
+      handle.run(h -> emberc.eb_session_set_loras(h, set));
+    } finally {
+      for (int i = 0; i < held; i++) loras.get(i).handle.release();
+      set.delete();
+    }
   }
 
   public void addText(String text) { addText(text, false); }
