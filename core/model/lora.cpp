@@ -79,9 +79,15 @@ bool finite_values(const gguf::TensorInfo& t) {
 LoraAdapter::~LoraAdapter() = default;
 
 std::shared_ptr<const LoraAdapter> LoraAdapter::load(const std::string& path, const Model& base) {
+  return from_file(gguf::GgufFile::open(path, gguf::GgufFile::Residency::kPrivateCopy), path, base);
+}
+
+std::shared_ptr<const LoraAdapter> LoraAdapter::from_file(std::unique_ptr<gguf::GgufFile> file,
+                                                          const std::string& path, const Model& base) {
+  if (!file) fail(StatusCode::kInvalidArgument, "adapter: no file");
   std::shared_ptr<LoraAdapter> a(new LoraAdapter());
   a->path_ = path;
-  a->file_ = gguf::GgufFile::open(path, gguf::GgufFile::Residency::kPrivateCopy);
+  a->file_ = std::move(file);
   const gguf::GgufFile& f = *a->file_;
   const std::string what = "adapter '" + path + "': ";
   const std::string type = f.get_string("general.type").value_or("");

@@ -52,6 +52,10 @@ class LoraAdapter {
   // not an adapter; kInvalidArgument: made for another model; kUnsupported:
   // a tensor type or target Ember does not apply).
   static std::shared_ptr<const LoraAdapter> load(const std::string& path, const Model& base);
+  // The same from an opened file (`name` stands for it in messages; the
+  // adapter keeps the file). Throws ember::Error as load().
+  static std::shared_ptr<const LoraAdapter> from_file(std::unique_ptr<gguf::GgufFile> file, const std::string& name,
+                                                      const Model& base);
   ~LoraAdapter();
 
   // Layer il's pair for `t`, or null when the adapter leaves that matrix alone.

@@ -1,7 +1,9 @@
 // libFuzzer target: the GGUF reader (GgufFile::from_memory), every typed
 // getter on every key, every tensor's bytes, and what is built from a GGUF's
 // metadata: the tokenizer (Tokenizer::from_gguf, then encode/decode) and the
-// chat template (tokenizer.chat_template, parsed and rendered).
+// chat template (tokenizer.chat_template, parsed and rendered); and the
+// input as a LoRA adapter (LoraAdapter::from_file) against a one-layer
+// synthetic base written at start-up by tools/make_synthetic_model.
 //
 // Promise checked: any input is either parsed or rejected with ember::Error;
 // no crash, sanitizer report, other exception, or tensor outside the image.
@@ -12,7 +14,15 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
 #include "core/chat/chat_template.h"
+#include "core/model/lora.h"
+#include "core/model/model.h"
 #include "core/gguf/gguf.h"
 #include "core/gguf/gguf_writer.h"
 #include "core/tensor/types.h"
@@ -168,7 +178,77 @@ std::vector<uint8_t> seed_tokenizer(const std::string& pre, bool with_template) 
   return w.write();
 }
 
+// The base the inputs are tried against as adapters (the shape of
+// seed_lora's): one layer, 64 wide, 4 heads of 16, 2 KV heads, FFN 128.
+const Model* lora_base() {
+  static std::shared_ptr<Model> base = [] {
+    char dir[] = "/tmp/ember-fuzz-gguf-XXXXXX";
+    if (!mkdtemp(dir)) return std::shared_ptr<Model>();
+    const std::string path = std::string(dir) + "/base.gguf";
+    std::shared_ptr<Model> m;
+    if (make_synthetic_model({"--layers", "1", "--embd", "64", "--ff", "128", "--heads", "4", "--kv-heads", "2",
+                              "--vocab", "384", "--ctx", "256", "--type", "q8_0", "--seed", "7", "--out", path})) {
+      m = Model::load(path);  // a private copy: the file can go
+    }
+    std::remove(path.c_str());
+    ::rmdir(dir);
+    return m;
+  }();
+  return base.get();
+}
+
+void exercise_lora(std::unique_ptr<GgufFile> f) {
+  const Model* base = lora_base();
+  if (!base) return;
+  std::shared_ptr<const LoraAdapter> a;
+  try {
+    a = LoraAdapter::from_file(std::move(f), "fuzz", *base);
+  } catch (const Error&) {
+    return;
+  }
+  EMBER_FUZZ_CHECK(a->n_pairs() > 0 && a->max_rank() >= 1 && a->fits(*base));
+  size_t bytes = 0;
+  for (int32_t il = 0; il < base->config().n_layers; ++il) {
+    for (int32_t t = 0; t < kLoraLayerTargets; ++t) {
+      const LoraAdapter::Pair* p = a->find(il, static_cast<LoraTarget>(t));
+      if (!p) continue;
+      EMBER_FUZZ_CHECK(p->rank >= 1 && p->a.rows == p->rank && p->b.cols == p->rank && p->a.host_data &&
+                       p->b.host_data && std::isfinite(p->alpha_scale));
+      bytes += static_cast<size_t>(p->a.rows) * row_bytes(p->a.type, p->a.cols) +
+               static_cast<size_t>(p->b.rows) * row_bytes(p->b.type, p->b.cols);
+    }
+  }
+  EMBER_FUZZ_CHECK(bytes == a->bytes());
+  expect_ok_or_error([&] { (void)LoraSet::make({{a, 0.5f}, {a, -2.0f}}); });
+}
+
+// A rank-4 adapter for lora_base(): every matrix of layer 0, F16 and F32.
+std::vector<uint8_t> seed_lora(bool with_alpha) {
+  GgufWriter w;
+  w.add_string("general.architecture", "llama");
+  w.add_string("general.type", "adapter");
+  w.add_string("adapter.type", "lora");
+  if (with_alpha) w.add_f32("adapter.lora.alpha", 8.0f);
+  const int64_t r = 4;
+  const struct {
+    const char* name;
+    int64_t k, n;
+  } mats[] = {{"attn_q", 64, 64}, {"attn_k", 64, 32},  {"attn_v", 64, 32},  {"attn_output", 64, 64},
+              {"ffn_gate", 64, 128}, {"ffn_up", 64, 128}, {"ffn_down", 128, 64}};
+  int i = 0;
+  for (const auto& m : mats) {
+    const DType t = (i++ % 2) ? DType::F32 : DType::F16;
+    const size_t es = t == DType::F32 ? 4 : 2;
+    const std::string base = std::string("blk.0.") + m.name + ".weight";
+    w.add_tensor(base + ".lora_a", t, {m.k, r}, std::vector<uint8_t>(static_cast<size_t>(m.k * r) * es, 0x1c));
+    w.add_tensor(base + ".lora_b", t, {r, m.n}, std::vector<uint8_t>(static_cast<size_t>(m.n * r) * es, 0x1b));
+  }
+  return w.write();
+}
+
 void write_seeds(const std::string& dir) {
+  write_seed(dir, "lora-alpha", seed_lora(true));
+  write_seed(dir, "lora-plain", seed_lora(false));
   write_seed(dir, "values-v3", seed_all_value_types(3));
   write_seed(dir, "values-v2", seed_all_value_types(2));
   write_seed(dir, "tokenizer-gpt2-template", seed_tokenizer("gpt-2", true));
@@ -193,6 +273,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     auto f = ember::gguf::GgufFile::from_memory(size ? copy.get() : nullptr, size);
     ember::fuzz::exercise(*f);
+    ember::fuzz::exercise_lora(ember::gguf::GgufFile::from_memory(copy.get(), size));
   } catch (const ember::Error&) {
   }
   return 0;
