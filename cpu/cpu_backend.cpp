@@ -330,6 +330,31 @@ __attribute__((target("avx2,fma,f16c"))) void lora_vec_tail_rows_avx2(DType t, c
   }
 }
 
+// The one-token lora_b product (vec order, F16, rank a multiple of 8 up to
+// 32: every element is the tail, summed in double as above) for M rows at
+// once: each weight row converted once for all of them. u[m * ldu + i] =
+// row (i) of w . x[m].
+__attribute__((target("avx2,fma,f16c"))) void lora_vec_b_rows_f16(const uint8_t* w, size_t row_bytes, int64_t n,
+                                                                 const float* x, int64_t M, int64_t K, float* u,
+                                                                 int64_t ldu) {
+  for (int64_t o = 0; o < n; ++o) {
+    const uint16_t* row = reinterpret_cast<const uint16_t*>(w + static_cast<size_t>(o) * row_bytes);
+    __m256 wv[4];
+    for (int64_t q = 0; q < K / 8; ++q) wv[q] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 8 * q)));
+    for (int64_t m = 0; m < M; ++m) {
+      const float* xm = x + m * K;
+      __m256d acc = _mm256_setzero_pd();
+      for (int64_t q = 0; q < K / 8; ++q) {
+        const __m256 prod = _mm256_mul_ps(wv[q], _mm256_loadu_ps(xm + 8 * q));
+        acc = _mm256_add_pd(acc, _mm256_cvtps_pd(_mm256_castps256_ps128(prod)));
+        acc = _mm256_add_pd(acc, _mm256_cvtps_pd(_mm256_extractf128_ps(prod, 1)));
+      }
+      const __m128d h = _mm_add_pd(_mm256_castpd256_pd128(acc), _mm256_extractf128_pd(acc, 1));
+      u[m * ldu + o] = static_cast<float>(_mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h))));
+    }
+  }
+}
+
 // y[j] = y[j] + u[j] * s, n elements: a multiply, then an add (no FMA: as
 // ggml_scale then ggml_add).
 __attribute__((target("avx"))) void lora_scale_add_avx(float* y, const float* u, int64_t n, float s) {
@@ -936,6 +961,25 @@ class CpuBackend final : public Backend {
           const WeightDesc& b = t.b->desc;
           const int64_t r = b.cols;
           const size_t b_row = row_bytes(b.type, r);
+          if (isa != cpu::Isa::kScalar && b.type == DType::F16 && r % 8 == 0 && r <= 32) {
+            // Every row of the term per weight row (see lora_vec_b_rows_f16).
+            constexpr int64_t kRowsAtOnce = 8;
+            float u[kRowsAtOnce * kLoraColChunkMax];
+            for (int32_t m0 = 0; m0 < t.n_rows; m0 += static_cast<int32_t>(kRowsAtOnce)) {
+              const int64_t mn = std::min<int64_t>(kRowsAtOnce, t.n_rows - m0);
+              for (int64_t c0 = n0; c0 < n1; c0 += kLoraColChunkMax) {
+                const int64_t cn = std::min<int64_t>(kLoraColChunkMax, n1 - c0);
+                lora_vec_b_rows_f16(static_cast<const uint8_t*>(b.host_data) + c0 * b_row, b_row, cn,
+                                    lora_t_.data() + t_off[i] + static_cast<size_t>(m0) * r, mn, r, u,
+                                    kLoraColChunkMax);
+                for (int64_t m = 0; m < mn; ++m) {
+                  lora_scale_add_avx(y + static_cast<size_t>(t.rows[m0 + m]) * N + c0, u + m * kLoraColChunkMax, cn,
+                                     t.scale);
+                }
+              }
+            }
+            continue;
+          }
           for (int32_t m = 0; m < t.n_rows; ++m) {
             const float* tm = lora_t_.data() + t_off[i] + static_cast<size_t>(m) * r;
             float* yr = y + static_cast<size_t>(t.rows[m]) * N;
