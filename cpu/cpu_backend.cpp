@@ -865,15 +865,30 @@ class CpuBackend final : public Backend {
   void lora(const LoraTerm* terms, int32_t n_terms, const float* x, float* y) override {
     if (n_terms <= 0) return;
     std::lock_guard<std::mutex> lock(scratch_mutex_);
-    const int64_t K = terms[0].a->desc.cols, N = terms[0].b->desc.rows;
+    const int64_t K = terms[0].a->desc.cols;
     std::vector<size_t> x_off(static_cast<size_t>(n_terms)), t_off(static_cast<size_t>(n_terms));
     size_t x_len = 0, t_len = 0;
+    // The outputs, in order of first appearance, and the terms of each.
+    struct Target {
+      float* y;
+      int64_t N;
+      std::vector<int32_t> terms;
+    };
+    std::vector<Target> targets;
     for (int32_t i = 0; i < n_terms; ++i) {
       const LoraTerm& t = terms[i];
       const int64_t r = t.a->desc.rows;
-      if (t.a->desc.cols != K || t.b->desc.rows != N || t.b->desc.cols != r || t.n_rows < 0) {
+      if (t.a->desc.cols != K || t.b->desc.cols != r || t.n_rows < 0) {
         fail(StatusCode::kInternal, "cpu lora: the terms' shapes disagree");
       }
+      float* ty = t.y ? t.y : y;
+      auto it = std::find_if(targets.begin(), targets.end(), [&](const Target& g) { return g.y == ty; });
+      if (it == targets.end()) {
+        targets.push_back({ty, t.b->desc.rows, {}});
+        it = targets.end() - 1;
+      }
+      if (it->N != t.b->desc.rows) fail(StatusCode::kInternal, "cpu lora: one output, two widths");
+      it->terms.push_back(i);
       x_off[i] = x_len;
       t_off[i] = t_len;
       x_len += static_cast<size_t>(t.n_rows) * K;
@@ -909,11 +924,13 @@ class CpuBackend final : public Backend {
       cpu::matmul(cpu::WeightView{a.type, r, K, a.host_data}, lora_x_.data() + x_off[i], t.n_rows, tm, scratch_,
                   cpu::MatmulPath::kRowInvariant, cpu::RowKind::kPrompt);
       round_to(b.type, tm, static_cast<int64_t>(t.n_rows) * r, tm);
+      const int64_t N = b.rows;
+      float* const ty = t.y ? t.y : y;
       lora_u_.resize(static_cast<size_t>(t.n_rows) * N);
       cpu::matmul(cpu::WeightView{b.type, N, r, b.host_data}, tm, t.n_rows, lora_u_.data(), scratch_,
                   cpu::MatmulPath::kRowInvariant, cpu::RowKind::kPrompt);
       for (int32_t m = 0; m < t.n_rows; ++m) {
-        float* yr = y + static_cast<size_t>(t.rows[m]) * N;
+        float* yr = ty + static_cast<size_t>(t.rows[m]) * N;
         const float* u = lora_u_.data() + static_cast<size_t>(m) * N;
         if (isa != cpu::Isa::kScalar) {
           lora_scale_add_avx(yr, u, N, t.scale);
@@ -929,10 +946,19 @@ class CpuBackend final : public Backend {
       if (terms[i].n_rows == 0 || !terms[i].decodes) continue;
       for (int64_t r0 = 0; r0 < terms[i].a->desc.rows; r0 += kLoraRankChunk) items.emplace_back(i, r0);
     }
-    // Phase 2: output column chunks (multiples of 8, several per thread).
-    const int64_t col_chunk = std::max<int64_t>(8, ((N + 4 * nt - 1) / (4 * nt) + 7) & ~int64_t{7});
-    const int64_t n_col_chunks = (N + col_chunk - 1) / col_chunk;
-    const size_t work = t_len * static_cast<size_t>(K + N);
+    // Phase 2 items: (output, column chunk) (multiples of 8, several per
+    // thread); an item adds its output's terms in order.
+    std::vector<std::pair<int32_t, int64_t>> cols;  // (target, first column)
+    int64_t col_chunk = 8;
+    {
+      int64_t total = 0;
+      for (const auto& g : targets) total += g.N;
+      col_chunk = std::max<int64_t>(8, ((total + 4 * nt - 1) / (4 * nt) + 7) & ~int64_t{7});
+      for (size_t g = 0; g < targets.size(); ++g) {
+        for (int64_t c = 0; c < targets[g].N; c += col_chunk) cols.emplace_back(static_cast<int32_t>(g), c);
+      }
+    }
+    const size_t work = t_len * static_cast<size_t>(K + targets[0].N);
 #pragma omp parallel num_threads(nt) if (work > 65536)
     {
 #pragma omp for schedule(dynamic, 1)
@@ -952,9 +978,12 @@ class CpuBackend final : public Backend {
         }
       }  // (implicit barrier)
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t c = 0; c < n_col_chunks; ++c) {
-        const int64_t n0 = c * col_chunk, n1 = std::min<int64_t>(n0 + col_chunk, N);
-        for (int32_t i = 0; i < n_terms; ++i) {
+      for (size_t c = 0; c < cols.size(); ++c) {
+        const Target& g = targets[static_cast<size_t>(cols[c].first)];
+        const int64_t N = g.N;
+        float* const y = g.y;  // (this output's)
+        const int64_t n0 = cols[c].second, n1 = std::min<int64_t>(n0 + col_chunk, N);
+        for (int32_t i : g.terms) {
           const LoraTerm& t = terms[i];
           if (!t.decodes) continue;  // (done above)
           const LoraDot dot = lora_dot_for(isa, t.decodes);

@@ -884,7 +884,7 @@ class CudaBackend final : public Backend, public BackendExtras {
       const DevWeight& a = view(*terms[i].a);
       const DevWeight& b = view(*terms[i].b);
       if (!gpu::is_float(a.type) || !gpu::is_float(b.type) || b.K != a.N || a.K != view(*terms[0].a).K ||
-          b.N != view(*terms[0].b).N || terms[i].n_rows < 0) {
+          terms[i].n_rows < 0) {
         fail(StatusCode::kInternal, "lora: the terms' shapes or types disagree");
       }
       for (int32_t m = 0; m < terms[i].n_rows; ++m) {
@@ -898,7 +898,7 @@ class CudaBackend final : public Backend, public BackendExtras {
       if (term.n_rows == 0) continue;
       const auto* r =
           static_cast<const int32_t*>(stage(kLoraRows, term.rows, static_cast<size_t>(term.n_rows) * 4));
-      submit(LoraOp{view(*term.a), view(*term.b), term.scale, r, term.n_rows, x, t, y});
+      submit(LoraOp{view(*term.a), view(*term.b), term.scale, r, term.n_rows, x, t, term.y ? term.y : y});
       t += static_cast<size_t>(term.n_rows) * static_cast<size_t>(view(*term.a).N);
     }
   }

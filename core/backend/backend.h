@@ -132,6 +132,9 @@ struct LoraTerm {
   // the CPU sums them in llama.cpp's one-token order, others in its batched
   // order (as Backend::matmul's rows_are_decodes).
   bool decodes = false;
+  // Where its products go: rows of b->desc.rows floats; null: the call's y.
+  // (Q, K and V read the same x: one call for the three.)
+  float* y = nullptr;
 };
 
 class Backend {
@@ -273,8 +276,8 @@ class Backend {
 
   // ---- LoRA adapters (plugin ABI 7)
   // For each term in order and each of its rows r: y[r] += scale * (B (A
-  // x[r])), x rows of K = a->desc.cols, y rows of N = b->desc.rows (every
-  // term the same K and N). A and B are F32, F16 or BF16; each product reads
+  // x[r])), x rows of K = a->desc.cols (every term the same K), y (the
+  // term's own, else the call's) rows of N = b->desc.rows. A and B are F32, F16 or BF16; each product reads
   // its input rounded to the weight's type, as llama.cpp's CPU does (ggml's
   // vec_dot_type), and every row is computed on its own, whatever else the
   // call holds (a row's result never depends on the other rows or terms).

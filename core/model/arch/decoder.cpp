@@ -276,21 +276,23 @@ const Decoder::DeviceLora& Decoder::device_lora(const std::shared_ptr<const Lora
   return lora_dev_.emplace(adapter.get(), std::move(d)).first->second;
 }
 
-void Decoder::lora(Pass& p, int32_t il, LoraTarget t, const float* in, float* out) {
+void Decoder::lora(Pass& p, int32_t il, std::initializer_list<std::pair<LoraTarget, float*>> outs, const float* in) {
   if (p.lora_groups.empty()) return;
   auto& terms = p.lora_terms;
   terms.clear();
-  const size_t slot = static_cast<size_t>(il) * kLoraLayerTargets + static_cast<size_t>(t);
-  for (const auto& g : p.lora_groups) {
-    for (const auto& u : g.set->uses()) {
-      const LoraAdapter::Pair* pair = u.adapter->find(il, t);
-      if (!pair) continue;
-      const DeviceLora& d = lora_dev_.at(u.adapter.get());
-      terms.push_back(LoraTerm{d.a[slot].get(), d.b[slot].get(), u.scale * pair->alpha_scale, g.rows.data(),
-                               static_cast<int32_t>(g.rows.size()), g.decodes});
+  for (const auto& [t, out] : outs) {
+    const size_t slot = static_cast<size_t>(il) * kLoraLayerTargets + static_cast<size_t>(t);
+    for (const auto& g : p.lora_groups) {
+      for (const auto& u : g.set->uses()) {
+        const LoraAdapter::Pair* pair = u.adapter->find(il, t);
+        if (!pair) continue;
+        const DeviceLora& d = lora_dev_.at(u.adapter.get());
+        terms.push_back(LoraTerm{d.a[slot].get(), d.b[slot].get(), u.scale * pair->alpha_scale, g.rows.data(),
+                                 static_cast<int32_t>(g.rows.size()), g.decodes, out});
+      }
     }
   }
-  if (!terms.empty()) backend_.lora(terms.data(), static_cast<int32_t>(terms.size()), in, out);
+  if (!terms.empty()) backend_.lora(terms.data(), static_cast<int32_t>(terms.size()), in, nullptr);
 }
 
 void Decoder::matmul(Pass& p, const DeviceWeight& w, const float* in, float* out) {
@@ -328,9 +330,7 @@ void Decoder::scale_x(Pass& p, float s) { backend_.scale(x_, static_cast<size_t>
 void Decoder::qkv(Pass& p, const LayerWeights& w) {
   matmul_group(backend_, p.segments, {{w.wq.get(), q_}, {w.wk.get(), k_}, {w.wv.get(), v_}}, h_);
   const int32_t il = layer_index(w);
-  lora(p, il, LoraTarget::kQ, h_, q_);
-  lora(p, il, LoraTarget::kK, h_, k_);
-  lora(p, il, LoraTarget::kV, h_, v_);
+  lora(p, il, {{LoraTarget::kQ, q_}, {LoraTarget::kK, k_}, {LoraTarget::kV, v_}}, h_);
 }
 
 void Decoder::qkv_bias(Pass& p, const LayerWeights& w) {
@@ -377,7 +377,7 @@ void Decoder::attention(Pass& p, int32_t il, const LayerWeights& w, int32_t wind
   p.ap.window = window;
   backend_.attention(kv_layer, q_, p.seqs[g].data(), static_cast<int32_t>(p.seqs[g].size()), p.ap, attn_);
   matmul(p, *w.wo, attn_, h_);
-  lora(p, il, LoraTarget::kO, attn_, h_);
+  lora(p, il, {{LoraTarget::kO, h_}}, attn_);
 }
 
 void Decoder::residual(Pass& p) { backend_.add(x_, h_, static_cast<size_t>(p.n) * model_->config().n_embd); }
@@ -386,15 +386,14 @@ void Decoder::glu_ffn(Pass& p, const LayerWeights& w, bool gelu) {
   const size_t n_ff = static_cast<size_t>(p.n) * model_->config().n_ff;
   matmul_group(backend_, p.segments, {{w.w_gate.get(), gate_}, {w.w_up.get(), up_}}, h_);
   const int32_t il = layer_index(w);
-  lora(p, il, LoraTarget::kGate, h_, gate_);
-  lora(p, il, LoraTarget::kUp, h_, up_);
+  lora(p, il, {{LoraTarget::kGate, gate_}, {LoraTarget::kUp, up_}}, h_);
   if (gelu) {
     backend_.geglu(gate_, up_, n_ff, gate_);
   } else {
     backend_.swiglu(gate_, up_, n_ff, gate_);
   }
   matmul(p, *w.w_down, gate_, h_);
-  lora(p, il, LoraTarget::kDown, gate_, h_);
+  lora(p, il, {{LoraTarget::kDown, h_}}, gate_);
 }
 
 void Decoder::llama_layer(Pass& p, int32_t il, bool bias, bool head_norm) {

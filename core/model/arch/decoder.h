@@ -6,9 +6,11 @@
 // views, matmul segments), the embeddings and the output head are common.
 #pragma once
 
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/backend/backend.h"
@@ -106,9 +108,10 @@ class Decoder : public Forward {
   void release_buffers();
   void prepare(const Batch& batch, Pass& p);
   void matmul(Pass& p, const DeviceWeight& w, const float* in, float* out);
-  // out += the LoRA terms of layer il's matrix `t` for the rows that have
-  // adapters (Backend::lora; nothing without adapters).
-  void lora(Pass& p, int32_t il, LoraTarget t, const float* in, float* out);
+  // Each out += the LoRA terms of layer il's matrix for the rows that have
+  // adapters, the matrices reading the same `in` in one Backend::lora call
+  // (nothing without adapters).
+  void lora(Pass& p, int32_t il, std::initializer_list<std::pair<LoraTarget, float*>> outs, const float* in);
   int32_t layer_index(const LayerWeights& w) const { return static_cast<int32_t>(&w - layers_.data()); }
   // The adapters' weights on the backend, per adapter in use (dropped once
   // no batch's set holds the adapter any more).
