@@ -70,15 +70,17 @@ __attribute__((target("avx,f16c"))) void round_f16_f16c(const float* in, int64_t
   for (; i < n; ++i) out[i] = fp16_to_fp32(fp32_to_fp16(in[i]));
 }
 
-// ---- LoRA dot products in llama.cpp's order. Its CPU multiplies an F32,
-// F16 or BF16 lora_a / lora_b with llamafile's tinyBLAS (K a multiple of
-// the vector width): per output, one accumulator vector of L lanes, an FMA of
-// L weights and L inputs (the input rounded to the weight's type) per step of
-// L, then the lanes folded in halves (upper half onto lower) down to one.
-// L = 16 where llama.cpp is built for AVX-512, 8 for AVX2; the scalar
-// variant computes the 8-lane order with std::fma. A K that is not a
-// multiple of L adds its tail after the fold (llama.cpp then takes another
-// kernel: such ranks are not bit-exact with it).
+// ---- LoRA dot products in llama.cpp's order. For a batch of several
+// tokens its CPU multiplies an F32, F16 or BF16 lora_a / lora_b with
+// llamafile's tinyBLAS (K a multiple of the vector width): per output, one
+// accumulator vector of L lanes, an FMA of L weights and L inputs (the input
+// rounded to the weight's type) per step of L, then the lanes folded in
+// halves (upper half onto lower) down to one; L = 16 where llama.cpp is
+// built for AVX-512, 8 for AVX2. Prompt rows get that order from
+// cpu::matmul's float kernels; the functions below compute it for one row
+// (the scalar one the 8-lane order with std::fma), which BF16 one-token rows
+// use. A K that is not a multiple of L adds its tail after the fold
+// (llama.cpp then takes another kernel: such ranks are not bit-exact).
 inline float lora_weight_at(DType t, const void* row, int64_t k) {
   if (t == DType::F16) return fp16_to_fp32(static_cast<const uint16_t*>(row)[k]);
   if (t == DType::BF16) return bf16_to_fp32(static_cast<const uint16_t*>(row)[k]);
@@ -247,22 +249,35 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) float lora_ve
 }
 #pragma GCC diagnostic pop
 
-// out[i] = row (first + i) of w . x for n rows of row_bytes.
-void lora_dot_scalar(DType t, const uint8_t* w, size_t row_bytes, int64_t n, const float* x, int64_t K, float* out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = lora_dot_scalar1(t, w + static_cast<size_t>(i) * row_bytes, x, K);
-}
-__attribute__((target("avx2,fma,f16c"))) void lora_dot_avx2(DType t, const uint8_t* w, size_t row_bytes, int64_t n,
-                                                           const float* x, int64_t K, float* out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = lora_dot_avx2_1(t, w + static_cast<size_t>(i) * row_bytes, x, K);
-}
-__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) void lora_dot_avx512(DType t, const uint8_t* w,
-                                                                                       size_t row_bytes, int64_t n,
-                                                                                       const float* x, int64_t K,
-                                                                                       float* out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = lora_dot_avx512_1(t, w + static_cast<size_t>(i) * row_bytes, x, K);
-}
-
 #pragma GCC diagnostic pop
+
+// The one-token lora_b product (vec order, F16, rank a multiple of 8 up to
+// 32: every element is the tail, summed in double) for M rows at once: each
+// weight row converted once for all of them. u[m * ldu + i] = row (i) of w .
+// x[m]. Each product of two f16 values is exact in f32, and a double holds
+// the sum of up to 32 of them exactly unless their magnitudes span more than
+// ~2^24: the sum is then the same in any order, and the float it rounds to is
+// llama.cpp's. So the products are summed 4 lanes at a time.
+__attribute__((target("avx2,fma,f16c"))) void lora_vec_b_rows_f16(const uint8_t* w, size_t row_bytes, int64_t n,
+                                                                 const float* x, int64_t M, int64_t K, float* u,
+                                                                 int64_t ldu) {
+  for (int64_t o = 0; o < n; ++o) {
+    const uint16_t* row = reinterpret_cast<const uint16_t*>(w + static_cast<size_t>(o) * row_bytes);
+    __m256 wv[4];
+    for (int64_t q = 0; q < K / 8; ++q) wv[q] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 8 * q)));
+    for (int64_t m = 0; m < M; ++m) {
+      const float* xm = x + m * K;
+      __m256d acc = _mm256_setzero_pd();
+      for (int64_t q = 0; q < K / 8; ++q) {
+        const __m256 prod = _mm256_mul_ps(wv[q], _mm256_loadu_ps(xm + 8 * q));
+        acc = _mm256_add_pd(acc, _mm256_cvtps_pd(_mm256_castps256_ps128(prod)));
+        acc = _mm256_add_pd(acc, _mm256_cvtps_pd(_mm256_extractf128_ps(prod, 1)));
+      }
+      const __m128d h = _mm_add_pd(_mm256_castpd256_pd128(acc), _mm256_extractf128_pd(acc, 1));
+      u[m * ldu + o] = static_cast<float>(_mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h))));
+    }
+  }
+}
 
 // vec order for K below one step (a rank-r lora_b: every element is the
 // tail): per output, the products added one by one (F16: in double; F32:
@@ -271,24 +286,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) void lora_dot
 __attribute__((target("avx2,fma,f16c"))) void lora_vec_tail_rows_avx2(DType t, const uint8_t* w, size_t row_bytes,
                                                                      int64_t n, const float* x, int64_t K,
                                                                      float* out) {
-  if (t == DType::F16 && K % 8 == 0 && K <= 32) {
-    // Each product of two f16 values is exact in f32, and a double holds
-    // the sum of up to 32 of them exactly unless their magnitudes span more
-    // than ~2^24: the sum is then the same in any order, and the float it
-    // rounds to is llama.cpp's. So the products are summed 4 lanes at a time.
-    for (int64_t o = 0; o < n; ++o) {
-      const void* row = w + static_cast<size_t>(o) * row_bytes;
-      __m256d acc = _mm256_setzero_pd();
-      for (int64_t k = 0; k < K; k += 8) {
-        const __m256 prod = _mm256_mul_ps(lora_load8(t, row, k), _mm256_loadu_ps(x + k));
-        acc = _mm256_add_pd(acc, _mm256_cvtps_pd(_mm256_castps256_ps128(prod)));
-        acc = _mm256_add_pd(acc, _mm256_cvtps_pd(_mm256_extractf128_ps(prod, 1)));
-      }
-      const __m128d h = _mm_add_pd(_mm256_castpd256_pd128(acc), _mm256_extractf128_pd(acc, 1));
-      out[o] = static_cast<float>(_mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h))));
-    }
-    return;
-  }
+  if (t == DType::F16 && K % 8 == 0 && K <= 32) return lora_vec_b_rows_f16(w, row_bytes, n, x, 1, K, out, n);
   constexpr int kMaxK = 63;  // K < 32 (AVX2 order) or < 64 (AVX-512 order)
   constexpr int kOut = 16;   // outputs interleaved
   alignas(32) float p[kMaxK + 1][kOut];  // p[k][i]: output i's k-th product
@@ -330,31 +328,6 @@ __attribute__((target("avx2,fma,f16c"))) void lora_vec_tail_rows_avx2(DType t, c
   }
 }
 
-// The one-token lora_b product (vec order, F16, rank a multiple of 8 up to
-// 32: every element is the tail, summed in double as above) for M rows at
-// once: each weight row converted once for all of them. u[m * ldu + i] =
-// row (i) of w . x[m].
-__attribute__((target("avx2,fma,f16c"))) void lora_vec_b_rows_f16(const uint8_t* w, size_t row_bytes, int64_t n,
-                                                                 const float* x, int64_t M, int64_t K, float* u,
-                                                                 int64_t ldu) {
-  for (int64_t o = 0; o < n; ++o) {
-    const uint16_t* row = reinterpret_cast<const uint16_t*>(w + static_cast<size_t>(o) * row_bytes);
-    __m256 wv[4];
-    for (int64_t q = 0; q < K / 8; ++q) wv[q] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 8 * q)));
-    for (int64_t m = 0; m < M; ++m) {
-      const float* xm = x + m * K;
-      __m256d acc = _mm256_setzero_pd();
-      for (int64_t q = 0; q < K / 8; ++q) {
-        const __m256 prod = _mm256_mul_ps(wv[q], _mm256_loadu_ps(xm + 8 * q));
-        acc = _mm256_add_pd(acc, _mm256_cvtps_pd(_mm256_castps256_ps128(prod)));
-        acc = _mm256_add_pd(acc, _mm256_cvtps_pd(_mm256_extractf128_ps(prod, 1)));
-      }
-      const __m128d h = _mm_add_pd(_mm256_castpd256_pd128(acc), _mm256_extractf128_pd(acc, 1));
-      u[m * ldu + o] = static_cast<float>(_mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h))));
-    }
-  }
-}
-
 // y[j] = y[j] + u[j] * s, n elements: a multiply, then an add (no FMA: as
 // ggml_scale then ggml_add).
 __attribute__((target("avx"))) void lora_scale_add_avx(float* y, const float* u, int64_t n, float s) {
@@ -383,13 +356,15 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) void lora_vec
   for (int64_t i = 0; i < n; ++i) out[i] = lora_vec_avx512_1(t, w + static_cast<size_t>(i) * row_bytes, x, K);
 }
 
+// out[i] = row i of w (rows of row_bytes) . x, n rows, in llama.cpp's
+// one-token order for this CPU. (Prompt rows take cpu::matmul, whose float
+// kernels sum in its batched order.)
 using LoraDot = void (*)(DType, const uint8_t*, size_t, int64_t, const float*, int64_t, float*);
-// decodes: one-token rows (llama.cpp's vec order), else its batched order.
-LoraDot lora_dot_for(cpu::Isa isa, bool decodes) {
+LoraDot lora_vec_for(cpu::Isa isa) {
   switch (isa) {
-    case cpu::Isa::kAvx512Vnni: return decodes ? lora_vec_avx512 : lora_dot_avx512;
-    case cpu::Isa::kAvx2: return decodes ? lora_vec_avx2 : lora_dot_avx2;
-    default: return decodes ? lora_vec_scalar : lora_dot_scalar;
+    case cpu::Isa::kAvx512Vnni: return lora_vec_avx512;
+    case cpu::Isa::kAvx2: return lora_vec_avx2;
+    default: return lora_vec_scalar;
   }
 }
 
@@ -965,7 +940,7 @@ class CpuBackend final : public Backend {
       for (size_t it = 0; it < items.size(); ++it) {
         const auto [i, r0] = items[it];
         const LoraTerm& t = terms[i];
-        const LoraDot dot = lora_dot_for(isa, t.decodes);
+        const LoraDot dot = lora_vec_for(isa);
         const WeightDesc& a = t.a->desc;
         const int64_t r = a.rows, r1 = std::min<int64_t>(r0 + kLoraRankChunk, r);
         const size_t a_row = row_bytes(a.type, K);
@@ -986,7 +961,7 @@ class CpuBackend final : public Backend {
         for (int32_t i : g.terms) {
           const LoraTerm& t = terms[i];
           if (!t.decodes) continue;  // (done above)
-          const LoraDot dot = lora_dot_for(isa, t.decodes);
+          const LoraDot dot = lora_vec_for(isa);
           const WeightDesc& b = t.b->desc;
           const int64_t r = b.cols;
           const size_t b_row = row_bytes(b.type, r);
