@@ -186,6 +186,37 @@ int64_t decode_chunk_rows(int64_t N, int nt) {
   return std::max<int64_t>(8, (chunk + 7) & ~int64_t{7});
 }
 
+// Many-row calls (prompt chunks, many sessions' decode rows) run in cache
+// blocks: a block of weight rows (<= kBlockWeightBytes, L2) against a block
+// of activation rows (<= kBlockActBytes), so that neither streams from L3 or
+// DRAM once per row of the other. Every output is still computed by the same
+// kernel call on its own row and weight row, so the results do not depend
+// on the blocking (or on M).
+constexpr size_t kBlockWeightBytes = size_t{192} << 10;
+constexpr size_t kBlockActBytes = size_t{96} << 10;
+
+void run_kernel_blocked(detail::DecodeKernel kernel, const detail::DecodeCtx& c, int64_t n0, int64_t n1) {
+  const size_t arow = c.act ? c.act_row_bytes : static_cast<size_t>(c.K) * sizeof(float);
+  int64_t mb = static_cast<int64_t>(kBlockActBytes / std::max<size_t>(arow, 1)) & ~int64_t{3};
+  mb = std::max<int64_t>(mb, 8);
+  if (c.M <= mb) {
+    kernel(c, n0, n1);
+    return;
+  }
+  const int64_t nb = std::max<int64_t>(8, static_cast<int64_t>(kBlockWeightBytes / std::max<size_t>(c.w_row_bytes, 1)));
+  for (int64_t nn = n0; nn < n1; nn += nb) {
+    const int64_t ne = std::min(n1, nn + nb);
+    for (int64_t m0 = 0; m0 < c.M; m0 += mb) {
+      detail::DecodeCtx b = c;
+      b.M = std::min(mb, c.M - m0);
+      b.x = c.x + m0 * c.K;
+      if (c.act) b.act = c.act + static_cast<size_t>(m0) * c.act_row_bytes;
+      b.y = c.y + m0 * c.ldy;
+      kernel(b, nn, ne);
+    }
+  }
+}
+
 void run_decode_group(const WeightView* w, float* const* y, int n, const float* x, int64_t M, RowKind rows,
                       MatmulScratch::Impl& s) {
   const int64_t K = w[0].cols;
@@ -231,7 +262,7 @@ void run_decode_group(const WeightView* w, float* const* y, int n, const float* 
   }
   const int nt = decode_threads(total_weight_bytes, M);
   if (nt <= 1) {
-    for (int i = 0; i < n; ++i) kernels[i](ctx[i], 0, w[i].rows);
+    for (int i = 0; i < n; ++i) run_kernel_blocked(kernels[i], ctx[i], 0, w[i].rows);
     return;
   }
   std::vector<DecodeChunk>& chunks = s.chunks;
@@ -244,7 +275,7 @@ void run_decode_group(const WeightView* w, float* const* y, int n, const float* 
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
   for (int64_t c = 0; c < n_chunks; ++c) {
     const DecodeChunk& ch = chunks[static_cast<size_t>(c)];
-    kernels[ch.weight](ctx[ch.weight], ch.n0, ch.n1);
+    run_kernel_blocked(kernels[ch.weight], ctx[ch.weight], ch.n0, ch.n1);
   }
 }
 

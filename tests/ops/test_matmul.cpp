@@ -499,6 +499,37 @@ TEST(Matmul, QuantizedKernelsAreBitIdenticalToTheReferenceOrder) {
   }
 }
 
+// Calls with many rows run in cache blocks of weight rows x activation rows
+// (run_kernel_blocked in cpu/matmul.cpp): shapes big enough to split both
+// ways give every row exactly what it gets alone, on every ISA and format.
+TEST(Matmul, CacheBlockedRowsEqualOneRowAtATime) {
+  KnobGuard guard;
+  const int64_t K = 2048, N = 200, M = 70;  // > 1 activation block for every format, > 1 weight block for most
+  const auto x = make_x(M, K, 5);
+  for (Isa isa : kIsas) {
+    if (!isa_supported(isa)) continue;
+    force_isa(isa);
+    for (DType t : {DType::Q4_0, DType::Q8_0, DType::Q5_1, DType::Q4_K, DType::Q6_K, DType::Q5_K, DType::F16,
+                    DType::F32}) {
+      const auto w = make_weight(t, N, K, 11);
+      const WeightView v{t, N, K, w.data()};
+      for (RowKind kind : {RowKind::kPrompt, RowKind::kDecode}) {
+        for (int th : {1, 2}) {
+          omp_set_num_threads(th);
+          MatmulScratch scratch;
+          std::vector<float> all(static_cast<size_t>(M * N), -1.0f), one(static_cast<size_t>(N));
+          matmul(v, x.data(), M, all.data(), scratch, MatmulPath::kRowInvariant, kind);
+          for (int64_t m = 0; m < M; ++m) {
+            matmul(v, x.data() + m * K, 1, one.data(), scratch, MatmulPath::kRowInvariant, kind);
+            ASSERT_EQ(std::memcmp(one.data(), all.data() + m * N, static_cast<size_t>(N) * 4), 0)
+                << isa_to_string(isa) << " " << name_of(t) << " row " << m << " threads " << th;
+          }
+        }
+      }
+    }
+  }
+}
+
 // matmul_group computes each weight's rows exactly as matmul() does, for
 // every ISA, mixed formats (shared and separate activation rows), any M on
 // the row-invariant path, and 1 or 2 threads.
