@@ -6,7 +6,7 @@
 //                 [--time S] [--cpu-time]
 //
 // For each weight type and SmolLM2-like shapes (NxK) it prints the M=1 GEMV
-// (decode) time, weight bandwidth (GB/s) and GFLOP/s, and the M=512 GEMM
+// (decode: a generated token's row, RowKind::kDecode) time, weight bandwidth (GB/s) and GFLOP/s, and the M=512 GEMM
 // (prefill, oneDNN) GFLOP/s, on weights packed as the engine packs them
 // (cpu::pack_weight, where the active variant reads packed rows). By default
 // weights are "cold": enough copies are cycled through that they come from
@@ -276,7 +276,7 @@ int main(int argc, char** argv) {
       const double t1 = time_call(
           [&] {
             const WeightView v = w.next();
-            matmul(v, x.data(), 1, y.data(), scratch);
+            matmul(v, x.data(), 1, y.data(), scratch, MatmulPath::kAuto, RowKind::kDecode);
           },
           min_time);
       std::printf("%-5s %5lldx%-5lld %10.1f %9.1f %9.1f", tname(t), (long long)N, (long long)K, t1 * 1e6,
