@@ -110,6 +110,11 @@ void check_weight(const WeightView& w, const char* what) {
 
 // Points the kernel at the packed rows when it reads them.
 void use_packed(const detail::IsaImpl& impl, const WeightView& w, detail::DecodeCtx& c) {
+  if (w.packed && impl.reads_packed_q4k && w.type == DType::Q4_K && w.rows % detail::kQ4KPackRows == 0) {
+    c.packed = static_cast<const uint8_t*>(w.packed);
+    c.packed_group_bytes = detail::q4k_x8_group_bytes(w.cols);
+    return;
+  }
   if (!w.packed || !impl.reads_packed || !detail::packable(w.type)) return;
   c.packed = static_cast<const uint8_t*>(w.packed);
   c.packed_group_bytes = detail::packed_group_bytes(w.type, w.cols);
@@ -203,7 +208,8 @@ void run_kernel_blocked(detail::DecodeKernel kernel, const detail::DecodeCtx& c,
     kernel(c, n0, n1);
     return;
   }
-  const int64_t nb = std::max<int64_t>(8, static_cast<int64_t>(kBlockWeightBytes / std::max<size_t>(c.w_row_bytes, 1)));
+  const int64_t nb =  // (a multiple of 8: packed Q4_K groups stay whole)
+      std::max<int64_t>(8, static_cast<int64_t>(kBlockWeightBytes / std::max<size_t>(c.w_row_bytes, 1)) & ~int64_t{7});
   for (int64_t nn = n0; nn < n1; nn += nb) {
     const int64_t ne = std::min(n1, nn + nb);
     for (int64_t m0 = 0; m0 < c.M; m0 += mb) {
@@ -389,7 +395,39 @@ void matmul_group(const WeightView* w, float* const* y, int n, const float* x, i
   run_decode_group(w, y, n, x, M, rows, scratch.impl());
 }
 
+namespace {
+bool q4k_packable(DType type, int64_t rows, int64_t cols) {
+  return type == DType::Q4_K && rows > 0 && rows % detail::kQ4KPackRows == 0 && cols > 0 && cols % 256 == 0 &&
+         repack_enabled() && isa_impl(active_isa(), type).reads_packed_q4k;
+}
+
+// Q4_K rows n0..n0+7 as one PackedQ4Kx8 per super-block (matmul_internal.h).
+void pack_q4k_group(const uint8_t* rows, size_t row_bytes, int64_t K, detail::PackedQ4Kx8* out) {
+  for (int64_t i = 0; i < K / 256; ++i) {
+    detail::PackedQ4Kx8& p = out[i];
+    for (int r = 0; r < 8; ++r) {
+      const auto& b = *reinterpret_cast<const BlockQ4_K*>(rows + static_cast<size_t>(r) * row_bytes +
+                                                           static_cast<size_t>(i) * sizeof(BlockQ4_K));
+      uint16_t h[2];
+      std::memcpy(h, &b, 4);
+      p.d[r] = fp16_to_fp32(h[0]);
+      p.dmin[r] = fp16_to_fp32(h[1]);
+      for (int g = 0; g < 8; ++g) kquant_scale_min(g, b.scales, &p.sc[8 * g + r], &p.mn[8 * g + r]);
+      for (int g = 0; g < 8; ++g)
+        for (int e = 0; e < 16; ++e) {  // elements e and 16 + e of group g
+          const int k = e / 4, j = e % 4;
+          const uint8_t lo = b.qs[32 * (g / 2) + e], hi = b.qs[32 * (g / 2) + 16 + e];
+          const int sh = (g % 2) * 4;  // group 2j: low nibbles, 2j + 1: high
+          p.qs[128 * g + 32 * k + 4 * r + j] = static_cast<uint8_t>(((lo >> sh) & 0xF) | (((hi >> sh) & 0xF) << 4));
+        }
+    }
+  }
+}
+}  // namespace
+
 size_t packed_bytes(DType type, int64_t rows, int64_t cols) {
+  if (q4k_packable(type, rows, cols))
+    return detail::q4k_x8_group_bytes(cols) * static_cast<size_t>(rows / detail::kQ4KPackRows);
   if (!detail::packable(type) || rows <= 0 || cols <= 0 || cols % detail::kQK != 0 || !repack_enabled()) return 0;
   if (active_isa() != Isa::kAvx512Vnni) return 0;
   const int64_t groups = (rows + detail::kPackRows - 1) / detail::kPackRows;
@@ -398,6 +436,18 @@ size_t packed_bytes(DType type, int64_t rows, int64_t cols) {
 
 void pack_weight(const WeightView& w, void* out) {
   check_weight(w, "pack_weight");
+  if (w.type == DType::Q4_K) {
+    if (w.rows % detail::kQ4KPackRows != 0)
+      fail(StatusCode::kInvalidArgument, "pack_weight: Q4_K rows must be a multiple of 8");
+    if (!out) fail(StatusCode::kInvalidArgument, "pack_weight: null output");
+    const size_t rb = detail::weight_row_bytes(w.type, w.cols), gb = detail::q4k_x8_group_bytes(w.cols);
+    const int64_t groups = w.rows / detail::kQ4KPackRows;
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < groups; ++g)
+      pack_q4k_group(static_cast<const uint8_t*>(w.data) + static_cast<size_t>(g * detail::kQ4KPackRows) * rb, rb,
+                     w.cols, reinterpret_cast<detail::PackedQ4Kx8*>(static_cast<uint8_t*>(out) + g * gb));
+    return;
+  }
   if (!detail::packable(w.type)) fail(StatusCode::kInvalidArgument, "pack_weight: not a packable type");
   if (!out) fail(StatusCode::kInvalidArgument, "pack_weight: null output");
   const int64_t K = w.cols, nb = K / detail::kQK;

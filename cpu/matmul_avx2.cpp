@@ -447,8 +447,117 @@ void kkernel_o(const DecodeCtx& c, int64_t n0, int64_t n1) {
   }
 }
 
+// Q4_K on PackedQ4Kx8 groups (matmul_internal.h): MT activation rows x 8
+// weight rows (lanes), in llama.cpp's q4_K_8x8 GEMM order (kGemm8x8: per
+// pair of groups acc = fma(float(pair total), d * dx, acc), the min term
+// likewise) or its GEMV order (kGemv8x8: per super-block, totals over the
+// 8 groups). Each lane runs KAcc's operations for its row: the same bits.
+template <KOrder O, int MT>
+inline void q4k_packed_tile(const DecodeCtx& c, int64_t grp, int64_t m0) {
+  const int64_t nbk = c.K / kQK_K;
+  const auto* pk = reinterpret_cast<const PackedQ4Kx8*>(c.packed + static_cast<size_t>(grp) * c.packed_group_bytes);
+  const Q8KBlock* a[MT];
+  for (int m = 0; m < MT; ++m) a[m] = q8k_row(c.act, c.act_row_bytes, m0 + m);
+  __m256 acc[MT], accm[MT];
+  for (int m = 0; m < MT; ++m) acc[m] = accm[m] = _mm256_setzero_ps();
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  for (int64_t i = 0; i < nbk; ++i) {
+    const PackedQ4Kx8& b = pk[i];
+    _mm_prefetch(reinterpret_cast<const char*>(&b) + c.packed_group_bytes, _MM_HINT_T0);
+    const __m256 d = _mm256_loadu_ps(b.d), dmin = _mm256_loadu_ps(b.dmin);
+    // Per row m: lane r of tot[m][p] = pair p's integer total (kGemm8x8), or
+    // of tot[m][0] the super-block's (kGemv8x8).
+    __m256i tot[MT][4];
+    for (int m = 0; m < MT; ++m)
+      for (int p = 0; p < 4; ++p) tot[m][p] = _mm256_setzero_si256();
+    for (int g = 0; g < 8; ++g) {
+      const __m128i s8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.sc + 8 * g));
+      const __m256i sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(s8, s8));  // s16 lanes 2r, 2r+1: row r's scale
+      __m256i w[8];
+      for (int k = 0; k < 4; ++k) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs + 128 * g + 32 * k));
+        w[k] = _mm256_and_si256(v, m4);
+        w[k + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+      }
+      for (int m = 0; m < MT; ++m) {
+        const int8_t* q = a[m][i].qs + 32 * g;
+        int32_t q4[8];
+        std::memcpy(q4, q, 32);
+        // <= 8 * 2 * 15 * 128 = 30720 in magnitude: exact in 16 bits
+        __m256i s16 = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(q4[0]));
+        for (int k = 1; k < 8; ++k) s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[k], _mm256_set1_epi32(q4[k])));
+        const __m256i s32 = _mm256_madd_epi16(s16, sc);
+        const int p = O == KOrder::kGemm8x8 ? g / 2 : 0;
+        tot[m][p] = _mm256_add_epi32(tot[m][p], s32);
+      }
+    }
+    // The min terms: lane r of pair p = mn[2p][r] * bsum(2p) + mn[2p+1][r] * bsum(2p+1).
+    __m256i mins[4];
+    for (int p = 0; p < 4; ++p) {
+      const __m128i lo = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.mn + 16 * p));
+      const __m128i hi = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.mn + 16 * p + 8));
+      mins[p] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(lo, hi));
+    }
+    for (int m = 0; m < MT; ++m) {
+      const Q8KBlock& y = a[m][i];
+      const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.bsums));
+      const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
+      alignas(16) int32_t gs[4];  // pair p: bsum(2p) | bsum(2p+1) << 16
+      _mm_store_si128(reinterpret_cast<__m128i*>(gs), q8s);
+      const __m256 dx = _mm256_set1_ps(y.d);
+      const __m256 sd = _mm256_mul_ps(d, dx), sm = _mm256_mul_ps(dmin, dx);
+      if constexpr (O == KOrder::kGemm8x8) {
+        for (int p = 0; p < 4; ++p) {
+          const __m256i mp = _mm256_madd_epi16(mins[p], _mm256_set1_epi32(gs[p]));
+          acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot[m][p]), sd, acc[m]);
+          accm[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mp), sm, accm[m]);
+        }
+      } else {
+        __m256i mt = _mm256_madd_epi16(mins[0], _mm256_set1_epi32(gs[0]));
+        for (int p = 1; p < 4; ++p) mt = _mm256_add_epi32(mt, _mm256_madd_epi16(mins[p], _mm256_set1_epi32(gs[p])));
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot[m][0]), sd, acc[m]);
+        accm[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mt), sm, accm[m]);
+      }
+    }
+  }
+  for (int m = 0; m < MT; ++m)
+    _mm256_storeu_ps(c.y + (m0 + m) * c.ldy + grp * kQ4KPackRows, _mm256_sub_ps(acc[m], accm[m]));
+}
+
+template <KOrder O>
+void q4k_packed_kernel(const DecodeCtx& c, int64_t g0, int64_t g1) {
+  for (int64_t g = g0; g < g1; ++g) {
+    int64_t m = 0;
+    for (; m + 4 <= c.M; m += 4) q4k_packed_tile<O, 4>(c, g, m);
+    switch (c.M - m) {
+      case 3: q4k_packed_tile<O, 3>(c, g, m); break;
+      case 2: q4k_packed_tile<O, 2>(c, g, m); break;
+      case 1: q4k_packed_tile<O, 1>(c, g, m); break;
+      default: break;
+    }
+  }
+}
+
 template <DType T>
 void kkernel(const DecodeCtx& c, int64_t n0, int64_t n1) {
+  if constexpr (T == DType::Q4_K) {
+    if (c.packed && (c.korder == KOrder::kGemm8x8 || c.korder == KOrder::kGemv8x8)) {
+      // Whole groups of 8 rows from the packed copy, any others (a range
+      // that does not start or end on a group) from the GGUF rows.
+      const int64_t g0 = (n0 + kQ4KPackRows - 1) / kQ4KPackRows, g1 = n1 / kQ4KPackRows;
+      if (g0 < g1) {
+        if (n0 < g0 * kQ4KPackRows) kkernel<T>(DecodeCtx{c.type, c.w, c.w_row_bytes, c.K, c.M, c.x, c.act,
+                                                         c.act_row_bytes, c.y, c.ldy, nullptr, 0, c.korder},
+                                               n0, g0 * kQ4KPackRows);
+        if (c.korder == KOrder::kGemm8x8)
+          q4k_packed_kernel<KOrder::kGemm8x8>(c, g0, g1);
+        else
+          q4k_packed_kernel<KOrder::kGemv8x8>(c, g0, g1);
+        n0 = g1 * kQ4KPackRows;
+        if (n0 >= n1) return;
+      }
+    }
+  }
   switch (c.korder) {
     case KOrder::kVec: return kkernel_o<T, KOrder::kVec>(c, n0, n1);
     case KOrder::kTiled: return kkernel_o<T, KOrder::kTiled>(c, n0, n1);
@@ -552,8 +661,9 @@ DecodeKernel kernel(DType t) {
 }  // namespace
 
 const IsaImpl& avx2_impl() {
-  static const IsaImpl impl{"avx2",           act_row_bytes,     prepare_acts,    kernel,
-                            avx2_dequant_f32, avx2_dequant_bf16, avx2_f32_to_bf16};
+  static const IsaImpl impl{"avx2",           act_row_bytes,     prepare_acts,     kernel,
+                            avx2_dequant_f32, avx2_dequant_bf16, avx2_f32_to_bf16, /*reads_packed=*/false,
+                            /*reads_packed_q4k=*/true};
   return impl;
 }
 

@@ -137,6 +137,29 @@ inline size_t packed_scale_offset(DType t, int64_t K, int64_t q, int64_t j) {
          static_cast<size_t>(q * kPackRows + j) * packed_scale_bytes(t);
 }
 
+// Q4_K weights packed for the AVX2 kernels (pack_weight; weights whose row
+// count is a multiple of 8, the rows llama.cpp repacks to q4_K_8x8), in
+// groups of eight rows: for each super-block one PackedQ4Kx8 holding the
+// eight rows' d and dmin (as f32), their 6-bit scales and mins unpacked
+// (sc[8 * g + r]: group g of row r), and their quants interleaved so that
+// one 32-byte load holds four consecutive elements of each of the 8 rows:
+// qs[128 * g + 32 * k + 4 * r + j] = element 4k + j of group g of row r
+// (low nibble) | element 16 + 4k + j (high nibble), k < 4. A multiply of
+// such a register by 4 activation bytes broadcast to every lane sums each
+// row's products in its own lanes: the kernels add 8 of them in 16 bits
+// before one multiply by the scales, where the GGUF layout needs a scale
+// multiply per 32 products. 1216 bytes per 8 x 256 weights (1.06x the
+// GGUF rows). The sums are exact integers, then the same float steps as
+// the GGUF kernels: the same results to the bit.
+struct PackedQ4Kx8 {
+  float d[8], dmin[8];
+  uint8_t sc[64], mn[64];
+  uint8_t qs[1024];
+};
+static_assert(sizeof(PackedQ4Kx8) == 1216, "packed Q4_K x8 block");
+inline constexpr int64_t kQ4KPackRows = 8;
+inline size_t q4k_x8_group_bytes(int64_t K) { return static_cast<size_t>(K / 256) * sizeof(PackedQ4Kx8); }
+
 // The order in which a K-quant dot product is summed: one of the computations
 // llama.cpp's x86 CPU backend runs for a weight (see kquant_dot_reference).
 enum class KOrder : uint8_t {
@@ -205,6 +228,7 @@ struct IsaImpl {
   DequantBf16Fn dequant_bf16;
   F32ToBf16Fn f32_to_bf16;
   bool reads_packed = false;  // its Q4_0/Q4_1/Q8_0 kernels use DecodeCtx::packed when set
+  bool reads_packed_q4k = false;  // its Q4_K kernels read PackedQ4Kx8 groups (DecodeCtx::packed) when set
 };
 
 // A variant's prefill dequantization, its IsaImpl's dequant_f32, dequant_bf16
