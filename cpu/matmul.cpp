@@ -110,9 +110,10 @@ void check_weight(const WeightView& w, const char* what) {
 
 // Points the kernel at the packed rows when it reads them.
 void use_packed(const detail::IsaImpl& impl, const WeightView& w, detail::DecodeCtx& c) {
-  if (w.packed && impl.reads_packed_q4k && w.type == DType::Q4_K && w.rows % detail::kQ4KPackRows == 0) {
+  if (w.packed && impl.reads_packed_q4k && detail::kx8_group_bytes(w.type, w.cols) &&
+      w.rows % detail::kQ4KPackRows == 0) {
     c.packed = static_cast<const uint8_t*>(w.packed);
-    c.packed_group_bytes = detail::q4k_x8_group_bytes(w.cols);
+    c.packed_group_bytes = detail::kx8_group_bytes(w.type, w.cols);
     return;
   }
   if (!w.packed || !impl.reads_packed || !detail::packable(w.type)) return;
@@ -397,7 +398,7 @@ void matmul_group(const WeightView* w, float* const* y, int n, const float* x, i
 
 namespace {
 bool q4k_packable(DType type, int64_t rows, int64_t cols) {
-  return type == DType::Q4_K && rows > 0 && rows % detail::kQ4KPackRows == 0 && cols > 0 && cols % 256 == 0 &&
+  return (type == DType::Q4_K || type == DType::Q6_K) && rows > 0 && rows % detail::kQ4KPackRows == 0 && cols > 0 && cols % 256 == 0 &&
          repack_enabled() && isa_impl(active_isa(), type).reads_packed_q4k;
 }
 
@@ -423,11 +424,42 @@ void pack_q4k_group(const uint8_t* rows, size_t row_bytes, int64_t K, detail::Pa
     }
   }
 }
+// Q6_K rows n0..n0+7 as one PackedQ6Kx8 per super-block.
+void pack_q6k_group(const uint8_t* rows, size_t row_bytes, int64_t K, detail::PackedQ6Kx8* out) {
+  for (int64_t i = 0; i < K / 256; ++i) {
+    detail::PackedQ6Kx8& p = out[i];
+    std::memset(p.qh, 0, sizeof(p.qh));
+    for (int r = 0; r < 8; ++r) {
+      const auto& b = *reinterpret_cast<const BlockQ6_K*>(rows + static_cast<size_t>(r) * row_bytes +
+                                                          static_cast<size_t>(i) * sizeof(BlockQ6_K));
+      p.d[r] = fp16_to_fp32(b.d);
+      for (int sb = 0; sb < 16; ++sb) p.sc[8 * sb + r] = b.scales[sb];
+      uint8_t q[256];  // the super-block's 6-bit values, in element order
+      for (int hh = 0; hh < 2; ++hh)
+        for (int l = 0; l < 32; ++l) {
+          const uint8_t* ql = b.ql + 64 * hh;
+          const uint8_t qh = b.qh[32 * hh + l];
+          q[128 * hh + l] = static_cast<uint8_t>((ql[l] & 0xF) | ((qh & 3) << 4));
+          q[128 * hh + 32 + l] = static_cast<uint8_t>((ql[32 + l] & 0xF) | (((qh >> 2) & 3) << 4));
+          q[128 * hh + 64 + l] = static_cast<uint8_t>((ql[l] >> 4) | (((qh >> 4) & 3) << 4));
+          q[128 * hh + 96 + l] = static_cast<uint8_t>((ql[32 + l] >> 4) | (((qh >> 6) & 3) << 4));
+        }
+      for (int g = 0; g < 8; ++g)
+        for (int e = 0; e < 16; ++e) {
+          const int c = e / 4, j = e % 4;
+          const uint8_t lo = q[32 * g + e], hi = q[32 * g + 16 + e];
+          p.ql[128 * g + 32 * c + 4 * r + j] = static_cast<uint8_t>((lo & 0xF) | ((hi & 0xF) << 4));
+          p.qh[64 * g + 4 * r + j] |= static_cast<uint8_t>((lo >> 4) << (2 * c));
+          p.qh[64 * g + 32 + 4 * r + j] |= static_cast<uint8_t>((hi >> 4) << (2 * c));
+        }
+    }
+  }
+}
 }  // namespace
 
 size_t packed_bytes(DType type, int64_t rows, int64_t cols) {
   if (q4k_packable(type, rows, cols))
-    return detail::q4k_x8_group_bytes(cols) * static_cast<size_t>(rows / detail::kQ4KPackRows);
+    return detail::kx8_group_bytes(type, cols) * static_cast<size_t>(rows / detail::kQ4KPackRows);
   if (!detail::packable(type) || rows <= 0 || cols <= 0 || cols % detail::kQK != 0 || !repack_enabled()) return 0;
   if (active_isa() != Isa::kAvx512Vnni) return 0;
   const int64_t groups = (rows + detail::kPackRows - 1) / detail::kPackRows;
@@ -436,16 +468,22 @@ size_t packed_bytes(DType type, int64_t rows, int64_t cols) {
 
 void pack_weight(const WeightView& w, void* out) {
   check_weight(w, "pack_weight");
-  if (w.type == DType::Q4_K) {
+  if (w.type == DType::Q4_K || w.type == DType::Q6_K) {
     if (w.rows % detail::kQ4KPackRows != 0)
-      fail(StatusCode::kInvalidArgument, "pack_weight: Q4_K rows must be a multiple of 8");
+      fail(StatusCode::kInvalidArgument, "pack_weight: Q4_K / Q6_K rows must be a multiple of 8");
     if (!out) fail(StatusCode::kInvalidArgument, "pack_weight: null output");
-    const size_t rb = detail::weight_row_bytes(w.type, w.cols), gb = detail::q4k_x8_group_bytes(w.cols);
+    const size_t rb = detail::weight_row_bytes(w.type, w.cols), gb = detail::kx8_group_bytes(w.type, w.cols);
     const int64_t groups = w.rows / detail::kQ4KPackRows;
+    const bool q4k = w.type == DType::Q4_K;
 #pragma omp parallel for schedule(static)
-    for (int64_t g = 0; g < groups; ++g)
-      pack_q4k_group(static_cast<const uint8_t*>(w.data) + static_cast<size_t>(g * detail::kQ4KPackRows) * rb, rb,
-                     w.cols, reinterpret_cast<detail::PackedQ4Kx8*>(static_cast<uint8_t*>(out) + g * gb));
+    for (int64_t g = 0; g < groups; ++g) {
+      const uint8_t* src = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(g * detail::kQ4KPackRows) * rb;
+      uint8_t* dst = static_cast<uint8_t*>(out) + static_cast<size_t>(g) * gb;
+      if (q4k)
+        pack_q4k_group(src, rb, w.cols, reinterpret_cast<detail::PackedQ4Kx8*>(dst));
+      else
+        pack_q6k_group(src, rb, w.cols, reinterpret_cast<detail::PackedQ6Kx8*>(dst));
+    }
     return;
   }
   if (!detail::packable(w.type)) fail(StatusCode::kInvalidArgument, "pack_weight: not a packable type");

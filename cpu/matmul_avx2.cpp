@@ -538,10 +538,147 @@ void q4k_packed_kernel(const DecodeCtx& c, int64_t g0, int64_t g1) {
   }
 }
 
+// Q6_K on PackedQ6Kx8 groups (matmul_internal.h). The 6-bit values of
+// elements 16h + 4c .. 16h + 4c + 3 of group g, 8 rows (qh: the group's
+// high-bit vector of half h).
+inline __m256i q6k_chunk(const PackedQ6Kx8& b, int g, int h, int c, __m256i qh) {
+  const __m256i l = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.ql + 128 * g + 32 * c));
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i lo = h == 0 ? _mm256_and_si256(l, m4) : _mm256_and_si256(_mm256_srli_epi16(l, 4), m4);
+  __m256i hi;  // bits 2c..2c+1 to bits 4..5
+  switch (c) {
+    case 0: hi = _mm256_slli_epi16(qh, 4); break;
+    case 1: hi = _mm256_slli_epi16(qh, 2); break;
+    case 2: hi = qh; break;
+    default: hi = _mm256_srli_epi16(qh, 2); break;
+  }
+  return _mm256_or_si256(lo, _mm256_and_si256(hi, _mm256_set1_epi8(0x30)));
+}
+// s16 lanes 2r, 2r+1: row r's scale of sub-block s (sign-extended).
+inline __m256i q6k_scales(const PackedQ6Kx8& b, int s) {
+  const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.sc + 8 * s));
+  return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(v, v));
+}
+// s16 lanes 2r, 2r+1: row r's scales of sub-blocks 2k and 2k+1.
+inline __m256i q6k_scale_pair(const PackedQ6Kx8& b, int k) {
+  const __m128i lo = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.sc + 16 * k));
+  const __m128i hi = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.sc + 16 * k + 8));
+  return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(lo, hi));
+}
+
+// Decode rows (kVec, ggml_vec_dot_q6_K_q8_K's order) for one activation row
+// and 8 weight rows: lane r of s[l] / acc[l] is lane l of row r's vec_dot
+// registers (transposed), reduced at the end in hsum8's order.
+inline void q6k_packed_vec(const DecodeCtx& c, int64_t grp, int64_t m) {
+  const int64_t nbk = c.K / kQK_K;
+  const auto* pk = reinterpret_cast<const PackedQ6Kx8*>(c.packed + static_cast<size_t>(grp) * c.packed_group_bytes);
+  const Q8KBlock* a = q8k_row(c.act, c.act_row_bytes, m);
+  __m256 acc[8];
+  for (auto& v : acc) v = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nbk; ++i) {
+    const PackedQ6Kx8& b = pk[i];
+    const Q8KBlock& y = a[i];
+    _mm_prefetch(reinterpret_cast<const char*>(&b) + c.packed_group_bytes, _MM_HINT_T0);
+    __m256i s[8];
+    for (auto& v : s) v = _mm256_setzero_si256();
+    for (int g = 0; g < 8; ++g) {
+      for (int h = 0; h < 2; ++h) {
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qh + 64 * g + 32 * h));
+        const __m256i sc = q6k_scales(b, 2 * g + h);
+        int32_t q4[4];
+        std::memcpy(q4, y.qs + 32 * g + 16 * h, 16);
+        for (int cc = 0; cc < 4; ++cc) {
+          const __m256i p = _mm256_maddubs_epi16(q6k_chunk(b, g, h, cc, qh), _mm256_set1_epi32(q4[cc]));
+          s[4 * h + cc] = _mm256_add_epi32(s[4 * h + cc], _mm256_madd_epi16(p, sc));
+        }
+      }
+    }
+    int32_t bs[8];  // k: bsums[2k] | bsums[2k+1] << 16
+    std::memcpy(bs, y.bsums, 32);
+    const __m256 dxw = _mm256_mul_ps(_mm256_set1_ps(y.d), _mm256_loadu_ps(b.d));
+    for (int k = 0; k < 8; ++k) {
+      const __m256i off = _mm256_madd_epi16(q6k_scale_pair(b, k), _mm256_set1_epi32(bs[k]));
+      const __m256i sumi = _mm256_sub_epi32(s[k], _mm256_slli_epi32(off, 5));
+      acc[k] = _mm256_fmadd_ps(dxw, _mm256_cvtepi32_ps(sumi), acc[k]);
+    }
+  }
+  const __m256 r = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
+                                 _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])));
+  _mm256_storeu_ps(c.y + m * c.ldy + grp * kQ4KPackRows, r);
+}
+
+// Prompt rows (kTiled: per super-block r = float(total) * d, acc = fma(r,
+// dx, acc)) for MT activation rows and 8 weight rows. Two chunks are added
+// in 16 bits before the scale multiply (|sum| <= 2 * 2 * 63 * 128 = 32256).
+template <int MT>
+inline void q6k_packed_tiled(const DecodeCtx& c, int64_t grp, int64_t m0) {
+  const int64_t nbk = c.K / kQK_K;
+  const auto* pk = reinterpret_cast<const PackedQ6Kx8*>(c.packed + static_cast<size_t>(grp) * c.packed_group_bytes);
+  const Q8KBlock* a[MT];
+  for (int m = 0; m < MT; ++m) a[m] = q8k_row(c.act, c.act_row_bytes, m0 + m);
+  __m256 acc[MT];
+  for (auto& v : acc) v = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nbk; ++i) {
+    const PackedQ6Kx8& b = pk[i];
+    _mm_prefetch(reinterpret_cast<const char*>(&b) + c.packed_group_bytes, _MM_HINT_T0);
+    __m256i tot[MT];
+    for (auto& v : tot) v = _mm256_setzero_si256();
+    for (int g = 0; g < 8; ++g) {
+      for (int h = 0; h < 2; ++h) {
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qh + 64 * g + 32 * h));
+        const __m256i sc = q6k_scales(b, 2 * g + h);
+        __m256i w[4];
+        for (int cc = 0; cc < 4; ++cc) w[cc] = q6k_chunk(b, g, h, cc, qh);
+        for (int m = 0; m < MT; ++m) {
+          int32_t q4[4];
+          std::memcpy(q4, a[m][i].qs + 32 * g + 16 * h, 16);
+          const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(w[0], _mm256_set1_epi32(q4[0])),
+                                               _mm256_maddubs_epi16(w[1], _mm256_set1_epi32(q4[1])));
+          const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(w[2], _mm256_set1_epi32(q4[2])),
+                                               _mm256_maddubs_epi16(w[3], _mm256_set1_epi32(q4[3])));
+          tot[m] = _mm256_add_epi32(tot[m], _mm256_add_epi32(_mm256_madd_epi16(p01, sc), _mm256_madd_epi16(p23, sc)));
+        }
+      }
+    }
+    const __m256 d = _mm256_loadu_ps(b.d);
+    for (int m = 0; m < MT; ++m) {
+      const Q8KBlock& y = a[m][i];
+      int32_t bs[8];
+      std::memcpy(bs, y.bsums, 32);
+      __m256i off = _mm256_setzero_si256();
+      for (int k = 0; k < 8; ++k)
+        off = _mm256_add_epi32(off, _mm256_madd_epi16(q6k_scale_pair(b, k), _mm256_set1_epi32(bs[k])));
+      const __m256i isum = _mm256_sub_epi32(tot[m], _mm256_slli_epi32(off, 5));
+      const __m256 r = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), d);
+      acc[m] = _mm256_fmadd_ps(r, _mm256_set1_ps(y.d), acc[m]);
+    }
+  }
+  for (int m = 0; m < MT; ++m) _mm256_storeu_ps(c.y + (m0 + m) * c.ldy + grp * kQ4KPackRows, acc[m]);
+}
+
+void q6k_packed_kernel(const DecodeCtx& c, int64_t g0, int64_t g1) {
+  for (int64_t g = g0; g < g1; ++g) {
+    if (c.korder == KOrder::kVec) {
+      for (int64_t m = 0; m < c.M; ++m) q6k_packed_vec(c, g, m);
+      continue;
+    }
+    int64_t m = 0;
+    for (; m + 4 <= c.M; m += 4) q6k_packed_tiled<4>(c, g, m);
+    switch (c.M - m) {
+      case 3: q6k_packed_tiled<3>(c, g, m); break;
+      case 2: q6k_packed_tiled<2>(c, g, m); break;
+      case 1: q6k_packed_tiled<1>(c, g, m); break;
+      default: break;
+    }
+  }
+}
+
 template <DType T>
 void kkernel(const DecodeCtx& c, int64_t n0, int64_t n1) {
-  if constexpr (T == DType::Q4_K) {
-    if (c.packed && (c.korder == KOrder::kGemm8x8 || c.korder == KOrder::kGemv8x8)) {
+  if constexpr (T == DType::Q4_K || T == DType::Q6_K) {
+    const bool packed_order = T == DType::Q4_K ? (c.korder == KOrder::kGemm8x8 || c.korder == KOrder::kGemv8x8)
+                                               : (c.korder == KOrder::kVec || c.korder == KOrder::kTiled);
+    if (c.packed && packed_order) {
       // Whole groups of 8 rows from the packed copy, any others (a range
       // that does not start or end on a group) from the GGUF rows.
       const int64_t g0 = (n0 + kQ4KPackRows - 1) / kQ4KPackRows, g1 = n1 / kQ4KPackRows;
@@ -549,7 +686,9 @@ void kkernel(const DecodeCtx& c, int64_t n0, int64_t n1) {
         if (n0 < g0 * kQ4KPackRows) kkernel<T>(DecodeCtx{c.type, c.w, c.w_row_bytes, c.K, c.M, c.x, c.act,
                                                          c.act_row_bytes, c.y, c.ldy, nullptr, 0, c.korder},
                                                n0, g0 * kQ4KPackRows);
-        if (c.korder == KOrder::kGemm8x8)
+        if constexpr (T == DType::Q6_K)
+          q6k_packed_kernel(c, g0, g1);
+        else if (c.korder == KOrder::kGemm8x8)
           q4k_packed_kernel<KOrder::kGemm8x8>(c, g0, g1);
         else
           q4k_packed_kernel<KOrder::kGemv8x8>(c, g0, g1);

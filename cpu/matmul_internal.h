@@ -160,6 +160,31 @@ static_assert(sizeof(PackedQ4Kx8) == 1216, "packed Q4_K x8 block");
 inline constexpr int64_t kQ4KPackRows = 8;
 inline size_t q4k_x8_group_bytes(int64_t K) { return static_cast<size_t>(K / 256) * sizeof(PackedQ4Kx8); }
 
+// Q6_K weights (rows % 8 == 0) packed for the AVX2 kernels the same way:
+// per super-block of 8 rows their d (f32), their 16 sub-block scales
+// (sc[8 * s + r]), the low 4 bits interleaved as PackedQ4Kx8's quants
+// (ql[128 * g + 32 * c + 4 * r + j]: element 4c + j of group g, high nibble
+// element 16 + 4c + j) and the high 2 bits (qh[64 * g + 32 * h + 4 * r + j],
+// bits 2c..2c+1: element 16h + 4c + j). A chunk register of 8 rows x 4
+// elements then gives, after the scale multiply, exactly lane c of each
+// row's ggml_vec_dot_q6_K_q8_K sum (its lanes are 4 consecutive elements of
+// every group), so the decode kernel keeps vec_dot's order with the rows in
+// lanes, and the prompt kernel (tiled order: one total per super-block)
+// adds two chunks in 16 bits before each scale multiply. 1696 bytes per
+// 8 x 256 weights (1.01x the GGUF rows).
+struct PackedQ6Kx8 {
+  float d[8];
+  int8_t sc[128];
+  uint8_t ql[1024];
+  uint8_t qh[512];
+};
+static_assert(sizeof(PackedQ6Kx8) == 1696, "packed Q6_K x8 block");
+inline size_t q6k_x8_group_bytes(int64_t K) { return static_cast<size_t>(K / 256) * sizeof(PackedQ6Kx8); }
+// Bytes of one group of 8 packed rows, 0 for types not packed this way.
+inline size_t kx8_group_bytes(DType t, int64_t K) {
+  return t == DType::Q4_K ? q4k_x8_group_bytes(K) : t == DType::Q6_K ? q6k_x8_group_bytes(K) : 0;
+}
+
 // The order in which a K-quant dot product is summed: one of the computations
 // llama.cpp's x86 CPU backend runs for a weight (see kquant_dot_reference).
 enum class KOrder : uint8_t {
@@ -228,7 +253,7 @@ struct IsaImpl {
   DequantBf16Fn dequant_bf16;
   F32ToBf16Fn f32_to_bf16;
   bool reads_packed = false;  // its Q4_0/Q4_1/Q8_0 kernels use DecodeCtx::packed when set
-  bool reads_packed_q4k = false;  // its Q4_K kernels read PackedQ4Kx8 groups (DecodeCtx::packed) when set
+  bool reads_packed_q4k = false;  // its Q4_K / Q6_K kernels read PackedQ4Kx8 / PackedQ6Kx8 groups when set
 };
 
 // A variant's prefill dequantization, its IsaImpl's dequant_f32, dequant_bf16

@@ -624,14 +624,15 @@ TEST(Matmul, PackedRowsGiveIdenticalResults) {
   }
 }
 
-// Q4_K weights whose row count is a multiple of 8 are packed for the AVX2
-// kernels (8-row interleaved super-blocks, detail::PackedQ4Kx8): prompt rows
-// (llama.cpp's q4_K_8x8 GEMM order) and decode rows (its GEMV order) give
+// Q4_K and Q6_K weights whose row count is a multiple of 8 are packed for
+// the AVX2 kernels (8-row interleaved super-blocks, detail::PackedQ4Kx8 /
+// PackedQ6Kx8): prompt rows (Q4_K: llama.cpp's q4_K_8x8 GEMM order; Q6_K:
+// its tiled order) and decode rows (its GEMV order; vec_dot's) give
 // the GGUF rows' results to the bit, for any M, 1 or 2 threads, alone and in
 // a group; other row counts and ISAs are not packed.
 TEST(Matmul, PackedQ4KRowsGiveIdenticalResults) {
   KnobGuard guard;
-  const DType t = DType::Q4_K;
+  for (DType t : {DType::Q4_K, DType::Q6_K})
   for (Isa isa : kIsas) {
     if (!isa_supported(isa)) continue;
     force_isa(isa);
@@ -642,7 +643,7 @@ TEST(Matmul, PackedQ4KRowsGiveIdenticalResults) {
         const size_t bytes = packed_bytes(t, N, K);
         EXPECT_EQ(bytes > 0, isa == Isa::kAvx2) << isa_to_string(isa);
         if (bytes == 0) continue;
-        EXPECT_EQ(bytes, static_cast<size_t>(N / 8) * static_cast<size_t>(K / 256) * 1216);
+        EXPECT_EQ(bytes, static_cast<size_t>(N / 8) * static_cast<size_t>(K / 256) * (t == DType::Q4_K ? 1216 : 1696));
         std::vector<uint8_t> packed(bytes + 1);  // deliberately not 64-byte aligned
         pack_weight({t, N, K, w.data()}, packed.data() + 1);
         const WeightView plain{t, N, K, w.data()}, fast{t, N, K, w.data(), packed.data() + 1};
@@ -659,7 +660,7 @@ TEST(Matmul, PackedQ4KRowsGiveIdenticalResults) {
               const WeightView group[2] = {fast, plain};
               float* ys[2] = {y2.data(), y3.data()};
               matmul_group(group, ys, 2, x.data(), M, scratch, MatmulPath::kRowInvariant, kind);
-              const std::string where = std::string(kind == RowKind::kPrompt ? "prompt" : "decode") +
+              const std::string where = name_of(t) + (kind == RowKind::kPrompt ? " prompt" : " decode") +
                                         " K=" + std::to_string(K) + " N=" + std::to_string(N) +
                                         " M=" + std::to_string(M) + " threads=" + std::to_string(th);
               ASSERT_EQ(std::memcmp(y0.data(), y1.data(), y0.size() * 4), 0) << where;
