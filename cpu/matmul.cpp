@@ -428,7 +428,7 @@ void pack_q4k_group(const uint8_t* rows, size_t row_bytes, int64_t K, detail::Pa
 void pack_q6k_group(const uint8_t* rows, size_t row_bytes, int64_t K, detail::PackedQ6Kx8* out) {
   for (int64_t i = 0; i < K / 256; ++i) {
     detail::PackedQ6Kx8& p = out[i];
-    std::memset(p.qh, 0, sizeof(p.qh));
+    for (auto& gr : p.grp) std::memset(gr.qh, 0, sizeof(gr.qh));
     for (int r = 0; r < 8; ++r) {
       const auto& b = *reinterpret_cast<const BlockQ6_K*>(rows + static_cast<size_t>(r) * row_bytes +
                                                           static_cast<size_t>(i) * sizeof(BlockQ6_K));
@@ -448,9 +448,9 @@ void pack_q6k_group(const uint8_t* rows, size_t row_bytes, int64_t K, detail::Pa
         for (int e = 0; e < 16; ++e) {
           const int c = e / 4, j = e % 4;
           const uint8_t lo = q[32 * g + e], hi = q[32 * g + 16 + e];
-          p.ql[128 * g + 32 * c + 4 * r + j] = static_cast<uint8_t>((lo & 0xF) | ((hi & 0xF) << 4));
-          p.qh[64 * g + 4 * r + j] |= static_cast<uint8_t>((lo >> 4) << (2 * c));
-          p.qh[64 * g + 32 + 4 * r + j] |= static_cast<uint8_t>((hi >> 4) << (2 * c));
+          p.grp[g].ql[32 * c + 4 * r + j] = static_cast<uint8_t>((lo & 0xF) | ((hi & 0xF) << 4));
+          p.grp[g].qh[4 * r + j] |= static_cast<uint8_t>((lo >> 4) << (2 * c));
+          p.grp[g].qh[32 + 4 * r + j] |= static_cast<uint8_t>((hi >> 4) << (2 * c));
         }
     }
   }

@@ -542,7 +542,7 @@ void q4k_packed_kernel(const DecodeCtx& c, int64_t g0, int64_t g1) {
 // elements 16h + 4c .. 16h + 4c + 3 of group g, 8 rows (qh: the group's
 // high-bit vector of half h).
 inline __m256i q6k_chunk(const PackedQ6Kx8& b, int g, int h, int c, __m256i qh) {
-  const __m256i l = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.ql + 128 * g + 32 * c));
+  const __m256i l = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.grp[g].ql + 32 * c));
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   const __m256i lo = h == 0 ? _mm256_and_si256(l, m4) : _mm256_and_si256(_mm256_srli_epi16(l, 4), m4);
   __m256i hi;  // bits 2c..2c+1 to bits 4..5
@@ -578,12 +578,11 @@ inline void q6k_packed_vec(const DecodeCtx& c, int64_t grp, int64_t m) {
   for (int64_t i = 0; i < nbk; ++i) {
     const PackedQ6Kx8& b = pk[i];
     const Q8KBlock& y = a[i];
-    _mm_prefetch(reinterpret_cast<const char*>(&b) + c.packed_group_bytes, _MM_HINT_T0);
     __m256i s[8];
     for (auto& v : s) v = _mm256_setzero_si256();
     for (int g = 0; g < 8; ++g) {
       for (int h = 0; h < 2; ++h) {
-        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qh + 64 * g + 32 * h));
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.grp[g].qh + 32 * h));
         const __m256i sc = q6k_scales(b, 2 * g + h);
         int32_t q4[4];
         std::memcpy(q4, y.qs + 32 * g + 16 * h, 16);
@@ -625,7 +624,7 @@ inline void q6k_packed_tiled(const DecodeCtx& c, int64_t grp, int64_t m0) {
     for (auto& v : tot) v = _mm256_setzero_si256();
     for (int g = 0; g < 8; ++g) {
       for (int h = 0; h < 2; ++h) {
-        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qh + 64 * g + 32 * h));
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.grp[g].qh + 32 * h));
         const __m256i sc = q6k_scales(b, 2 * g + h);
         __m256i w[4];
         for (int cc = 0; cc < 4; ++cc) w[cc] = q6k_chunk(b, g, h, cc, qh);

@@ -162,10 +162,10 @@ inline size_t q4k_x8_group_bytes(int64_t K) { return static_cast<size_t>(K / 256
 
 // Q6_K weights (rows % 8 == 0) packed for the AVX2 kernels the same way:
 // per super-block of 8 rows their d (f32), their 16 sub-block scales
-// (sc[8 * s + r]), the low 4 bits interleaved as PackedQ4Kx8's quants
-// (ql[128 * g + 32 * c + 4 * r + j]: element 4c + j of group g, high nibble
-// element 16 + 4c + j) and the high 2 bits (qh[64 * g + 32 * h + 4 * r + j],
-// bits 2c..2c+1: element 16h + 4c + j). A chunk register of 8 rows x 4
+// (sc[8 * s + r]), then per group g the low 4 bits interleaved as
+// PackedQ4Kx8's quants (grp[g].ql[32 * c + 4 * r + j]: element 4c + j,
+// high nibble element 16 + 4c + j) and the high 2 bits (grp[g].qh[32 * h +
+// 4 * r + j], bits 2c..2c+1: element 16h + 4c + j). A chunk register of 8 rows x 4
 // elements then gives, after the scale multiply, exactly lane c of each
 // row's ggml_vec_dot_q6_K_q8_K sum (its lanes are 4 consecutive elements of
 // every group), so the decode kernel keeps vec_dot's order with the rows in
@@ -175,8 +175,10 @@ inline size_t q4k_x8_group_bytes(int64_t K) { return static_cast<size_t>(K / 256
 struct PackedQ6Kx8 {
   float d[8];
   int8_t sc[128];
-  uint8_t ql[1024];
-  uint8_t qh[512];
+  struct Group {  // (each group's bits together: one sequential stream)
+    uint8_t ql[128];
+    uint8_t qh[64];
+  } grp[8];
 };
 static_assert(sizeof(PackedQ6Kx8) == 1696, "packed Q6_K x8 block");
 inline size_t q6k_x8_group_bytes(int64_t K) { return static_cast<size_t>(K / 256) * sizeof(PackedQ6Kx8); }
