@@ -566,44 +566,60 @@ inline __m256i q6k_scale_pair(const PackedQ6Kx8& b, int k) {
   return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(lo, hi));
 }
 
-// Decode rows (kVec, ggml_vec_dot_q6_K_q8_K's order) for one activation row
-// and 8 weight rows: lane r of s[l] / acc[l] is lane l of row r's vec_dot
-// registers (transposed), reduced at the end in hsum8's order.
-inline void q6k_packed_vec(const DecodeCtx& c, int64_t grp, int64_t m) {
+// Decode rows (kVec, ggml_vec_dot_q6_K_q8_K's order) for MT activation rows
+// and 8 weight rows: lane r of s[m][c] / acc[m][l] is lane l of row r's
+// vec_dot registers (transposed), reduced at the end in hsum8's order. The
+// chunks of a half group are unpacked once for the MT rows.
+template <int MT>
+inline void q6k_packed_vec(const DecodeCtx& c, int64_t grp, int64_t m0) {
   const int64_t nbk = c.K / kQK_K;
   const auto* pk = reinterpret_cast<const PackedQ6Kx8*>(c.packed + static_cast<size_t>(grp) * c.packed_group_bytes);
-  const Q8KBlock* a = q8k_row(c.act, c.act_row_bytes, m);
-  __m256 acc[8];
-  for (auto& v : acc) v = _mm256_setzero_ps();
+  const Q8KBlock* a[MT];
+  for (int m = 0; m < MT; ++m) a[m] = q8k_row(c.act, c.act_row_bytes, m0 + m);
+  __m256 acc[MT][8];
+  for (auto& row : acc)
+    for (auto& v : row) v = _mm256_setzero_ps();
   for (int64_t i = 0; i < nbk; ++i) {
     const PackedQ6Kx8& b = pk[i];
-    const Q8KBlock& y = a[i];
-    __m256i s[8];
-    for (auto& v : s) v = _mm256_setzero_si256();
-    for (int g = 0; g < 8; ++g) {
-      for (int h = 0; h < 2; ++h) {
+    const __m256 d = _mm256_loadu_ps(b.d);
+    for (int h = 0; h < 2; ++h) {  // lanes 4h .. 4h + 3
+      __m256i s[MT][4];
+      for (auto& row : s)
+        for (auto& v : row) v = _mm256_setzero_si256();
+      for (int g = 0; g < 8; ++g) {
         const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.grp[g].qh + 32 * h));
         const __m256i sc = q6k_scales(b, 2 * g + h);
-        int32_t q4[4];
-        std::memcpy(q4, y.qs + 32 * g + 16 * h, 16);
+        __m256i w[4];
+        for (int cc = 0; cc < 4; ++cc) w[cc] = q6k_chunk(b, g, h, cc, qh);
+        for (int m = 0; m < MT; ++m) {
+          int32_t q4[4];
+          std::memcpy(q4, a[m][i].qs + 32 * g + 16 * h, 16);
+          for (int cc = 0; cc < 4; ++cc) {
+            const __m256i p = _mm256_maddubs_epi16(w[cc], _mm256_set1_epi32(q4[cc]));
+            s[m][cc] = _mm256_add_epi32(s[m][cc], _mm256_madd_epi16(p, sc));
+          }
+        }
+      }
+      for (int m = 0; m < MT; ++m) {
+        const Q8KBlock& y = a[m][i];
+        int32_t bs[8];  // k: bsums[2k] | bsums[2k+1] << 16
+        std::memcpy(bs, y.bsums, 32);
+        const __m256 dxw = _mm256_mul_ps(_mm256_set1_ps(y.d), d);
         for (int cc = 0; cc < 4; ++cc) {
-          const __m256i p = _mm256_maddubs_epi16(q6k_chunk(b, g, h, cc, qh), _mm256_set1_epi32(q4[cc]));
-          s[4 * h + cc] = _mm256_add_epi32(s[4 * h + cc], _mm256_madd_epi16(p, sc));
+          const int k = 4 * h + cc;
+          const __m256i off = _mm256_madd_epi16(q6k_scale_pair(b, k), _mm256_set1_epi32(bs[k]));
+          const __m256i sumi = _mm256_sub_epi32(s[m][cc], _mm256_slli_epi32(off, 5));
+          acc[m][k] = _mm256_fmadd_ps(dxw, _mm256_cvtepi32_ps(sumi), acc[m][k]);
         }
       }
     }
-    int32_t bs[8];  // k: bsums[2k] | bsums[2k+1] << 16
-    std::memcpy(bs, y.bsums, 32);
-    const __m256 dxw = _mm256_mul_ps(_mm256_set1_ps(y.d), _mm256_loadu_ps(b.d));
-    for (int k = 0; k < 8; ++k) {
-      const __m256i off = _mm256_madd_epi16(q6k_scale_pair(b, k), _mm256_set1_epi32(bs[k]));
-      const __m256i sumi = _mm256_sub_epi32(s[k], _mm256_slli_epi32(off, 5));
-      acc[k] = _mm256_fmadd_ps(dxw, _mm256_cvtepi32_ps(sumi), acc[k]);
-    }
   }
-  const __m256 r = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
-                                 _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])));
-  _mm256_storeu_ps(c.y + m * c.ldy + grp * kQ4KPackRows, r);
+  for (int m = 0; m < MT; ++m) {
+    const __m256* l = acc[m];
+    const __m256 r = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(l[0], l[4]), _mm256_add_ps(l[2], l[6])),
+                                   _mm256_add_ps(_mm256_add_ps(l[1], l[5]), _mm256_add_ps(l[3], l[7])));
+    _mm256_storeu_ps(c.y + (m0 + m) * c.ldy + grp * kQ4KPackRows, r);
+  }
 }
 
 // Prompt rows (kTiled: per super-block r = float(total) * d, acc = fma(r,
@@ -658,7 +674,10 @@ inline void q6k_packed_tiled(const DecodeCtx& c, int64_t grp, int64_t m0) {
 void q6k_packed_kernel(const DecodeCtx& c, int64_t g0, int64_t g1) {
   for (int64_t g = g0; g < g1; ++g) {
     if (c.korder == KOrder::kVec) {
-      for (int64_t m = 0; m < c.M; ++m) q6k_packed_vec(c, g, m);
+      int64_t m = 0;
+      for (; m + 4 <= c.M; m += 4) q6k_packed_vec<4>(c, g, m);
+      for (; m + 2 <= c.M; m += 2) q6k_packed_vec<2>(c, g, m);
+      if (m < c.M) q6k_packed_vec<1>(c, g, m);
       continue;
     }
     int64_t m = 0;
