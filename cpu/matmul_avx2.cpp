@@ -36,6 +36,17 @@ inline float hmax8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+inline int hsum_epi32(__m256i v) {  // exact: the order of integer additions does not matter
+  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(1, 0, 3, 2)));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(t);
+}
+inline int hsum_epi32(__m128i t) {
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(1, 0, 3, 2)));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(t);
+}
 #include "cpu/matmul_avx2_blocks.inc"
 
 // ---------------------------------------------------------------- activations
@@ -76,11 +87,61 @@ inline __m256i quantize_block(const float* xb, float* amax_out, int* sum_out) {
   return _mm256_permutevar8x32_epi32(i0, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
+// quantize_row_q8k (llama.cpp's quantize_row_q8_K_ref, which its x86 build
+// uses) with vector operations and the same results for every input: the
+// largest |x| by max (NaN skipped as the scalar comparison skips it), the
+// first element of that magnitude gives the sign, then the same product,
+// round-to-nearest-even and clamp (NaN to 127, as fminf does).
+void quantize_row_q8k_avx2(const float* x, int64_t K, Q8KBlock* y) {
+  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  for (int64_t b = 0; b < K / kQK_K; ++b, x += kQK_K) {
+    Q8KBlock& o = y[b];
+    __m256 amax8 = _mm256_setzero_ps();
+    for (int j = 0; j < kQK_K; j += 8)  // (max_ps returns its second operand when one is NaN)
+      amax8 = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + j), absmask), amax8);
+    const float amax = hmax8(amax8);
+    if (amax == 0.f) {
+      o.d = 0.f;
+      std::memset(o.qs, 0, sizeof(o.qs));
+      std::memset(o.bsums, 0, sizeof(o.bsums));
+      continue;
+    }
+    float mx = 0.f;
+    const __m256 am = _mm256_set1_ps(amax);
+    for (int j = 0; j < kQK_K; j += 8) {
+      const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(_mm256_loadu_ps(x + j), absmask), am, _CMP_EQ_OQ));
+      if (hit) {
+        mx = x[j + __builtin_ctz(static_cast<unsigned>(hit))];
+        break;
+      }
+    }
+    const float iscale = -127.f / mx;
+    const __m256 is = _mm256_set1_ps(iscale), hi = _mm256_set1_ps(127.f), lo = _mm256_set1_ps(-128.f);
+    for (int j = 0; j < kQK_K; j += 32) {
+      __m256i q[4];
+      for (int v = 0; v < 4; ++v) {
+        __m256 t = _mm256_round_ps(_mm256_mul_ps(is, _mm256_loadu_ps(x + j + 8 * v)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        t = _mm256_max_ps(_mm256_min_ps(t, hi), lo);  // (min_ps: NaN -> 127)
+        q[v] = _mm256_cvtps_epi32(t);
+      }
+      const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.qs + j),
+                          _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    }
+    for (int g = 0; g < kQK_K / 16; ++g) {
+      const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(o.qs + 16 * g)));
+      o.bsums[g] = static_cast<int16_t>(hsum_epi32(_mm256_madd_epi16(w, _mm256_set1_epi16(1))));
+    }
+    o.d = 1.f / iscale;
+  }
+}
+
 void prepare_acts(DType type, const float* x, int64_t M, int64_t K, uint8_t* act) {
-  if (is_kquant(type)) {  // Q8_K: the scalar quantizer (llama.cpp's x86 build uses its reference too)
+  if (is_kquant(type)) {  // Q8_K: quantize_row_q8k's results, with vector operations
     const size_t rb = q8k_row_bytes(K);
     for (int64_t m = 0; m < M; ++m)
-      quantize_row_q8k(x + m * K, K, reinterpret_cast<Q8KBlock*>(act + static_cast<size_t>(m) * rb));
+      quantize_row_q8k_avx2(x + m * K, K, reinterpret_cast<Q8KBlock*>(act + static_cast<size_t>(m) * rb));
     return;
   }
   if (!is_quant(type)) return;
@@ -241,17 +302,6 @@ void qkernel(const DecodeCtx& c, int64_t n0, int64_t n1) {
 // maddubs pairs <= 2*63*127, no saturation) plus per-group s16 scale vectors
 // (KBlockRegs and kblock_load, matmul_avx2_blocks.inc).
 
-inline int hsum_epi32(__m256i v) {  // exact: the order of integer additions does not matter
-  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(1, 0, 3, 2)));
-  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1)));
-  return _mm_cvtsi128_si32(t);
-}
-inline int hsum_epi32(__m128i t) {
-  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(1, 0, 3, 2)));
-  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1)));
-  return _mm_cvtsi128_si32(t);
-}
 // The totals of four vectors' lanes: [sum(a), sum(b), sum(c), sum(d)].
 inline __m128i hsum4_epi32(__m256i a, __m256i b, __m256i c, __m256i d) {
   const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));

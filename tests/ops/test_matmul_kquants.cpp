@@ -350,6 +350,44 @@ TEST(KQuantMatmul, Q8KQuantization) {
   EXPECT_EQ(b.bsums[3], 0);
 }
 
+// The AVX2 variant quantizes Q8_K rows with vector operations: the same
+// bytes as quantize_row_q8k (the reference every kernel order assumes) on
+// random rows, ties at .5, a largest |x| of both signs (the first wins),
+// zeros, denormals, infinities and NaN.
+TEST(KQuantMatmul, Avx2Q8KQuantizationEqualsTheReference) {
+  if (!isa_supported(Isa::kAvx2)) GTEST_SKIP() << "no AVX2";
+  const int64_t K = 1024, M = 12;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> x(static_cast<size_t>(M * K));
+  for (auto& v : x) v = nd(rng) * 3.f;
+  float* r = x.data();
+  for (int j = 0; j < 256; ++j) r[j] = static_cast<float>(j % 9) - 4.f;  // row 0, block 0: ties
+  r[256 + 7] = -9.f, r[256 + 100] = 9.f;                                  // block 1: -9 first
+  r[512 + 3] = 9.f, r[512 + 200] = -9.f;                                  // block 2: +9 first
+  for (int j = 768; j < 1024; ++j) r[j] = 0.f;                             // block 3: zeros
+  r = x.data() + K;
+  r[5] = std::numeric_limits<float>::quiet_NaN();                          // row 1: NaN
+  r[300] = std::numeric_limits<float>::infinity();                         // block 1: +inf
+  r[600] = -std::numeric_limits<float>::infinity(), r[601] = std::numeric_limits<float>::quiet_NaN();
+  for (int j = 768; j < 1024; ++j) r[j] = std::numeric_limits<float>::denorm_min() * static_cast<float>(j % 5);
+  r = x.data() + 2 * K;
+  for (int j = 0; j < K; ++j) r[j] = static_cast<float>(j % 255) * 0.5f - 63.5f;  // row 2: many halves
+  const size_t rb = detail::q8k_row_bytes(K);
+  std::vector<uint8_t> a(rb * M), b(rb * M, 0xAA);
+  detail::scalar_impl().prepare_acts(DType::Q4_K, x.data(), M, K, a.data());
+  detail::avx2_impl().prepare_acts(DType::Q4_K, x.data(), M, K, b.data());
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t blk = 0; blk < K / 256; ++blk) {
+      const auto& p = reinterpret_cast<const detail::Q8KBlock*>(a.data() + m * rb)[blk];
+      const auto& q = reinterpret_cast<const detail::Q8KBlock*>(b.data() + m * rb)[blk];
+      const std::string where = "row " + std::to_string(m) + " block " + std::to_string(blk);
+      ASSERT_EQ(std::memcmp(&p.d, &q.d, 4), 0) << where << ": d " << p.d << " vs " << q.d;
+      ASSERT_EQ(std::memcmp(p.qs, q.qs, sizeof(p.qs)), 0) << where;
+      ASSERT_EQ(std::memcmp(p.bsums, q.bsums, sizeof(p.bsums)), 0) << where;
+    }
+}
+
 // ---- reference dequantizers on hand-built blocks
 
 void pack_scale_min(uint8_t* s, int j, int sc, int m) {  // inverse of kquant_scale_min
