@@ -616,6 +616,13 @@ inline __m256i q6k_scale_pair(const PackedQ6Kx8& b, int k) {
   return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(lo, hi));
 }
 
+// Half h of group g: its four chunk registers in w, its rows' scales returned.
+inline __m256i q6k_half(const PackedQ6Kx8& b, int g, int h, __m256i* w) {
+  const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.grp[g].qh + 32 * h));
+  for (int cc = 0; cc < 4; ++cc) w[cc] = q6k_chunk(b, g, h, cc, qh);
+  return q6k_scales(b, 2 * g + h);
+}
+
 // Decode rows (kVec, ggml_vec_dot_q6_K_q8_K's order) for MT activation rows
 // and 8 weight rows: lane r of s[m][c] / acc[m][l] is lane l of row r's
 // vec_dot registers (transposed), reduced at the end in hsum8's order. The
@@ -637,10 +644,8 @@ inline void q6k_packed_vec(const DecodeCtx& c, int64_t grp, int64_t m0) {
       for (auto& row : s)
         for (auto& v : row) v = _mm256_setzero_si256();
       for (int g = 0; g < 8; ++g) {
-        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.grp[g].qh + 32 * h));
-        const __m256i sc = q6k_scales(b, 2 * g + h);
         __m256i w[4];
-        for (int cc = 0; cc < 4; ++cc) w[cc] = q6k_chunk(b, g, h, cc, qh);
+        const __m256i sc = q6k_half(b, g, h, w);
         for (int m = 0; m < MT; ++m) {
           int32_t q4[4];
           std::memcpy(q4, a[m][i].qs + 32 * g + 16 * h, 16);
@@ -690,10 +695,8 @@ inline void q6k_packed_tiled(const DecodeCtx& c, int64_t grp, int64_t m0) {
     for (auto& v : tot) v = _mm256_setzero_si256();
     for (int g = 0; g < 8; ++g) {
       for (int h = 0; h < 2; ++h) {
-        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.grp[g].qh + 32 * h));
-        const __m256i sc = q6k_scales(b, 2 * g + h);
         __m256i w[4];
-        for (int cc = 0; cc < 4; ++cc) w[cc] = q6k_chunk(b, g, h, cc, qh);
+        const __m256i sc = q6k_half(b, g, h, w);
         for (int m = 0; m < MT; ++m) {
           int32_t q4[4];
           std::memcpy(q4, a[m][i].qs + 32 * g + 16 * h, 16);
