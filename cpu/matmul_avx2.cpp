@@ -520,61 +520,56 @@ inline void q4k_packed_tile(const DecodeCtx& c, int64_t grp, int64_t m0) {
     const PackedQ4Kx8& b = pk[i];
     _mm_prefetch(reinterpret_cast<const char*>(&b) + c.packed_group_bytes, _MM_HINT_T0);
     const __m256 d = _mm256_loadu_ps(b.d), dmin = _mm256_loadu_ps(b.dmin);
-    // Per row m, for pair p: bsum(2p) | bsum(2p+1) << 16 (the group sums of
-    // the activations, s16 as hadd_epi16 gives them: |sum| <= 32 * 128).
-    int32_t gs[MT][4];
+    // Per row m: lane r of tot[m][p] = pair p's integer total (kGemm8x8), or
+    // of tot[m][0] the super-block's (kGemv8x8).
+    __m256i tot[MT][4];
     for (int m = 0; m < MT; ++m)
-      for (int p = 0; p < 4; ++p) {
-        const int16_t* bs = a[m][i].bsums + 4 * p;
-        gs[m][p] = static_cast<int32_t>(static_cast<uint16_t>(static_cast<int16_t>(bs[0] + bs[1]))) |
-                   static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(static_cast<int16_t>(bs[2] + bs[3])))
-                                        << 16);
+      for (int p = 0; p < 4; ++p) tot[m][p] = _mm256_setzero_si256();
+    for (int g = 0; g < 8; ++g) {
+      const __m128i s8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.sc + 8 * g));
+      const __m256i sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(s8, s8));  // s16 lanes 2r, 2r+1: row r's scale
+      __m256i w[8];
+      for (int k = 0; k < 4; ++k) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs + 128 * g + 32 * k));
+        w[k] = _mm256_and_si256(v, m4);
+        w[k + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
       }
-    // Lane r of tot[m]: the integer total of pair p (kGemm8x8, reset per
-    // pair) or of the super-block (kGemv8x8).
-    __m256i tot[MT];
-    for (auto& v : tot) v = _mm256_setzero_si256();
-    __m256i mtot[MT];  // kGemv8x8: the super-block's min terms
-    for (auto& v : mtot) v = _mm256_setzero_si256();
-    for (int p = 0; p < 4; ++p) {
-      for (int g = 2 * p; g < 2 * p + 2; ++g) {
-        const __m128i s8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.sc + 8 * g));
-        const __m256i sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(s8, s8));  // s16 lanes 2r, 2r+1: row r's scale
-        __m256i w[8];
-        for (int k = 0; k < 4; ++k) {
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs + 128 * g + 32 * k));
-          w[k] = _mm256_and_si256(v, m4);
-          w[k + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-        }
-        for (int m = 0; m < MT; ++m) {
-          const int8_t* q = a[m][i].qs + 32 * g;
-          // <= 8 * 2 * 15 * 128 = 30720 in magnitude: exact in 16 bits
-          __m256i s16 = _mm256_maddubs_epi16(w[0], bcast4(q));
-          for (int k = 1; k < 8; ++k) s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[k], bcast4(q + 4 * k)));
-          tot[m] = _mm256_add_epi32(tot[m], _mm256_madd_epi16(s16, sc));
-        }
-      }
-      // The min terms: lane r of pair p = mn[2p][r] * bsum(2p) + mn[2p+1][r] * bsum(2p+1).
-      const __m128i lo = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.mn + 16 * p));
-      const __m128i hi = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.mn + 16 * p + 8));
-      const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(lo, hi));
       for (int m = 0; m < MT; ++m) {
-        const __m256i mp = _mm256_madd_epi16(mins, _mm256_set1_epi32(gs[m][p]));
-        if constexpr (O == KOrder::kGemm8x8) {
-          const __m256 dx = _mm256_set1_ps(a[m][i].d);
-          acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot[m]), _mm256_mul_ps(d, dx), acc[m]);
-          accm[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mp), _mm256_mul_ps(dmin, dx), accm[m]);
-          tot[m] = _mm256_setzero_si256();
-        } else {
-          mtot[m] = _mm256_add_epi32(mtot[m], mp);
-        }
+        const int8_t* q = a[m][i].qs + 32 * g;
+        // <= 8 * 2 * 15 * 128 = 30720 in magnitude: exact in 16 bits
+        __m256i s16 = _mm256_maddubs_epi16(w[0], bcast4(q));
+        for (int k = 1; k < 8; ++k) s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[k], bcast4(q + 4 * k)));
+        const __m256i s32 = _mm256_madd_epi16(s16, sc);
+        const int p = O == KOrder::kGemm8x8 ? g / 2 : 0;
+        tot[m][p] = _mm256_add_epi32(tot[m][p], s32);
       }
     }
-    if constexpr (O == KOrder::kGemv8x8) {
-      for (int m = 0; m < MT; ++m) {
-        const __m256 dx = _mm256_set1_ps(a[m][i].d);
-        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot[m]), _mm256_mul_ps(d, dx), acc[m]);
-        accm[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mtot[m]), _mm256_mul_ps(dmin, dx), accm[m]);
+    // The min terms: lane r of pair p = mn[2p][r] * bsum(2p) + mn[2p+1][r] * bsum(2p+1).
+    __m256i mins[4];
+    for (int p = 0; p < 4; ++p) {
+      const __m128i lo = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.mn + 16 * p));
+      const __m128i hi = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.mn + 16 * p + 8));
+      mins[p] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(lo, hi));
+    }
+    for (int m = 0; m < MT; ++m) {
+      const Q8KBlock& y = a[m][i];
+      const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.bsums));
+      const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
+      alignas(16) int32_t gs[4];  // pair p: bsum(2p) | bsum(2p+1) << 16
+      _mm_store_si128(reinterpret_cast<__m128i*>(gs), q8s);
+      const __m256 dx = _mm256_set1_ps(y.d);
+      const __m256 sd = _mm256_mul_ps(d, dx), sm = _mm256_mul_ps(dmin, dx);
+      if constexpr (O == KOrder::kGemm8x8) {
+        for (int p = 0; p < 4; ++p) {
+          const __m256i mp = _mm256_madd_epi16(mins[p], _mm256_set1_epi32(gs[p]));
+          acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot[m][p]), sd, acc[m]);
+          accm[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mp), sm, accm[m]);
+        }
+      } else {
+        __m256i mt = _mm256_madd_epi16(mins[0], _mm256_set1_epi32(gs[0]));
+        for (int p = 1; p < 4; ++p) mt = _mm256_add_epi32(mt, _mm256_madd_epi16(mins[p], _mm256_set1_epi32(gs[p])));
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot[m][0]), sd, acc[m]);
+        accm[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mt), sm, accm[m]);
       }
     }
   }
