@@ -110,8 +110,8 @@ void check_weight(const WeightView& w, const char* what) {
 
 // Points the kernel at the packed rows when it reads them.
 void use_packed(const detail::IsaImpl& impl, const WeightView& w, detail::DecodeCtx& c) {
-  if (w.packed && impl.reads_packed_q4k && detail::kx8_group_bytes(w.type, w.cols) &&
-      w.rows % detail::kQ4KPackRows == 0) {
+  if (w.packed && impl.reads_packed_kx8 && detail::kx8_group_bytes(w.type, w.cols) &&
+      w.rows % detail::kKx8PackRows == 0) {
     c.packed = static_cast<const uint8_t*>(w.packed);
     c.packed_group_bytes = detail::kx8_group_bytes(w.type, w.cols);
     return;
@@ -397,69 +397,53 @@ void matmul_group(const WeightView* w, float* const* y, int n, const float* x, i
 }
 
 namespace {
-bool q4k_packable(DType type, int64_t rows, int64_t cols) {
-  return (type == DType::Q4_K || type == DType::Q6_K) && rows > 0 && rows % detail::kQ4KPackRows == 0 && cols > 0 && cols % 256 == 0 &&
-         repack_enabled() && isa_impl(active_isa(), type).reads_packed_q4k;
+bool kx8_packable(DType type, int64_t rows, int64_t cols) {
+  return (type == DType::Q4_K || type == DType::Q6_K) && rows > 0 && rows % detail::kKx8PackRows == 0 && cols > 0 &&
+         cols % 256 == 0 && repack_enabled() && isa_impl(active_isa(), type).reads_packed_kx8;
 }
 
-// Q4_K rows n0..n0+7 as one PackedQ4Kx8 per super-block (matmul_internal.h).
-void pack_q4k_group(const uint8_t* rows, size_t row_bytes, int64_t K, detail::PackedQ4Kx8* out) {
+// Rows n0..n0+7 of a Q4_K / Q6_K weight as one PackedQ4Kx8 / PackedQ6Kx8
+// per super-block (matmul_internal.h), from each block's unpacked values.
+template <DType T>
+void pack_kx8_group(const uint8_t* rows, size_t row_bytes, int64_t K, uint8_t* out) {
+  using P = std::conditional_t<T == DType::Q4_K, detail::PackedQ4Kx8, detail::PackedQ6Kx8>;
   for (int64_t i = 0; i < K / 256; ++i) {
-    detail::PackedQ4Kx8& p = out[i];
+    P& p = reinterpret_cast<P*>(out)[i];
+    std::memset(&p, 0, sizeof(p));
     for (int r = 0; r < 8; ++r) {
-      const auto& b = *reinterpret_cast<const BlockQ4_K*>(rows + static_cast<size_t>(r) * row_bytes +
-                                                           static_cast<size_t>(i) * sizeof(BlockQ4_K));
-      uint16_t h[2];
-      std::memcpy(h, &b, 4);
-      p.d[r] = fp16_to_fp32(h[0]);
-      p.dmin[r] = fp16_to_fp32(h[1]);
-      for (int g = 0; g < 8; ++g) kquant_scale_min(g, b.scales, &p.sc[8 * g + r], &p.mn[8 * g + r]);
+      detail::KUnpacked<T> u;
+      detail::kquant_unpack<T>(
+          rows + static_cast<size_t>(r) * row_bytes + static_cast<size_t>(i) * detail::kquant_block_bytes(T), u);
+      p.d[r] = u.d;
       for (int g = 0; g < 8; ++g)
-        for (int e = 0; e < 16; ++e) {  // elements e and 16 + e of group g
-          const int k = e / 4, j = e % 4;
-          const uint8_t lo = b.qs[32 * (g / 2) + e], hi = b.qs[32 * (g / 2) + 16 + e];
-          const int sh = (g % 2) * 4;  // group 2j: low nibbles, 2j + 1: high
-          p.qs[128 * g + 32 * k + 4 * r + j] = static_cast<uint8_t>(((lo >> sh) & 0xF) | (((hi >> sh) & 0xF) << 4));
-        }
-    }
-  }
-}
-// Q6_K rows n0..n0+7 as one PackedQ6Kx8 per super-block.
-void pack_q6k_group(const uint8_t* rows, size_t row_bytes, int64_t K, detail::PackedQ6Kx8* out) {
-  for (int64_t i = 0; i < K / 256; ++i) {
-    detail::PackedQ6Kx8& p = out[i];
-    for (auto& gr : p.grp) std::memset(gr.qh, 0, sizeof(gr.qh));
-    for (int r = 0; r < 8; ++r) {
-      const auto& b = *reinterpret_cast<const BlockQ6_K*>(rows + static_cast<size_t>(r) * row_bytes +
-                                                          static_cast<size_t>(i) * sizeof(BlockQ6_K));
-      p.d[r] = fp16_to_fp32(b.d);
-      for (int sb = 0; sb < 16; ++sb) p.sc[8 * sb + r] = b.scales[sb];
-      uint8_t q[256];  // the super-block's 6-bit values, in element order
-      for (int hh = 0; hh < 2; ++hh)
-        for (int l = 0; l < 32; ++l) {
-          const uint8_t* ql = b.ql + 64 * hh;
-          const uint8_t qh = b.qh[32 * hh + l];
-          q[128 * hh + l] = static_cast<uint8_t>((ql[l] & 0xF) | ((qh & 3) << 4));
-          q[128 * hh + 32 + l] = static_cast<uint8_t>((ql[32 + l] & 0xF) | (((qh >> 2) & 3) << 4));
-          q[128 * hh + 64 + l] = static_cast<uint8_t>((ql[l] >> 4) | (((qh >> 4) & 3) << 4));
-          q[128 * hh + 96 + l] = static_cast<uint8_t>((ql[32 + l] >> 4) | (((qh >> 6) & 3) << 4));
-        }
-      for (int g = 0; g < 8; ++g)
-        for (int e = 0; e < 16; ++e) {
+        for (int e = 0; e < 16; ++e) {  // elements e (low nibble) and 16 + e (high) of group g
           const int c = e / 4, j = e % 4;
-          const uint8_t lo = q[32 * g + e], hi = q[32 * g + 16 + e];
-          p.grp[g].ql[32 * c + 4 * r + j] = static_cast<uint8_t>((lo & 0xF) | ((hi & 0xF) << 4));
-          p.grp[g].qh[4 * r + j] |= static_cast<uint8_t>((lo >> 4) << (2 * c));
-          p.grp[g].qh[32 + 4 * r + j] |= static_cast<uint8_t>((hi >> 4) << (2 * c));
+          const uint8_t lo = u.q[32 * g + e], hi = u.q[32 * g + 16 + e];
+          if constexpr (T == DType::Q4_K) {
+            p.qs[128 * g + 32 * c + 4 * r + j] = static_cast<uint8_t>(lo | (hi << 4));
+          } else {
+            p.grp[g].ql[32 * c + 4 * r + j] = static_cast<uint8_t>((lo & 0xF) | ((hi & 0xF) << 4));
+            p.grp[g].qh[4 * r + j] |= static_cast<uint8_t>((lo >> 4) << (2 * c));
+            p.grp[g].qh[32 + 4 * r + j] |= static_cast<uint8_t>((hi >> 4) << (2 * c));
+          }
         }
+      if constexpr (T == DType::Q4_K) {
+        p.dmin[r] = u.dmin;
+        for (int g = 0; g < 8; ++g) {
+          p.sc[8 * g + r] = static_cast<uint8_t>(u.sc[g]);
+          p.mn[8 * g + r] = static_cast<uint8_t>(u.mn[g]);
+        }
+      } else {
+        for (int sb = 0; sb < 16; ++sb) p.sc[8 * sb + r] = static_cast<int8_t>(u.sc[sb]);
+      }
     }
   }
 }
 }  // namespace
 
 size_t packed_bytes(DType type, int64_t rows, int64_t cols) {
-  if (q4k_packable(type, rows, cols))
-    return detail::kx8_group_bytes(type, cols) * static_cast<size_t>(rows / detail::kQ4KPackRows);
+  if (kx8_packable(type, rows, cols))
+    return detail::kx8_group_bytes(type, cols) * static_cast<size_t>(rows / detail::kKx8PackRows);
   if (!detail::packable(type) || rows <= 0 || cols <= 0 || cols % detail::kQK != 0 || !repack_enabled()) return 0;
   if (active_isa() != Isa::kAvx512Vnni) return 0;
   const int64_t groups = (rows + detail::kPackRows - 1) / detail::kPackRows;
@@ -469,21 +453,16 @@ size_t packed_bytes(DType type, int64_t rows, int64_t cols) {
 void pack_weight(const WeightView& w, void* out) {
   check_weight(w, "pack_weight");
   if (w.type == DType::Q4_K || w.type == DType::Q6_K) {
-    if (w.rows % detail::kQ4KPackRows != 0)
+    if (w.rows % detail::kKx8PackRows != 0)
       fail(StatusCode::kInvalidArgument, "pack_weight: Q4_K / Q6_K rows must be a multiple of 8");
     if (!out) fail(StatusCode::kInvalidArgument, "pack_weight: null output");
     const size_t rb = detail::weight_row_bytes(w.type, w.cols), gb = detail::kx8_group_bytes(w.type, w.cols);
-    const int64_t groups = w.rows / detail::kQ4KPackRows;
-    const bool q4k = w.type == DType::Q4_K;
+    const int64_t groups = w.rows / detail::kKx8PackRows;
+    const auto pack = w.type == DType::Q4_K ? pack_kx8_group<DType::Q4_K> : pack_kx8_group<DType::Q6_K>;
 #pragma omp parallel for schedule(static)
-    for (int64_t g = 0; g < groups; ++g) {
-      const uint8_t* src = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(g * detail::kQ4KPackRows) * rb;
-      uint8_t* dst = static_cast<uint8_t*>(out) + static_cast<size_t>(g) * gb;
-      if (q4k)
-        pack_q4k_group(src, rb, w.cols, reinterpret_cast<detail::PackedQ4Kx8*>(dst));
-      else
-        pack_q6k_group(src, rb, w.cols, reinterpret_cast<detail::PackedQ6Kx8*>(dst));
-    }
+    for (int64_t g = 0; g < groups; ++g)
+      pack(static_cast<const uint8_t*>(w.data) + static_cast<size_t>(g * detail::kKx8PackRows) * rb, rb, w.cols,
+           static_cast<uint8_t*>(out) + static_cast<size_t>(g) * gb);
     return;
   }
   if (!detail::packable(w.type)) fail(StatusCode::kInvalidArgument, "pack_weight: not a packable type");

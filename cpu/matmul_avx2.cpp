@@ -574,21 +574,28 @@ inline void q4k_packed_tile(const DecodeCtx& c, int64_t grp, int64_t m0) {
     }
   }
   for (int m = 0; m < MT; ++m)
-    _mm256_storeu_ps(c.y + (m0 + m) * c.ldy + grp * kQ4KPackRows, _mm256_sub_ps(acc[m], accm[m]));
+    _mm256_storeu_ps(c.y + (m0 + m) * c.ldy + grp * kKx8PackRows, _mm256_sub_ps(acc[m], accm[m]));
+}
+
+// Activation rows 0..M in tiles of 4 and one tile of the rest:
+// tile(std::integral_constant<int, MT>{}, first row) (the packed kernels'
+// row tiles; each row's result is the same in any tile).
+template <typename F>
+inline void row_tiles4(int64_t M, F&& tile) {
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4) tile(std::integral_constant<int, 4>{}, m);
+  switch (M - m) {
+    case 3: tile(std::integral_constant<int, 3>{}, m); break;
+    case 2: tile(std::integral_constant<int, 2>{}, m); break;
+    case 1: tile(std::integral_constant<int, 1>{}, m); break;
+    default: break;
+  }
 }
 
 template <KOrder O>
 void q4k_packed_kernel(const DecodeCtx& c, int64_t g0, int64_t g1) {
-  for (int64_t g = g0; g < g1; ++g) {
-    int64_t m = 0;
-    for (; m + 4 <= c.M; m += 4) q4k_packed_tile<O, 4>(c, g, m);
-    switch (c.M - m) {
-      case 3: q4k_packed_tile<O, 3>(c, g, m); break;
-      case 2: q4k_packed_tile<O, 2>(c, g, m); break;
-      case 1: q4k_packed_tile<O, 1>(c, g, m); break;
-      default: break;
-    }
-  }
+  for (int64_t g = g0; g < g1; ++g)
+    row_tiles4(c.M, [&](auto mt, int64_t m) { q4k_packed_tile<O, decltype(mt)::value>(c, g, m); });
 }
 
 // Q6_K on PackedQ6Kx8 groups (matmul_internal.h). The 6-bit values of
@@ -675,7 +682,7 @@ inline void q6k_packed_vec(const DecodeCtx& c, int64_t grp, int64_t m0) {
     const __m256* l = acc[m];
     const __m256 r = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(l[0], l[4]), _mm256_add_ps(l[2], l[6])),
                                    _mm256_add_ps(_mm256_add_ps(l[1], l[5]), _mm256_add_ps(l[3], l[7])));
-    _mm256_storeu_ps(c.y + (m0 + m) * c.ldy + grp * kQ4KPackRows, r);
+    _mm256_storeu_ps(c.y + (m0 + m) * c.ldy + grp * kKx8PackRows, r);
   }
 }
 
@@ -701,10 +708,10 @@ inline void q6k_packed_tiled(const DecodeCtx& c, int64_t grp, int64_t m0) {
         const __m256i sc = q6k_half(b, g, h, w);
         for (int m = 0; m < MT; ++m) {
           const int8_t* q = a[m][i].qs + 32 * g + 16 * h;
-          const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(w[0], bcast4(q)),
-                                               _mm256_maddubs_epi16(w[1], bcast4(q + 4)));
-          const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(w[2], bcast4(q + 8)),
-                                               _mm256_maddubs_epi16(w[3], bcast4(q + 12)));
+          const __m256i p01 =
+              _mm256_add_epi16(_mm256_maddubs_epi16(w[0], bcast4(q)), _mm256_maddubs_epi16(w[1], bcast4(q + 4)));
+          const __m256i p23 =
+              _mm256_add_epi16(_mm256_maddubs_epi16(w[2], bcast4(q + 8)), _mm256_maddubs_epi16(w[3], bcast4(q + 12)));
           tot[m] = _mm256_add_epi32(tot[m], _mm256_add_epi32(_mm256_madd_epi16(p01, sc), _mm256_madd_epi16(p23, sc)));
         }
       }
@@ -722,26 +729,15 @@ inline void q6k_packed_tiled(const DecodeCtx& c, int64_t grp, int64_t m0) {
       acc[m] = _mm256_fmadd_ps(r, _mm256_set1_ps(y.d), acc[m]);
     }
   }
-  for (int m = 0; m < MT; ++m) _mm256_storeu_ps(c.y + (m0 + m) * c.ldy + grp * kQ4KPackRows, acc[m]);
+  for (int m = 0; m < MT; ++m) _mm256_storeu_ps(c.y + (m0 + m) * c.ldy + grp * kKx8PackRows, acc[m]);
 }
 
 void q6k_packed_kernel(const DecodeCtx& c, int64_t g0, int64_t g1) {
   for (int64_t g = g0; g < g1; ++g) {
-    if (c.korder == KOrder::kVec) {
-      int64_t m = 0;
-      for (; m + 4 <= c.M; m += 4) q6k_packed_vec<4>(c, g, m);
-      for (; m + 2 <= c.M; m += 2) q6k_packed_vec<2>(c, g, m);
-      if (m < c.M) q6k_packed_vec<1>(c, g, m);
-      continue;
-    }
-    int64_t m = 0;
-    for (; m + 4 <= c.M; m += 4) q6k_packed_tiled<4>(c, g, m);
-    switch (c.M - m) {
-      case 3: q6k_packed_tiled<3>(c, g, m); break;
-      case 2: q6k_packed_tiled<2>(c, g, m); break;
-      case 1: q6k_packed_tiled<1>(c, g, m); break;
-      default: break;
-    }
+    if (c.korder == KOrder::kVec)
+      row_tiles4(c.M, [&](auto mt, int64_t m) { q6k_packed_vec<decltype(mt)::value>(c, g, m); });
+    else
+      row_tiles4(c.M, [&](auto mt, int64_t m) { q6k_packed_tiled<decltype(mt)::value>(c, g, m); });
   }
 }
 
@@ -753,18 +749,21 @@ void kkernel(const DecodeCtx& c, int64_t n0, int64_t n1) {
     if (c.packed && packed_order) {
       // Whole groups of 8 rows from the packed copy, any others (a range
       // that does not start or end on a group) from the GGUF rows.
-      const int64_t g0 = (n0 + kQ4KPackRows - 1) / kQ4KPackRows, g1 = n1 / kQ4KPackRows;
+      const int64_t g0 = (n0 + kKx8PackRows - 1) / kKx8PackRows, g1 = n1 / kKx8PackRows;
       if (g0 < g1) {
-        if (n0 < g0 * kQ4KPackRows) kkernel<T>(DecodeCtx{c.type, c.w, c.w_row_bytes, c.K, c.M, c.x, c.act,
-                                                         c.act_row_bytes, c.y, c.ldy, nullptr, 0, c.korder},
-                                               n0, g0 * kQ4KPackRows);
+        if (n0 < g0 * kKx8PackRows) {
+          DecodeCtx plain = c;
+          plain.packed = nullptr;
+          plain.packed_group_bytes = 0;
+          kkernel<T>(plain, n0, g0 * kKx8PackRows);
+        }
         if constexpr (T == DType::Q6_K)
           q6k_packed_kernel(c, g0, g1);
         else if (c.korder == KOrder::kGemm8x8)
           q4k_packed_kernel<KOrder::kGemm8x8>(c, g0, g1);
         else
           q4k_packed_kernel<KOrder::kGemv8x8>(c, g0, g1);
-        n0 = g1 * kQ4KPackRows;
+        n0 = g1 * kKx8PackRows;
         if (n0 >= n1) return;
       }
     }
@@ -872,9 +871,15 @@ DecodeKernel kernel(DType t) {
 }  // namespace
 
 const IsaImpl& avx2_impl() {
-  static const IsaImpl impl{"avx2",           act_row_bytes,     prepare_acts,     kernel,
-                            avx2_dequant_f32, avx2_dequant_bf16, avx2_f32_to_bf16, /*reads_packed=*/false,
-                            /*reads_packed_q4k=*/true};
+  static const IsaImpl impl{"avx2",
+                            act_row_bytes,
+                            prepare_acts,
+                            kernel,
+                            avx2_dequant_f32,
+                            avx2_dequant_bf16,
+                            avx2_f32_to_bf16,
+                            /*reads_packed=*/false,
+                            /*reads_packed_kx8=*/true};
   return impl;
 }
 

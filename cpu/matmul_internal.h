@@ -157,7 +157,7 @@ struct PackedQ4Kx8 {
   uint8_t qs[1024];
 };
 static_assert(sizeof(PackedQ4Kx8) == 1216, "packed Q4_K x8 block");
-inline constexpr int64_t kQ4KPackRows = 8;
+inline constexpr int64_t kKx8PackRows = 8;
 inline size_t q4k_x8_group_bytes(int64_t K) { return static_cast<size_t>(K / 256) * sizeof(PackedQ4Kx8); }
 
 // Q6_K weights (rows % 8 == 0) packed for the AVX2 kernels the same way:
@@ -254,8 +254,8 @@ struct IsaImpl {
   DequantF32Fn dequant_f32;
   DequantBf16Fn dequant_bf16;
   F32ToBf16Fn f32_to_bf16;
-  bool reads_packed = false;  // its Q4_0/Q4_1/Q8_0 kernels use DecodeCtx::packed when set
-  bool reads_packed_q4k = false;  // its Q4_K / Q6_K kernels read PackedQ4Kx8 / PackedQ6Kx8 groups when set
+  bool reads_packed = false;      // its Q4_0/Q4_1/Q8_0 kernels use DecodeCtx::packed when set
+  bool reads_packed_kx8 = false;  // its Q4_K / Q6_K kernels read PackedQ4Kx8 / PackedQ6Kx8 groups when set
 };
 
 // A variant's prefill dequantization, its IsaImpl's dequant_f32, dequant_bf16

@@ -509,8 +509,8 @@ TEST(Matmul, CacheBlockedRowsEqualOneRowAtATime) {
   for (Isa isa : kIsas) {
     if (!isa_supported(isa)) continue;
     force_isa(isa);
-    for (DType t : {DType::Q4_0, DType::Q8_0, DType::Q5_1, DType::Q4_K, DType::Q6_K, DType::Q5_K, DType::F16,
-                    DType::F32}) {
+    for (DType t :
+         {DType::Q4_0, DType::Q8_0, DType::Q5_1, DType::Q4_K, DType::Q6_K, DType::Q5_K, DType::F16, DType::F32}) {
       const auto w = make_weight(t, N, K, 11);
       const WeightView v{t, N, K, w.data()};
       for (RowKind kind : {RowKind::kPrompt, RowKind::kDecode}) {
@@ -633,45 +633,46 @@ TEST(Matmul, PackedRowsGiveIdenticalResults) {
 TEST(Matmul, PackedQ4KRowsGiveIdenticalResults) {
   KnobGuard guard;
   for (DType t : {DType::Q4_K, DType::Q6_K})
-  for (Isa isa : kIsas) {
-    if (!isa_supported(isa)) continue;
-    force_isa(isa);
-    EXPECT_EQ(packed_bytes(t, 12, 512), 0u) << "rows % 8 != 0";
-    for (int64_t K : {256, 1024}) {
-      for (int64_t N : {8, 64, 136}) {
-        const auto w = make_weight(t, N, K, static_cast<uint32_t>(K + N));
-        const size_t bytes = packed_bytes(t, N, K);
-        EXPECT_EQ(bytes > 0, isa == Isa::kAvx2) << isa_to_string(isa);
-        if (bytes == 0) continue;
-        EXPECT_EQ(bytes, static_cast<size_t>(N / 8) * static_cast<size_t>(K / 256) * (t == DType::Q4_K ? 1216 : 1696));
-        std::vector<uint8_t> packed(bytes + 1);  // deliberately not 64-byte aligned
-        pack_weight({t, N, K, w.data()}, packed.data() + 1);
-        const WeightView plain{t, N, K, w.data()}, fast{t, N, K, w.data(), packed.data() + 1};
-        for (RowKind kind : {RowKind::kPrompt, RowKind::kDecode}) {
-          for (int64_t M : {1, 2, 3, 4, 5, 9, 70}) {
-            const auto x = make_x(M, K, static_cast<uint32_t>(M + K));
-            for (int th : {1, 2}) {
-              omp_set_num_threads(th);
-              std::vector<float> y0(static_cast<size_t>(M * N)), y1(y0.size(), -1.f), y2(y0.size(), -1.f),
-                  y3(y0.size(), -1.f);
-              MatmulScratch scratch;
-              matmul(plain, x.data(), M, y0.data(), scratch, MatmulPath::kRowInvariant, kind);
-              matmul(fast, x.data(), M, y1.data(), scratch, MatmulPath::kRowInvariant, kind);
-              const WeightView group[2] = {fast, plain};
-              float* ys[2] = {y2.data(), y3.data()};
-              matmul_group(group, ys, 2, x.data(), M, scratch, MatmulPath::kRowInvariant, kind);
-              const std::string where = name_of(t) + (kind == RowKind::kPrompt ? " prompt" : " decode") +
-                                        " K=" + std::to_string(K) + " N=" + std::to_string(N) +
-                                        " M=" + std::to_string(M) + " threads=" + std::to_string(th);
-              ASSERT_EQ(std::memcmp(y0.data(), y1.data(), y0.size() * 4), 0) << where;
-              ASSERT_EQ(std::memcmp(y0.data(), y2.data(), y0.size() * 4), 0) << where << " (group)";
-              ASSERT_EQ(std::memcmp(y0.data(), y3.data(), y0.size() * 4), 0) << where << " (group)";
+    for (Isa isa : kIsas) {
+      if (!isa_supported(isa)) continue;
+      force_isa(isa);
+      EXPECT_EQ(packed_bytes(t, 12, 512), 0u) << "rows % 8 != 0";
+      for (int64_t K : {256, 1024}) {
+        for (int64_t N : {8, 64, 136}) {
+          const auto w = make_weight(t, N, K, static_cast<uint32_t>(K + N));
+          const size_t bytes = packed_bytes(t, N, K);
+          EXPECT_EQ(bytes > 0, isa == Isa::kAvx2) << isa_to_string(isa);
+          if (bytes == 0) continue;
+          EXPECT_EQ(bytes,
+                    static_cast<size_t>(N / 8) * static_cast<size_t>(K / 256) * (t == DType::Q4_K ? 1216 : 1696));
+          std::vector<uint8_t> packed(bytes + 1);  // deliberately not 64-byte aligned
+          pack_weight({t, N, K, w.data()}, packed.data() + 1);
+          const WeightView plain{t, N, K, w.data()}, fast{t, N, K, w.data(), packed.data() + 1};
+          for (RowKind kind : {RowKind::kPrompt, RowKind::kDecode}) {
+            for (int64_t M : {1, 2, 3, 4, 5, 9, 70}) {
+              const auto x = make_x(M, K, static_cast<uint32_t>(M + K));
+              for (int th : {1, 2}) {
+                omp_set_num_threads(th);
+                std::vector<float> y0(static_cast<size_t>(M * N)), y1(y0.size(), -1.f), y2(y0.size(), -1.f),
+                    y3(y0.size(), -1.f);
+                MatmulScratch scratch;
+                matmul(plain, x.data(), M, y0.data(), scratch, MatmulPath::kRowInvariant, kind);
+                matmul(fast, x.data(), M, y1.data(), scratch, MatmulPath::kRowInvariant, kind);
+                const WeightView group[2] = {fast, plain};
+                float* ys[2] = {y2.data(), y3.data()};
+                matmul_group(group, ys, 2, x.data(), M, scratch, MatmulPath::kRowInvariant, kind);
+                const std::string where = name_of(t) + (kind == RowKind::kPrompt ? " prompt" : " decode") +
+                                          " K=" + std::to_string(K) + " N=" + std::to_string(N) +
+                                          " M=" + std::to_string(M) + " threads=" + std::to_string(th);
+                ASSERT_EQ(std::memcmp(y0.data(), y1.data(), y0.size() * 4), 0) << where;
+                ASSERT_EQ(std::memcmp(y0.data(), y2.data(), y0.size() * 4), 0) << where << " (group)";
+                ASSERT_EQ(std::memcmp(y0.data(), y3.data(), y0.size() * 4), 0) << where << " (group)";
+              }
             }
           }
         }
       }
     }
-  }
 }
 
 TEST(Matmul, ConcurrentCallersWithOwnScratch) {

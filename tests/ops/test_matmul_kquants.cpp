@@ -363,12 +363,12 @@ TEST(KQuantMatmul, Avx2Q8KQuantizationEqualsTheReference) {
   for (auto& v : x) v = nd(rng) * 3.f;
   float* r = x.data();
   for (int j = 0; j < 256; ++j) r[j] = static_cast<float>(j % 9) - 4.f;  // row 0, block 0: ties
-  r[256 + 7] = -9.f, r[256 + 100] = 9.f;                                  // block 1: -9 first
-  r[512 + 3] = 9.f, r[512 + 200] = -9.f;                                  // block 2: +9 first
-  for (int j = 768; j < 1024; ++j) r[j] = 0.f;                             // block 3: zeros
+  r[256 + 7] = -9.f, r[256 + 100] = 9.f;                                 // block 1: -9 first
+  r[512 + 3] = 9.f, r[512 + 200] = -9.f;                                 // block 2: +9 first
+  for (int j = 768; j < 1024; ++j) r[j] = 0.f;                           // block 3: zeros
   r = x.data() + K;
-  r[5] = std::numeric_limits<float>::quiet_NaN();                          // row 1: NaN
-  r[300] = std::numeric_limits<float>::infinity();                         // block 1: +inf
+  r[5] = std::numeric_limits<float>::quiet_NaN();   // row 1: NaN
+  r[300] = std::numeric_limits<float>::infinity();  // block 1: +inf
   r[600] = -std::numeric_limits<float>::infinity(), r[601] = std::numeric_limits<float>::quiet_NaN();
   for (int j = 768; j < 1024; ++j) r[j] = std::numeric_limits<float>::denorm_min() * static_cast<float>(j % 5);
   r = x.data() + 2 * K;
