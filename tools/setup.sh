@@ -29,6 +29,10 @@ done
 packages=(build-essential cmake ninja-build pkg-config libdnnl-dev libgtest-dev googletest
           libbenchmark-dev ccache python3 python3-venv unzip
           clang libclang-rt-dev libomp-dev qemu-user nlohmann-json3-dev)
+# `ember serve` (apps/server): cpp-httplib (HTTP) with nlohmann-json; its tests
+# drive it with the official `openai` Python client and the chat page in
+# headless Chromium.
+packages+=(libcpp-httplib-dev chromium)
 # Language bindings (bindings/): SWIG, Python headers and offline pip install,
 # a JDK, mono (mcs + runtime) and Go.
 packages+=(swig python3-dev python3-setuptools python3-wheel openjdk-17-jdk-headless
