@@ -7,7 +7,13 @@
 # JDK, mono, Go); XGrammar's source (tools/fetch_xgrammar.sh). Safe to run
 # again: it only installs what is missing.
 #
-#   bash tools/setup.sh [--reference]
+#   bash tools/setup.sh [--minimal] [--reference]
+#
+# --minimal: only what the `ember` CLI needs to build and chat (tools/run.sh,
+# the main job): the compiler and CMake, oneDNN, nlohmann-json, cpp-httplib,
+# ccache, Python with pip (the model comes from PyPI), curl (XGrammar's
+# source), the default model and XGrammar's source. No test, fuzz, qemu or
+# binding toolchain, no Gemma file, no JAX venv.
 #
 # --reference: afterwards also builds the llama.cpp reference environment
 # (tools/setup_reference.sh: llama-cpp-python from source in a venv at
@@ -18,25 +24,30 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 reference=0
+minimal=0
 for arg in "$@"; do
   case "$arg" in
     --reference) reference=1 ;;
+    --minimal) minimal=1 ;;
     -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) echo "setup: unknown argument '$arg' (usage: bash tools/setup.sh [--reference])" >&2; exit 2 ;;
+    *) echo "setup: unknown argument '$arg' (usage: bash tools/setup.sh [--minimal] [--reference])" >&2; exit 2 ;;
   esac
 done
 
-packages=(build-essential cmake ninja-build pkg-config libdnnl-dev libgtest-dev googletest
-          libbenchmark-dev ccache python3 python3-venv unzip
-          clang libclang-rt-dev libomp-dev qemu-user nlohmann-json3-dev)
-# `ember serve` (apps/server): cpp-httplib (HTTP) with nlohmann-json; its tests
-# drive it with the official `openai` Python client and the chat page in
-# headless Chromium.
-packages+=(libcpp-httplib-dev chromium)
-# Language bindings (bindings/): SWIG, Python headers and offline pip install,
-# a JDK, mono (mcs + runtime) and Go.
-packages+=(swig python3-dev python3-setuptools python3-wheel openjdk-17-jdk-headless
-           mono-mcs mono-runtime golang-go)
+# What the `ember` CLI needs (--minimal installs only these).
+packages=(build-essential cmake ninja-build pkg-config libdnnl-dev nlohmann-json3-dev libcpp-httplib-dev
+          ccache python3 python3-pip python3-venv curl ca-certificates)
+if ((!minimal)); then
+  packages+=(libgtest-dev googletest libbenchmark-dev unzip clang libclang-rt-dev libomp-dev qemu-user)
+  # `ember serve` (apps/server): cpp-httplib (HTTP) with nlohmann-json; its tests
+  # drive it with the official `openai` Python client and the chat page in
+  # headless Chromium.
+  packages+=(libcpp-httplib-dev chromium)
+  # Language bindings (bindings/): SWIG, Python headers and offline pip install,
+  # a JDK, mono (mcs + runtime) and Go.
+  packages+=(swig python3-dev python3-setuptools python3-wheel openjdk-17-jdk-headless
+             mono-mcs mono-runtime golang-go)
+fi
 sudo_cmd=""
 [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
 missing=()
@@ -49,6 +60,14 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+bash "$here/fetch_model.sh" >/dev/null
+# Structured output's grammar engine (XGrammar, pinned source from PyPI,
+# built with Ember by cmake/EmberXgrammar.cmake).
+bash "$here/fetch_xgrammar.sh" >/dev/null
+if ((minimal)); then
+  exit 0
+fi
+
 # tests/structured/eval_schemas.py validates replies with Python's jsonschema:
 # Debian's package for Debian's python3, pip for another python3 first in PATH.
 if ! python3 -c "import jsonschema" 2>/dev/null; then
@@ -57,11 +76,7 @@ if ! python3 -c "import jsonschema" 2>/dev/null; then
     echo "setup: warning: could not install Python's jsonschema (test structured_output_eval needs it)" >&2
 fi
 
-bash "$here/fetch_model.sh" >/dev/null
 bash "$here/fetch_model.sh" gemma3 >/dev/null
-# Structured output's grammar engine (XGrammar, pinned source from PyPI,
-# built with Ember by cmake/EmberXgrammar.cmake).
-bash "$here/fetch_xgrammar.sh" >/dev/null
 
 # The speculative draft's recipe (tools/distill_draft.py; test tools_distill_draft):
 # JAX on the CPU, NumPy and gguf-py in a venv at $EMBER_HOME/distillvenv (~150 MB

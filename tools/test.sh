@@ -11,8 +11,9 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 bash "$root/tools/setup.sh"
 # Every binding must build and be tested (ON: a missing toolchain fails the configure).
-bash "$root/tools/build.sh" build -DEMBER_WERROR=ON -DEMBER_BUILD_BINDINGS=ON -DEMBER_BINDINGS_PYTHON=ON \
-  -DEMBER_BINDINGS_JAVA=ON -DEMBER_BINDINGS_CSHARP=ON -DEMBER_BINDINGS_GO=ON
+# (Tests and benchmarks ON: a build/ first configured by tools/run.sh has them OFF.)
+bash "$root/tools/build.sh" build -DEMBER_WERROR=ON -DEMBER_BUILD_TESTS=ON -DEMBER_BUILD_BENCH=ON \
+  -DEMBER_BUILD_BINDINGS=ON -DEMBER_BINDINGS_PYTHON=ON -DEMBER_BINDINGS_JAVA=ON -DEMBER_BINDINGS_CSHARP=ON -DEMBER_BINDINGS_GO=ON
 (cd "$root/build" && ctest --output-on-failure -j 2 --timeout 900)
 # A short soak (docs/RELIABILITY.md, section 3): 200 random requests from 64
 # threads on a KV pool small enough to preempt; greedy outputs must equal

@@ -1,11 +1,26 @@
-"""pip install ./bindings/python  (after building Ember: bash tools/build.sh)
+"""pip install ./bindings/python
 
 Runs SWIG on bindings/ember.i, compiles the extension ember._emberc against
-the built libember.so and copies libember.so.1 (and the CUDA plugin when it was
-built) into the package, so the installed package is self-contained.
+libember.so and copies libember.so.1 (and the CUDA plugin when it was built)
+into the package, so the installed package is self-contained (the extension
+finds libember through RPATH $ORIGIN).
 
-Where libember is: $EMBER_LIB_DIR, else <repo>/build/capi ($EMBER_SOURCE_DIR
-names the repository when this directory was copied elsewhere). Offline installs:
+Where libember comes from, in this order:
+  1. $EMBER_LIB_DIR (a directory with libember.so.*), when set;
+  2. <repo>/build/capi, when it holds a built libember (bash tools/build.sh)
+     and $EMBER_BUILD_LIBEMBER is not 1;
+  3. otherwise it is built here: CMake (and Ninja when found) configure the
+     source tree with tests, benchmarks, bindings, CUDA and oneDNN off
+     (libember then needs only libgomp and the C/C++ runtimes) and build only
+     the `ember` target into the build directory. XGrammar (structured output)
+     is built in when its source is there (the sdist's copy, else
+     tools/fetch_xgrammar.sh's). $EMBER_CMAKE_ARGS adds CMake arguments
+     (e.g. "-DEMBER_WITH_ONEDNN=ON"); needs cmake, a C++20 compiler and
+     nlohmann-json3-dev.
+
+The source tree is $EMBER_SOURCE_DIR, else the repository around this
+directory, else ember_src/ next to this file (the sdist that
+tools/package_python.sh makes carries it there). Offline installs:
     python3 -m venv --system-site-packages .venv
     .venv/bin/pip install --no-build-isolation --no-index ./bindings/python
 """
@@ -13,6 +28,7 @@ names the repository when this directory was copied elsewhere). Offline installs
 import glob
 import os
 import re
+import shlex
 import shutil
 import subprocess
 
@@ -20,17 +36,54 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.environ.get("EMBER_SOURCE_DIR") or os.path.dirname(os.path.dirname(HERE))
+
+
+def source_root():
+    for d in (os.environ.get("EMBER_SOURCE_DIR"), os.path.dirname(os.path.dirname(HERE)),
+              os.path.join(HERE, "ember_src")):
+        if d and os.path.isfile(os.path.join(d, "include", "ember", "ember.h")):
+            return d
+    raise SystemExit("ember: Ember's source tree not found (set EMBER_SOURCE_DIR)")
+
+
+ROOT = source_root()
 INCLUDE = os.path.join(ROOT, "include")
 INTERFACE = os.path.join(ROOT, "bindings", "ember.i")
 
 
-def lib_dir():
-    d = os.environ.get("EMBER_LIB_DIR") or os.path.join(ROOT, "build", "capi")
-    if not glob.glob(os.path.join(d, "libember.so.*")):
-        raise SystemExit(f"ember: libember.so not found in {d}: build Ember first (bash tools/build.sh) "
-                         "or set EMBER_LIB_DIR")
-    return d
+def prebuilt_lib_dir():
+    """The directory of an existing libember, or None when it must be built."""
+    d = os.environ.get("EMBER_LIB_DIR")
+    if d:
+        if not glob.glob(os.path.join(d, "libember.so.*")):
+            raise SystemExit(f"ember: EMBER_LIB_DIR={d} holds no libember.so.*")
+        return d
+    d = os.path.join(ROOT, "build", "capi")
+    if os.environ.get("EMBER_BUILD_LIBEMBER") != "1" and glob.glob(os.path.join(d, "libember.so.*")):
+        return d
+    return None
+
+
+def build_libember(build_dir):
+    """Builds libember from ROOT with CMake into build_dir; returns the directory of libember.so."""
+    cmake = shutil.which("cmake")
+    if not cmake:
+        raise SystemExit("ember: building libember needs CMake (Debian: apt-get install cmake build-essential "
+                         "nlohmann-json3-dev), or set EMBER_LIB_DIR to a built libember")
+    args = [cmake, "-S", ROOT, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release", "-DEMBER_BUILD_TESTS=OFF",
+            "-DEMBER_BUILD_BENCH=OFF", "-DEMBER_BUILD_BINDINGS=OFF", "-DEMBER_WITH_CUDA=OFF",
+            "-DEMBER_WITH_ONEDNN=OFF"]
+    if shutil.which("ninja") and not os.path.exists(os.path.join(build_dir, "CMakeCache.txt")):
+        args += ["-G", "Ninja"]
+    xgrammar = glob.glob(os.path.join(ROOT, "deps", "xgrammar-*", "include", "xgrammar", "xgrammar.h"))
+    if xgrammar:
+        args.append("-DEMBER_XGRAMMAR_SOURCE=" + os.path.dirname(os.path.dirname(os.path.dirname(xgrammar[0]))))
+    args += shlex.split(os.environ.get("EMBER_CMAKE_ARGS", ""))
+    print("ember: building libember:", " ".join(args), flush=True)
+    subprocess.check_call(args)
+    jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL") or str(os.cpu_count() or 1)
+    subprocess.check_call([cmake, "--build", build_dir, "--target", "ember", "-j", jobs])
+    return os.path.join(build_dir, "capi")
 
 
 def version():
@@ -40,10 +93,11 @@ def version():
 
 
 class BuildSwigExt(build_ext):
-    """SWIG into the build directory (the source tree gets no generated file), then compile."""
+    """libember (found or built), SWIG into the build directory (the source tree gets no generated
+    file), then compile."""
 
     def run(self):
-        libs = lib_dir()
+        libs = prebuilt_lib_dir() or build_libember(os.path.abspath(os.path.join(self.build_temp, "libember")))
         gen = os.path.join(self.build_temp, "swig")
         os.makedirs(gen, exist_ok=True)
         wrap = os.path.join(gen, "ember_wrap.c")

@@ -9,19 +9,51 @@ final class Native {
 
   private static boolean loaded;
 
+  /** Where a jar that carries the native libraries has them (tools/package_java.sh). */
+  static final String NATIVE_RESOURCE_DIR = "/ember/native/linux-x86_64/";
+
+  /** The libraries in that directory, in load order (libember_java needs libember.so.1). */
+  static final String[] NATIVE_LIBRARIES = {"libember.so.1", "libember_java.so"};
+
   /**
-   * Loads libember_java: from the system property ember.library.path (a file) when set, else from
-   * java.library.path.
+   * Loads libember_java: from the system property ember.library.path (a file) when set; else from
+   * the jar when it carries the native libraries (extracted to a temporary directory, removed when
+   * the JVM exits, and loaded from there with System.load); else from java.library.path.
    */
   static synchronized void load() {
     if (loaded) return;
     String path = System.getProperty("ember.library.path");
     if (path != null && !path.isEmpty()) {
       System.load(path);
+    } else if (Native.class.getResource(NATIVE_RESOURCE_DIR + NATIVE_LIBRARIES[0]) != null) {
+      loadFromJar();
     } else {
       System.loadLibrary("ember_java");
     }
     loaded = true;
+  }
+
+  private static void loadFromJar() {
+    try {
+      java.nio.file.Path dir = java.nio.file.Files.createTempDirectory("ember-native");
+      dir.toFile().deleteOnExit();
+      java.util.List<java.nio.file.Path> files = new java.util.ArrayList<>();
+      for (String name : NATIVE_LIBRARIES) {
+        java.nio.file.Path file = dir.resolve(name);
+        try (java.io.InputStream in = Native.class.getResourceAsStream(NATIVE_RESOURCE_DIR + name)) {
+          if (in == null) throw new UnsatisfiedLinkError("ember: the jar lacks " + NATIVE_RESOURCE_DIR + name);
+          java.nio.file.Files.copy(in, file);
+        }
+        file.toFile().deleteOnExit();
+        files.add(file);
+      }
+      // libember.so.1 first: libember_java.so then finds it loaded (and through RPATH $ORIGIN).
+      for (java.nio.file.Path file : files) System.load(file.toAbsolutePath().toString());
+    } catch (java.io.IOException e) {
+      UnsatisfiedLinkError error = new UnsatisfiedLinkError("ember: cannot extract the native libraries: " + e);
+      error.initCause(e);
+      throw error;
+    }
   }
 
   /**
