@@ -78,6 +78,16 @@ fi
 
 bash "$here/fetch_model.sh" gemma3 >/dev/null
 
+# `ember serve`'s tests (tests/server): the official OpenAI Python client and
+# jsonschema in a venv at $EMBER_HOME/servervenv (a few MB from PyPI).
+server_venv="${EMBER_HOME:-$HOME/.cache/ember}/servervenv"
+if ! "$server_venv/bin/python" -c "import openai, jsonschema" 2>/dev/null; then
+  echo "setup: creating $server_venv (openai, jsonschema)" >&2
+  python3 -m venv "$server_venv" &&
+    "$server_venv/bin/pip" install -q "openai==3.57.0" "jsonschema==4.26.0" ||
+    echo "setup: warning: could not install $server_venv (test server_openai_client needs it)" >&2
+fi
+
 # The speculative draft's recipe (tools/distill_draft.py; test tools_distill_draft):
 # JAX on the CPU, NumPy and gguf-py in a venv at $EMBER_HOME/distillvenv (~150 MB
 # from PyPI the first time). Not needed to build; without it that test fails in CI.

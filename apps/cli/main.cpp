@@ -32,6 +32,9 @@
 #include <unistd.h>
 
 #include "ember/ember.h"
+#ifdef EMBER_WITH_SERVER
+#include "apps/server/server.h"
+#endif
 
 namespace {
 
@@ -411,8 +414,9 @@ int cmd_chat(int argc, char** argv) {
     check(ember_session_add_message(h.session, "system", a.str("--system").c_str()), "system prompt");
   ToolText tools;
   apply_tools(a, h.session, sp, tools);
-  std::fprintf(stderr, "ember chat — type a message; /tool TEXT sends a tool's result, /reset starts over, /exit or "
-                       "Ctrl-D quits.\n");
+  std::fprintf(stderr,
+               "ember chat — type a message; /tool TEXT sends a tool's result, /reset starts over, /exit or "
+               "Ctrl-D quits.\n");
   std::string line;
   for (;;) {
     std::fprintf(stderr, "> ");
@@ -1250,6 +1254,53 @@ int cmd_bench(int argc, char** argv) {
   return 0;
 }
 
+#ifdef EMBER_WITH_SERVER
+int cmd_serve(int argc, char** argv) {
+  Args a(argc, argv, 2,
+         {"-m", "--host", "--port", "--parallel", "--queue", "--api-key", "--alias", "-t", "--ctx", "--kv-memory",
+          "--pooling", "--timeout", "--max-body", "--device"},
+         {"--quiet"});
+  ember::server::ServeOptions o;
+  o.model_path = a.str("-m", default_model_path());
+  o.host = a.str("--host", "127.0.0.1");
+  o.port = static_cast<int>(a.integer("--port", 8080, 0, 65535));
+  o.parallel = static_cast<int>(a.integer("--parallel", 8, 1, 4096));
+  o.queue = static_cast<int>(a.integer("--queue", 64, 0, 65536));
+  // The key from the environment keeps it out of `ps`: EMBER_API_KEY.
+  const char* env_key = std::getenv("EMBER_API_KEY");
+  o.api_key = a.str("--api-key", env_key ? env_key : "");
+  o.alias = a.str("--alias");
+  o.threads = static_cast<int>(a.integer("-t", 0, 0, 1024));
+  o.ctx = static_cast<int>(a.integer("--ctx", 0, 0, 1 << 24));
+  o.kv_memory_bytes = static_cast<uint64_t>(a.integer("--kv-memory", 0, 0, 1 << 20)) << 20;
+  const std::string pooling = a.str("--pooling", "mean");
+  if (pooling == "mean") {
+    o.pooling = EMBER_POOLING_MEAN;
+  } else if (pooling == "last") {
+    o.pooling = EMBER_POOLING_LAST;
+  } else if (pooling == "cls") {
+    o.pooling = EMBER_POOLING_CLS;
+  } else {
+    throw CliError("--pooling must be mean, last or cls");
+  }
+  const std::string device = a.str("--device", "cpu");
+  if (device == "cpu") {
+    o.device = EMBER_DEVICE_CPU;
+  } else if (device == "cuda") {
+    o.device = EMBER_DEVICE_CUDA;
+  } else if (device == "auto") {
+    o.device = EMBER_DEVICE_AUTO;
+  } else {
+    throw CliError("--device must be cpu, cuda or auto");
+  }
+  const int timeout = static_cast<int>(a.integer("--timeout", 30, 1, 86400));
+  o.read_timeout_s = o.write_timeout_s = timeout;
+  o.max_body_bytes = static_cast<size_t>(a.integer("--max-body", 16, 1, 4096)) << 20;
+  o.quiet = a.has("--quiet");
+  return ember::server::serve(o);
+}
+#endif
+
 void usage() {
   std::fprintf(
       stderr,
@@ -1279,6 +1330,13 @@ void usage() {
       "  tokenize   [-m MODEL] (-p TEXT | -f FILE) [--special]\n"
       "  embed      [-m MODEL] (-p TEXT | -f FILE) [--pooling mean|last|cls] [--normalize] [--special] [-t THREADS]\n"
       "             # one JSON array (the model's n_embd numbers) per input: the text, or each non-empty line\n"
+#ifdef EMBER_WITH_SERVER
+      "  serve      [-m MODEL] [--host 127.0.0.1] [--port 8080] [--parallel 8] [--queue 64] [--api-key KEY]\n"
+      "             [--alias NAME] [-t THREADS] [--ctx N] [--kv-memory MIB] [--pooling mean|last|cls]\n"
+      "             [--timeout SECONDS] [--max-body MIB] [--device cpu|cuda|auto] [--quiet]\n"
+      "             # OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/embeddings,\n"
+      "             # /v1/models, /health, /metrics) and a chat page at /; key also from $EMBER_API_KEY\n"
+#endif
       "MODEL defaults to $EMBER_HOME/SmolLM2-135M-Instruct.Q4_1.gguf (EMBER_HOME: ~/.cache/ember).\n");
 }
 
@@ -1297,6 +1355,9 @@ int main(int argc, char** argv) {
     if (cmd == "bench") return cmd_bench(argc, argv);
     if (cmd == "tokenize") return cmd_tokenize(argc, argv);
     if (cmd == "embed") return cmd_embed(argc, argv);
+#ifdef EMBER_WITH_SERVER
+    if (cmd == "serve") return cmd_serve(argc, argv);
+#endif
     if (cmd == "--help" || cmd == "-h" || cmd == "help") {
       usage();
       return 0;
