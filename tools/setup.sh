@@ -2,10 +2,12 @@
 # Installs everything Ember needs to build and test, idempotently, and fetches
 # the default model into $EMBER_HOME (default ~/.cache/ember).
 # Debian 12: build tools, oneDNN (libdnnl-dev, OpenMP runtime), GoogleTest,
-# Google Benchmark, ccache, nlohmann-json (JSON in the tools and chat code); clang with libFuzzer and OpenMP (tools/fuzz.sh);
-# qemu-user (the pre-AVX2 CPU test, label isa); the bindings' toolchains (SWIG,
-# JDK, mono, Go); XGrammar's source (tools/fetch_xgrammar.sh). Safe to run
-# again: it only installs what is missing.
+# Google Benchmark, ccache, nlohmann-json (JSON in the tools and chat code);
+# clang with libFuzzer and OpenMP (tools/fuzz.sh); qemu-user (the pre-AVX2 CPU
+# test, label isa); the bindings' toolchains (SWIG, JDK, mono, Go) and Maven
+# with Debian's plugins (the Java package); XGrammar's source
+# (tools/fetch_xgrammar.sh). Safe to run again: it only installs what is
+# missing.
 #
 #   bash tools/setup.sh [--minimal] [--reference]
 #
@@ -47,6 +49,11 @@ if ((!minimal)); then
   # a JDK, mono (mcs + runtime) and Go.
   packages+=(swig python3-dev python3-setuptools python3-wheel openjdk-17-jdk-headless
              mono-mcs mono-runtime golang-go)
+  # The Java package (tools/package_java.sh, test package_java): Maven and
+  # the plugins its pom names, from Debian (/usr/share/maven-repo), so that
+  # `mvn -o` needs no network.
+  packages+=(maven libmaven-compiler-plugin-java libmaven-resources-plugin-java libmaven-jar-plugin-java
+             libmaven-install-plugin-java libsurefire-java)
 fi
 sudo_cmd=""
 [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"

@@ -18,8 +18,12 @@ trap 'rm -rf "$tmp"' EXIT
 
 echo "--- a fresh copy of $src without a build tree"
 mkdir "$tmp/clone"
-(cd "$src" && git ls-files -co --exclude-standard | while IFS= read -r f; do [ -f "$f" ] && printf '%s\0' "$f"; done |
-   xargs -0 cp --parents -t "$tmp/clone")
+if git -C "$src" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  (cd "$src" && git ls-files -co --exclude-standard | while IFS= read -r f; do [ -f "$f" ] && printf '%s\0' "$f"; done |
+     xargs -0 cp --parents -t "$tmp/clone")
+else  # not a checkout: everything but the build trees
+  tar -C "$src" --exclude='./build*' --exclude='./dist' -cf - . | tar -C "$tmp/clone" -xf -
+fi
 [ ! -e "$tmp/clone/build" ] || fail "the copy has a build tree"
 
 echo "--- pip install ./bindings/python (builds libember)"
