@@ -2,7 +2,7 @@
 # Builds the libFuzzer targets (tests/fuzz, clang, ASan+UBSan, in build-fuzz/)
 # and runs each for N seconds (default 60):
 #
-#   tools/fuzz.sh [seconds-per-target] [target...]     targets: gguf tokenizer chat tools session spec grammar
+#   tools/fuzz.sh [seconds-per-target] [target...]     targets: gguf tokenizer chat tools session spec grammar server
 #
 # Each target starts from its committed seeds (tests/fuzz/corpus/<target>) and
 # the committed crash reproducers (tests/fuzz/regressions/<target>); what it
@@ -17,7 +17,7 @@ secs="${1:-60}"
 shift || true
 targets=("$@")
 explicit=${#targets[@]}
-((explicit)) || targets=(gguf tokenizer chat tools session spec grammar)
+((explicit)) || targets=(gguf tokenizer chat tools session spec grammar server)
 bld="$root/build-fuzz"
 
 # fuzz_grammar drives the grammar engine, so the fuzz build includes XGrammar
@@ -44,7 +44,7 @@ if [ "${EMBER_FUZZ_SKIP_BUILD:-0}" != "1" ]; then
   cmake --build "$bld" -j "$(nproc)" --target fuzz_all
 fi
 
-declare -A max_len=([gguf]=16384 [tokenizer]=4096 [chat]=8192 [tools]=8192 [session]=32768 [spec]=208 [grammar]=8192)
+declare -A max_len=([gguf]=16384 [tokenizer]=4096 [chat]=8192 [tools]=8192 [session]=32768 [spec]=208 [grammar]=8192 [server]=16384)
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1}"
 # Every UBSan report is fatal except the known ones listed (with their bug) in
 # tests/fuzz/ubsan.supp.

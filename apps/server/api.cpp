@@ -23,22 +23,33 @@ void bad_request(const std::string& message, const std::string& param) {
 
 namespace {
 
-// Parses the body, refusing nesting deeper than kMaxJsonDepth before it is
-// built (dump() and some accessors recurse) and anything but an object.
-Json parse_body(std::string_view body) {
-  Json j;
+// Parses JSON text, refusing nesting deeper than kMaxJsonDepth before it is
+// built (dump() and some accessors recurse) and every other error of the
+// parser (syntax, invalid UTF-8, a number out of range) as a 400 naming `what`.
+Json parse_limited(std::string_view text, const std::string& what) {
   try {
-    j = Json::parse(body.begin(), body.end(), [](int depth, Json::parse_event_t, Json&) {
+    return Json::parse(text.begin(), text.end(), [&](int depth, Json::parse_event_t, Json&) {
       if (depth > kMaxJsonDepth) {
-        bad_request("the request body nests more than " + std::to_string(kMaxJsonDepth) + " levels deep");
+        bad_request(what + " nests more than " + std::to_string(kMaxJsonDepth) + " levels deep");
       }
       return true;
     });
-  } catch (const Json::parse_error& e) {
-    bad_request(std::string("the request body is not valid JSON: ") + e.what());
+  } catch (const Json::exception& e) {
+    bad_request(what + " is not valid JSON: " + e.what());
   }
+}
+
+Json parse_body(std::string_view body) {
+  Json j = parse_limited(body, "the request body");
   if (!j.is_object()) bad_request("the request body must be a JSON object");
   return j;
+}
+
+// At most `n` bytes of `s`, not cutting a UTF-8 character (for messages that quote input).
+std::string utf8_prefix(const std::string& s, size_t n) {
+  if (s.size() <= n) return s;
+  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
+  return s.substr(0, n) + "...";
 }
 
 const Json* field(const Json& j, const char* name) {
@@ -152,7 +163,7 @@ GenParams parse_gen(const Json& j, const ModelFacts& facts, bool chat) {
       errno = 0;
       const long long id = key.empty() ? -1 : std::strtoll(key.c_str(), &end, 10);
       if (errno || key.empty() || *end || id < 0 || id >= facts.vocab_size) {
-        bad_request("logit_bias: '" + key.substr(0, 64) + "' is not a token id of this model (0 to " +
+        bad_request("logit_bias: '" + utf8_prefix(key, 64) + "' is not a token id of this model (0 to " +
                         std::to_string(facts.vocab_size - 1) + ")",
                     "logit_bias");
       }
@@ -226,8 +237,8 @@ std::string tool_calls_as_text(const Json& tool_calls) {
     Json args = Json::object();
     if (const Json* a = field(*fn, "arguments")) {
       if (a->is_string()) {
-        args = Json::parse(a->get<std::string>(), nullptr, false);
-        if (args.is_discarded() || !args.is_object()) {
+        args = parse_limited(a->get_ref<const std::string&>(), "a tool call's arguments");
+        if (!args.is_object()) {
           bad_request("a tool call's arguments must be a JSON object (as text)", "messages");
         }
       } else if (a->is_object()) {

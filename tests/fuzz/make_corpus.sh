@@ -5,7 +5,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 targets=("$@")
-((${#targets[@]})) || targets=(gguf tokenizer chat tools session spec grammar)
+((${#targets[@]})) || targets=(gguf tokenizer chat tools session spec grammar server)
 for t in "${targets[@]}"; do
   dir="$root/tests/fuzz/corpus/$t"
   rm -rf "$dir"
