@@ -31,7 +31,7 @@ if [ "${EMBER_SKIP_SANITIZERS:-0}" != "1" ]; then
   bash "$root/tools/build.sh" build-asan -DEMBER_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DEMBER_WITH_CUDA=OFF -DEMBER_BUILD_BENCH=OFF -DEMBER_BUILD_BINDINGS=OFF -DEMBER_WITH_ONEDNN=OFF
   (cd "$root/build-asan" && EMBER_TEST_REDUCED=1 ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2 \
-     --timeout 1800 -L 'test_capi|test_core|test_kv_cache|test_gguf|test_tokenizer|test_chat|test_tensor' \
+     --timeout 1800 -L 'test_capi|test_core|test_kv_cache|test_gguf|test_tokenizer|test_chat|test_tensor|test_server' \
      ${EMBER_ASAN_EXCLUDE:+-E "$EMBER_ASAN_EXCLUDE"})
   cmake -S "$root" -B "$root/build-tsan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEMBER_TSAN=ON \
     -DEMBER_WITH_CUDA=OFF -DEMBER_BUILD_BENCH=OFF -DEMBER_BUILD_BINDINGS=OFF -DEMBER_WITH_ONEDNN=OFF >/dev/null

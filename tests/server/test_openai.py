@@ -144,7 +144,7 @@ class Chat(unittest.TestCase):
         self.assertEqual(r.choices[0].finish_reason, "stop")
 
     def test_json_object(self):
-        r = chat("Give me a JSON object describing a cat.", max_tokens=400,
+        r = chat("Return a JSON object with your name.", max_tokens=400,
                  response_format={"type": "json_object"})
         self.assertEqual(r.choices[0].finish_reason, "stop")
         self.assertIsInstance(json.loads(r.choices[0].message.content), dict)
