@@ -19,7 +19,8 @@ bash "$root/tools/build.sh" build -DEMBER_WERROR=ON -DEMBER_BUILD_TESTS=ON -DEMB
 # threads on a KV pool small enough to preempt; greedy outputs must equal
 # their solo runs (about 30 s).
 "$root/build/bench/soak" --requests 200 --concurrency 64
-# Sanitizer passes. ASan+UBSan: the C ABI and core tests, every one of them;
+# Sanitizer passes. ASan+UBSan: the C ABI and core tests, every one of them,
+# and `ember serve` under the openai-client suite (leaks: each server must exit 0);
 # the concurrency tests at a reduced size (EMBER_TEST_REDUCED=1: fewer
 # threads, tokens and iterations, the same checks), which keeps the pass
 # within minutes on 2 cores. TSan: the C ABI tests (each drives the engine's
@@ -31,7 +32,7 @@ if [ "${EMBER_SKIP_SANITIZERS:-0}" != "1" ]; then
   bash "$root/tools/build.sh" build-asan -DEMBER_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DEMBER_WITH_CUDA=OFF -DEMBER_BUILD_BENCH=OFF -DEMBER_BUILD_BINDINGS=OFF -DEMBER_WITH_ONEDNN=OFF
   (cd "$root/build-asan" && EMBER_TEST_REDUCED=1 ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2 \
-     --timeout 1800 -L 'test_capi|test_core|test_kv_cache|test_gguf|test_tokenizer|test_chat|test_tensor|test_server' \
+     --timeout 1800 -L 'test_capi|test_core|test_kv_cache|test_gguf|test_tokenizer|test_chat|test_tensor|test_server|server_openai' \
      ${EMBER_ASAN_EXCLUDE:+-E "$EMBER_ASAN_EXCLUDE"})
   cmake -S "$root" -B "$root/build-tsan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEMBER_TSAN=ON \
     -DEMBER_WITH_CUDA=OFF -DEMBER_BUILD_BENCH=OFF -DEMBER_BUILD_BINDINGS=OFF -DEMBER_WITH_ONEDNN=OFF >/dev/null
