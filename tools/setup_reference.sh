@@ -28,8 +28,14 @@ else
   venv="${EMBER_REFVENV:-$home/refvenv}"
 fi
 version="${EMBER_LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
+# llama.cpp's OpenAI server (llama_cpp.server; tools/bench_serve.py runs it):
+# the [server] extra's packages, installed beside an existing build too.
+server_extra=("uvicorn>=0.22.0" "fastapi>=0.100.0" "pydantic-settings>=2.0.1" "sse-starlette>=1.6.1"
+              "starlette-context>=0.3.6,<0.4" "PyYAML>=5.1")
 if [ -x "$venv/bin/python" ] &&
    "$venv/bin/python" -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$version')" 2>/dev/null; then
+  "$venv/bin/python" -c "import llama_cpp.server.app" 2>/dev/null ||
+    "$venv/bin/pip" install --quiet "${server_extra[@]}"
   if ((!native)) &&
      "$venv/bin/python" -c "import llama_cpp, sys; sys.exit('AVX512 = 1' not in llama_cpp.llama_print_system_info().decode())" 2>/dev/null; then
     echo "setup_reference: $venv is an AVX-512 build of llama.cpp, not Ember's reference order (AVX2);" \
@@ -40,7 +46,7 @@ fi
 mkdir -p "$home"
 python3 -m venv "$venv"
 "$venv/bin/pip" install --quiet --upgrade pip
-"$venv/bin/pip" install --quiet numpy jinja2 sentencepiece
+"$venv/bin/pip" install --quiet numpy jinja2 sentencepiece "${server_extra[@]}"
 flags="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF"
 ((native)) && flags="-DGGML_NATIVE=ON"
 CMAKE_ARGS="$flags -DLLAMA_CURL=OFF" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
