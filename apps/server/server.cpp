@@ -339,13 +339,15 @@ struct Generation {
   Clock::time_point t0 = Clock::now();
 };
 
-// Pulls the next event, waking every 100 ms to notice a shutdown.
+// Pulls the next event, waking every 100 ms when none comes; once the server
+// is stopping, the stream is cancelled (tokens may keep coming meanwhile, so
+// this is checked before every event, not only when none came).
 ember_status next_event(ember_stream* stream, ember_event* ev) {
   for (;;) {
+    if (g_stopping.load()) ember_stream_cancel(stream);  // a no-op once it ended
     ev->size = sizeof(*ev);
     const ember_status st = ember_stream_next(stream, ev, 100);
     if (st != EMBER_ERR_TIMEOUT) return st;
-    if (g_stopping.load()) ember_stream_cancel(stream);
   }
 }
 
