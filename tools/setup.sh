@@ -45,6 +45,9 @@ if ((!minimal)); then
   # drive it with the official `openai` Python client and the chat page in
   # headless Chromium.
   packages+=(libcpp-httplib-dev chromium)
+  # Model parallelism's communicator (core/comm): Open MPI, and mpiexec for its
+  # two- and three-rank tests.
+  packages+=(libopenmpi-dev openmpi-bin)
   # Language bindings (bindings/): SWIG, Python headers and offline pip install,
   # a JDK, mono (mcs + runtime) and Go.
   packages+=(swig python3-dev python3-setuptools python3-wheel openjdk-17-jdk-headless

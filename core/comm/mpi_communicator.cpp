@@ -1,0 +1,159 @@
+#include "core/comm/communicator.h"
+
+#include "core/util/status.h"
+
+#if EMBER_WITH_MPI
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+#endif
+
+namespace ember::comm {
+
+#if EMBER_WITH_MPI
+
+namespace {
+
+void check_mpi(int rc, const char* what) {
+  if (rc != MPI_SUCCESS) {
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    fail(StatusCode::kInternal, std::string("mpi: ") + what + ": " + std::string(msg, static_cast<size_t>(len)));
+  }
+}
+
+class MpiCommunicator final : public Communicator {
+ public:
+  explicit MpiCommunicator(int timeout_ms) : timeout_ms_(timeout_ms) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) {
+      int provided = 0;
+      check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
+      owns_init_ = true;
+    }
+    // Errors come back as codes (thrown as ember::Error), never abort here.
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  }
+  ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (owns_init_ && !finalized) MPI_Finalize();
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return "mpi"; }
+
+  void all_reduce_sum(float* data, size_t n) override {
+    if (size_ == 1 || n == 0) return;
+    gathered_.resize(n * static_cast<size_t>(size_));
+    all_gather(data, n * sizeof(float), gathered_.data());
+    // Rank order: every rank adds the same values in the same order.
+    std::memcpy(data, gathered_.data(), n * sizeof(float));
+    for (int r = 1; r < size_; ++r) {
+      const float* part = gathered_.data() + static_cast<size_t>(r) * n;
+      for (size_t i = 0; i < n; ++i) data[i] += part[i];
+    }
+  }
+
+  void all_gather(const void* in, size_t bytes, void* out) override {
+    MPI_Request req;
+    check_mpi(MPI_Iallgather(in, count(bytes), MPI_BYTE, out, count(bytes), MPI_BYTE, MPI_COMM_WORLD, &req),
+              "all_gather");
+    wait(req, "all_gather");
+  }
+
+  void broadcast(void* data, size_t bytes, int root) override {
+    check_rank(root, "broadcast");
+    MPI_Request req;
+    check_mpi(MPI_Ibcast(data, count(bytes), MPI_BYTE, root, MPI_COMM_WORLD, &req), "broadcast");
+    wait(req, "broadcast");
+  }
+
+  void send(const void* data, size_t bytes, int peer, int tag) override {
+    check_rank(peer, "send");
+    MPI_Request req;
+    check_mpi(MPI_Isend(data, count(bytes), MPI_BYTE, peer, tag, MPI_COMM_WORLD, &req), "send");
+    wait(req, "send to rank " + std::to_string(peer));
+  }
+
+  void recv(void* data, size_t bytes, int peer, int tag) override {
+    check_rank(peer, "recv");
+    MPI_Request req;
+    check_mpi(MPI_Irecv(data, count(bytes), MPI_BYTE, peer, tag, MPI_COMM_WORLD, &req), "recv");
+    wait(req, "recv from rank " + std::to_string(peer));
+  }
+
+  void barrier() override {
+    MPI_Request req;
+    check_mpi(MPI_Ibarrier(MPI_COMM_WORLD, &req), "barrier");
+    wait(req, "barrier");
+  }
+
+  [[noreturn]] void abort(int code) override {
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::_Exit(code);
+  }
+
+ private:
+  static int count(size_t bytes) {
+    if (bytes > static_cast<size_t>(INT32_MAX)) fail(StatusCode::kInvalidArgument, "mpi: message above 2 GiB");
+    return static_cast<int>(bytes);
+  }
+  void check_rank(int r, const char* what) const {
+    if (r < 0 || r >= size_)
+      fail(StatusCode::kInvalidArgument, std::string("mpi: ") + what + ": no rank " + std::to_string(r));
+  }
+  // Polls the request until done or timeout_ms passed (then kTimeout: the
+  // peer died or hangs). Sleeps between polls once the first millisecond is
+  // gone, so a waiting rank does not hold a core.
+  void wait(MPI_Request& req, const std::string& what) {
+    using Clock = std::chrono::steady_clock;
+    const auto start = Clock::now();
+    const auto deadline = start + std::chrono::milliseconds(timeout_ms_);
+    for (int polls = 0;; ++polls) {
+      int done = 0;
+      check_mpi(MPI_Test(&req, &done, MPI_STATUS_IGNORE), what.c_str());
+      if (done) return;
+      const auto now = Clock::now();
+      if (now > deadline) {
+        fail(StatusCode::kTimeout, "mpi: " + what + " on rank " + std::to_string(rank_) + " of " +
+                                       std::to_string(size_) + ": no answer from the other ranks within " +
+                                       std::to_string(timeout_ms_) + " ms (a rank died or hangs)");
+      }
+      if (now - start > std::chrono::milliseconds(1)) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  int timeout_ms_;
+  int rank_ = 0, size_ = 1;
+  bool owns_init_ = false;
+  std::vector<float> gathered_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> mpi_communicator(int timeout_ms) {
+  if (timeout_ms <= 0) fail(StatusCode::kInvalidArgument, "mpi: timeout_ms must be positive");
+  return std::make_unique<MpiCommunicator>(timeout_ms);
+}
+bool mpi_available() { return true; }
+
+#else
+
+std::unique_ptr<Communicator> mpi_communicator(int) {
+  fail(StatusCode::kUnsupported, "this build has no MPI (Debian: libopenmpi-dev, then reconfigure)");
+}
+bool mpi_available() { return false; }
+
+#endif
+
+}  // namespace ember::comm

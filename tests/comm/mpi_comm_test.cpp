@@ -1,0 +1,109 @@
+// The MPI communicator (core/comm) across real processes: run under
+//   mpiexec -n N mpi_comm_test [ops|hang|die]
+// ops: every operation's result on every rank, all_reduce's bits equal on
+// every rank and equal to the rank-order sum. hang: rank 1 stops answering;
+// rank 0 must report the timeout and end the job. die: rank 1 exits without
+// a word; the job must end with an error, not hang.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/comm/communicator.h"
+#include "core/util/status.h"
+
+namespace {
+
+int failures = 0;
+void expect(bool ok, const std::string& what, int rank) {
+  if (!ok) {
+    std::fprintf(stderr, "rank %d: FAIL: %s\n", rank, what.c_str());
+    ++failures;
+  }
+}
+
+int run_ops(ember::comm::Communicator& c) {
+  const int r = c.rank(), n = c.size();
+  // all_reduce: values whose float sum depends on the order.
+  std::vector<float> v(1000);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = (r + 1) * 1e7f + static_cast<float>(i) * 0.37f + 0.1f * r;
+  std::vector<float> want(v.size(), 0.0f);
+  for (size_t i = 0; i < v.size(); ++i) {
+    float s = 0.0f;
+    for (int k = 0; k < n; ++k) {
+      const float x = (k + 1) * 1e7f + static_cast<float>(i) * 0.37f + 0.1f * k;
+      s = k == 0 ? x : s + x;
+    }
+    want[i] = s;
+  }
+  c.all_reduce_sum(v.data(), v.size());
+  expect(std::memcmp(v.data(), want.data(), v.size() * sizeof(float)) == 0, "all_reduce_sum != rank-order sum", r);
+  std::vector<float> every(v.size() * static_cast<size_t>(n));
+  c.all_gather(v.data(), v.size() * sizeof(float), every.data());
+  for (int k = 1; k < n; ++k) {
+    expect(std::memcmp(every.data(), every.data() + static_cast<size_t>(k) * v.size(), v.size() * sizeof(float)) == 0,
+           "all_reduce_sum bits differ between ranks", r);
+  }
+  // all_gather of ranks' ids.
+  int32_t mine = 100 + r;
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  c.all_gather(&mine, sizeof(mine), ids.data());
+  for (int k = 0; k < n; ++k) expect(ids[static_cast<size_t>(k)] == 100 + k, "all_gather", r);
+  // broadcast from the last rank.
+  char text[16] = {};
+  if (r == n - 1) std::snprintf(text, sizeof text, "from %d", r);
+  c.broadcast(text, sizeof text, n - 1);
+  expect(std::string(text) == "from " + std::to_string(n - 1), "broadcast", r);
+  // A ring of send/recv (pipeline stages pass activations this way).
+  if (n > 1) {
+    double out = r * 2.5, in = -1;
+    if (r % 2 == 0) {
+      c.send(&out, sizeof out, (r + 1) % n, 7);
+      c.recv(&in, sizeof in, (r + n - 1) % n, 7);
+    } else {
+      c.recv(&in, sizeof in, (r + n - 1) % n, 7);
+      c.send(&out, sizeof out, (r + 1) % n, 7);
+    }
+    expect(in == ((r + n - 1) % n) * 2.5, "send/recv ring", r);
+  }
+  // Bad arguments are errors, not crashes.
+  try {
+    c.broadcast(text, sizeof text, n);
+    expect(false, "broadcast from a rank that does not exist accepted", r);
+  } catch (const ember::Error& e) {
+    expect(e.code() == ember::StatusCode::kInvalidArgument, "broadcast to rank n: wrong error", r);
+  }
+  c.barrier();
+  if (r == 0) std::printf("mpi_comm_test: %d ranks, %s\n", n, failures ? "FAILED" : "ok");
+  return failures ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "ops";
+  try {
+    auto c = ember::comm::mpi_communicator(mode == "ops" ? 30000 : 1500);
+    if (mode == "ops") return run_ops(*c);
+    if (c->rank() == 1) {
+      if (mode == "die") std::_Exit(9);
+      std::this_thread::sleep_for(std::chrono::seconds(60));  // hang
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      c->barrier();
+      std::fprintf(stderr, "rank %d: FAIL: the barrier passed without rank 1\n", c->rank());
+      return 1;
+    } catch (const ember::Error& e) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::fprintf(stderr, "rank %d: %s (after %.2f s): ending the job\n", c->rank(), e.what(), s);
+      c->abort(3);
+    }
+  } catch (const ember::Error& e) {
+    std::fprintf(stderr, "mpi_comm_test: %s\n", e.what());
+    return 1;
+  }
+}
