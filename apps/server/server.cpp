@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <ctime>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -164,6 +165,8 @@ std::atomic<bool> g_stopping{false};
 
 // ---------------------------------------------------------------- the server
 
+struct Generation;
+
 class Server {
  public:
   explicit Server(const ServeOptions& o) : opts_(o), admission_(o.parallel, o.queue) {}
@@ -176,13 +179,14 @@ class Server {
   int run();
 
  private:
-  struct Reply;  // one generation's collected output
-
   void routes();
   void handle_chat(const httplib::Request& req, httplib::Response& res);
   void handle_completion(const httplib::Request& req, httplib::Response& res);
   void handle_embeddings(const httplib::Request& req, httplib::Response& res);
   std::string metrics_text();
+  bool stream_sse(httplib::DataSink& sink, Generation& gen, const Json& head, bool include_usage,
+                  const std::function<bool(const ember_event&)>& on_event,
+                  const std::function<bool(int32_t end_reason)>& finish);
 
   SessionPtr new_session();
   std::string token_text(int32_t token) const;
@@ -459,63 +463,23 @@ void Server::handle_chat(const httplib::Request& req, httplib::Response& res) {
           const std::string s = sse(c);
           return sink.write(s.data(), s.size());
         };
-        bool ok = chunk(Json{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr);
+        if (!chunk(Json{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr)) return false;
         int n_calls = 0;
-        int32_t end = EMBER_END_NONE;
-        ember_event ev{};
-        while (ok) {
-          const ember_status st = next_event(gen->stream.get(), &ev);
-          if (st != EMBER_OK || ev.type == EMBER_EVENT_ERROR) {
-            try {
-              fail(st != EMBER_OK ? st : ev.status);
-            } catch (const ApiError& e) {
-              const std::string s = sse(error_json(e));
-              sink.write(s.data(), s.size());
-            }
-            metrics_.requests_failed++;
-            return false;
-          }
-          if (ev.type == EMBER_EVENT_END) {
-            end = ev.end_reason;
-            break;
-          }
-          gen->generated += ev.n_tokens;
-          metrics_.add_generated(ev.n_tokens);
-          if (ev.type == EMBER_EVENT_TEXT) {
-            const Json lp = want_logprobs ? chat_logprobs(ev) : Json();
-            ok = chunk(Json{{"content", std::string(ev.text, ev.text_length)}}, nullptr, want_logprobs ? &lp : nullptr);
-          } else {
-            Json call{{"index", n_calls++},
-                      {"id", ev.tool_call_id},
-                      {"type", "function"},
-                      {"function", {{"name", ev.tool_name}, {"arguments", ev.tool_arguments}}}};
-            ok = chunk(Json{{"tool_calls", Json::array({call})}}, nullptr, nullptr);
-          }
-        }
-        if (!ok) {  // the client went away
-          ember_stream_cancel(gen->stream.get());
-          metrics_.requests_cancelled++;
-          return false;
-        }
-        if (end == EMBER_END_CANCELLED) metrics_.requests_cancelled++;
-        ok = chunk(Json::object(), finish_reason(end, n_calls > 0), nullptr);
-        const Json usage = usage_json(gen->session.get(), gen->stream.get());
-        metrics_.prompt_tokens += usage["prompt_tokens"].get<uint64_t>();
-        if (ok && include_usage) {
-          const std::string s = sse(Json{{"id", id},
-                                         {"object", "chat.completion.chunk"},
-                                         {"created", created},
-                                         {"model", facts_.id},
-                                         {"choices", Json::array()},
-                                         {"usage", usage}});
-          ok = sink.write(s.data(), s.size());
-        }
-        if (ok) ok = sink.write("data: [DONE]\n\n", 14);
-        if (ok) {
-          metrics_.requests_ok++;
-          sink.done();
-        }
-        return ok;
+        return stream_sse(
+            sink, *gen, Json{{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}}, include_usage,
+            [&](const ember_event& ev) {
+              if (ev.type == EMBER_EVENT_TEXT) {
+                const Json lp = want_logprobs ? chat_logprobs(ev) : Json();
+                return chunk(Json{{"content", std::string(ev.text, ev.text_length)}}, nullptr,
+                             want_logprobs ? &lp : nullptr);
+              }
+              Json call{{"index", n_calls++},
+                        {"id", ev.tool_call_id},
+                        {"type", "function"},
+                        {"function", {{"name", ev.tool_name}, {"arguments", ev.tool_arguments}}}};
+              return chunk(Json{{"tool_calls", Json::array({call})}}, nullptr, nullptr);
+            },
+            [&](int32_t end) { return chunk(Json::object(), finish_reason(end, n_calls > 0), nullptr); });
       });
 }
 
@@ -610,55 +574,73 @@ void Server::handle_completion(const httplib::Request& req, httplib::Response& r
       const std::string s = sse(c);
       return sink.write(s.data(), s.size());
     };
+    if (!echo_text.empty() && !chunk(echo_text, nullptr, nullptr)) return false;
     size_t offset = echo_text.size();
-    bool ok = echo_text.empty() || chunk(echo_text, nullptr, nullptr);
-    int32_t end = EMBER_END_NONE;
-    ember_event ev{};
-    while (ok) {
-      const ember_status st = next_event(gen->stream.get(), &ev);
-      if (st != EMBER_OK || ev.type == EMBER_EVENT_ERROR) {
-        try {
-          fail(st != EMBER_OK ? st : ev.status);
-        } catch (const ApiError& e) {
-          const std::string s = sse(error_json(e));
-          sink.write(s.data(), s.size());
-        }
-        metrics_.requests_failed++;
-        return false;
+    return stream_sse(
+        sink, *gen, Json{{"id", id}, {"object", "text_completion"}, {"created", created}}, include_usage,
+        [&](const ember_event& ev) {
+          const bool ok = chunk(std::string(ev.text, ev.text_length), nullptr,
+                                want_logprobs ? legacy_logprobs(ev, offset) : Json());
+          offset += ev.text_length;
+          return ok;
+        },
+        [&](int32_t end) { return chunk("", finish_reason(end, false), nullptr); });
+  });
+}
+
+// Streams a generation as Server-Sent Events after its first chunk:
+// `on_event` writes a TEXT or TOOL_CALL event's chunk, `finish` the chunk with
+// the finish reason; then the usage chunk (`head` + usage, when asked) and
+// [DONE]. Each returns false once the client is gone, which cancels the
+// stream; an engine failure goes out as an error line. Returns whether the
+// response was complete.
+bool Server::stream_sse(httplib::DataSink& sink, Generation& gen, const Json& head, bool include_usage,
+                        const std::function<bool(const ember_event&)>& on_event,
+                        const std::function<bool(int32_t end_reason)>& finish) {
+  int32_t end = EMBER_END_NONE;
+  ember_event ev{};
+  for (;;) {
+    const ember_status st = next_event(gen.stream.get(), &ev);
+    if (st != EMBER_OK || ev.type == EMBER_EVENT_ERROR) {
+      try {
+        fail(st != EMBER_OK ? st : ev.status);
+      } catch (const ApiError& e) {
+        const std::string s = sse(error_json(e));
+        sink.write(s.data(), s.size());
       }
-      if (ev.type == EMBER_EVENT_END) {
-        end = ev.end_reason;
-        break;
-      }
-      gen->generated += ev.n_tokens;
-      metrics_.add_generated(ev.n_tokens);
-      ok = chunk(std::string(ev.text, ev.text_length), nullptr, want_logprobs ? legacy_logprobs(ev, offset) : Json());
-      offset += ev.text_length;
+      metrics_.requests_failed++;
+      return false;
     }
-    if (!ok) {
-      ember_stream_cancel(gen->stream.get());
+    if (ev.type == EMBER_EVENT_END) {
+      end = ev.end_reason;
+      break;
+    }
+    gen.generated += ev.n_tokens;
+    metrics_.add_generated(ev.n_tokens);
+    if (!on_event(ev)) {  // the client went away
+      ember_stream_cancel(gen.stream.get());
       metrics_.requests_cancelled++;
       return false;
     }
-    ok = chunk("", finish_reason(end, false), nullptr);
-    const Json usage = usage_json(gen->session.get(), gen->stream.get());
-    metrics_.prompt_tokens += usage["prompt_tokens"].get<uint64_t>();
-    if (ok && include_usage) {
-      const std::string s = sse(Json{{"id", id},
-                                     {"object", "text_completion"},
-                                     {"created", created},
-                                     {"model", facts_.id},
-                                     {"choices", Json::array()},
-                                     {"usage", usage}});
-      ok = sink.write(s.data(), s.size());
-    }
-    if (ok) ok = sink.write("data: [DONE]\n\n", 14);
-    if (ok) {
-      metrics_.requests_ok++;
-      sink.done();
-    }
-    return ok;
-  });
+  }
+  if (end == EMBER_END_CANCELLED) metrics_.requests_cancelled++;
+  bool ok = finish(end);
+  const Json usage = usage_json(gen.session.get(), gen.stream.get());
+  metrics_.prompt_tokens += usage["prompt_tokens"].get<uint64_t>();
+  if (ok && include_usage) {
+    Json c = head;
+    c["model"] = facts_.id;
+    c["choices"] = Json::array();
+    c["usage"] = usage;
+    const std::string s = sse(c);
+    ok = sink.write(s.data(), s.size());
+  }
+  if (ok) ok = sink.write("data: [DONE]\n\n", 14);
+  if (ok) {
+    metrics_.requests_ok++;
+    sink.done();
+  }
+  return ok;
 }
 
 void Server::handle_embeddings(const httplib::Request& req, httplib::Response& res) {
