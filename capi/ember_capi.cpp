@@ -165,6 +165,9 @@ void full_engine_defaults(ember_engine_params* params) {
   params->prefix_caching = d.prefix_caching ? 1 : 0;
   params->manual_step = d.manual ? 1 : 0;
   params->batch_invariant = d.batch_invariant ? 1 : 0;
+  params->tp_size = d.tp;
+  params->pp_size = d.pp;
+  params->comm_timeout_ms = 0;  // 0: the core's default
 }
 
 void full_session_defaults(ember_session_params* params) {
@@ -240,7 +243,8 @@ constexpr size_t kV1_0_stream_params =
 // Today's model, engine and session structs are the 1.0 ones (this fails, as
 // intended, once a field is appended: then check that the constants above
 // still name the 1.0 fields). The stream params grew in 1.2 (speculation).
-static_assert(kV1_0_model_params == sizeof(ember_model_params) && kV1_0_engine_params == sizeof(ember_engine_params) &&
+static_assert(kV1_0_model_params == sizeof(ember_model_params) && kV1_0_engine_params < sizeof(ember_engine_params) &&
+              offsetof(ember_engine_params, tp_size) >= kV1_0_engine_params &&
               kV1_0_session_params == sizeof(ember_session_params) &&
               kV1_0_stream_params < sizeof(ember_stream_params));
 
@@ -659,12 +663,32 @@ ember_status ember_engine_create(ember_model* model, const ember_engine_params* 
     ep.prefix_caching = p.prefix_caching != 0;
     ep.manual = p.manual_step != 0;
     ep.batch_invariant = p.batch_invariant != 0;
+    ep.tp = p.tp_size;
+    ep.pp = p.pp_size;
+    if (p.comm_timeout_ms != 0) ep.comm_timeout_ms = p.comm_timeout_ms;
     auto h = std::make_unique<ember_engine>();
     h->owner = ember::Engine::create(model->model, ep);
     h->backend_name = (*h->owner)->kv().backend_name();
     h->cache_view.engine = &**h->owner;
     h->scheduler_view.engine = &**h->owner;
     *out_engine = h.release();
+  });
+}
+
+ember_status ember_engine_rank(const ember_engine* engine, int32_t* out_rank, int32_t* out_size) {
+  return guarded([&] {
+    require(engine != nullptr, "engine is NULL");
+    if (out_rank) *out_rank = (*engine->owner)->rank();
+    if (out_size) *out_size = (*engine->owner)->world_size();
+  });
+}
+
+ember_status ember_engine_follow(ember_engine* engine) {
+  return guarded([&] {
+    require(engine != nullptr, "engine is NULL");
+    require((*engine->owner)->world_size() > 1, "the engine's model is not split across ranks");
+    require((*engine->owner)->rank() > 0, "rank 0 runs the engine itself; ember_engine_follow is for ranks > 0");
+    (*engine->owner)->follow();
   });
 }
 

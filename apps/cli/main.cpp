@@ -146,15 +146,47 @@ struct Handles {
   }
 };
 
+// A model split across the ranks of an MPI job (`mpirun -np N ember generate
+// --tp N ...`): every rank runs the same command; rank 0 does the work and
+// alone prints, the others run its forward passes (ember_engine_follow) and
+// end when it does.
+const std::vector<std::string> kParallelOpts = {"--tp", "--pp", "--comm-timeout"};
+struct FollowerDone {  // thrown on ranks > 0 when rank 0 is done (main returns `code`)
+  int code;
+};
+bool split_requested(const Args& a) { return a.integer("--tp", 1, 1, 64) > 1 || a.integer("--pp", 1, 1, 64) > 1; }
+void apply_split(const Args& a, ember_engine_params& ep) {
+  ep.tp_size = static_cast<int32_t>(a.integer("--tp", 1, 1, 64));
+  ep.pp_size = static_cast<int32_t>(a.integer("--pp", 1, 1, 64));
+  ep.comm_timeout_ms = static_cast<int32_t>(a.integer("--comm-timeout", 60, 1, 86400) * 1000);
+}
+// On a rank > 0: follows rank 0 until it ends, then unwinds to main.
+void follow_unless_rank0(ember_engine* engine) {
+  int32_t rank = 0, size = 1;
+  check(ember_engine_rank(engine, &rank, &size), "engine rank");
+  if (rank == 0) return;
+  if (ember_engine_follow(engine) != EMBER_OK) {
+    std::fprintf(stderr, "ember: rank %d of %d: %s\n", rank, size, ember_last_error());
+    throw FollowerDone{1};
+  }
+  throw FollowerDone{0};
+}
+
 void load(Handles& h, const Args& a, int n_threads = 0, bool with_engine = true) {
   const std::string path = a.str("-m", default_model_path());
-  check(ember_model_load(path.c_str(), nullptr, &h.model), "loading the model");
+  ember_model_params mp;
+  ember_model_params_init(&mp);
+  // Split: each rank maps the file and touches only its part of it.
+  if (split_requested(a)) mp.use_mmap = EMBER_MODEL_MAP_SHARED;
+  check(ember_model_load(path.c_str(), &mp, &h.model), "loading the model");
   if (!with_engine) return;
   ember_engine_params ep;
   ember_engine_params_init(&ep);
   ep.n_threads = n_threads;
   if (a.has("--no-batch-invariant")) ep.batch_invariant = 0;  // (bench only: oneDNN for large prefill chunks)
+  apply_split(a, ep);
   check(ember_engine_create(h.model, &ep, &h.engine), "creating the engine");
+  follow_unless_rank0(h.engine);
   check(ember_session_create(h.engine, nullptr, &h.session), "creating the session");
 }
 
@@ -364,7 +396,7 @@ int cmd_generate(int argc, char** argv) {
   Args a(argc, argv, 2,
          with({"-m", "-p", "-n", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--presence-penalty",
                "--frequency-penalty", "--penalty-last-n", "--seed", "-t"},
-              with(kSpecOpts, with(kConstraintOpts, with(kToolOpts, kLoraOpts)))),
+              with(kSpecOpts, with(kConstraintOpts, with(kToolOpts, with(kLoraOpts, kParallelOpts))))),
          {"--chat", "--stats", "--json"});
   if (a.has("--tools") && !a.has("--chat")) throw CliError("--tools needs --chat (tools are for chat sessions)");
   if (!a.has("-p")) throw CliError("generate needs -p PROMPT");
@@ -404,7 +436,8 @@ int cmd_generate(int argc, char** argv) {
 int cmd_chat(int argc, char** argv) {
   Args a(argc, argv, 2,
          {"-m", "-n", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--presence-penalty",
-          "--frequency-penalty", "--penalty-last-n", "--seed", "-t", "--system", "--tools", "--tool-choice", "--lora"},
+          "--frequency-penalty", "--penalty-last-n", "--seed", "-t", "--system", "--tools", "--tool-choice", "--lora",
+          "--tp", "--pp", "--comm-timeout"},
          {});
   ember_stream_params sp = stream_params(a);
   Handles h;
@@ -738,7 +771,8 @@ int perplexity_stream(const Args& a, std::vector<int32_t> ids, Handles& h, const
 
 int cmd_perplexity(int argc, char** argv) {
   Args a(argc, argv, 2,
-         {"-m", "-f", "--ctx", "--max-tokens", "-t", "--cache", "--series", "--stride", "--logprobs", "--chunk"},
+         {"-m", "-f", "--ctx", "--max-tokens", "-t", "--cache", "--series", "--stride", "--logprobs", "--chunk", "--tp",
+          "--pp", "--comm-timeout"},
          {"--stream"});
   if (!a.has("-f")) throw CliError("perplexity needs -f FILE");
   if (!a.has("--stream") &&
@@ -1267,7 +1301,7 @@ int cmd_serve(int argc, char** argv) {
   }
   Args a(argc, argv, 2,
          {"-m", "--host", "--port", "--parallel", "--queue", "--api-key", "--alias", "-t", "--ctx", "--kv-memory",
-          "--pooling", "--timeout", "--max-body", "--device"},
+          "--pooling", "--timeout", "--max-body", "--device", "--tp", "--pp", "--comm-timeout"},
          {"--quiet"});
   ember::server::ServeOptions o;
   o.model_path = a.str("-m", default_model_path());
@@ -1306,6 +1340,11 @@ int cmd_serve(int argc, char** argv) {
   o.read_timeout_s = o.write_timeout_s = timeout;
   o.max_body_bytes = static_cast<size_t>(a.integer("--max-body", 16, 1, 4096)) << 20;
   o.quiet = a.has("--quiet");
+  ember_engine_params split;
+  apply_split(a, split);
+  o.tp = split.tp_size;
+  o.pp = split.pp_size;
+  o.comm_timeout_ms = split.comm_timeout_ms;
   return ember::server::serve(o);
 }
 #endif
@@ -1326,7 +1365,9 @@ void usage() {
       "             # SCALE defaults to 1 (the term is SCALE * alpha / rank * B A x)\n"
       "  (generate and chat) [--min-p P] [--repeat-penalty R] [--presence-penalty P] [--frequency-penalty F]\n"
       "             [--penalty-last-n N]   # penalties over the last N tokens (-1: all, 0: off; default 64)\n"
-      "  perplexity [-m MODEL] -f FILE [--ctx C] [--max-tokens N]\n"
+      "  (generate, chat) [--tp N | --pp N] [--comm-timeout SECONDS]   # a model split across the N ranks of\n"
+      "             # `mpirun -np N ember ...`: tensor (--tp) or pipeline (--pp) parallel; rank 0 prints\n"
+      "  perplexity [-m MODEL] -f FILE [--ctx C] [--max-tokens N] [--tp N | --pp N]\n"
       "  perplexity [-m MODEL] -f FILE --stream --cache full|window:W|sink:S:W|recompute:W\n"
       "             [--max-tokens N] [--series FILE.csv] [--stride K] [--logprobs FILE.csv] [--chunk K]\n"
       "  bench      [-m MODEL] [-p 512] [-n 128] [-t THREADS] [-r REPS] [--sessions K] [--prefix-cache N] [--json]\n"
@@ -1343,6 +1384,7 @@ void usage() {
       "  serve      [-m MODEL] [--host 127.0.0.1] [--port 8080] [--parallel 8] [--queue 64] [--api-key KEY]\n"
       "             [--alias NAME] [-t THREADS] [--ctx N] [--kv-memory MIB] [--pooling mean|last|cls]\n"
       "             [--timeout SECONDS] [--max-body MIB] [--device cpu|cuda|auto] [--quiet]\n"
+      "             [--tp N | --pp N] [--comm-timeout SECONDS]  # under mpirun -np N: rank 0 serves\n"
       "             # OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/embeddings,\n"
       "             # /v1/models, /health, /metrics) and a chat page at /; key also from $EMBER_API_KEY\n"
 #endif
@@ -1378,6 +1420,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ember: unknown command '%s'\n", cmd.c_str());
     usage();
     return 2;
+  } catch (const FollowerDone& f) {
+    return f.code;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ember: %s\n", e.what());
     return 1;

@@ -177,6 +177,13 @@ class Server {
 
   void load();
   int run();
+  int32_t rank() const { return rank_; }
+  // A rank > 0 of a split model: runs rank 0's forward passes until it ends.
+  int follow() {
+    if (ember_engine_follow(engine_) == EMBER_OK) return 0;
+    std::fprintf(stderr, "ember serve: rank %d: %s\n", rank_, ember_last_error());
+    return 1;
+  }
 
  private:
   void routes();
@@ -197,6 +204,7 @@ class Server {
   ServeOptions opts_;
   ember_model* model_ = nullptr;
   ember_engine* engine_ = nullptr;
+  int32_t rank_ = 0;  // > 0: a follower of rank 0 (a model split across ranks)
   ModelFacts facts_;
   Admission admission_;
   Metrics metrics_;
@@ -208,7 +216,11 @@ class Server {
 };
 
 void Server::load() {
-  if (ember_model_load(opts_.model_path.c_str(), nullptr, &model_) != EMBER_OK) {
+  ember_model_params mp;
+  ember_model_params_init(&mp);
+  // Split across ranks: each maps the file and touches only its part.
+  if (opts_.tp > 1 || opts_.pp > 1) mp.use_mmap = EMBER_MODEL_MAP_SHARED;
+  if (ember_model_load(opts_.model_path.c_str(), &mp, &model_) != EMBER_OK) {
     throw std::runtime_error("cannot load " + opts_.model_path + ": " + ember_last_error());
   }
   ember_model_info_t info{};
@@ -220,9 +232,13 @@ void Server::load() {
   ep.n_threads = opts_.threads;
   ep.kv_memory_bytes = opts_.kv_memory_bytes;
   ep.max_running = std::max(64, opts_.parallel);
+  ep.tp_size = opts_.tp;
+  ep.pp_size = opts_.pp;
+  ep.comm_timeout_ms = opts_.comm_timeout_ms;
   if (ember_engine_create(model_, &ep, &engine_) != EMBER_OK) {
     throw std::runtime_error(std::string("cannot create the engine: ") + ember_last_error());
   }
+  ember_engine_rank(engine_, &rank_, nullptr);
   facts_.vocab_size = info.vocab_size;
   facts_.n_embd = info.n_embd;
   facts_.context_length = opts_.ctx > 0 ? std::min(opts_.ctx, info.context_length) : info.context_length;
@@ -891,6 +907,7 @@ int serve(const ServeOptions& options) {
   try {
     Server server(options);
     server.load();
+    if (server.rank() > 0) return server.follow();
     return server.run();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ember serve: %s\n", e.what());

@@ -37,6 +37,10 @@ struct ServeOptions {
   int write_timeout_s = 30;           // a client that reads nothing this long is dropped (its stream cancelled)
   size_t max_body_bytes = 16u << 20;  // larger request bodies get 413
   bool quiet = false;                 // no request log on stderr
+  // A model split across the ranks of an MPI job (`mpirun -np N ember serve
+  // --tp N`): rank 0 serves, the others follow it (ember_engine_follow).
+  int tp = 1, pp = 1;
+  int comm_timeout_ms = 0;  // 0: the engine's default
 };
 
 // Loads the model, listens and serves until SIGINT or SIGTERM. Prints

@@ -157,13 +157,11 @@ LoadedBackend open_backend_plugin_file(const std::string& path, const std::strin
   return create_from_handle(handle, path, device, n_threads, entry_point);
 }
 
-LoadedBackend open_backend_plugin(const std::string& device, int n_threads, const PluginSearch& search) {
-  check_plugin_device_name(device);
-  std::vector<std::string> dirs = search.dirs;
-  std::string searched;
+std::vector<std::string> plugin_candidates(const PluginSearch& search, std::string* searched) {
+  std::vector<std::string> dirs = search.dirs, out;
   auto note = [&](const std::string& s) {
-    if (!searched.empty()) searched += ", ";
-    searched += s;
+    if (!searched->empty()) *searched += ", ";
+    *searched += s;
   };
   if (search.next_to_libember) {
     const std::string d = self_dir();
@@ -177,10 +175,23 @@ LoadedBackend open_backend_plugin(const std::string& device, int n_threads, cons
   for (const auto& d : dirs) {
     const std::string path = d + "/" + search.file_name;
     note(d);
-    if (file_exists(path)) return open_backend_plugin_file(path, device, n_threads, search.entry_point);
+    if (file_exists(path)) out.push_back(path);
   }
   if (search.default_path) {
     note("the dynamic loader's search path");
+    out.push_back(search.file_name);
+  }
+  return out;
+}
+
+LoadedBackend open_backend_plugin(const std::string& device, int n_threads, const PluginSearch& search) {
+  check_plugin_device_name(device);
+  std::string searched;
+  const std::vector<std::string> paths = plugin_candidates(search, &searched);
+  if (!paths.empty() && paths.front() != search.file_name) {
+    return open_backend_plugin_file(paths.front(), device, n_threads, search.entry_point);
+  }
+  if (search.default_path) {
     std::lock_guard<std::mutex> lock(load_mutex());
     dlerror();
     void* handle = dlopen(search.file_name.c_str(), RTLD_NOW | RTLD_LOCAL);

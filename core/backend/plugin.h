@@ -197,6 +197,11 @@ struct PluginSearch {
   bool default_path = true;  // dlopen(file_name) through the loader's search path
 };
 
+// The files to try for a plugin, in search order (dirs, libember's
+// directory, $EMBER_PLUGIN_DIR: those that exist; then the bare file name
+// for the loader's path when default_path); *searched says where it looked.
+std::vector<std::string> plugin_candidates(const PluginSearch& search, std::string* searched);
+
 // What probe_backend_plugin found. No backend is created, no device opened.
 struct PluginProbe {
   enum class State { kAbsent, kLoadable, kBroken } state = State::kAbsent;

@@ -39,17 +39,65 @@ class Communicator {
   virtual void send(const void* data, size_t bytes, int peer, int tag) = 0;
   virtual void recv(void* data, size_t bytes, int peer, int tag) = 0;
   virtual void barrier() = 0;
+  // broadcast without the timeout: a rank waiting for its next piece of work
+  // (a follower of rank 0, idle while no request comes) waits for as long as
+  // it takes, polling slowly.
+  virtual void broadcast_untimed(void* data, size_t bytes, int root) = 0;
 
+  // How long a call waits for its peers (Error(kTimeout) after).
+  virtual void set_timeout_ms(int timeout_ms) = 0;
   // Ends every rank of the job with `code` after a fault (never returns).
   [[noreturn]] virtual void abort(int code) = 0;
 };
 
 // The communicator of the MPI job this process runs in (MPI_COMM_WORLD;
 // MPI_Init_thread is called if nobody did, MPI_Finalize at exit). Throws
-// ember::Error(kUnsupported) in a build without MPI.
+// ember::Error(kUnsupported) in a build without MPI. Defined in the MPI
+// plugin (libember_mpi.so) and in the ember_comm module its tests link.
 std::unique_ptr<Communicator> mpi_communicator(int timeout_ms);
 
 // Whether this build has MPI.
 bool mpi_available();
+
+// libember links no MPI library: the MPI communicator lives in the plugin
+// libember_mpi.so (built where Open MPI is found), loaded on first use from
+// libember's directory, $EMBER_PLUGIN_DIR or the loader's path (as the CUDA
+// plugin, core/backend/plugin.h). Throws ember::Error(kUnsupported) saying
+// what is missing. One communicator per process, kept until exit (MPI cannot
+// be initialised again once finalised): every call returns it, with
+// `timeout_ms` set.
+std::shared_ptr<Communicator> load_mpi_communicator(int timeout_ms);
+
+}  // namespace ember::comm
+
+extern "C" {
+// What libember_mpi.so's entry point returns (static storage).
+typedef struct ember_comm_plugin_v1 {
+  uint32_t abi_version;  // ember::comm::kCommPluginAbi
+  uint32_t fingerprint;  // ember::comm::comm_interface_fingerprint()
+  // Returns 0 and sets *out (owned by the caller), or an ember::StatusCode
+  // value with a NUL-terminated message in err. Never throws.
+  int32_t (*create)(int32_t timeout_ms, ember::comm::Communicator** out, char* err, size_t err_size);
+} ember_comm_plugin_v1;
+typedef const ember_comm_plugin_v1* (*ember_comm_plugin_entry_fn)(void);
+}
+
+namespace ember::comm {
+
+inline constexpr const char* kMpiPluginEntry = "ember_mpi_plugin_v1";
+inline constexpr const char* kMpiPluginFile = "libember_mpi.so";
+inline constexpr uint32_t kCommPluginAbi = 1;
+// Guards against a plugin built with another C++ library or interface.
+constexpr uint32_t comm_interface_fingerprint() {
+  uint32_t h = 2166136261u;
+  const uint32_t parts[] = {
+      static_cast<uint32_t>(sizeof(std::string)), static_cast<uint32_t>(sizeof(void*)),
+#ifdef __GLIBCXX__
+      static_cast<uint32_t>(_GLIBCXX_RELEASE),
+#endif
+      static_cast<uint32_t>(sizeof(ember_comm_plugin_v1))};
+  for (uint32_t p : parts) h = (h ^ p) * 16777619u;
+  return h;
+}
 
 }  // namespace ember::comm

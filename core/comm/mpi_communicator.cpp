@@ -45,7 +45,14 @@ class MpiCommunicator final : public Communicator {
   ~MpiCommunicator() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (owns_init_ && !finalized) MPI_Finalize();
+    // After a fault the others may never reach MPI_Finalize (which waits for
+    // them): the process then ends without it, and mpirun ends the job.
+    if (owns_init_ && !finalized && !broken_) MPI_Finalize();
+  }
+
+  void set_timeout_ms(int timeout_ms) override {
+    if (timeout_ms <= 0) fail(StatusCode::kInvalidArgument, "mpi: timeout_ms must be positive");
+    timeout_ms_ = timeout_ms;
   }
 
   int rank() const override { return rank_; }
@@ -92,6 +99,13 @@ class MpiCommunicator final : public Communicator {
     wait(req, "recv from rank " + std::to_string(peer));
   }
 
+  void broadcast_untimed(void* data, size_t bytes, int root) override {
+    check_rank(root, "broadcast");
+    MPI_Request req;
+    check_mpi(MPI_Ibcast(data, count(bytes), MPI_BYTE, root, MPI_COMM_WORLD, &req), "broadcast");
+    wait(req, "broadcast", /*forever=*/true);
+  }
+
   void barrier() override {
     MPI_Request req;
     check_mpi(MPI_Ibarrier(MPI_COMM_WORLD, &req), "barrier");
@@ -115,7 +129,7 @@ class MpiCommunicator final : public Communicator {
   // Polls the request until done or timeout_ms passed (then kTimeout: the
   // peer died or hangs). Sleeps between polls once the first millisecond is
   // gone, so a waiting rank does not hold a core.
-  void wait(MPI_Request& req, const std::string& what) {
+  void wait(MPI_Request& req, const std::string& what, bool forever = false) {
     using Clock = std::chrono::steady_clock;
     const auto start = Clock::now();
     const auto deadline = start + std::chrono::milliseconds(timeout_ms_);
@@ -124,7 +138,13 @@ class MpiCommunicator final : public Communicator {
       check_mpi(MPI_Test(&req, &done, MPI_STATUS_IGNORE), what.c_str());
       if (done) return;
       const auto now = Clock::now();
+      if (forever) {
+        // Idle: from 50 us to 1 ms between polls.
+        std::this_thread::sleep_for(std::chrono::microseconds(now - start > std::chrono::milliseconds(20) ? 1000 : 50));
+        continue;
+      }
       if (now > deadline) {
+        broken_ = true;
         fail(StatusCode::kTimeout, "mpi: " + what + " on rank " + std::to_string(rank_) + " of " +
                                        std::to_string(size_) + ": no answer from the other ranks within " +
                                        std::to_string(timeout_ms_) + " ms (a rank died or hangs)");
@@ -136,6 +156,7 @@ class MpiCommunicator final : public Communicator {
   int timeout_ms_;
   int rank_ = 0, size_ = 1;
   bool owns_init_ = false;
+  bool broken_ = false;  // a call timed out: the job cannot go on
   std::vector<float> gathered_;
 };
 

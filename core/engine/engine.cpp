@@ -10,6 +10,8 @@
 #include <map>
 
 #include "core/backend/plugin.h"
+#include "core/comm/communicator.h"
+#include "core/engine/parallel.h"
 #include "core/backend/registry.h"
 #include "core/model/arch/registry.h"
 #include "core/model/batch.h"
@@ -33,7 +35,6 @@ std::vector<int32_t> penalty_window(const Stream& s, const std::vector<int32_t>&
 
 Engine::Engine(std::shared_ptr<const Model> model, const EngineParams& params)
     : model_(std::move(model)), params_(params) {
-  const auto& c = model_->config();
   if (params_.kv_block_size <= 0 || params_.kv_block_size > 64) {
     fail(StatusCode::kInvalidArgument, "engine: kv_block_size must be in [1, 64]");
   }
@@ -56,24 +57,89 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineParams& params)
     use_graphs_ = g != nullptr && std::string(g) == "1";
   }
   device_ = created.device;
-  check_backend_limits(*backend_, c.head_dim, c.n_heads, c.n_kv_heads);
+  // A model split across ranks: this rank's part of it.
+  shard_ = model_;
+  if (params_.tp != 1 || params_.pp != 1) {
+    if (params_.tp < 1 || params_.pp < 1 || params_.tp > 64 || params_.pp > 64) {
+      fail(StatusCode::kInvalidArgument, "engine: tp and pp must be in [1, 64]");
+    }
+    if (params_.comm_timeout_ms <= 0) fail(StatusCode::kInvalidArgument, "engine: comm_timeout_ms must be positive");
+    if (params_.micro_batches < 0 || params_.micro_batches > 1024) {
+      fail(StatusCode::kInvalidArgument, "engine: micro_batches must be in [0, 1024]");
+    }
+    // The ranks' messages carry no engine id: one split engine per process.
+    static std::mutex split_mutex;
+    static std::weak_ptr<Engine*> split_engine;
+    {
+      std::lock_guard<std::mutex> lock(split_mutex);
+      if (!split_engine.expired()) {
+        fail(StatusCode::kBusy, "engine: this process already has an engine split across ranks (one at a time)");
+      }
+      split_token_ = std::make_shared<Engine*>(this);
+      split_engine = split_token_;
+    }
+    comm_ = comm::load_mpi_communicator(params_.comm_timeout_ms);
+    if (comm_->size() != params_.tp * params_.pp) {
+      fail(StatusCode::kInvalidArgument, "engine: tp x pp = " + std::to_string(params_.tp * params_.pp) +
+                                             " ranks, but the MPI job has " + std::to_string(comm_->size()) +
+                                             " (start it with mpirun -np " + std::to_string(params_.tp * params_.pp) +
+                                             ")");
+    }
+    ModelShard spec;
+    spec.tp = params_.tp;
+    spec.pp = params_.pp;
+    spec.tp_rank = params_.tp > 1 ? comm_->rank() : 0;
+    spec.pp_rank = params_.pp > 1 ? comm_->rank() : 0;
+    shard_ = Model::shard(model_, spec);
+  }
+  const auto& sc = shard_->config();
+  check_backend_limits(*backend_, sc.head_dim, sc.n_heads, sc.n_kv_heads);
 
-  KvGeometry g = model_->kv_geometry(params_.kv_block_size);
-  const uint64_t blocks = params_.kv_memory_bytes / g.bytes_per_block();
+  KvGeometry g = shard_->kv_geometry(params_.kv_block_size);
+  uint64_t blocks = params_.kv_memory_bytes / g.bytes_per_block();
+  if (comm_) {
+    // Every rank's pool holds the same blocks (rank 0's tables index them
+    // all): the fewest any rank's budget allows.
+    std::vector<uint64_t> all(static_cast<size_t>(comm_->size()));
+    comm_->all_gather(&blocks, sizeof blocks, all.data());
+    blocks = *std::min_element(all.begin(), all.end());
+  }
   if (blocks == 0) fail(StatusCode::kInvalidArgument, "engine: kv_memory_bytes is smaller than one KV block");
   if (blocks > (1u << 30)) fail(StatusCode::kInvalidArgument, "engine: kv_memory_bytes is absurdly large");
   g.num_blocks = static_cast<int32_t>(blocks);
-  kv_ = std::make_unique<KvManager>(*backend_, g, model_->kv_groups(), params_.prefix_caching,
-                                    KvManager::Rope{model_->rope_specs()});
+  kv_ = std::make_unique<KvManager>(*backend_, g, shard_->kv_groups(), params_.prefix_caching,
+                                    KvManager::Rope{shard_->rope_specs()});
   if (params_.background_step_tokens < 0 || params_.background_step_tokens > (1 << 16)) {
     fail(StatusCode::kInvalidArgument, "engine: background_step_tokens must be in [0, 65536]");
   }
   scheduler_ = std::make_unique<Scheduler>(
       SchedulerConfig{params_.max_batch_tokens, params_.max_running, params_.background_step_tokens});
-  forward_ = arch->make_forward(model_, *backend_, g.block_size);
+  forward_ = arch->make_forward(shard_, *backend_, g.block_size);
+  if (comm_) {
+    ParallelContext ctx;
+    ctx.comm = comm_.get();
+    ctx.shard = shard_->shard_spec();
+    ctx.micro_batches = params_.micro_batches;
+    forward_->set_parallel(ctx);
+    if (comm_->rank() == 0) {
+      auto leader = std::make_unique<ParallelLeader>(std::move(forward_), *comm_);
+      ParallelLeader* l = leader.get();
+      kv_->pool()->set_split([l](const int32_t* src, const int32_t* dst, int32_t n) { l->mirror_copy(src, dst, n); });
+      forward_ = std::move(leader);
+    }
+  }
   spec_ = std::make_unique<speculative::SpecStep>(
-      speculative::SpecStep::Target{model_, forward_.get(), &forward_mutex_, kv_.get(), backend_.get(), params_.device,
+      speculative::SpecStep::Target{shard_, forward_.get(), &forward_mutex_, kv_.get(), backend_.get(), params_.device,
                                     params_.n_threads, params_.batch_invariant});
+}
+
+int32_t Engine::rank() const { return comm_ ? comm_->rank() : 0; }
+int32_t Engine::world_size() const { return comm_ ? comm_->size() : 1; }
+
+void Engine::follow() {
+  if (rank() == 0) fail(StatusCode::kInvalidArgument, "engine: follow() is for ranks > 0 of a split model");
+  std::lock_guard<std::mutex> lock(forward_mutex_);
+  follow_leader(*forward_, *backend_, *comm_, model_->config().n_vocab, model_->config().n_embd);
 }
 
 Engine::~Engine() {
@@ -83,7 +149,7 @@ Engine::~Engine() {
 
 std::shared_ptr<EngineOwner> Engine::create(std::shared_ptr<const Model> model, const EngineParams& params) {
   std::shared_ptr<Engine> engine(new Engine(std::move(model), params));
-  if (!params.manual) engine->worker_ = std::thread(&Engine::worker_loop, engine);
+  if (!params.manual && engine->rank() == 0) engine->worker_ = std::thread(&Engine::worker_loop, engine);
   return std::make_shared<EngineOwner>(engine);
 }
 
@@ -506,6 +572,9 @@ void Engine::fail_stream(Stream& s, StatusCode code, const std::string& message,
 }
 
 void Engine::prepare_speculation(Stream& stream) {
+  if (comm_ && stream.spec_params().kind != SpecParams::Kind::kNone) {
+    fail(StatusCode::kUnsupported, "speculative decoding on a model split across ranks is not supported yet");
+  }
   stream.set_spec(spec_->prepare(stream.spec_params(), stream.session().policy(), stream.session().n_ctx()));
 }
 

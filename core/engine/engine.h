@@ -47,6 +47,9 @@ namespace ember {
 
 class Forward;
 struct Batch;
+namespace comm {
+class Communicator;
+}
 namespace speculative {
 class SpecStep;
 }
@@ -70,6 +73,14 @@ struct EngineParams {
   // Manual mode: no worker thread; the host runs steps with Engine::run_steps
   // (ember_engine_step) from its own loop, e.g. once per game frame.
   bool manual = false;
+  // A model split across the ranks of an MPI job (issue 31; tp x pp must be
+  // the job's size): tensor parallel over tp ranks or pipeline parallel over
+  // pp stages (not both yet). Rank 0's engine is the one to use; the others
+  // call follow(). comm_timeout_ms: how long a rank waits for its peers in a
+  // step before the job is declared broken.
+  int32_t tp = 1, pp = 1;
+  int32_t comm_timeout_ms = 60000;
+  int32_t micro_batches = 0;  // pipeline micro-batches per step (0: 2 x pp)
 };
 
 struct SchedulerStats {
@@ -105,6 +116,16 @@ class Engine : public std::enable_shared_from_this<Engine> {
     std::lock_guard<std::mutex> lock(mutex_);
     return arrivals_++;
   }
+
+  // ---- a model split across ranks (EngineParams::tp / pp)
+  // This process's rank (0 when not split) and the job's size.
+  int32_t rank() const;
+  int32_t world_size() const;
+  // On a rank > 0: runs rank 0's forward passes until rank 0's engine is
+  // destroyed (returns) or a rank fails (throws). Only on ranks > 0.
+  void follow();
+  // The part of the model this rank holds (the model itself when not split).
+  const Model& shard() const { return *shard_; }
 
   // A stream asks to run (the worker wakes).
   void submit(const std::shared_ptr<Stream>& stream);
@@ -167,8 +188,11 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void fail_stream(Stream& s, StatusCode code, const std::string& message, bool parked = false);
 
   std::shared_ptr<const Model> model_;
+  std::shared_ptr<const Model> shard_;  // what the forward pass runs (model_ when not split)
   EngineParams params_;
   std::string device_;
+  std::shared_ptr<comm::Communicator> comm_;  // split models only (the process's one)
+  std::shared_ptr<Engine*> split_token_;      // held while this split engine lives
   std::unique_ptr<Backend> backend_;
   BackendExtras* backend_extras_ = nullptr;
   // CUDA graphs for decode-only steps: EMBER_CUDA_GRAPHS=1 (off by default

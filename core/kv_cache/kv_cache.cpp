@@ -282,8 +282,15 @@ bool KvCache::prepare_write(std::vector<int32_t>* const* tables, size_t n_tables
       }
     }
   }
-  if (!src.empty()) backend_.kv_copy_blocks(src.data(), dst.data(), static_cast<int32_t>(src.size()));
+  if (!src.empty()) {
+    if (mirror_) mirror_(src.data(), dst.data(), static_cast<int32_t>(src.size()));
+    backend_.kv_copy_blocks(src.data(), dst.data(), static_cast<int32_t>(src.size()));
+  }
   return true;
+}
+
+void KvCache::refuse_if_split(const char* what) const {
+  if (mirror_) fail(StatusCode::kUnsupported, std::string(what) + " on a model split across ranks are not supported yet");
 }
 
 void KvCache::commit(const std::vector<int32_t>& block_table, const int32_t* tokens, size_t n_filled,
@@ -367,6 +374,7 @@ void KvCache::free_entries(std::vector<int32_t>& block_table, size_t first, size
 void KvCache::shift_keys(const std::vector<int32_t>& blocks, int32_t delta, const std::vector<RopeSpec>& layers,
                          const KvView* view) {
   if (blocks.empty() || delta == 0) return;
+  refuse_if_split("K-shifts (window/sink sessions)");
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (int32_t b : blocks) {

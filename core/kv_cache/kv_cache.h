@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -106,14 +107,30 @@ class KvCache {
   bool supports_cache_policies() const { return backend_.supports_cache_policies(); }
   std::string backend_name() const { return backend_.name(); }
   // Raw block contents (KvGeometry::bytes_per_block() bytes): save/restore.
-  void read_block(int32_t block, void* dst) const { backend_.kv_read_block(block, dst); }
-  void write_block(int32_t block, const void* src) { backend_.kv_write_block(block, src); }
+  void read_block(int32_t block, void* dst) const {
+    refuse_if_split("session files (saving or restoring KV)");
+    backend_.kv_read_block(block, dst);
+  }
+  void write_block(int32_t block, const void* src) {
+    refuse_if_split("session files (saving or restoring KV)");
+    backend_.kv_write_block(block, src);
+  }
+  // The pool is one rank's part of a model split across ranks (issue 31):
+  // every block copy is first sent to the other ranks through `mirror` (their
+  // pools hold the same blocks for their heads or layers); what only this
+  // rank's pool could do (K-shift, raw block reads and writes) is refused.
+  using CopyMirror = std::function<void(const int32_t* src, const int32_t* dst, int32_t n)>;
+  void set_split(CopyMirror mirror) { mirror_ = std::move(mirror); }
+  bool split() const { return static_cast<bool>(mirror_); }
+  // Throws ember::Error(kUnsupported) naming `what` on a split pool.
+  void refuse_if_split(const char* what) const;
 
   // Number of blocks that reserve() could hand out now (free + cached).
   size_t available_blocks() const;
   KvCacheStats stats() const;
 
  private:
+  CopyMirror mirror_;
   struct BlockMeta {
     int32_t refcount = 0;
     bool hashed = false;

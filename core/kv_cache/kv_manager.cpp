@@ -175,6 +175,7 @@ void KvManager::add_batch_rows(KvSequence& seq, Batch& batch, const int32_t* tok
 std::unique_ptr<KvSequence> KvManager::create(CachePolicy policy, int32_t n_ctx, int32_t n_ctx_train) const {
   StreamingLayout layout;
   if (policy.bounded()) {
+    pool_->refuse_if_split("window/sink cache policies");
     if (!pool_->supports_cache_policies()) {
       fail(StatusCode::kUnsupported,
            "session: the " + pool_->backend_name() + " backend does not support window/sink cache policies yet");

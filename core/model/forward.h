@@ -5,8 +5,25 @@
 #include "core/backend/backend.h"
 #include "core/kv_cache/layer_groups.h"
 #include "core/model/batch.h"
+#include "core/model/model.h"
 
 namespace ember {
+
+namespace comm {
+class Communicator;
+}
+
+// How a forward pass is part of a model split across ranks (issue 31): the
+// communicator and which shard this rank's model is (Model::shard). Every
+// rank runs the same batches in the same order; rank 0 alone needs the
+// logits (the others pass buffers of the same size).
+struct ParallelContext {
+  comm::Communicator* comm = nullptr;  // null: not split
+  ModelShard shard;
+  // Micro-batches a pipeline-parallel step is cut into (at sequence
+  // boundaries, so a row computes what it would in one batch): 0 = 2 x pp.
+  int32_t micro_batches = 0;
+};
 
 class Forward {
  public:
@@ -24,6 +41,10 @@ class Forward {
   // batch's tables follow them) and, for another model's pool, the layout of
   // its rows (KvManager::view()). By default the model's own groups.
   virtual void use_kv_layout(const KvLayerGroups& groups, const KvView* view) = 0;
+  // Makes this forward pass one rank's part of a split model (its model must
+  // be the shard ctx.shard describes). Throws ember::Error(kUnsupported)
+  // where the architecture cannot be split.
+  virtual void set_parallel(const ParallelContext& ctx) = 0;
 };
 
 }  // namespace ember

@@ -13,6 +13,10 @@ namespace ember {
 
 Model::~Model() = default;
 
+// (A shard's are its whole model's.)
+const Tokenizer& Model::tokenizer() const { return parent_ ? parent_->tokenizer() : *tokenizer_; }
+const ChatTemplate* Model::chat_template() const { return parent_ ? parent_->chat_template() : chat_template_.get(); }
+
 std::shared_ptr<Model> Model::load(const std::string& path, Weights weights) {
   std::shared_ptr<Model> m(new Model());
   m->file_ = gguf::GgufFile::open(path, weights == Weights::kSharedMapping ? gguf::GgufFile::Residency::kSharedMapping
@@ -180,6 +184,8 @@ void Model::load_weights() {
   const Architecture& arch = *find_architecture(architecture_);
   layers_.resize(c.n_layers);
   for (int32_t i = 0; i < c.n_layers; ++i) arch.load_layer(get, c, "blk." + std::to_string(i) + ".", layers_[i]);
+  shard_.n_layers = c.n_layers;
+  shard_.vocab_end = c.n_vocab;
 }
 
 }  // namespace ember

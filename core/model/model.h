@@ -79,6 +79,26 @@ struct LayerWeightDescs {
 // type).
 using TensorGetter = std::function<WeightDesc(const std::string& name, int64_t cols, int64_t rows, bool norm)>;
 
+// Which part of a model one rank of a split model holds (issue 31;
+// core/model/shard.cpp). Tensor parallel: rank tp_rank of tp holds its
+// query heads (n_heads / tp, contiguous), their KV heads (n_kv_heads / tp, or
+// the one KV head they read, replicated, when tp exceeds the KV heads), its
+// FFN columns (n_ff / tp) and its vocabulary rows of the embedding and output
+// head ([vocab_begin, vocab_end), ceil(n_vocab / tp) a rank): Q/K/V, gate and
+// up are split by output rows (column parallel), attn_output and ffn_down by
+// input columns (row parallel; their partial sums are all-reduced). Norms
+// are replicated. Pipeline parallel: layers [first_layer, first_layer +
+// n_layers); the embedding only on the first stage, the final norm and the
+// output head only on the last.
+struct ModelShard {
+  int32_t tp = 1, tp_rank = 0;
+  int32_t pp = 1, pp_rank = 0;
+  int32_t first_layer = 0, n_layers = 0;  // this stage's layers (n_layers 0: every layer)
+  int32_t vocab_begin = 0, vocab_end = 0;  // this rank's vocabulary rows (set by Model::shard)
+  bool first_stage() const { return pp_rank == 0; }
+  bool last_stage() const { return pp_rank == pp - 1; }
+};
+
 class Model {
  public:
   // Where the weights live once loaded.
@@ -96,15 +116,25 @@ class Model {
   // Loads and validates a GGUF model. Throws ember::Error.
   static std::shared_ptr<Model> load(const std::string& path, Weights weights = Weights::kPrivateCopy);
   ~Model();
+  // The part of `full` that rank (tp_rank, pp_rank) holds (ModelShard): a
+  // Model whose config() has the shard's heads, FFN width and layers (n_embd
+  // and n_vocab stay the full model's), whose weights point into `full`'s or,
+  // for row-parallel matrices, into copies of its columns. Throws
+  // ember::Error(kUnsupported) with the reason for a split the model's shape
+  // does not allow (heads % tp, KV heads, FFN or head columns not a whole
+  // number of quantization blocks, sliding-window layers under pp).
+  static std::shared_ptr<const Model> shard(std::shared_ptr<const Model> full, const ModelShard& spec);
+  // What this model is of a split one (tp = pp = 1: the whole model).
+  const ModelShard& shard_spec() const { return shard_; }
 
   const std::string& architecture() const { return architecture_; }
   const std::string& name() const { return name_; }
   const ModelConfig& config() const { return config_; }
   uint64_t n_params() const { return n_params_; }
-  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  const Tokenizer& tokenizer() const;
   // nullptr when the model has no template or it cannot be parsed;
   // chat_template_error() then says why.
-  const ChatTemplate* chat_template() const { return chat_template_.get(); }
+  const ChatTemplate* chat_template() const;
   const std::string& chat_template_error() const { return chat_template_error_; }
 
   const WeightDesc& token_embd() const { return token_embd_; }
@@ -136,6 +166,11 @@ class Model {
   std::string chat_template_error_;
   WeightDesc token_embd_, output_norm_, output_, rope_freqs_;
   std::vector<LayerWeightDescs> layers_;
+  // A shard: the model it is part of (its file and tokenizer) and the
+  // columns it copied.
+  std::shared_ptr<const Model> parent_;
+  std::vector<std::unique_ptr<uint8_t[]>> owned_;
+  ModelShard shard_;
 };
 
 }  // namespace ember

@@ -48,7 +48,7 @@ extern "C" {
 #endif
 
 #define EMBER_VERSION_MAJOR 1
-#define EMBER_VERSION_MINOR 6
+#define EMBER_VERSION_MINOR 7
 #define EMBER_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, as ember_version_number() (1.2: 10200). */
 #define EMBER_VERSION_NUMBER (EMBER_VERSION_MAJOR * 10000 + EMBER_VERSION_MINOR * 100 + EMBER_VERSION_PATCH)
@@ -274,6 +274,25 @@ typedef struct ember_engine_params {
   int32_t batch_invariant;  /* 1 (default): a stream's tokens never depend on what
                                else runs (batching, chunking, prefix hits); 0 lets
                                the CPU use oneDNN for large prefill chunks */
+  int32_t reserved_;        /* (1.0's padding: never read) */
+  /* Since 1.7: a model split across the ranks of an MPI job (Open MPI;
+   * start the program with `mpirun -np N`, N = tp_size x pp_size). Needs
+   * libember_mpi.so next to libember.so (UNSUPPORTED otherwise). Every rank
+   * creates its engine with the same parameters; rank 0's engine is used as
+   * any other (sessions, streams), the others call ember_engine_follow. Not
+   * yet with a split model: speculative decoding, window/sink sessions,
+   * session files, LoRA adapters (each refused with UNSUPPORTED). */
+  int32_t tp_size;          /* tensor parallel: attention heads and FFN columns
+                               split over tp_size ranks (heads, KV heads or
+                               tp_size / KV heads, and n_ff divisible);
+                               1 (default): not split */
+  int32_t pp_size;          /* pipeline parallel: layers split over pp_size ranks,
+                               each step's sequences in micro-batches; output
+                               bit-identical to one rank. 1 (default). Not both
+                               tp_size and pp_size above 1 yet */
+  int32_t comm_timeout_ms;  /* how long a rank waits for the others within a step
+                               before the job is declared broken (a rank died or
+                               hangs); 0 (default): 60000 */
 } ember_engine_params;
 
 /* Fills the first `size` bytes of *params with defaults and sets
@@ -295,6 +314,20 @@ EMBER_API void(ember_engine_params_init)(ember_engine_params* params);
  * OUT_OF_MEMORY. Thread-safe. */
 EMBER_API ember_status ember_engine_create(ember_model* model, const ember_engine_params* params,
                                            ember_engine** out_engine);
+
+/* A model split across ranks (ember_engine_params.tp_size / pp_size): this
+ * process's rank in the MPI job (0 when not split) and the job's size (1).
+ * Either pointer may be NULL. Errors: INVALID_ARGUMENT (NULL engine).
+ * Thread-safe. Since 1.7. */
+EMBER_API ember_status ember_engine_rank(const ember_engine* engine, int32_t* out_rank, int32_t* out_size);
+
+/* On a rank > 0 of a split model: runs the forward passes rank 0's engine
+ * sends until rank 0 destroys it (returns OK), then the caller destroys its
+ * own engine and exits. The rank does nothing else meanwhile (no sessions on
+ * it). Errors: INVALID_ARGUMENT (NULL, rank 0 or a model not split),
+ * TIMEOUT or INTERNAL when a rank failed (the job is then broken: exit
+ * non-zero). Since 1.7. */
+EMBER_API ember_status ember_engine_follow(ember_engine* engine);
 
 /* Releases the caller's reference; the engine stops once no session uses it
  * (running streams of live sessions keep going). NULL is a no-op. */

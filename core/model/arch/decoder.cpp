@@ -6,6 +6,7 @@
 #include <initializer_list>
 #include <utility>
 
+#include "core/comm/communicator.h"
 #include "core/util/status.h"
 
 namespace ember {
@@ -26,9 +27,10 @@ void load_llama_layer(const TensorGetter& get, const ModelConfig& c, const std::
 
 Decoder::Decoder(std::shared_ptr<const Model> model, Backend& backend, int32_t block_size)
     : model_(std::move(model)), backend_(backend), block_size_(block_size), groups_(model_->kv_groups()) {
-  token_embd_ = backend_.upload_weight(model_->token_embd());
+  // (A pipeline stage has the embedding only if first, the head only if last.)
+  if (model_->token_embd().host_data) token_embd_ = backend_.upload_weight(model_->token_embd());
   output_norm_ = backend_.upload_weight(model_->output_norm());
-  output_ = backend_.upload_weight(model_->output());
+  if (model_->output().host_data) output_ = backend_.upload_weight(model_->output());
   for (const auto& l : model_->layers()) {
     LayerWeights w;
     w.attn_norm = backend_.upload_weight(l.attn_norm);
@@ -224,12 +226,25 @@ void Decoder::run(const Batch& batch, float* logits, float* embd, int32_t n_laye
   for (auto it = lora_dev_.begin(); it != lora_dev_.end();) {
     it = it->second.adapter.use_count() == 1 ? lora_dev_.erase(it) : std::next(it);
   }
+  if (par_.comm) {
+    if (n_layers != c.n_layers) fail(StatusCode::kUnsupported, "forward: early exit on a model split across ranks");
+    run_split(batch, logits, embd);
+    return;
+  }
   Pass p;
   p.n = n;
   p.batch = &batch;
   prepare(batch, p);
   backend_.embed(*token_embd_, batch.tokens.data(), n, x_);
   layers(p, n_layers);
+  outputs(p, logits, embd);
+}
+
+void Decoder::outputs(Pass& p, float* logits, float* embd) {
+  const auto& c = model_->config();
+  const Batch& batch = *p.batch;
+  const int32_t n = p.n;
+  const int32_t n_out = static_cast<int32_t>(batch.logit_rows.size());
   const int32_t n_embd_out = static_cast<int32_t>(batch.embd_rows.size());
   if (n_embd_out > 0) {
     if (!embd) fail(StatusCode::kInternal, "forward: embedding rows without an output");
@@ -248,7 +263,193 @@ void Decoder::run(const Batch& batch, float* logits, float* embd, int32_t n_laye
   // row of one sequence when scoring.
   const bool per_sequence = n_out <= static_cast<int32_t>(batch.seqs.size());
   backend_.matmul(*output_, sel_, n_out, logits_dev_, per_sequence);
-  backend_.download(logits, logits_dev_, static_cast<size_t>(n_out) * c.n_vocab * sizeof(float));
+  const ModelShard& sh = par_.shard;
+  if (!par_.comm || sh.tp == 1) {
+    backend_.download(logits, logits_dev_, static_cast<size_t>(n_out) * c.n_vocab * sizeof(float));
+    return;
+  }
+  // Tensor parallel: each rank has the logits of its vocabulary rows; they
+  // are gathered (padded to ceil(n_vocab / tp) a rank) and laid out by row.
+  const size_t per = static_cast<size_t>((c.n_vocab + sh.tp - 1) / sh.tp);
+  const size_t local = static_cast<size_t>(sh.vocab_end - sh.vocab_begin);
+  const size_t rows = static_cast<size_t>(n_out), V = static_cast<size_t>(c.n_vocab);
+  scratch_.assign(rows * per, 0.0f);
+  gathered_.resize(rows * per * static_cast<size_t>(sh.tp));
+  std::vector<float> mine(rows * local);
+  backend_.download(mine.data(), logits_dev_, mine.size() * sizeof(float));
+  for (size_t r = 0; r < rows; ++r) std::memcpy(&scratch_[r * per], &mine[r * local], local * sizeof(float));
+  par_.comm->all_gather(scratch_.data(), scratch_.size() * sizeof(float), gathered_.data());
+  for (size_t q = 0; q < static_cast<size_t>(sh.tp); ++q) {
+    const size_t begin = q * per, len = std::min(per, V - std::min(V, begin));
+    for (size_t r = 0; r < rows; ++r) {
+      std::memcpy(logits + r * V + begin, &gathered_[(q * rows + r) * per], len * sizeof(float));
+    }
+  }
+}
+
+// ------------------------------------------------------------------ split across ranks
+
+void Decoder::set_parallel(const ParallelContext& ctx) {
+  const ModelShard& sh = model_->shard_spec();
+  if (ctx.comm && (ctx.shard.tp != sh.tp || ctx.shard.pp != sh.pp || ctx.shard.tp_rank != sh.tp_rank ||
+                   ctx.shard.pp_rank != sh.pp_rank)) {
+    fail(StatusCode::kInternal, "forward: the parallel context is not this model's shard");
+  }
+  par_ = ctx;
+  par_.shard = sh;
+  host_buffers_ = backend_.name().rfind("cpu", 0) == 0;
+}
+
+void Decoder::all_reduce(float* buf, size_t n) {
+  if (!par_.comm || par_.shard.tp == 1) return;
+  if (host_buffers_) {
+    par_.comm->all_reduce_sum(buf, n);
+    return;
+  }
+  scratch_.resize(n);
+  backend_.download(scratch_.data(), buf, n * sizeof(float));
+  par_.comm->all_reduce_sum(scratch_.data(), n);
+  backend_.upload(buf, scratch_.data(), n * sizeof(float));
+}
+
+void Decoder::send_rows(const float* buf, size_t n, int peer, int tag) {
+  if (host_buffers_) return par_.comm->send(buf, n * sizeof(float), peer, tag);
+  scratch_.resize(n);
+  backend_.download(scratch_.data(), buf, n * sizeof(float));
+  par_.comm->send(scratch_.data(), n * sizeof(float), peer, tag);
+}
+
+void Decoder::recv_rows(float* buf, size_t n, int peer, int tag) {
+  if (host_buffers_) return par_.comm->recv(buf, n * sizeof(float), peer, tag);
+  scratch_.resize(n);
+  par_.comm->recv(scratch_.data(), n * sizeof(float), peer, tag);
+  backend_.upload(buf, scratch_.data(), n * sizeof(float));
+}
+
+void Decoder::embed_split(Pass& p) {
+  const auto& c = model_->config();
+  const ModelShard& sh = par_.shard;
+  const int32_t* ids = p.batch->tokens.data();
+  local_ids_.resize(static_cast<size_t>(p.n));
+  for (int32_t r = 0; r < p.n; ++r) {
+    if (ids[r] < 0 || ids[r] >= c.n_vocab) fail(StatusCode::kInvalidArgument, "forward: token id out of range");
+    local_ids_[r] = ids[r] >= sh.vocab_begin && ids[r] < sh.vocab_end ? ids[r] - sh.vocab_begin : 0;
+  }
+  backend_.embed(*token_embd_, local_ids_.data(), p.n, x_);
+  // Rows of tokens another rank holds are zero here (x * 0: exact), so the
+  // sum over the ranks is each token's row, bit for bit.
+  for (int32_t r = 0; r < p.n; ++r) {
+    if (ids[r] < sh.vocab_begin || ids[r] >= sh.vocab_end) backend_.scale(x_ + static_cast<size_t>(r) * c.n_embd, c.n_embd, 0.0f);
+  }
+  all_reduce(x_, static_cast<size_t>(p.n) * c.n_embd);
+}
+
+namespace {
+
+// Sequences [s0, s1) of `b` as a batch of their own (rows renumbered).
+void slice_batch(const Batch& b, size_t s0, size_t s1, Batch& out) {
+  out.clear();
+  const int32_t r0 = b.seqs[s0].first_row;
+  const int32_t r1 = b.seqs[s1 - 1].first_row + b.seqs[s1 - 1].n_rows;
+  auto rows = [&](const std::vector<int32_t>& v) { return std::vector<int32_t>(v.begin() + r0, v.begin() + r1); };
+  out.tokens = rows(b.tokens);
+  out.positions = rows(b.positions);
+  out.slots = rows(b.slots);
+  out.kv_len = rows(b.kv_len);
+  out.seq_of_row = rows(b.seq_of_row);
+  for (auto& s : out.seq_of_row) s -= static_cast<int32_t>(s0);
+  out.decode_rows.assign(b.decode_rows.begin() + r0, b.decode_rows.begin() + r1);
+  out.seqs.assign(b.seqs.begin() + static_cast<std::ptrdiff_t>(s0), b.seqs.begin() + static_cast<std::ptrdiff_t>(s1));
+  for (auto& s : out.seqs) s.first_row -= r0;
+  for (int32_t r : b.logit_rows) {
+    if (r >= r0 && r < r1) out.logit_rows.push_back(r - r0);
+  }
+  for (int32_t r : b.embd_rows) {
+    if (r >= r0 && r < r1) out.embd_rows.push_back(r - r0);
+  }
+}
+
+// Where a pipeline step cuts its batch: sequence boundaries giving up to
+// `parts` runs of about equal rows (one run when the output rows are not in
+// row order, which cutting needs).
+std::vector<size_t> micro_batch_cuts(const Batch& b, int32_t parts) {
+  std::vector<size_t> cuts{0};
+  const size_t n_seqs = b.seqs.size();
+  if (!std::is_sorted(b.logit_rows.begin(), b.logit_rows.end()) ||
+      !std::is_sorted(b.embd_rows.begin(), b.embd_rows.end()) || b.has_tree()) {
+    parts = 1;
+  }
+  parts = std::max(1, std::min<int32_t>(parts, static_cast<int32_t>(n_seqs)));
+  const int64_t total = b.n_rows();
+  for (int32_t k = 1; k < parts; ++k) {
+    const int64_t target = total * k / parts;
+    size_t s = cuts.back() + 1;
+    while (s < n_seqs && b.seqs[s].first_row < target) ++s;
+    if (s < n_seqs && s > cuts.back() && n_seqs - s >= static_cast<size_t>(parts - k)) cuts.push_back(s);
+  }
+  cuts.push_back(n_seqs);
+  return cuts;
+}
+
+}  // namespace
+
+void Decoder::run_split(const Batch& batch, float* logits, float* embd) {
+  const auto& c = model_->config();
+  const ModelShard& sh = par_.shard;
+  for (const auto& s : batch.seqs) {
+    if (s.lora) fail(StatusCode::kUnsupported, "forward: LoRA adapters on a model split across ranks are not supported yet");
+  }
+  if (sh.pp == 1) {  // tensor parallel
+    Pass p;
+    p.n = batch.n_rows();
+    p.batch = &batch;
+    prepare(batch, p);
+    embed_split(p);
+    layers(p, c.n_layers);
+    outputs(p, logits, embd);
+    return;
+  }
+  // Pipeline parallel: the batch in micro-batches, so that stage k works on
+  // micro-batch i while stage k + 1 works on i - 1. Stage k's rank is k.
+  const int prev = sh.pp_rank - 1, next = sh.pp_rank + 1, last = sh.pp - 1;
+  const std::vector<size_t> cuts = micro_batch_cuts(batch, par_.micro_batches > 0 ? par_.micro_batches : 2 * sh.pp);
+  const size_t n_embd = static_cast<size_t>(c.n_embd), V = static_cast<size_t>(c.n_vocab);
+  size_t out_row = 0, embd_row = 0;
+  Batch mb;
+  for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+    const bool whole = cuts.size() == 2;
+    if (!whole) slice_batch(batch, cuts[i], cuts[i + 1], mb);
+    const Batch& b = whole ? batch : mb;
+    Pass p;
+    p.n = b.n_rows();
+    p.batch = &b;
+    prepare(b, p);
+    const int tag = static_cast<int>(i);
+    if (sh.first_stage()) {
+      backend_.embed(*token_embd_, b.tokens.data(), p.n, x_);
+    } else {
+      recv_rows(x_, static_cast<size_t>(p.n) * n_embd, prev, tag);
+    }
+    layers(p, c.n_layers);
+    if (!sh.last_stage()) {
+      send_rows(x_, static_cast<size_t>(p.n) * n_embd, next, tag);
+    } else {
+      outputs(p, logits + out_row * V, embd ? embd + embd_row * n_embd : nullptr);
+    }
+    out_row += b.logit_rows.size();
+    embd_row += b.embd_rows.size();
+  }
+  // Rank 0 (which samples) gets the outputs from the last stage; sent once
+  // at the end, so no stage ever waits on a send while its peer sends too.
+  const size_t n_logits = batch.logit_rows.size() * V, n_embds = batch.embd_rows.size() * n_embd;
+  constexpr int kOutputs = 1 << 20;
+  if (sh.last_stage()) {
+    if (n_logits) par_.comm->send(logits, n_logits * sizeof(float), 0, kOutputs);
+    if (n_embds) par_.comm->send(embd, n_embds * sizeof(float), 0, kOutputs + 1);
+  } else if (sh.pp_rank == 0) {
+    if (n_logits) par_.comm->recv(logits, n_logits * sizeof(float), last, kOutputs);
+    if (n_embds) par_.comm->recv(embd, n_embds * sizeof(float), last, kOutputs + 1);
+  }
 }
 
 // ------------------------------------------------------------------ blocks
@@ -378,6 +579,7 @@ void Decoder::attention(Pass& p, int32_t il, const LayerWeights& w, int32_t wind
   backend_.attention(kv_layer, q_, p.seqs[g].data(), static_cast<int32_t>(p.seqs[g].size()), p.ap, attn_);
   matmul(p, *w.wo, attn_, h_);
   lora(p, il, {{LoraTarget::kO, h_}}, attn_);
+  all_reduce(h_, static_cast<size_t>(p.n) * model_->config().n_embd);  // row parallel: partial sums
 }
 
 void Decoder::residual(Pass& p) { backend_.add(x_, h_, static_cast<size_t>(p.n) * model_->config().n_embd); }
@@ -394,6 +596,7 @@ void Decoder::glu_ffn(Pass& p, const LayerWeights& w, bool gelu) {
   }
   matmul(p, *w.w_down, gate_, h_);
   lora(p, il, {{LoraTarget::kDown, h_}}, gate_);
+  all_reduce(h_, static_cast<size_t>(p.n) * model_->config().n_embd);  // row parallel: partial sums
 }
 
 void Decoder::llama_layer(Pass& p, int32_t il, bool bias, bool head_norm) {

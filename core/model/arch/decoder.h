@@ -34,6 +34,7 @@ class Decoder : public Forward {
   void forward(const Batch& batch, float* logits, float* embd = nullptr) override;
   void forward_layers(const Batch& batch, float* logits, int32_t n_layers) override;
   void use_kv_layout(const KvLayerGroups& groups, const KvView* view) override;
+  void set_parallel(const ParallelContext& ctx) override;
 
  protected:
   struct LayerWeights {
@@ -71,7 +72,8 @@ class Decoder : public Forward {
   virtual void layers(Pass& p, int32_t n_layers) = 0;
 
   // ---- blocks (every buffer holds p.n rows)
-  const ModelConfig& config() const { return model_->config(); }
+  const ModelConfig& config() const { return model_->config(); }  // this rank's shard's, when split
+  const ModelShard& shard() const { return model_->shard_spec(); }
   const LayerWeights& layer(int32_t il) const { return layers_[static_cast<size_t>(il)]; }
   float* x() { return x_; }  // the residual stream (n_embd per row)
   float* h() { return h_; }  // a block's input / output (n_embd, or q_dim)
@@ -105,6 +107,23 @@ class Decoder : public Forward {
  private:
   void ensure_capacity(int32_t rows, int32_t logit_rows);
   void run(const Batch& batch, float* logits, float* embd, int32_t n_layers);
+  // The final norm of the batch's embedding rows and the output head of its
+  // logit rows, from the residual stream (the last layer's output).
+  void outputs(Pass& p, float* logits, float* embd);
+  // ---- a model split across ranks (set_parallel)
+  // A tensor- or pipeline-parallel step.
+  void run_split(const Batch& batch, float* logits, float* embd);
+  // x = the rows' embeddings from this rank's vocabulary rows, summed over
+  // the ranks (each token's row lives on exactly one).
+  void embed_split(Pass& p);
+  // buf[0, n) summed over the tensor-parallel ranks (nothing when not split).
+  void all_reduce(float* buf, size_t n);
+  void send_rows(const float* buf, size_t n, int peer, int tag);
+  void recv_rows(float* buf, size_t n, int peer, int tag);
+  ParallelContext par_;
+  bool host_buffers_ = true;  // the backend's buffers are host memory (the CPU's)
+  std::vector<float> scratch_, gathered_;
+  std::vector<int32_t> local_ids_;
   void release_buffers();
   void prepare(const Batch& batch, Pass& p);
   void matmul(Pass& p, const DeviceWeight& w, const float* in, float* out);

@@ -24,7 +24,9 @@ class Gemma3Forward final : public Decoder {
     embd_scale_ = std::sqrt(static_cast<float>(c.n_embd));
     // gemma_pytorch's query_pre_attn_scalar: n_embd / n_heads for the 27B
     // model (62 layers), head_dim for the others.
-    query_scale_ = c.n_layers == 62 ? 1.0f / std::sqrt(static_cast<float>(c.n_embd / c.n_heads))
+    // (The whole model's heads: this may be one tensor-parallel rank's share;
+    // Gemma 3 is never pipeline-split, its sliding-window layers forbid it.)
+    query_scale_ = c.n_layers == 62 ? 1.0f / std::sqrt(static_cast<float>(c.n_embd / (c.n_heads * shard().tp)))
                                     : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   }
 

@@ -1,0 +1,84 @@
+// Loading the MPI communicator plugin (core/comm/communicator.h): libember
+// links no MPI library; libember_mpi.so does, and is opened on first use.
+#include <dlfcn.h>
+
+#include <mutex>
+
+#include "core/backend/plugin.h"
+#include "core/comm/communicator.h"
+#include "core/util/log.h"
+#include "core/util/status.h"
+
+namespace ember::comm {
+
+namespace {
+
+[[noreturn]] void unavailable(const std::string& why) {
+  fail(StatusCode::kUnsupported, "model parallel over MPI is not available: " + why);
+}
+
+const ember_comm_plugin_v1* open_table(std::string* where) {
+  static std::mutex mutex;
+  static const ember_comm_plugin_v1* table = nullptr;
+  static std::string loaded_from;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (table) {
+    *where = loaded_from;
+    return table;
+  }
+  PluginSearch search;
+  search.file_name = kMpiPluginFile;
+  search.entry_point = kMpiPluginEntry;
+  std::string searched, errors;
+  for (const std::string& path : plugin_candidates(search, &searched)) {
+    dlerror();
+    // RTLD_GLOBAL: Open MPI opens its own components, which need libmpi's
+    // symbols visible.
+    void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
+    if (!handle) {
+      const char* e = dlerror();
+      const std::string err = e ? e : "unknown dlopen error";
+      if (path == search.file_name && err.rfind(path + ":", 0) == 0) break;  // not on the loader's path
+      unavailable("cannot load " + path + ": " + err);
+    }
+    auto entry = reinterpret_cast<ember_comm_plugin_entry_fn>(dlsym(handle, kMpiPluginEntry));
+    const ember_comm_plugin_v1* t = entry ? entry() : nullptr;
+    if (!t || t->abi_version != kCommPluginAbi || t->fingerprint != comm_interface_fingerprint() || !t->create) {
+      unavailable(path + " is not an MPI plugin built with this libember; rebuild it from the same tree");
+    }
+    table = t;  // (never unloaded)
+    loaded_from = *where = path;
+    return table;
+  }
+  unavailable(std::string(kMpiPluginFile) + " was not found (searched: " + searched +
+              "). Build Ember where Open MPI is installed (Debian: libopenmpi-dev) and keep the plugin next to "
+              "libember.so, or point EMBER_PLUGIN_DIR at it");
+}
+
+}  // namespace
+
+std::shared_ptr<Communicator> load_mpi_communicator(int timeout_ms) {
+  static std::mutex mutex;
+  static std::shared_ptr<Communicator> shared;  // (until exit: MPI_Finalize then)
+  std::lock_guard<std::mutex> lock(mutex);
+  if (shared) {
+    shared->set_timeout_ms(timeout_ms);
+    return shared;
+  }
+  std::string where;
+  const ember_comm_plugin_v1* t = open_table(&where);
+  Communicator* c = nullptr;
+  char err[1024];
+  err[0] = '\0';
+  const int32_t rc = t->create(timeout_ms, &c, err, sizeof err);
+  err[sizeof err - 1] = '\0';
+  if (rc != 0 || !c) {
+    fail(rc > 0 ? static_cast<StatusCode>(rc) : StatusCode::kInternal,
+         std::string("mpi: ") + (err[0] ? err : "the plugin could not create a communicator"));
+  }
+  log(LogLevel::kInfo, "model parallel: rank %d of %d over MPI (%s)", c->rank(), c->size(), where.c_str());
+  shared.reset(c);
+  return shared;
+}
+
+}  // namespace ember::comm
