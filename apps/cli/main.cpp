@@ -838,15 +838,30 @@ int cmd_perplexity(int argc, char** argv) {
 int bench_sessions(const Args& a, int n_prompt, int n_gen, int threads, int k) {
   const std::string path = a.str("-m", default_model_path());
   ember_model* model = nullptr;
-  check(ember_model_load(path.c_str(), nullptr, &model), "loading the model");
+  ember_model_params mp;
+  ember_model_params_init(&mp);
+  if (split_requested(a)) mp.use_mmap = EMBER_MODEL_MAP_SHARED;
+  check(ember_model_load(path.c_str(), &mp, &model), "loading the model");
   const ember_model_info_t info = model_info(model);
   ember_engine_params ep;
   ember_engine_params_init(&ep);
   ep.n_threads = threads;
   if (a.has("--no-batch-invariant")) ep.batch_invariant = 0;
   ep.max_running = std::max(k, 1);
+  apply_split(a, ep);
   ember_engine* engine = nullptr;
   ember_status st = ember_engine_create(model, &ep, &engine);
+  if (st == EMBER_OK && split_requested(a)) {  // ranks > 0 follow rank 0's run
+    int32_t rank = 0;
+    ember_engine_rank(engine, &rank, nullptr);
+    if (rank > 0) {
+      ember_model_destroy(model);
+      const ember_status fs = ember_engine_follow(engine);
+      if (fs != EMBER_OK) std::fprintf(stderr, "ember: rank %d: %s\n", rank, ember_last_error());
+      ember_engine_destroy(engine);
+      return fs == EMBER_OK ? 0 : 1;
+    }
+  }
   // --lora FILE (repeatable): session i decodes with adapter i % count.
   std::vector<ember_lora*> loras;
   for (const std::string& f : a.all("--lora")) {
@@ -1215,7 +1230,7 @@ ember_stream_stats_t run_token_times(ember_session* session, const ember_stream_
 int cmd_bench(int argc, char** argv) {
   Args a(argc, argv, 2,
          with({"-m", "-p", "-n", "-t", "-r", "--sessions", "--prefix-cache", "--prompt-file", "--prompt", "--lora"},
-              kSpecOpts),
+              with(kSpecOpts, kParallelOpts)),
          {"--json", "--chat", "--token-times", "--no-batch-invariant"});
   const int n_prompt = static_cast<int>(a.integer("-p", 512, 1, 1 << 20));
   const int n_gen = static_cast<int>(a.integer("-n", 128, 1, 1 << 20));
@@ -1224,6 +1239,7 @@ int cmd_bench(int argc, char** argv) {
   const bool token_times = a.has("--token-times");
   if (token_times && (a.has("--spec") || a.has("--prefix-cache") || a.has("--sessions")))
     throw CliError("--token-times is for the plain bench (not --spec, --prefix-cache or --sessions)");
+  if (split_requested(a) && !a.has("--sessions")) throw CliError("bench --tp/--pp needs --sessions K");
   if (a.has("--spec")) return bench_spec(a, n_gen, threads, reps);
   if (a.has("--prefix-cache")) {
     return bench_prefix(a, static_cast<int>(a.integer("--prefix-cache", 1000, 16, 1 << 16)), threads, reps);
@@ -1372,6 +1388,7 @@ void usage() {
       "             [--max-tokens N] [--series FILE.csv] [--stride K] [--logprobs FILE.csv] [--chunk K]\n"
       "  bench      [-m MODEL] [-p 512] [-n 128] [-t THREADS] [-r REPS] [--sessions K] [--prefix-cache N] [--json]\n"
       "             [--lora FILE]...   # with --sessions: session i decodes with adapter i mod count\n"
+      "             [--tp N | --pp N]  # with --sessions, under mpirun -np N: the model split across the ranks\n"
       "             [--token-times]   # with --json: the last repetition's per-token decode times\n"
       "             [--no-batch-invariant]   # oneDNN for large prefill chunks (results may depend on chunking)\n"
       "  bench      [-m MODEL] --spec ngram|self[:L]|draft:PATH (--prompt-file F | --prompt TEXT) [--chat] [-n N]\n"

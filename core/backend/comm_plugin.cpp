@@ -2,6 +2,7 @@
 // links no MPI library; libember_mpi.so does, and is opened on first use.
 #include <dlfcn.h>
 
+#include <cstdlib>
 #include <mutex>
 
 #include "core/backend/plugin.h"
@@ -55,12 +56,20 @@ const ember_comm_plugin_v1* open_table(std::string* where) {
               "libember.so, or point EMBER_PLUGIN_DIR at it");
 }
 
+std::mutex& shared_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::shared_ptr<Communicator>& shared_communicator() {
+  static std::shared_ptr<Communicator> shared;
+  return shared;
+}
+
 }  // namespace
 
 std::shared_ptr<Communicator> load_mpi_communicator(int timeout_ms) {
-  static std::mutex mutex;
-  static std::shared_ptr<Communicator> shared;  // (until exit: MPI_Finalize then)
-  std::lock_guard<std::mutex> lock(mutex);
+  std::lock_guard<std::mutex> lock(shared_mutex());
+  std::shared_ptr<Communicator>& shared = shared_communicator();  // (until exit: MPI_Finalize then)
   if (shared) {
     shared->set_timeout_ms(timeout_ms);
     return shared;
@@ -78,6 +87,15 @@ std::shared_ptr<Communicator> load_mpi_communicator(int timeout_ms) {
   }
   log(LogLevel::kInfo, "model parallel: rank %d of %d over MPI (%s)", c->rank(), c->size(), where.c_str());
   shared.reset(c);
+  // At exit, after the handlers registered later (a split engine still alive
+  // stops its followers first): MPI_Finalize, which every rank must reach.
+  std::atexit([] {
+    std::lock_guard<std::mutex> l(shared_mutex());
+    try {
+      if (shared_communicator()) shared_communicator()->finalize();
+    } catch (...) {
+    }
+  });
   return shared;
 }
 

@@ -46,6 +46,9 @@ class Communicator {
 
   // How long a call waits for its peers (Error(kTimeout) after).
   virtual void set_timeout_ms(int timeout_ms) = 0;
+  // Ends the library's part (MPI_Finalize, which waits for every rank's)
+  // unless a call timed out; no call may follow. Also done by the destructor.
+  virtual void finalize() = 0;
   // Ends every rank of the job with `code` after a fault (never returns).
   [[noreturn]] virtual void abort(int code) = 0;
 };
@@ -65,7 +68,8 @@ bool mpi_available();
 // plugin, core/backend/plugin.h). Throws ember::Error(kUnsupported) saying
 // what is missing. One communicator per process, kept until exit (MPI cannot
 // be initialised again once finalised): every call returns it, with
-// `timeout_ms` set.
+// `timeout_ms` set; finalize() runs at exit (atexit, after the split
+// engines' stop: core/engine/parallel.cpp).
 std::shared_ptr<Communicator> load_mpi_communicator(int timeout_ms);
 
 }  // namespace ember::comm

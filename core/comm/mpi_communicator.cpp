@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -42,7 +43,9 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
   }
-  ~MpiCommunicator() override {
+  ~MpiCommunicator() override { finalize(); }
+
+  void finalize() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
     // After a fault the others may never reach MPI_Finalize (which waits for

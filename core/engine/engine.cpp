@@ -120,6 +120,10 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineParams& params)
     ctx.comm = comm_.get();
     ctx.shard = shard_->shard_spec();
     ctx.micro_batches = params_.micro_batches;
+    if (ctx.micro_batches == 0) {  // (measuring: EMBER_PP_MICRO_BATCHES=M; docs/PARALLEL.md)
+      const char* m = std::getenv("EMBER_PP_MICRO_BATCHES");
+      if (m && std::atoi(m) > 0 && std::atoi(m) <= 1024) ctx.micro_batches = std::atoi(m);
+    }
     forward_->set_parallel(ctx);
     if (comm_->rank() == 0) {
       auto leader = std::make_unique<ParallelLeader>(std::move(forward_), *comm_);

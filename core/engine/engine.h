@@ -80,7 +80,7 @@ struct EngineParams {
   // step before the job is declared broken.
   int32_t tp = 1, pp = 1;
   int32_t comm_timeout_ms = 60000;
-  int32_t micro_batches = 0;  // pipeline micro-batches per step (0: 2 x pp)
+  int32_t micro_batches = 0;  // pipeline micro-batches per step (0: pp)
 };
 
 struct SchedulerStats {

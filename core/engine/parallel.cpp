@@ -1,5 +1,7 @@
 #include "core/engine/parallel.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/util/log.h"
@@ -86,12 +88,38 @@ Batch deserialize_batch(const int32_t* words, size_t n) {
   return b;
 }
 
+namespace {
+// The leader alive in this process (one split engine at a time), for the
+// exit handler.
+std::mutex g_leader_mutex;
+ParallelLeader* g_leader = nullptr;
+}  // namespace
+
 ParallelLeader::ParallelLeader(std::unique_ptr<Forward> local, comm::Communicator& comm)
-    : local_(std::move(local)), comm_(comm) {}
+    : local_(std::move(local)), comm_(comm) {
+  static std::once_flag registered;
+  // (Registered after the communicator's own handler, so it runs first.)
+  std::call_once(registered, [] {
+    std::atexit([] {
+      std::lock_guard<std::mutex> lock(g_leader_mutex);
+      if (g_leader) g_leader->stop_followers();
+    });
+  });
+  std::lock_guard<std::mutex> lock(g_leader_mutex);
+  g_leader = this;
+}
 
 ParallelLeader::~ParallelLeader() {
+  stop_followers();
+  std::lock_guard<std::mutex> lock(g_leader_mutex);
+  if (g_leader == this) g_leader = nullptr;
+}
+
+void ParallelLeader::stop_followers() {
   try {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (stopped_) return;
+    stopped_ = true;
     if (broken_.empty()) {
       Header h{kStop, 0, 0};
       comm_.broadcast(&h, sizeof h, 0);
@@ -112,6 +140,7 @@ void ParallelLeader::send(uint32_t command, const std::vector<int32_t>& payload)
 void ParallelLeader::forward(const Batch& batch, float* logits, float* embd) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!broken_.empty()) fail(StatusCode::kInternal, "model parallel: the ranks' group is broken: " + broken_);
+  if (stopped_) fail(StatusCode::kCancelled, "model parallel: the other ranks were stopped (the process is ending)");
   const std::vector<int32_t> payload = serialize_batch(batch);  // (refusals before anything is sent)
   try {
     send(kForward, payload);
@@ -130,6 +159,7 @@ void ParallelLeader::forward(const Batch& batch, float* logits, float* embd) {
 void ParallelLeader::mirror_copy(const int32_t* src, const int32_t* dst, int32_t n) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!broken_.empty()) fail(StatusCode::kInternal, "model parallel: the ranks' group is broken: " + broken_);
+  if (stopped_) fail(StatusCode::kCancelled, "model parallel: the other ranks were stopped (the process is ending)");
   std::vector<int32_t> payload(src, src + n);
   payload.insert(payload.end(), dst, dst + n);
   try {

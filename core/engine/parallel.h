@@ -36,6 +36,10 @@ class ParallelLeader final : public Forward {
   void set_parallel(const ParallelContext& ctx) override;
   // A KV block copy, sent to the other ranks (KvCache::set_split).
   void mirror_copy(const int32_t* src, const int32_t* dst, int32_t n);
+  // Tells the other ranks to stop (once); later forward passes fail. Done by
+  // the destructor, or at exit for an engine still alive then (its worker
+  // finishing the last streams' step when the host returns from main).
+  void stop_followers();
 
  private:
   void send(uint32_t command, const std::vector<int32_t>& payload);
@@ -43,6 +47,7 @@ class ParallelLeader final : public Forward {
   comm::Communicator& comm_;
   std::mutex mutex_;
   std::string broken_;  // non-empty: why the group cannot run any more
+  bool stopped_ = false;
 };
 
 // Runs rank 0's commands on a rank > 0 until rank 0 stops. `n_vocab`,

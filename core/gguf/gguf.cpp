@@ -458,6 +458,14 @@ void* read_private_copy(int fd, size_t size, const std::string& path) {
 }
 }  // namespace
 
+void GgufFile::release_pages(const void* p, size_t n) const {
+  if (!file_mapped_ || n == 0) return;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
 std::unique_ptr<GgufFile> GgufFile::open(const std::string& path, Residency residency) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
@@ -508,6 +516,7 @@ std::unique_ptr<GgufFile> GgufFile::open(const std::string& path, Residency resi
   }
   std::unique_ptr<GgufFile> f(new GgufFile());
   f->mapping_ = p;
+  f->file_mapped_ = true;
   f->base_ = static_cast<const uint8_t*>(p);
   f->size_ = static_cast<size_t>(size);
   f->parse_named(path);

@@ -108,6 +108,12 @@ class GgufFile {
   std::vector<int64_t> get_int_array(std::string_view key) const;
   std::vector<float> get_float_array(std::string_view key) const;
 
+  // Drops this process's pages of [p, p + n) (whole pages inside it) when the
+  // file is mapped in place (kSharedMapping): they come back from the file if
+  // read again. Nothing for a private copy. (A tensor-parallel rank that
+  // copied its columns of a matrix: Model::shard.)
+  void release_pages(const void* p, size_t n) const;
+
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   const TensorInfo* find_tensor(std::string_view name) const;  // nullptr when absent
 
@@ -119,6 +125,7 @@ class GgufFile {
   const uint8_t* base_ = nullptr;
   size_t size_ = 0;
   void* mapping_ = nullptr;  // non-null when we own an mmap (of the file, or the private copy)
+  bool file_mapped_ = false;  // mapping_ maps the file itself (kSharedMapping)
   uint32_t version_ = 0;
   size_t alignment_ = 32;
   size_t data_offset_ = 0;

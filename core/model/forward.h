@@ -21,7 +21,7 @@ struct ParallelContext {
   comm::Communicator* comm = nullptr;  // null: not split
   ModelShard shard;
   // Micro-batches a pipeline-parallel step is cut into (at sequence
-  // boundaries, so a row computes what it would in one batch): 0 = 2 x pp.
+  // boundaries, so a row computes what it would in one batch): 0 = pp.
   int32_t micro_batches = 0;
 };
 

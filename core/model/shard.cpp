@@ -125,6 +125,9 @@ std::shared_ptr<const Model> Model::shard(std::shared_ptr<const Model> full, con
       std::memcpy(buf.get() + static_cast<size_t>(i) * len,
                   static_cast<const uint8_t*>(w.host_data) + static_cast<size_t>(i) * src_row + off, len);
     }
+    // The whole matrix was read for this rank's columns: its pages leave
+    // this process again (a file mapped in place; the copy is what is used).
+    full->file_->release_pages(w.host_data, src_row * static_cast<size_t>(w.rows));
     WeightDesc out = w;
     out.cols = n;
     out.host_data = buf.get();

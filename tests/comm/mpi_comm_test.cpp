@@ -1,5 +1,5 @@
 // The MPI communicator (core/comm) across real processes: run under
-//   mpiexec -n N mpi_comm_test [ops|hang|die]
+//   mpiexec -n N mpi_comm_test [ops|hang|die|bench]
 // ops: every operation's result on every rank, all_reduce's bits equal on
 // every rank and equal to the rank-order sum. hang: rank 1 stops answering;
 // rank 0 must report the timeout and end the job. die: rank 1 exits without
@@ -81,13 +81,46 @@ int run_ops(ember::comm::Communicator& c) {
   return failures ? 1 : 0;
 }
 
+// bench: the time of one all_reduce_sum and one send/recv pair by size, for
+// the performance model in docs/PARALLEL.md (latency and bandwidth of the
+// ranks' link; here: shared memory between processes on one machine).
+int run_bench(ember::comm::Communicator& c) {
+  for (size_t floats : {size_t{1}, size_t{576}, size_t{640}, size_t{576 * 16}, size_t{4096}, size_t{4096 * 16},
+                        size_t{1} << 20}) {
+    std::vector<float> v(floats, 1.0f);
+    const int reps = floats >= (size_t{1} << 20) ? 20 : 2000;
+    c.barrier();
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < reps; ++i) c.all_reduce_sum(v.data(), v.size());
+    const double ar = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps;
+    c.barrier();
+    t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < reps; ++i) {  // rank 0 <-> 1 ping-pong: a one-way send is half of it
+      if (c.rank() == 0) {
+        c.send(v.data(), floats * sizeof(float), 1, 7);
+        c.recv(v.data(), floats * sizeof(float), 1, 8);
+      } else if (c.rank() == 1) {
+        c.recv(v.data(), floats * sizeof(float), 0, 7);
+        c.send(v.data(), floats * sizeof(float), 0, 8);
+      }
+    }
+    const double pp = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps;
+    if (c.rank() == 0) {
+      std::printf("mpi_comm_test: %d ranks, %8zu floats (%9zu bytes): all_reduce %9.2f us, send %9.2f us (%.2f GB/s)\n",
+                  c.size(), floats, floats * sizeof(float), ar, pp / 2, floats * sizeof(float) / (pp / 2) / 1e3);
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "ops";
   try {
-    auto c = ember::comm::mpi_communicator(mode == "ops" ? 30000 : 1500);
+    auto c = ember::comm::mpi_communicator(mode == "ops" || mode == "bench" ? 30000 : 1500);
     if (mode == "ops") return run_ops(*c);
+    if (mode == "bench") return run_bench(*c);
     if (c->rank() == 1) {
       if (mode == "die") std::_Exit(9);
       std::this_thread::sleep_for(std::chrono::seconds(60));  // hang

@@ -19,6 +19,9 @@
 //                        --score-tokens) instead of a paragraph of its own
 //   --expect-error TEXT  creating the split engine must fail with TEXT in its
 //                        message (on every rank)
+// --no-score: rank 0 runs the split engine's streams only (memory figures).
+// With --tp 1 --pp 1 (no mpirun) it only runs the streams and prints its peak
+// resident memory: the baseline of the per-rank figures.
 #include <unistd.h>
 
 #include <algorithm>
@@ -71,11 +74,12 @@ const char* const kScoreText =
     "became an ordinary skill rather than the privilege of clergy and nobles. Scholars could now compare identical "
     "copies of a text, which made errors easier to find and ideas faster to spread.";
 
-long rss_mib() {
+// VmRSS: (now) or VmHWM: (peak) of this process, MiB.
+long rss_mib(const char* key = "VmRSS:") {
   std::ifstream in("/proc/self/status");
   std::string line;
   while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::atol(line.c_str() + 6) / 1024;
+    if (line.rfind(key, 0) == 0) return std::atol(line.c_str() + std::strlen(key)) / 1024;
   }
   return -1;
 }
@@ -166,6 +170,7 @@ int main(int argc, char** argv) {
   const std::string expect_error = arg(argc, argv, "--expect-error", "");
   const bool identical = flag(argc, argv, "--identical");
 
+  const long rss_start = rss_mib();  // (the libraries, before the model)
   ember_model_params mp;
   ember_model_params_init(&mp);
   mp.use_mmap = EMBER_MODEL_MAP_SHARED;
@@ -190,17 +195,33 @@ int main(int argc, char** argv) {
   if (st != EMBER_OK) die("creating the split engine");
   int32_t rank = 0, size = 1;
   if (ember_engine_rank(split, &rank, &size) != EMBER_OK) die("rank");
-  std::printf("parallel_test: rank %d of %d: resident %ld MiB after loading\n", rank, size, rss_mib());
+  std::printf("parallel_test: rank %d of %d: resident %ld MiB at start, %ld MiB after loading\n", rank, size, rss_start,
+              rss_mib());
   std::fflush(stdout);
   if (rank > 0) {
     const ember_status fs = ember_engine_follow(split);
     if (fs != EMBER_OK) std::fprintf(stderr, "parallel_test: rank %d: %s\n", rank, ember_last_error());
+    std::printf("parallel_test: rank %d of %d: peak resident %ld MiB\n", rank, size, rss_mib("VmHWM:"));
     ember_engine_destroy(split);
     ember_model_destroy(model);
     return fs == EMBER_OK ? 0 : 1;
   }
+  if (tp == 1 && pp == 1) {  // the baseline of the memory figures: one engine, not split, the same work
+    generate(split, n_prompts, n_tokens);
+    std::printf("parallel_test: one rank: resident %ld MiB at start, peak %ld MiB\n", rss_start, rss_mib("VmHWM:"));
+    ember_engine_destroy(split);
+    ember_model_destroy(model);
+    return 0;
+  }
   if (const char* pidfile = std::getenv("PARALLEL_TEST_PIDFILE")) {  // (the fault test stops rank 1)
     std::ofstream(pidfile) << getpid() << "\n";
+  }
+  const auto a = generate(split, n_prompts, n_tokens);
+  if (flag(argc, argv, "--no-score")) {  // (memory figures: the streams only)
+    std::printf("parallel_test: rank 0 of %d: peak resident %ld MiB\n", size, rss_mib("VmHWM:"));
+    ember_engine_destroy(split);
+    ember_model_destroy(model);
+    return 0;
   }
   ember_engine_params one;
   ember_engine_params_init(&one);
@@ -208,8 +229,6 @@ int main(int argc, char** argv) {
   one.kv_memory_bytes = ep.kv_memory_bytes;
   ember_engine* single = nullptr;
   if (ember_engine_create(model, &one, &single) != EMBER_OK) die("creating the engine on one rank");
-
-  const auto a = generate(split, n_prompts, n_tokens);
   const auto b = generate(single, n_prompts, n_tokens);
   size_t agree = 0, total = 0, equal_streams = 0, same_position = 0;
   for (int i = 0; i < n_prompts; ++i) {
@@ -290,6 +309,8 @@ int main(int argc, char** argv) {
   std::printf("parallel_test: logits of the first %zu tokens: top-1 equal %zu/%zu, mean KL %.3g, max |difference| %.3g "
               "(max |logit| %.3g)\n",
               first, top1, first, kl / static_cast<double>(first), max_diff, max_abs);
+  std::printf("parallel_test: rank 0 of %d: peak resident %ld MiB (with the engine on one rank too)\n", size,
+              rss_mib("VmHWM:"));
   ember_engine_destroy(single);
   ember_engine_destroy(split);  // (the followers end)
   ember_model_destroy(model);

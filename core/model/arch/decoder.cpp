@@ -412,7 +412,7 @@ void Decoder::run_split(const Batch& batch, float* logits, float* embd) {
   // Pipeline parallel: the batch in micro-batches, so that stage k works on
   // micro-batch i while stage k + 1 works on i - 1. Stage k's rank is k.
   const int prev = sh.pp_rank - 1, next = sh.pp_rank + 1, last = sh.pp - 1;
-  const std::vector<size_t> cuts = micro_batch_cuts(batch, par_.micro_batches > 0 ? par_.micro_batches : 2 * sh.pp);
+  const std::vector<size_t> cuts = micro_batch_cuts(batch, par_.micro_batches > 0 ? par_.micro_batches : sh.pp);
   const size_t n_embd = static_cast<size_t>(c.n_embd), V = static_cast<size_t>(c.n_vocab);
   size_t out_row = 0, embd_row = 0;
   Batch mb;
