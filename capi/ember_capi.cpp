@@ -168,6 +168,7 @@ void full_engine_defaults(ember_engine_params* params) {
   params->tp_size = d.tp;
   params->pp_size = d.pp;
   params->comm_timeout_ms = 0;  // 0: the core's default
+  params->comm = EMBER_COMM_MPI;
 }
 
 void full_session_defaults(ember_session_params* params) {
@@ -666,6 +667,8 @@ ember_status ember_engine_create(ember_model* model, const ember_engine_params* 
     ep.tp = p.tp_size;
     ep.pp = p.pp_size;
     if (p.comm_timeout_ms != 0) ep.comm_timeout_ms = p.comm_timeout_ms;
+    require(p.comm == EMBER_COMM_MPI || p.comm == EMBER_COMM_NCCL, "engine params: unknown comm");
+    ep.comm = p.comm == EMBER_COMM_NCCL ? "nccl" : "mpi";
     auto h = std::make_unique<ember_engine>();
     h->owner = ember::Engine::create(model->model, ep);
     h->backend_name = (*h->owner)->kv().backend_name();

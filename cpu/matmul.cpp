@@ -30,6 +30,12 @@ const detail::IsaImpl& avx512_kquant_impl() {
     detail::IsaImpl t = detail::avx2_impl();
     t.name = "avx512_vnni";
     t.kernel = detail::avx512_kquant_kernel;
+    // Its kernels read the GGUF rows: the AVX2 kernels' 8-row packed groups
+    // (PackedQ4Kx8 / PackedQ6Kx8) are not made for them. (Copying the AVX2
+    // table had kept reads_packed_kx8: K-quant weights were packed on AVX-512
+    // CPUs and read as plain rows, wrong results; caught on the first
+    // AVX-512 machine since, by Matmul.PackedQ4KRowsGiveIdenticalResults.)
+    t.reads_packed_kx8 = false;
     return t;
   }();
   return impl;

@@ -150,7 +150,7 @@ struct Handles {
 // --tp N ...`): every rank runs the same command; rank 0 does the work and
 // alone prints, the others run its forward passes (ember_engine_follow) and
 // end when it does.
-const std::vector<std::string> kParallelOpts = {"--tp", "--pp", "--comm-timeout"};
+const std::vector<std::string> kParallelOpts = {"--tp", "--pp", "--comm-timeout", "--comm", "--device"};
 struct FollowerDone {  // thrown on ranks > 0 when rank 0 is done (main returns `code`)
   int code;
 };
@@ -159,6 +159,14 @@ void apply_split(const Args& a, ember_engine_params& ep) {
   ep.tp_size = static_cast<int32_t>(a.integer("--tp", 1, 1, 64));
   ep.pp_size = static_cast<int32_t>(a.integer("--pp", 1, 1, 64));
   ep.comm_timeout_ms = static_cast<int32_t>(a.integer("--comm-timeout", 60, 1, 86400) * 1000);
+  const std::string comm = a.str("--comm", "mpi");
+  if (comm != "mpi" && comm != "nccl") throw CliError("--comm must be mpi or nccl");
+  ep.comm = comm == "nccl" ? EMBER_COMM_NCCL : EMBER_COMM_MPI;
+  const std::string device = a.str("--device", "");
+  if (!device.empty()) {
+    if (device != "cpu" && device != "cuda" && device != "auto") throw CliError("--device must be cpu, cuda or auto");
+    ep.device = device == "cuda" ? EMBER_DEVICE_CUDA : device == "auto" ? EMBER_DEVICE_AUTO : EMBER_DEVICE_CPU;
+  }
 }
 // On a rank > 0: follows rank 0 until it ends, then unwinds to main.
 void follow_unless_rank0(ember_engine* engine) {
@@ -437,7 +445,7 @@ int cmd_chat(int argc, char** argv) {
   Args a(argc, argv, 2,
          {"-m", "-n", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--presence-penalty",
           "--frequency-penalty", "--penalty-last-n", "--seed", "-t", "--system", "--tools", "--tool-choice", "--lora",
-          "--tp", "--pp", "--comm-timeout"},
+          "--tp", "--pp", "--comm-timeout", "--comm", "--device"},
          {});
   ember_stream_params sp = stream_params(a);
   Handles h;
@@ -772,7 +780,7 @@ int perplexity_stream(const Args& a, std::vector<int32_t> ids, Handles& h, const
 int cmd_perplexity(int argc, char** argv) {
   Args a(argc, argv, 2,
          {"-m", "-f", "--ctx", "--max-tokens", "-t", "--cache", "--series", "--stride", "--logprobs", "--chunk", "--tp",
-          "--pp", "--comm-timeout"},
+          "--pp", "--comm-timeout", "--comm", "--device"},
          {"--stream"});
   if (!a.has("-f")) throw CliError("perplexity needs -f FILE");
   if (!a.has("--stream") &&
@@ -1317,7 +1325,7 @@ int cmd_serve(int argc, char** argv) {
   }
   Args a(argc, argv, 2,
          {"-m", "--host", "--port", "--parallel", "--queue", "--api-key", "--alias", "-t", "--ctx", "--kv-memory",
-          "--pooling", "--timeout", "--max-body", "--device", "--tp", "--pp", "--comm-timeout"},
+          "--pooling", "--timeout", "--max-body", "--device", "--tp", "--pp", "--comm-timeout", "--comm"},
          {"--quiet"});
   ember::server::ServeOptions o;
   o.model_path = a.str("-m", default_model_path());
@@ -1357,10 +1365,12 @@ int cmd_serve(int argc, char** argv) {
   o.max_body_bytes = static_cast<size_t>(a.integer("--max-body", 16, 1, 4096)) << 20;
   o.quiet = a.has("--quiet");
   ember_engine_params split;
+  ember_engine_params_init(&split);
   apply_split(a, split);
   o.tp = split.tp_size;
   o.pp = split.pp_size;
   o.comm_timeout_ms = split.comm_timeout_ms;
+  o.comm = split.comm;
   return ember::server::serve(o);
 }
 #endif
@@ -1381,8 +1391,9 @@ void usage() {
       "             # SCALE defaults to 1 (the term is SCALE * alpha / rank * B A x)\n"
       "  (generate and chat) [--min-p P] [--repeat-penalty R] [--presence-penalty P] [--frequency-penalty F]\n"
       "             [--penalty-last-n N]   # penalties over the last N tokens (-1: all, 0: off; default 64)\n"
-      "  (generate, chat) [--tp N | --pp N] [--comm-timeout SECONDS]   # a model split across the N ranks of\n"
-      "             # `mpirun -np N ember ...`: tensor (--tp) or pipeline (--pp) parallel; rank 0 prints\n"
+      "  (generate, chat) [--tp N | --pp N] [--comm-timeout SECONDS] [--comm mpi|nccl] [--device cpu|cuda]\n"
+      "             # a model split across the N ranks of `mpirun -np N ember ...`: tensor (--tp) or pipeline\n"
+      "             # (--pp) parallel; rank 0 prints. nccl: CUDA ranks, one GPU each\n"
       "  perplexity [-m MODEL] -f FILE [--ctx C] [--max-tokens N] [--tp N | --pp N]\n"
       "  perplexity [-m MODEL] -f FILE --stream --cache full|window:W|sink:S:W|recompute:W\n"
       "             [--max-tokens N] [--series FILE.csv] [--stride K] [--logprobs FILE.csv] [--chunk K]\n"
@@ -1401,7 +1412,7 @@ void usage() {
       "  serve      [-m MODEL] [--host 127.0.0.1] [--port 8080] [--parallel 8] [--queue 64] [--api-key KEY]\n"
       "             [--alias NAME] [-t THREADS] [--ctx N] [--kv-memory MIB] [--pooling mean|last|cls]\n"
       "             [--timeout SECONDS] [--max-body MIB] [--device cpu|cuda|auto] [--quiet]\n"
-      "             [--tp N | --pp N] [--comm-timeout SECONDS]  # under mpirun -np N: rank 0 serves\n"
+      "             [--tp N | --pp N] [--comm-timeout SECONDS] [--comm mpi|nccl]  # under mpirun -np N: rank 0 serves\n"
       "             # OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/embeddings,\n"
       "             # /v1/models, /health, /metrics) and a chat page at /; key also from $EMBER_API_KEY\n"
 #endif

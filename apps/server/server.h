@@ -41,6 +41,7 @@ struct ServeOptions {
   // --tp N`): rank 0 serves, the others follow it (ember_engine_follow).
   int tp = 1, pp = 1;
   int comm_timeout_ms = 0;  // 0: the engine's default
+  int comm = 0;             // EMBER_COMM_*
 };
 
 // Loads the model, listens and serves until SIGINT or SIGTERM. Prints

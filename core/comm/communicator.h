@@ -5,8 +5,10 @@
 //
 // Every collective is deterministic and gives every rank the same bits:
 // all_reduce sums the ranks' vectors in rank order (rank 0 + rank 1 + ...,
-// element by element), whatever the library's own reduction order would be,
-// so that tensor-parallel ranks never diverge and a run repeats exactly.
+// element by element) on host memory, whatever the library's own reduction
+// order would be, so that tensor-parallel ranks never diverge and a run
+// repeats exactly; on device memory (NCCL) in NCCL's order, which is also the
+// same on every rank and for every run of the same job.
 //
 // Faults: every call waits at most timeout_ms for its peers; a rank that died
 // or hangs makes the call throw ember::Error(kTimeout) naming the operation
@@ -26,6 +28,11 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  // This rank's index among the ranks on its machine (which GPU it takes).
+  virtual int local_rank() const = 0;
+  // Whether device (GPU) pointers may be passed (NCCL); host pointers always
+  // may.
+  virtual bool device_buffers() const { return false; }
   virtual std::string name() const = 0;  // e.g. "mpi"
 
   // data[0..n) summed over the ranks in rank order, in place, on every rank.
@@ -71,6 +78,10 @@ bool mpi_available();
 // `timeout_ms` set; finalize() runs at exit (atexit, after the split
 // engines' stop: core/engine/parallel.cpp).
 std::shared_ptr<Communicator> load_mpi_communicator(int timeout_ms);
+// The same for "mpi" or "nccl" (libember_nccl.so: CUDA ranks, one GPU each,
+// started by MPI; built with the CUDA plugin where NCCL is found). A process
+// keeps the kind it first loaded.
+std::shared_ptr<Communicator> load_communicator(const std::string& kind, int timeout_ms);
 
 }  // namespace ember::comm
 
@@ -90,6 +101,8 @@ namespace ember::comm {
 
 inline constexpr const char* kMpiPluginEntry = "ember_mpi_plugin_v1";
 inline constexpr const char* kMpiPluginFile = "libember_mpi.so";
+inline constexpr const char* kNcclPluginEntry = "ember_nccl_plugin_v1";
+inline constexpr const char* kNcclPluginFile = "libember_nccl.so";
 inline constexpr uint32_t kCommPluginAbi = 1;
 // Guards against a plugin built with another C++ library or interface.
 constexpr uint32_t comm_interface_fingerprint() {

@@ -42,6 +42,12 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    // The ranks sharing this machine, for local_rank().
+    MPI_Comm node;
+    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+      MPI_Comm_rank(node, &local_rank_);
+      MPI_Comm_free(&node);
+    }
   }
   ~MpiCommunicator() override { finalize(); }
 
@@ -60,6 +66,7 @@ class MpiCommunicator final : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  int local_rank() const override { return local_rank_; }
   std::string name() const override { return "mpi"; }
 
   void all_reduce_sum(float* data, size_t n) override {
@@ -157,7 +164,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   int timeout_ms_;
-  int rank_ = 0, size_ = 1;
+  int rank_ = 0, size_ = 1, local_rank_ = 0;
   bool owns_init_ = false;
   bool broken_ = false;  // a call timed out: the job cannot go on
   std::vector<float> gathered_;

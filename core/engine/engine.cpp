@@ -49,14 +49,6 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineParams& params)
   }
   const Architecture* arch = find_architecture(model_->architecture());
   if (!arch) fail(StatusCode::kUnsupported, "engine: architecture '" + model_->architecture() + "' is not supported");
-  CreatedBackend created = create_backend(params_.device, BackendOptions{params_.n_threads, params_.batch_invariant});
-  backend_ = std::move(created.backend);
-  backend_extras_ = created.extras;
-  if (backend_extras_) {
-    const char* g = std::getenv("EMBER_CUDA_GRAPHS");
-    use_graphs_ = g != nullptr && std::string(g) == "1";
-  }
-  device_ = created.device;
   // A model split across ranks: this rank's part of it.
   shard_ = model_;
   if (params_.tp != 1 || params_.pp != 1) {
@@ -78,7 +70,10 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineParams& params)
       split_token_ = std::make_shared<Engine*>(this);
       split_engine = split_token_;
     }
-    comm_ = comm::load_mpi_communicator(params_.comm_timeout_ms);
+    if (params_.comm == "nccl" && params_.device.rfind("cuda", 0) != 0) {
+      fail(StatusCode::kInvalidArgument, "engine: NCCL ranks run on CUDA devices (device \"cuda\"); use MPI on CPUs");
+    }
+    comm_ = comm::load_communicator(params_.comm, params_.comm_timeout_ms);
     if (comm_->size() != params_.tp * params_.pp) {
       fail(StatusCode::kInvalidArgument, "engine: tp x pp = " + std::to_string(params_.tp * params_.pp) +
                                              " ranks, but the MPI job has " + std::to_string(comm_->size()) +
@@ -91,7 +86,17 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineParams& params)
     spec.tp_rank = params_.tp > 1 ? comm_->rank() : 0;
     spec.pp_rank = params_.pp > 1 ? comm_->rank() : 0;
     shard_ = Model::shard(model_, spec);
+    // NCCL: one GPU per rank, the rank's index on its machine.
+    if (params_.comm == "nccl" && params_.device == "cuda") params_.device = "cuda:" + std::to_string(comm_->local_rank());
   }
+  CreatedBackend created = create_backend(params_.device, BackendOptions{params_.n_threads, params_.batch_invariant});
+  backend_ = std::move(created.backend);
+  backend_extras_ = created.extras;
+  if (backend_extras_) {
+    const char* g = std::getenv("EMBER_CUDA_GRAPHS");
+    use_graphs_ = g != nullptr && std::string(g) == "1";
+  }
+  device_ = created.device;
   const auto& sc = shard_->config();
   check_backend_limits(*backend_, sc.head_dim, sc.n_heads, sc.n_kv_heads);
 

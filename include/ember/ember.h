@@ -293,7 +293,14 @@ typedef struct ember_engine_params {
   int32_t comm_timeout_ms;  /* how long a rank waits for the others within a step
                                before the job is declared broken (a rank died or
                                hangs); 0 (default): 60000 */
+  int32_t comm;             /* EMBER_COMM_MPI (default): any device (GPU buffers
+                               staged through the host); EMBER_COMM_NCCL: CUDA
+                               ranks, one GPU each (device CUDA: GPU = the rank's
+                               index on its machine), libember_nccl.so, still
+                               started by mpirun */
 } ember_engine_params;
+
+enum { EMBER_COMM_MPI = 0, EMBER_COMM_NCCL = 1 };
 
 /* Fills the first `size` bytes of *params with defaults and sets
  * params->size = size; never writes past `size` bytes. Bytes beyond what this

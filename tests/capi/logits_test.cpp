@@ -3,6 +3,8 @@
 // alternatives, logit bias and bans, the C logits processor (its history,
 // and what a failing one does), and what bad parameters get.
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -82,9 +84,27 @@ TEST(CapiLogits, LogprobsMatchScoringAndTheTopAlternatives) {
   const std::vector<int32_t> ref_tokens = {7268, 30, 378, 3575, 282, 7476, 314, 28030, 30, 198, 198, 504};
   const std::vector<float> ref_logprobs = {-0.539838f, -0.188993f, -1.567930f, -0.068535f, -0.017582f, -1.721658f,
                                            -0.004738f, -0.560827f, -0.017910f, -1.197809f, -0.475847f, -2.361429f};
-  EXPECT_EQ(g.c.tokens, ref_tokens);
+  // The goldens are llama.cpp's AVX2 order, which Ember's AVX2 kernels follow
+  // to the bit. The AVX-512 kernels sum in llama.cpp's AVX-512 order: on
+  // SmolLM2 the int8 activations turn that into log-probability differences
+  // of up to 0.07 and another greedy path, so the comparison needs the AVX2
+  // kernels: CTest runs this test again as capi_logits_avx2_order with
+  // EMBER_CPU_ISA=avx2 (tests/CMakeLists.txt).
+  ember_engine_info_t info;
+  std::memset(&info, 0, sizeof info);
+  info.size = sizeof info;
+  ASSERT_EQ(ember_engine_info(engine.get(), &info), EMBER_OK);
+  const bool avx2_order = std::string(info.backend_name).find("avx512") == std::string::npos;
+  if (avx2_order) {
+    EXPECT_EQ(g.c.tokens, ref_tokens);
+  } else {
+    std::printf("CapiLogits: %s kernels: the llama.cpp goldens (AVX2 order) are compared in capi_logits_avx2_order\n",
+                info.backend_name);
+  }
   for (size_t i = 0; i < 12; ++i) {
-    EXPECT_NEAR(g.logprobs[i], ref_logprobs[i], 5e-4f) << i;  // other ISAs sum in other orders
+    if (avx2_order) {
+      EXPECT_NEAR(g.logprobs[i], ref_logprobs[i], 5e-4f) << i;
+    }
     EXPECT_LE(g.logprobs[i], 0.0f);
     // Greedy: the chosen token is the most likely one; the top is sorted.
     EXPECT_EQ(g.top[i * 5].token, g.c.tokens[i]) << i;

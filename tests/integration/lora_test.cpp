@@ -22,6 +22,7 @@
 #include <sstream>
 
 #include "core/engine/engine.h"
+#include "cpu/matmul.h"
 #include "core/model/lora.h"
 #include "model_path.h"
 
@@ -322,6 +323,13 @@ std::string write_golden_adapter(const std::string& file) {
 
 TEST(LoraReference, GreedyWithAnAdapterEqualsLlamaCpp) {
   EMBER_REQUIRE_MODEL();
+  // The goldens are llama.cpp's AVX2 order (as in reference_test.cpp): the
+  // kernels that follow it, for the test's duration (before the weights are
+  // packed).
+  struct Avx2Kernels {
+    Avx2Kernels() { cpu::force_isa(cpu::Isa::kAvx2); }
+    ~Avx2Kernels() { cpu::reset_isa(); }
+  } avx2;
   auto m = Model::load(test::default_model_path());
   std::map<std::string, std::shared_ptr<const LoraAdapter>> adapters;
   for (const char* golden : {"smollm2_r16_s1.json", "smollm2_r16_s1_scale0.5.json"}) {

@@ -40,6 +40,18 @@ check "pp 2, synthetic Llama, identical" run "$bin" --model "$model" --pp 2 --pr
 check "tp 2, synthetic Llama" run "$bin" --model "$model" --tp 2 --prompts 24 --tokens 16 --min-agreement 0.6 \
   --max-ppl-rel 0.001 --min-top1 0.9 --score-file "$text" --score-tokens 1024
 check "tp 2 x 2 ranks refused" run "$bin" --model "$model" --tp 2 --pp 2 --expect-error "MPI job has 2"
+check "nccl on the CPU refused" run "$bin" --model "$model" --tp 2 --comm nccl --expect-error "NCCL ranks run on CUDA"
+# The NCCL plugin where it was built: without a GPU it must say so (on a
+# machine with 2+ GPUs, the same run without --expect-error is the real test).
+if [ -f "$(dirname "$(readlink -f "$bin")")/../capi/libember_nccl.so" ]; then
+  if nvidia-smi -L 2>/dev/null | grep -q "GPU 1"; then
+    check "tp 2 over NCCL, 2 GPUs" run "$bin" --model "$model" --tp 2 --comm nccl --device cuda --prompts 8 \
+      --tokens 16 --min-agreement 0.6 --max-ppl-rel 0.001 --min-top1 0.9
+  else
+    check "nccl without 2 GPUs refused" run "$bin" --model "$model" --tp 2 --comm nccl --device cuda \
+      --expect-error "nccl: "
+  fi
+fi
 if [ -f "$smollm" ]; then
   check "pp 2, SmolLM2, identical" run "$bin" --model "$smollm" --pp 2 --prompts 8 --tokens 24 --identical \
     --score-file "$text" --score-tokens 1024

@@ -19,6 +19,8 @@
 //                        --score-tokens) instead of a paragraph of its own
 //   --expect-error TEXT  creating the split engine must fail with TEXT in its
 //                        message (on every rank)
+// --comm mpi|nccl, --device cpu|cuda: the split engine's communicator and
+// device (the engine on one rank runs on the same device).
 // --no-score: rank 0 runs the split engine's streams only (memory figures).
 // With --tp 1 --pp 1 (no mpirun) it only runs the streams and prints its peak
 // resident memory: the baseline of the per-rank figures.
@@ -183,6 +185,8 @@ int main(int argc, char** argv) {
   ep.pp_size = pp;
   ep.comm_timeout_ms = std::atoi(arg(argc, argv, "--comm-timeout-ms", "30000").c_str());
   ep.kv_memory_bytes = 64ull << 20;
+  ep.comm = arg(argc, argv, "--comm", "mpi") == "nccl" ? EMBER_COMM_NCCL : EMBER_COMM_MPI;
+  ep.device = arg(argc, argv, "--device", "cpu") == "cuda" ? EMBER_DEVICE_CUDA : EMBER_DEVICE_CPU;
   ember_engine* split = nullptr;
   const ember_status st = ember_engine_create(model, &ep, &split);
   if (!expect_error.empty()) {
@@ -227,6 +231,7 @@ int main(int argc, char** argv) {
   ember_engine_params_init(&one);
   one.n_threads = ep.n_threads;
   one.kv_memory_bytes = ep.kv_memory_bytes;
+  one.device = ep.device;
   ember_engine* single = nullptr;
   if (ember_engine_create(model, &one, &single) != EMBER_OK) die("creating the engine on one rank");
   const auto b = generate(single, n_prompts, n_tokens);

@@ -302,7 +302,7 @@ void Decoder::set_parallel(const ParallelContext& ctx) {
 
 void Decoder::all_reduce(float* buf, size_t n) {
   if (!par_.comm || par_.shard.tp == 1) return;
-  if (host_buffers_) {
+  if (host_buffers_ || par_.comm->device_buffers()) {  // (NCCL takes device memory as it is)
     par_.comm->all_reduce_sum(buf, n);
     return;
   }
@@ -313,14 +313,14 @@ void Decoder::all_reduce(float* buf, size_t n) {
 }
 
 void Decoder::send_rows(const float* buf, size_t n, int peer, int tag) {
-  if (host_buffers_) return par_.comm->send(buf, n * sizeof(float), peer, tag);
+  if (host_buffers_ || par_.comm->device_buffers()) return par_.comm->send(buf, n * sizeof(float), peer, tag);
   scratch_.resize(n);
   backend_.download(scratch_.data(), buf, n * sizeof(float));
   par_.comm->send(scratch_.data(), n * sizeof(float), peer, tag);
 }
 
 void Decoder::recv_rows(float* buf, size_t n, int peer, int tag) {
-  if (host_buffers_) return par_.comm->recv(buf, n * sizeof(float), peer, tag);
+  if (host_buffers_ || par_.comm->device_buffers()) return par_.comm->recv(buf, n * sizeof(float), peer, tag);
   scratch_.resize(n);
   par_.comm->recv(scratch_.data(), n * sizeof(float), peer, tag);
   backend_.upload(buf, scratch_.data(), n * sizeof(float));
