@@ -391,9 +391,11 @@ ember::StreamParams to_stream_params(const ember_stream_params& p) {
   if (p.n_logit_bias > EMBER_MAX_LOGIT_BIAS) {
     throw Error(StatusCode::kInvalidArgument, "stream params: more than EMBER_MAX_LOGIT_BIAS logit bias entries");
   }
-  if (p.n_logit_bias > 0 && !p.logit_bias) throw Error(StatusCode::kInvalidArgument, "stream params: logit_bias is NULL");
+  if (p.n_logit_bias > 0 && !p.logit_bias)
+    throw Error(StatusCode::kInvalidArgument, "stream params: logit_bias is NULL");
   for (size_t i = 0; i < p.n_logit_bias; ++i) s.logit_bias.emplace_back(p.logit_bias[i].token, p.logit_bias[i].bias);
-  if (p.logprobs != 0 && p.logprobs != 1) throw Error(StatusCode::kInvalidArgument, "stream params: logprobs must be 0 or 1");
+  if (p.logprobs != 0 && p.logprobs != 1)
+    throw Error(StatusCode::kInvalidArgument, "stream params: logprobs must be 0 or 1");
   s.logprobs = p.logprobs != 0;
   s.top_logprobs = p.top_logprobs;
   if (p.logits_processor) {
@@ -430,7 +432,8 @@ ember_event to_event(const ember::StreamEvent& e) {
   out.status = static_cast<ember_status>(e.status);
   if (!e.logprobs.empty()) {
     out.logprobs = e.logprobs.data();
-    out.top_logprobs = e.top_logprobs.empty() ? nullptr : reinterpret_cast<const ember_token_logprob*>(e.top_logprobs.data());
+    out.top_logprobs =
+        e.top_logprobs.empty() ? nullptr : reinterpret_cast<const ember_token_logprob*>(e.top_logprobs.data());
     out.n_top_logprobs = e.n_top;
   }
   if (e.type == ember::StreamEvent::kToolCall) {

@@ -159,7 +159,8 @@ class NcclCommunicator final : public Communicator {
                                        std::to_string(size()) + ": no answer from the other ranks within " +
                                        std::to_string(timeout_ms_) + " ms (a rank died or hangs)");
       }
-      if (Clock::now() - start > std::chrono::milliseconds(1)) std::this_thread::sleep_for(std::chrono::microseconds(20));
+      if (Clock::now() - start > std::chrono::milliseconds(1))
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
 

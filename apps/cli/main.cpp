@@ -443,9 +443,27 @@ int cmd_generate(int argc, char** argv) {
 
 int cmd_chat(int argc, char** argv) {
   Args a(argc, argv, 2,
-         {"-m", "-n", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--presence-penalty",
-          "--frequency-penalty", "--penalty-last-n", "--seed", "-t", "--system", "--tools", "--tool-choice", "--lora",
-          "--tp", "--pp", "--comm-timeout", "--comm", "--device"},
+         {"-m",
+          "-n",
+          "--temp",
+          "--top-k",
+          "--top-p",
+          "--min-p",
+          "--repeat-penalty",
+          "--presence-penalty",
+          "--frequency-penalty",
+          "--penalty-last-n",
+          "--seed",
+          "-t",
+          "--system",
+          "--tools",
+          "--tool-choice",
+          "--lora",
+          "--tp",
+          "--pp",
+          "--comm-timeout",
+          "--comm",
+          "--device"},
          {});
   ember_stream_params sp = stream_params(a);
   Handles h;

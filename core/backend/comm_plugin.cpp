@@ -71,8 +71,8 @@ std::shared_ptr<Communicator> load_communicator(const std::string& kind, int tim
   std::shared_ptr<Communicator>& shared = shared_communicator();  // (until exit: MPI_Finalize then)
   if (shared) {
     if (shared->name() != kind) {
-      fail(StatusCode::kInvalidArgument, "model parallel: this process already uses the " + shared->name() +
-                                             " communicator (one kind per process)");
+      fail(StatusCode::kInvalidArgument,
+           "model parallel: this process already uses the " + shared->name() + " communicator (one kind per process)");
     }
     shared->set_timeout_ms(timeout_ms);
     return shared;
@@ -88,8 +88,7 @@ std::shared_ptr<Communicator> load_communicator(const std::string& kind, int tim
     fail(rc > 0 ? static_cast<StatusCode>(rc) : StatusCode::kInternal,
          err[0] ? std::string(err) : kind + ": the plugin could not create a communicator");
   }
-  log(LogLevel::kInfo, "model parallel: rank %d of %d over %s (%s)", c->rank(), c->size(), kind.c_str(),
-      where.c_str());
+  log(LogLevel::kInfo, "model parallel: rank %d of %d over %s (%s)", c->rank(), c->size(), kind.c_str(), where.c_str());
   shared.reset(c);
   // At exit, after the handlers registered later (a split engine still alive
   // stops its followers first): MPI_Finalize, which every rank must reach.
@@ -97,8 +96,7 @@ std::shared_ptr<Communicator> load_communicator(const std::string& kind, int tim
     std::lock_guard<std::mutex> l(shared_mutex());
     try {
       if (shared_communicator()) shared_communicator()->finalize();
-    } catch (...) {
-    }
+    } catch (...) {}
   });
   return shared;
 }

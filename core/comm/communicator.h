@@ -107,12 +107,11 @@ inline constexpr uint32_t kCommPluginAbi = 1;
 // Guards against a plugin built with another C++ library or interface.
 constexpr uint32_t comm_interface_fingerprint() {
   uint32_t h = 2166136261u;
-  const uint32_t parts[] = {
-      static_cast<uint32_t>(sizeof(std::string)), static_cast<uint32_t>(sizeof(void*)),
+  const uint32_t parts[] = {static_cast<uint32_t>(sizeof(std::string)), static_cast<uint32_t>(sizeof(void*)),
 #ifdef __GLIBCXX__
-      static_cast<uint32_t>(_GLIBCXX_RELEASE),
+                            static_cast<uint32_t>(_GLIBCXX_RELEASE),
 #endif
-      static_cast<uint32_t>(sizeof(ember_comm_plugin_v1))};
+                            static_cast<uint32_t>(sizeof(ember_comm_plugin_v1))};
   for (uint32_t p : parts) h = (h ^ p) * 16777619u;
   return h;
 }

@@ -10,9 +10,9 @@
 #include <map>
 
 #include "core/backend/plugin.h"
+#include "core/backend/registry.h"
 #include "core/comm/communicator.h"
 #include "core/engine/parallel.h"
-#include "core/backend/registry.h"
 #include "core/model/arch/registry.h"
 #include "core/model/batch.h"
 #include "core/speculative/spec_step.h"
@@ -87,7 +87,8 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineParams& params)
     spec.pp_rank = params_.pp > 1 ? comm_->rank() : 0;
     shard_ = Model::shard(model_, spec);
     // NCCL: one GPU per rank, the rank's index on its machine.
-    if (params_.comm == "nccl" && params_.device == "cuda") params_.device = "cuda:" + std::to_string(comm_->local_rank());
+    if (params_.comm == "nccl" && params_.device == "cuda")
+      params_.device = "cuda:" + std::to_string(comm_->local_rank());
   }
   CreatedBackend created = create_backend(params_.device, BackendOptions{params_.n_threads, params_.batch_invariant});
   backend_ = std::move(created.backend);
@@ -262,9 +263,8 @@ void Engine::plan(const std::vector<std::shared_ptr<Stream>>& streams, StepWork&
     }
     // An embedding needs every row's hidden state: no prefix-cache hits.
     if (s.embed_mode()) entry.reuse_limit = 0;
-    s.sched().lookahead = s.score_mode() || s.embed_mode()
-                              ? 0
-                              : spec_->lookahead(s.spec(), kv, s.session().n_ctx(), s.tokens_left());
+    s.sched().lookahead =
+        s.score_mode() || s.embed_mode() ? 0 : spec_->lookahead(s.spec(), kv, s.session().n_ctx(), s.tokens_left());
     w.streams.push_back(&s);
     w.seqs.push_back(&s.sched());
     w.budget.push_back(entry);
@@ -476,8 +476,8 @@ void Engine::outcome(StepWork& w) {
         // The tokens the sampler would consider are checked one by one; when
         // that does not settle the choice, the mask now, and the masked row
         // sampled (its penalties are already applied).
-        token = s.sampler().sample_allowed(row, history, [matcher](int32_t t) { return matcher->allows(t); },
-                                           kMaxConstraintChecks);
+        token = s.sampler().sample_allowed(
+            row, history, [matcher](int32_t t) { return matcher->allows(t); }, kMaxConstraintChecks);
         if (token < 0) {
           fill_timed(s);
           grammar::Matcher::apply(s.bitmask(), row, n_vocab);

@@ -33,7 +33,8 @@ class Reader {
   }
   std::vector<int32_t> vec() {
     const int32_t len = word();
-    if (len < 0 || static_cast<size_t>(len) > n_ - i_) fail(StatusCode::kInternal, "model parallel: a bad batch came from rank 0");
+    if (len < 0 || static_cast<size_t>(len) > n_ - i_)
+      fail(StatusCode::kInternal, "model parallel: a bad batch came from rank 0");
     std::vector<int32_t> v(w_ + i_, w_ + i_ + len);
     i_ += static_cast<size_t>(len);
     return v;
@@ -192,8 +193,7 @@ void follow_leader(Forward& local, Backend& backend, comm::Communicator& comm, i
     payload.resize(static_cast<size_t>(h.words));
     if (h.words) comm.broadcast(payload.data(), payload.size() * sizeof(int32_t), 0);
     switch (h.command) {
-      case kStop:
-        return;
+      case kStop: return;
       case kCopyBlocks: {
         const int32_t n = static_cast<int32_t>(payload.size() / 2);
         backend.kv_copy_blocks(payload.data(), payload.data() + n, n);
@@ -206,8 +206,7 @@ void follow_leader(Forward& local, Backend& backend, comm::Communicator& comm, i
         local.forward(b, logits.data(), embd.data());
         break;
       }
-      default:
-        fail(StatusCode::kInternal, "model parallel: an unknown command came from rank 0");
+      default: fail(StatusCode::kInternal, "model parallel: an unknown command came from rank 0");
     }
   }
 }

@@ -124,7 +124,7 @@ class GgufFile {
 
   const uint8_t* base_ = nullptr;
   size_t size_ = 0;
-  void* mapping_ = nullptr;  // non-null when we own an mmap (of the file, or the private copy)
+  void* mapping_ = nullptr;   // non-null when we own an mmap (of the file, or the private copy)
   bool file_mapped_ = false;  // mapping_ maps the file itself (kSharedMapping)
   uint32_t version_ = 0;
   size_t alignment_ = 32;

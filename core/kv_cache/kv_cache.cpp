@@ -206,8 +206,8 @@ std::vector<int32_t> KvCache::match_prefix(const int32_t* tokens, size_t n_token
   return out;
 }
 
-std::vector<int32_t> KvCache::find_blocks(const int32_t* tokens, size_t n_blocks, const uint8_t* decoded,
-                                          int32_t group, uint64_t salt) {
+std::vector<int32_t> KvCache::find_blocks(const int32_t* tokens, size_t n_blocks, const uint8_t* decoded, int32_t group,
+                                          uint64_t salt) {
   if (!prefix_caching_) return std::vector<int32_t>(n_blocks, kNoBlock);
   std::lock_guard<std::mutex> lock(mutex_);
   return match_locked(tokens, n_blocks, decoded, group, salt, false);
@@ -290,7 +290,8 @@ bool KvCache::prepare_write(std::vector<int32_t>* const* tables, size_t n_tables
 }
 
 void KvCache::refuse_if_split(const char* what) const {
-  if (mirror_) fail(StatusCode::kUnsupported, std::string(what) + " on a model split across ranks are not supported yet");
+  if (mirror_)
+    fail(StatusCode::kUnsupported, std::string(what) + " on a model split across ranks are not supported yet");
 }
 
 void KvCache::commit(const std::vector<int32_t>& block_table, const int32_t* tokens, size_t n_filled,
@@ -316,7 +317,8 @@ void KvCache::commit(const std::vector<int32_t>& block_table, const int32_t* tok
     }
     if (!parent_known) {  // rare: an unindexed block right after freed ones
       parent = group_seed(group) ^ salt;
-      for (size_t j = 0; j < i; ++j) parent = chain_hash(parent, key_tokens(tokens + j * bs, decoded, j * bs, bs, key), bs);
+      for (size_t j = 0; j < i; ++j)
+        parent = chain_hash(parent, key_tokens(tokens + j * bs, decoded, j * bs, bs, key), bs);
       parent_known = true;
     }
     const int32_t* t = key_tokens(tokens + i * bs, decoded, i * bs, bs, key);

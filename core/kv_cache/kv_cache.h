@@ -143,8 +143,8 @@ class KvCache {
   static uint64_t chain_hash(uint64_t parent, const int32_t* tokens, int32_t n);
   static uint64_t group_seed(int32_t group);
   // Looks up the first n full blocks (stop_at_missing: the leading run only).
-  std::vector<int32_t> match_locked(const int32_t* tokens, size_t n, const uint8_t* decoded, int32_t group, uint64_t salt,
-                                    bool stop_at_missing);
+  std::vector<int32_t> match_locked(const int32_t* tokens, size_t n, const uint8_t* decoded, int32_t group,
+                                    uint64_t salt, bool stop_at_missing);
   void free_list_push_back(int32_t b);
   void free_list_remove(int32_t b);
   int32_t take_free_block_locked();  // evicts a cached block if needed; -1 if none

@@ -345,8 +345,7 @@ size_t KvManager::match_groups(const KvSequence& seq, size_t max_blocks, std::ve
   size_t h = max_blocks;
   for (int32_t g = 0; g < n_groups; ++g) {
     if (local(g)) continue;
-    out[g] = pool_->match_prefix(seq.tokens_.data(), seq.tokens_.size(), h, false, seq.generated_.data(), g,
-                                 seq.salt_);
+    out[g] = pool_->match_prefix(seq.tokens_.data(), seq.tokens_.size(), h, false, seq.generated_.data(), g, seq.salt_);
     h = std::min(h, out[g].size());
   }
   // ...a sliding-window group only those its window sees from the end of it.

@@ -93,7 +93,7 @@ using TensorGetter = std::function<WeightDesc(const std::string& name, int64_t c
 struct ModelShard {
   int32_t tp = 1, tp_rank = 0;
   int32_t pp = 1, pp_rank = 0;
-  int32_t first_layer = 0, n_layers = 0;  // this stage's layers (n_layers 0: every layer)
+  int32_t first_layer = 0, n_layers = 0;   // this stage's layers (n_layers 0: every layer)
   int32_t vocab_begin = 0, vocab_end = 0;  // this rank's vocabulary rows (set by Model::shard)
   bool first_stage() const { return pp_rank == 0; }
   bool last_stage() const { return pp_rank == pp - 1; }

@@ -63,7 +63,8 @@ std::shared_ptr<const Model> Model::shard(std::shared_ptr<const Model> full, con
 
   // ---- pipeline: this stage's layers
   if (pp > 1) {
-    if (c.n_layers < pp) refuse(std::to_string(c.n_layers) + " layers cannot be split into " + std::to_string(pp) + " stages");
+    if (c.n_layers < pp)
+      refuse(std::to_string(c.n_layers) + " layers cannot be split into " + std::to_string(pp) + " stages");
     if (full->kv_groups().n_groups() > 1) {
       refuse("pipeline parallel needs one KV layout for every layer; this model has sliding-window layers (use --tp)");
     }

@@ -229,7 +229,9 @@ TEST(CapiLogits, BadParametersAreInvalidArgument) {
     EXPECT_STATUS(ember_stream_start(s.get(), &p, &stream), EMBER_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(stream, nullptr);
   };
-  ember_logit_bias bad[] = {{-1, 1.0f}, {1 << 30, 1.0f}, {5, std::numeric_limits<float>::infinity()},
+  ember_logit_bias bad[] = {{-1, 1.0f},
+                            {1 << 30, 1.0f},
+                            {5, std::numeric_limits<float>::infinity()},
                             {5, std::numeric_limits<float>::quiet_NaN()}};
   for (const auto& b : bad) {
     ember_stream_params p = greedy_params(4);

@@ -85,8 +85,8 @@ int run_ops(ember::comm::Communicator& c) {
 // the performance model in docs/PARALLEL.md (latency and bandwidth of the
 // ranks' link; here: shared memory between processes on one machine).
 int run_bench(ember::comm::Communicator& c) {
-  for (size_t floats : {size_t{1}, size_t{576}, size_t{640}, size_t{576 * 16}, size_t{4096}, size_t{4096 * 16},
-                        size_t{1} << 20}) {
+  for (size_t floats :
+       {size_t{1}, size_t{576}, size_t{640}, size_t{576 * 16}, size_t{4096}, size_t{4096 * 16}, size_t{1} << 20}) {
     std::vector<float> v(floats, 1.0f);
     const int reps = floats >= (size_t{1} << 20) ? 20 : 2000;
     c.barrier();

@@ -22,8 +22,8 @@
 #include <sstream>
 
 #include "core/engine/engine.h"
-#include "cpu/matmul.h"
 #include "core/model/lora.h"
+#include "cpu/matmul.h"
 #include "model_path.h"
 
 namespace ember {
@@ -177,9 +177,9 @@ TEST_P(LoraArch, TokensDoNotDependOnTheOtherSessionsAdapters) {
   auto m = base(arch);
   auto a = LoraAdapter::load(synthetic("lora_" + arch + "_a.gguf"), *m);
   auto b = LoraAdapter::load(synthetic("lora_" + arch + "_b.gguf"), *m);
-  const std::vector<std::shared_ptr<const LoraSet>> sets = {
-      LoraSet::make({{a, 1.0f}}), LoraSet::make({{b, 1.0f}}), nullptr,
-      LoraSet::make({{a, 0.5f}, {b, -1.0f}}), LoraSet::make({{a, 1.0f}})};
+  const std::vector<std::shared_ptr<const LoraSet>> sets = {LoraSet::make({{a, 1.0f}}), LoraSet::make({{b, 1.0f}}),
+                                                            nullptr, LoraSet::make({{a, 0.5f}, {b, -1.0f}}),
+                                                            LoraSet::make({{a, 1.0f}})};
   const int n = 12;
   std::vector<std::vector<int32_t>> prompts, solo;
   for (size_t i = 0; i < sets.size(); ++i) {

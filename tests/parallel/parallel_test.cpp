@@ -269,7 +269,8 @@ int main(int argc, char** argv) {
   const size_t first = std::min(window, ids.size());
   std::vector<float> la(first * static_cast<size_t>(info.vocab_size)), lb(la.size());
   std::vector<double> lpa, lpb;
-  const double ppl_split = perplexity(split, ids, window, &la, &lpa), ppl_one = perplexity(single, ids, window, &lb, &lpb);
+  const double ppl_split = perplexity(split, ids, window, &la, &lpa),
+               ppl_one = perplexity(single, ids, window, &lb, &lpb);
   // The per-token log-probability differences: their mean is log(ppl_one /
   // ppl_split); their spread says how far that mean can be from 0 by chance
   // (the standard error).
@@ -304,16 +305,19 @@ int main(int argc, char** argv) {
     }
   }
   const double rel = std::fabs(ppl_split / ppl_one - 1.0);
-  std::printf("parallel_test: tp %d pp %d: %d greedy streams x %d tokens: %zu/%zu streams identical, tokens equal "
-              "before each stream's first difference %.4f (at the same position %.4f)\n",
-              tp, pp, n_prompts, n_tokens, equal_streams, static_cast<size_t>(n_prompts), agreement,
-              total ? static_cast<double>(same_position) / static_cast<double>(total) : 0.0);
-  std::printf("parallel_test: perplexity over %zu tokens: split %.6f, one rank %.6f (relative difference %.2e; "
-              "standard error of the mean log-probability difference %.2e)\n",
-              ids.size(), ppl_split, ppl_one, rel, stderr_mean);
-  std::printf("parallel_test: logits of the first %zu tokens: top-1 equal %zu/%zu, mean KL %.3g, max |difference| %.3g "
-              "(max |logit| %.3g)\n",
-              first, top1, first, kl / static_cast<double>(first), max_diff, max_abs);
+  std::printf(
+      "parallel_test: tp %d pp %d: %d greedy streams x %d tokens: %zu/%zu streams identical, tokens equal "
+      "before each stream's first difference %.4f (at the same position %.4f)\n",
+      tp, pp, n_prompts, n_tokens, equal_streams, static_cast<size_t>(n_prompts), agreement,
+      total ? static_cast<double>(same_position) / static_cast<double>(total) : 0.0);
+  std::printf(
+      "parallel_test: perplexity over %zu tokens: split %.6f, one rank %.6f (relative difference %.2e; "
+      "standard error of the mean log-probability difference %.2e)\n",
+      ids.size(), ppl_split, ppl_one, rel, stderr_mean);
+  std::printf(
+      "parallel_test: logits of the first %zu tokens: top-1 equal %zu/%zu, mean KL %.3g, max |difference| %.3g "
+      "(max |logit| %.3g)\n",
+      first, top1, first, kl / static_cast<double>(first), max_diff, max_abs);
   std::printf("parallel_test: rank 0 of %d: peak resident %ld MiB (with the engine on one rank too)\n", size,
               rss_mib("VmHWM:"));
   ember_engine_destroy(single);

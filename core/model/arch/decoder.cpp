@@ -339,7 +339,8 @@ void Decoder::embed_split(Pass& p) {
   // Rows of tokens another rank holds are zero here (x * 0: exact), so the
   // sum over the ranks is each token's row, bit for bit.
   for (int32_t r = 0; r < p.n; ++r) {
-    if (ids[r] < sh.vocab_begin || ids[r] >= sh.vocab_end) backend_.scale(x_ + static_cast<size_t>(r) * c.n_embd, c.n_embd, 0.0f);
+    if (ids[r] < sh.vocab_begin || ids[r] >= sh.vocab_end)
+      backend_.scale(x_ + static_cast<size_t>(r) * c.n_embd, c.n_embd, 0.0f);
   }
   all_reduce(x_, static_cast<size_t>(p.n) * c.n_embd);
 }
@@ -397,7 +398,8 @@ void Decoder::run_split(const Batch& batch, float* logits, float* embd) {
   const auto& c = model_->config();
   const ModelShard& sh = par_.shard;
   for (const auto& s : batch.seqs) {
-    if (s.lora) fail(StatusCode::kUnsupported, "forward: LoRA adapters on a model split across ranks are not supported yet");
+    if (s.lora)
+      fail(StatusCode::kUnsupported, "forward: LoRA adapters on a model split across ranks are not supported yet");
   }
   if (sh.pp == 1) {  // tensor parallel
     Pass p;
