@@ -173,18 +173,8 @@ class NcclCommunicator final : public Communicator {
 };
 
 int32_t create(int32_t timeout_ms, Communicator** out, char* err, size_t err_size) {
-  try {
-    *out = new NcclCommunicator(mpi_communicator(timeout_ms), timeout_ms);
-    return 0;
-  } catch (const Error& e) {
-    std::snprintf(err, err_size, "%s", e.what());
-    return static_cast<int32_t>(e.code());
-  } catch (const std::exception& e) {
-    std::snprintf(err, err_size, "%s", e.what());
-  } catch (...) {
-    std::snprintf(err, err_size, "unknown error");
-  }
-  return static_cast<int32_t>(StatusCode::kInternal);
+  return create_guarded([&] { return new NcclCommunicator(mpi_communicator(timeout_ms), timeout_ms); }, out, err,
+                        err_size);
 }
 
 const ember_comm_plugin_v1 kTable = {kCommPluginAbi, comm_interface_fingerprint(), create};

@@ -18,8 +18,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <exception>
 #include <memory>
 #include <string>
+
+#include "core/util/status.h"
 
 namespace ember::comm {
 
@@ -104,6 +108,24 @@ inline constexpr const char* kMpiPluginFile = "libember_mpi.so";
 inline constexpr const char* kNcclPluginEntry = "ember_nccl_plugin_v1";
 inline constexpr const char* kNcclPluginFile = "libember_nccl.so";
 inline constexpr uint32_t kCommPluginAbi = 1;
+
+// A plugin's create(): *out = make() (a Communicator*), or the error's
+// status and message in err; never throws.
+template <typename Make>
+int32_t create_guarded(Make make, Communicator** out, char* err, size_t err_size) noexcept {
+  try {
+    *out = make();
+    return 0;
+  } catch (const Error& e) {
+    std::snprintf(err, err_size, "%s", e.what());
+    return static_cast<int32_t>(e.code());
+  } catch (const std::exception& e) {
+    std::snprintf(err, err_size, "%s", e.what());
+  } catch (...) {
+    std::snprintf(err, err_size, "unknown error");
+  }
+  return static_cast<int32_t>(StatusCode::kInternal);
+}
 // Guards against a plugin built with another C++ library or interface.
 constexpr uint32_t comm_interface_fingerprint() {
   uint32_t h = 2166136261u;

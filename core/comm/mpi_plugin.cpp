@@ -9,18 +9,8 @@
 namespace {
 
 int32_t create(int32_t timeout_ms, ember::comm::Communicator** out, char* err, size_t err_size) {
-  try {
-    *out = ember::comm::mpi_communicator(timeout_ms).release();
-    return 0;
-  } catch (const ember::Error& e) {
-    std::snprintf(err, err_size, "%s", e.what());
-    return static_cast<int32_t>(e.code());
-  } catch (const std::exception& e) {
-    std::snprintf(err, err_size, "%s", e.what());
-  } catch (...) {
-    std::snprintf(err, err_size, "unknown error");
-  }
-  return static_cast<int32_t>(ember::StatusCode::kInternal);
+  return ember::comm::create_guarded([&] { return ember::comm::mpi_communicator(timeout_ms).release(); }, out, err,
+                                     err_size);
 }
 
 const ember_comm_plugin_v1 kTable = {ember::comm::kCommPluginAbi, ember::comm::comm_interface_fingerprint(), create};
