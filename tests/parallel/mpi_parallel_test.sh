@@ -69,6 +69,35 @@ if [ -f "$smollm" ]; then
     echo "mpi_parallel_test: mpirun -np 2 ember generate --pp 2 differs from ember generate" >&2
     fail=1
   fi
+  # The server on a split model: rank 0 serves, its greedy completion is the
+  # one-process server's.
+  serve_completion() {  # COMMAND...: starts it with --port 0, asks one completion, stops it (SIGTERM)
+    local log="$work/serve.log" pid url
+    rm -f "$log"
+    "$@" --port 0 --quiet > "$log" 2>&1 &
+    pid=$!
+    for _ in $(seq 1 300); do grep -q "listening on" "$log" 2>/dev/null && break; sleep 0.1; done
+    url=$(grep -o "http://[0-9.:]*" "$log" | head -1)
+    python3 - "$url" <<'PY' || echo "(no answer: $(tail -3 "$log"))"
+import json, sys, urllib.request
+req = urllib.request.Request(sys.argv[1] + "/v1/completions", method="POST", headers={"Content-Type": "application/json"},
+                             data=json.dumps({"prompt": "The capital of France is", "max_tokens": 16,
+                                              "temperature": 0}).encode())
+print(json.load(urllib.request.urlopen(req, timeout=120))["choices"][0]["text"])
+PY
+    kill -TERM "$pid" 2>/dev/null
+    wait "$pid"
+  }
+  if "$cli" --help 2>&1 | grep -q "  serve "; then
+    one=$(serve_completion "$cli" serve -m "$smollm" -t 1)
+    two=$(serve_completion timeout 300 "$mpiexec" --oversubscribe -n 2 "$cli" serve -m "$smollm" -t 1 --pp 2)
+    echo "== serve: one process: '$one'"
+    echo "== serve: --pp 2:      '$two'"
+    if [ -z "$one" ] || [ "$one" != "$two" ]; then
+      echo "mpi_parallel_test: ember serve --pp 2 under mpirun answers otherwise than one process" >&2
+      fail=1
+    fi
+  fi
   # A rank that hangs (stopped) ends the job with rank 0's error.
   pidfile="$work/parallel_started"
   rm -f "$pidfile"
