@@ -169,6 +169,7 @@ void full_engine_defaults(ember_engine_params* params) {
   params->pp_size = d.pp;
   params->comm_timeout_ms = 0;  // 0: the core's default
   params->comm = EMBER_COMM_MPI;
+  params->tp_exact = d.tp_exact ? 1 : 0;
 }
 
 void full_session_defaults(ember_session_params* params) {
@@ -672,6 +673,7 @@ ember_status ember_engine_create(ember_model* model, const ember_engine_params* 
     if (p.comm_timeout_ms != 0) ep.comm_timeout_ms = p.comm_timeout_ms;
     require(p.comm == EMBER_COMM_MPI || p.comm == EMBER_COMM_NCCL, "engine params: unknown comm");
     ep.comm = p.comm == EMBER_COMM_NCCL ? "nccl" : "mpi";
+    ep.tp_exact = p.tp_exact != 0;
     auto h = std::make_unique<ember_engine>();
     h->owner = ember::Engine::create(model->model, ep);
     h->backend_name = (*h->owner)->kv().backend_name();

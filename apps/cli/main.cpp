@@ -150,7 +150,7 @@ struct Handles {
 // --tp N ...`): every rank runs the same command; rank 0 does the work and
 // alone prints, the others run its forward passes (ember_engine_follow) and
 // end when it does.
-const std::vector<std::string> kParallelOpts = {"--tp", "--pp", "--comm-timeout", "--comm", "--device"};
+const std::vector<std::string> kParallelOpts = {"--tp", "--pp", "--comm-timeout", "--comm", "--device", "--tp-mode"};
 struct FollowerDone {  // thrown on ranks > 0 when rank 0 is done (main returns `code`)
   int code;
 };
@@ -162,6 +162,9 @@ void apply_split(const Args& a, ember_engine_params& ep) {
   const std::string comm = a.str("--comm", "mpi");
   if (comm != "mpi" && comm != "nccl") throw CliError("--comm must be mpi or nccl");
   ep.comm = comm == "nccl" ? EMBER_COMM_NCCL : EMBER_COMM_MPI;
+  const std::string mode = a.str("--tp-mode", "exact");
+  if (mode != "exact" && mode != "allreduce") throw CliError("--tp-mode must be exact or allreduce");
+  ep.tp_exact = mode == "exact" ? 1 : 0;
   const std::string device = a.str("--device", "");
   if (!device.empty()) {
     if (device != "cpu" && device != "cuda" && device != "auto") throw CliError("--device must be cpu, cuda or auto");
@@ -443,27 +446,10 @@ int cmd_generate(int argc, char** argv) {
 
 int cmd_chat(int argc, char** argv) {
   Args a(argc, argv, 2,
-         {"-m",
-          "-n",
-          "--temp",
-          "--top-k",
-          "--top-p",
-          "--min-p",
-          "--repeat-penalty",
-          "--presence-penalty",
-          "--frequency-penalty",
-          "--penalty-last-n",
-          "--seed",
-          "-t",
-          "--system",
-          "--tools",
-          "--tool-choice",
-          "--lora",
-          "--tp",
-          "--pp",
-          "--comm-timeout",
-          "--comm",
-          "--device"},
+         with({"-m", "-n", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--presence-penalty",
+               "--frequency-penalty", "--penalty-last-n", "--seed", "-t", "--system", "--tools", "--tool-choice",
+               "--lora"},
+              kParallelOpts),
          {});
   ember_stream_params sp = stream_params(a);
   Handles h;
@@ -797,8 +783,8 @@ int perplexity_stream(const Args& a, std::vector<int32_t> ids, Handles& h, const
 
 int cmd_perplexity(int argc, char** argv) {
   Args a(argc, argv, 2,
-         {"-m", "-f", "--ctx", "--max-tokens", "-t", "--cache", "--series", "--stride", "--logprobs", "--chunk", "--tp",
-          "--pp", "--comm-timeout", "--comm", "--device"},
+         with({"-m", "-f", "--ctx", "--max-tokens", "-t", "--cache", "--series", "--stride", "--logprobs", "--chunk"},
+              kParallelOpts),
          {"--stream"});
   if (!a.has("-f")) throw CliError("perplexity needs -f FILE");
   if (!a.has("--stream") &&
@@ -1342,8 +1328,9 @@ int cmd_serve(int argc, char** argv) {
     execv("/proc/self/exe", argv);
   }
   Args a(argc, argv, 2,
-         {"-m", "--host", "--port", "--parallel", "--queue", "--api-key", "--alias", "-t", "--ctx", "--kv-memory",
-          "--pooling", "--timeout", "--max-body", "--device", "--tp", "--pp", "--comm-timeout", "--comm"},
+         with({"-m", "--host", "--port", "--parallel", "--queue", "--api-key", "--alias", "-t", "--ctx", "--kv-memory",
+               "--pooling", "--timeout", "--max-body"},
+              kParallelOpts),
          {"--quiet"});
   ember::server::ServeOptions o;
   o.model_path = a.str("-m", default_model_path());
@@ -1389,6 +1376,7 @@ int cmd_serve(int argc, char** argv) {
   o.pp = split.pp_size;
   o.comm_timeout_ms = split.comm_timeout_ms;
   o.comm = split.comm;
+  o.tp_exact = split.tp_exact;
   return ember::server::serve(o);
 }
 #endif
@@ -1409,7 +1397,8 @@ void usage() {
       "             # SCALE defaults to 1 (the term is SCALE * alpha / rank * B A x)\n"
       "  (generate and chat) [--min-p P] [--repeat-penalty R] [--presence-penalty P] [--frequency-penalty F]\n"
       "             [--penalty-last-n N]   # penalties over the last N tokens (-1: all, 0: off; default 64)\n"
-      "  (generate, chat) [--tp N | --pp N] [--comm-timeout SECONDS] [--comm mpi|nccl] [--device cpu|cuda]\n"
+      "  (generate, chat) [--tp N [--tp-mode exact|allreduce] | --pp N] [--comm-timeout SECONDS]\n"
+      "             [--comm mpi|nccl] [--device cpu|cuda]\n"
       "             # a model split across the N ranks of `mpirun -np N ember ...`: tensor (--tp) or pipeline\n"
       "             # (--pp) parallel; rank 0 prints. nccl: CUDA ranks, one GPU each\n"
       "  perplexity [-m MODEL] -f FILE [--ctx C] [--max-tokens N] [--tp N | --pp N]\n"

@@ -236,6 +236,7 @@ void Server::load() {
   ep.pp_size = opts_.pp;
   ep.comm_timeout_ms = opts_.comm_timeout_ms;
   ep.comm = opts_.comm;
+  ep.tp_exact = opts_.tp_exact;
   if (ember_engine_create(model_, &ep, &engine_) != EMBER_OK) {
     throw std::runtime_error(std::string("cannot create the engine: ") + ember_last_error());
   }

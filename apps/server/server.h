@@ -42,6 +42,7 @@ struct ServeOptions {
   int tp = 1, pp = 1;
   int comm_timeout_ms = 0;  // 0: the engine's default
   int comm = 0;             // EMBER_COMM_*
+  int tp_exact = 1;         // ember_engine_params.tp_exact
 };
 
 // Loads the model, listens and serves until SIGINT or SIGTERM. Prints

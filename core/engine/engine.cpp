@@ -85,6 +85,7 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineParams& params)
     spec.pp = params_.pp;
     spec.tp_rank = params_.tp > 1 ? comm_->rank() : 0;
     spec.pp_rank = params_.pp > 1 ? comm_->rank() : 0;
+    spec.exact = params_.tp_exact;
     shard_ = Model::shard(model_, spec);
     // NCCL: one GPU per rank, the rank's index on its machine.
     if (params_.comm == "nccl" && params_.device == "cuda")

@@ -81,6 +81,10 @@ struct EngineParams {
   int32_t tp = 1, pp = 1;
   int32_t comm_timeout_ms = 60000;
   int32_t micro_batches = 0;  // pipeline micro-batches per step (0: pp)
+  // Tensor parallel: bit-identical to one rank (ModelShard::exact: 4
+  // all-gathers a layer), or Megatron's all-reduce of partial sums (false: 2
+  // all-reduces a layer, another summation order).
+  bool tp_exact = true;
   // "mpi" (CPU or any device; device buffers staged through the host) or
   // "nccl" (CUDA ranks, one GPU each: "cuda" becomes "cuda:<local rank>").
   std::string comm = "mpi";

@@ -86,12 +86,19 @@ using TensorGetter = std::function<WeightDesc(const std::string& name, int64_t c
 // FFN columns (n_ff / tp) and its vocabulary rows of the embedding and output
 // head ([vocab_begin, vocab_end), ceil(n_vocab / tp) a rank): Q/K/V, gate and
 // up are split by output rows (column parallel), attn_output and ffn_down by
-// input columns (row parallel; their partial sums are all-reduced). Norms
-// are replicated. Pipeline parallel: layers [first_layer, first_layer +
+// output rows too (exact) or by input columns (row parallel, their partial
+// sums all-reduced). Norms are replicated. Pipeline parallel: layers [first_layer, first_layer +
 // n_layers); the embedding only on the first stage, the final norm and the
 // output head only on the last.
 struct ModelShard {
   int32_t tp = 1, tp_rank = 0;
+  // Tensor parallel, how attn_output and ffn_down are split. exact (the
+  // default): by output rows, each rank computing its rows of the full dot
+  // products after an all-gather of their inputs, so that every value is
+  // computed as on one rank, to the bit (4 all-gathers a layer). Otherwise
+  // Megatron's row parallelism: by input columns, the partial sums
+  // all-reduced (2 all-reduces a layer; the sums' order changes).
+  bool exact = true;
   int32_t pp = 1, pp_rank = 0;
   int32_t first_layer = 0, n_layers = 0;   // this stage's layers (n_layers 0: every layer)
   int32_t vocab_begin = 0, vocab_end = 0;  // this rank's vocabulary rows (set by Model::shard)

@@ -135,6 +135,11 @@ std::shared_ptr<const Model> Model::shard(std::shared_ptr<const Model> full, con
     m->owned_.push_back(std::move(buf));
     return out;
   };
+  if (spec.exact && c.n_embd % tp != 0) {
+    refuse("embedding_length " + std::to_string(c.n_embd) + " is not divisible by tp " + std::to_string(tp) +
+           " (the exact split gives each rank n_embd / tp output rows of attn_output and ffn_down)");
+  }
+  const int64_t out_rows = c.n_embd / tp, out0 = static_cast<int64_t>(r) * out_rows;
   for (auto& l : m->layers_) {
     l.wq = rows_of(l.wq, head0 * hd, heads * hd);
     l.wk = rows_of(l.wk, kv0 * hd, kv_heads * hd);
@@ -142,10 +147,15 @@ std::shared_ptr<const Model> Model::shard(std::shared_ptr<const Model> full, con
     l.bq = bias_part(l.bq, head0 * hd, heads * hd);
     l.bk = bias_part(l.bk, kv0 * hd, kv_heads * hd);
     l.bv = bias_part(l.bv, kv0 * hd, kv_heads * hd);
-    l.wo = cols_of(l.wo, head0 * hd, heads * hd, "attn_output");
     l.w_gate = rows_of(l.w_gate, ff0, ff);
     l.w_up = rows_of(l.w_up, ff0, ff);
-    l.w_down = cols_of(l.w_down, ff0, ff, "ffn_down");
+    if (spec.exact) {  // output rows, every input column: views
+      l.wo = rows_of(l.wo, out0, out_rows);
+      l.w_down = rows_of(l.w_down, out0, out_rows);
+    } else {
+      l.wo = cols_of(l.wo, head0 * hd, heads * hd, "attn_output");
+      l.w_down = cols_of(l.w_down, ff0, ff, "ffn_down");
+    }
   }
   // Vocabulary rows (an embedding lookup and the output head's rows).
   const int32_t per = (c.n_vocab + tp - 1) / tp;

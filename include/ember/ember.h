@@ -298,6 +298,12 @@ typedef struct ember_engine_params {
                                ranks, one GPU each (device CUDA: GPU = the rank's
                                index on its machine), libember_nccl.so, still
                                started by mpirun */
+  int32_t tp_exact;         /* 1 (default): tensor parallel bit-identical to one
+                               rank (attn_output and ffn_down split by output
+                               rows after all-gathers of their inputs: 4
+                               all-gathers a layer); 0: Megatron's split by input
+                               columns, partial sums all-reduced (2 all-reduces a
+                               layer, the sums in another order) */
 } ember_engine_params;
 
 enum { EMBER_COMM_MPI = 0, EMBER_COMM_NCCL = 1 };

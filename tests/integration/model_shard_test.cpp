@@ -57,13 +57,24 @@ TEST(ModelShard, TensorParallelSplitsHeadsFfnAndVocabulary) {
     EXPECT_EQ(row_of(sl.wq, 5), row_of(fl.wq, r * 128 + 5));
     EXPECT_EQ(row_of(sl.wk, 3), row_of(fl.wk, r * 64 + 3));
     EXPECT_EQ(row_of(sl.w_up, 7), row_of(fl.w_up, r * 256 + 7));
-    // Row parallel: each row's columns of this rank.
-    EXPECT_EQ(sl.wo.cols, 128);
-    EXPECT_EQ(sl.w_down.cols, 256);
+    // Exact (the default): attn_output and ffn_down by output rows, whole.
+    EXPECT_EQ(sl.wo.rows, 128);
+    EXPECT_EQ(sl.wo.cols, 256);
+    EXPECT_EQ(sl.w_down.rows, 128);
+    EXPECT_EQ(sl.w_down.cols, 512);
+    EXPECT_EQ(row_of(sl.wo, 9), row_of(fl.wo, r * 128 + 9));
+    EXPECT_EQ(row_of(sl.w_down, 127), row_of(fl.w_down, r * 128 + 127));
+    // Row parallel (Megatron): each row's columns of this rank, copied.
+    ModelShard mega = tp_rank(2, r);
+    mega.exact = false;
+    auto sm = Model::shard(full, mega);
+    const auto& ml = sm->layers()[1];
+    EXPECT_EQ(ml.wo.cols, 128);
+    EXPECT_EQ(ml.w_down.cols, 256);
     for (int64_t row : {0, 17, 255}) {
-      const auto whole = row_of(fl.wo, row), part = row_of(sl.wo, row);
+      const auto whole = row_of(fl.wo, row), part = row_of(ml.wo, row);
       EXPECT_EQ(part, std::vector<float>(whole.begin() + r * 128, whole.begin() + (r + 1) * 128));
-      const auto dw = row_of(fl.w_down, row), dp = row_of(sl.w_down, row);
+      const auto dw = row_of(fl.w_down, row), dp = row_of(ml.w_down, row);
       EXPECT_EQ(dp, std::vector<float>(dw.begin() + r * 256, dw.begin() + (r + 1) * 256));
     }
     EXPECT_EQ(s->token_embd().rows, 192);
@@ -92,10 +103,14 @@ TEST(ModelShard, RefusesShapesThatDoNotSplit) {
     EXPECT_EQ(e.code(), StatusCode::kUnsupported);
     EXPECT_NE(std::string(e.what()).find("head_count 4 is not divisible by tp 3"), std::string::npos) << e.what();
   }
-  // Q4_K blocks hold 256 columns: attn_output's 256 columns cannot be cut in two.
+  // Q4_K blocks hold 256 columns: attn_output's 256 columns cannot be cut in
+  // two by columns (Megatron's split); by output rows (exact) they can.
   auto kq = Model::load(synthetic("llama_q4_k_m.gguf"));
+  EXPECT_NO_THROW(Model::shard(kq, tp_rank(2, 0)));
   try {
-    Model::shard(kq, tp_rank(2, 0));
+    ModelShard mega = tp_rank(2, 0);
+    mega.exact = false;
+    Model::shard(kq, mega);
     FAIL() << "half a Q4_K block";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), StatusCode::kUnsupported);

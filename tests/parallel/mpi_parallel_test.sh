@@ -3,10 +3,11 @@
 #   bash mpi_parallel_test.sh MPIEXEC PARALLEL_TEST EMBER_CLI MAKE_SYNTHETIC_MODEL WORKDIR
 # Pipeline parallel (2 stages) bit-identical to one rank on SmolLM2 and a
 # synthetic Llama (8 streams at once, so steps run in micro-batches); tensor
-# parallel (2 ranks) on Gemma 3 270M (its one KV head replicated) and the
-# synthetic model: perplexity of a text (README.md) within 0.1% of one rank,
-# top-1 equal on >= 90% of its rows, greedy streams mostly equal (the
-# all-reduce sums in another order: not bit-identical, see docs/PARALLEL.md);
+# parallel, exact (the default), bit-identical too: 2 ranks on Gemma 3 270M
+# (its one KV head replicated) and the synthetic model, 3 on SmolLM2; tensor
+# parallel with Megatron's all-reduce (another summation order, docs/PARALLEL.md):
+# perplexity of a text (README.md) within 0.1% of one rank, top-1 equal on
+# >= 90% of its rows, greedy streams mostly equal;
 # splits the shapes do not allow refused; `mpirun -np 2 ember
 # generate --pp 2` printing exactly what `ember generate` prints; a rank that
 # hangs ending the job with an error on rank 0 within the timeout.
@@ -37,8 +38,10 @@ model="$work/parallel_llama.gguf"
 text="$(cd "$(dirname "$0")/../.." && pwd)/README.md"
 check "pp 2, synthetic Llama, identical" run "$bin" --model "$model" --pp 2 --prompts 8 --tokens 24 --identical \
   --score-file "$text" --score-tokens 1024
-check "tp 2, synthetic Llama" run "$bin" --model "$model" --tp 2 --prompts 24 --tokens 16 --min-agreement 0.6 \
-  --max-ppl-rel 0.001 --min-top1 0.9 --score-file "$text" --score-tokens 1024
+check "tp 2 (exact), synthetic Llama, identical" run "$bin" --model "$model" --tp 2 --prompts 24 --tokens 16 \
+  --identical --score-file "$text" --score-tokens 1024
+check "tp 2 (all-reduce), synthetic Llama" run "$bin" --model "$model" --tp 2 --tp-allreduce --prompts 24 --tokens 16 \
+  --min-agreement 0.6 --max-ppl-rel 0.001 --min-top1 0.9 --score-file "$text" --score-tokens 1024
 check "tp 2 x 2 ranks refused" run "$bin" --model "$model" --tp 2 --pp 2 --expect-error "MPI job has 2"
 check "nccl on the CPU refused" run "$bin" --model "$model" --tp 2 --comm nccl --expect-error "NCCL ranks run on CUDA"
 # The NCCL plugin where it was built: without a GPU it must say so (on a
@@ -46,7 +49,7 @@ check "nccl on the CPU refused" run "$bin" --model "$model" --tp 2 --comm nccl -
 if [ -f "$(dirname "$(readlink -f "$bin")")/../capi/libember_nccl.so" ]; then
   if nvidia-smi -L 2>/dev/null | grep -q "GPU 1"; then
     check "tp 2 over NCCL, 2 GPUs" run "$bin" --model "$model" --tp 2 --comm nccl --device cuda --prompts 8 \
-      --tokens 16 --min-agreement 0.6 --max-ppl-rel 0.001 --min-top1 0.9
+      --tokens 16 --identical
   else
     check "nccl without 2 GPUs refused" run "$bin" --model "$model" --tp 2 --comm nccl --device cuda \
       --expect-error "nccl: "
@@ -56,8 +59,8 @@ if [ -f "$smollm" ]; then
   check "pp 2, SmolLM2, identical" run "$bin" --model "$smollm" --pp 2 --prompts 8 --tokens 24 --identical \
     --score-file "$text" --score-tokens 1024
   # SmolLM2 splits 3 ways (9 heads, 3 KV heads): tensor parallel on 3 ranks.
-  check "tp 3, SmolLM2" timeout 600 "$mpiexec" --oversubscribe -n 3 "$bin" --model "$smollm" --tp 3 --prompts 24 \
-    --tokens 16 --min-agreement 0.5 --max-ppl-rel 0.001 --min-top1 0.9 --score-file "$text" --score-tokens 1024
+  check "tp 3 (exact), SmolLM2, identical" timeout 600 "$mpiexec" --oversubscribe -n 3 "$bin" --model "$smollm" \
+    --tp 3 --prompts 24 --tokens 16 --identical --score-file "$text" --score-tokens 1024
   check "tp 2, SmolLM2 refused (9 heads)" run "$bin" --model "$smollm" --tp 2 \
     --expect-error "head_count 9 is not divisible by tp 2"
   # The CLI: rank 0 alone prints, the text is the one-rank text.
@@ -126,7 +129,9 @@ else
   fail=1
 fi
 if [ -f "$gemma" ]; then
-  check "tp 2, Gemma 3 270M (1 KV head replicated)" run "$bin" --model "$gemma" --tp 2 --prompts 24 --tokens 16 \
+  check "tp 2 (exact), Gemma 3 270M (1 KV head replicated), identical" run "$bin" --model "$gemma" --tp 2 \
+    --prompts 24 --tokens 16 --identical --score-file "$text" --score-tokens 1024
+  check "tp 2 (all-reduce), Gemma 3 270M" run "$bin" --model "$gemma" --tp 2 --tp-allreduce --prompts 24 --tokens 16 \
     --min-agreement 0.5 --max-ppl-rel 0.001 --min-top1 0.9 --score-file "$text" --score-tokens 1024
   check "pp 2, Gemma 3 refused (sliding-window layers)" run "$bin" --model "$gemma" --pp 2 --expect-error "sliding-window"
 fi

@@ -19,6 +19,7 @@
 //                        --score-tokens) instead of a paragraph of its own
 //   --expect-error TEXT  creating the split engine must fail with TEXT in its
 //                        message (on every rank)
+// --tp-allreduce: Megatron's all-reduce split instead of the exact one.
 // --comm mpi|nccl, --device cpu|cuda: the split engine's communicator and
 // device (the engine on one rank runs on the same device).
 // --no-score: rank 0 runs the split engine's streams only (memory figures).
@@ -186,6 +187,7 @@ int main(int argc, char** argv) {
   ep.comm_timeout_ms = std::atoi(arg(argc, argv, "--comm-timeout-ms", "30000").c_str());
   ep.kv_memory_bytes = 64ull << 20;
   ep.comm = arg(argc, argv, "--comm", "mpi") == "nccl" ? EMBER_COMM_NCCL : EMBER_COMM_MPI;
+  ep.tp_exact = flag(argc, argv, "--tp-allreduce") ? 0 : 1;
   ep.device = arg(argc, argv, "--device", "cpu") == "cuda" ? EMBER_DEVICE_CUDA : EMBER_DEVICE_CPU;
   ember_engine* split = nullptr;
   const ember_status st = ember_engine_create(model, &ep, &split);

@@ -62,7 +62,8 @@ Decoder::Decoder(std::shared_ptr<const Model> model, Backend& backend, int32_t b
 Decoder::~Decoder() { release_buffers(); }
 
 void Decoder::release_buffers() {
-  for (float** p : {&x_, &h_, &q_, &k_, &v_, &attn_, &gate_, &up_, &sel_, &logits_dev_}) {
+  for (float** p :
+       {&x_, &h_, &q_, &k_, &v_, &attn_, &gate_, &up_, &sel_, &logits_dev_, &full_in_, &out_part_, &parts_}) {
     if (*p) backend_.free_buffer(*p);
     *p = nullptr;
   }
@@ -88,6 +89,14 @@ void Decoder::ensure_capacity(int32_t rows, int32_t logit_rows) {
   up_ = f(r * c.n_ff);
   sel_ = f(lr * c.n_embd);
   logits_dev_ = f(lr * c.n_vocab);
+  if (exact_tp()) {
+    const size_t tp = static_cast<size_t>(par_.shard.tp), ff = static_cast<size_t>(c.n_ff);
+    // A gathered input (all heads, all FFN columns) or output (n_embd).
+    const size_t widest = std::max({q_dim * tp, ff * tp, static_cast<size_t>(c.n_embd)});
+    full_in_ = f(r * widest);
+    out_part_ = f(r * (static_cast<size_t>(c.n_embd) / tp));
+    parts_ = f(r * widest);
+  }
   capacity_rows_ = static_cast<int32_t>(r);
   capacity_logits_ = static_cast<int32_t>(lr);
 }
@@ -310,6 +319,34 @@ void Decoder::all_reduce(float* buf, size_t n) {
   backend_.download(scratch_.data(), buf, n * sizeof(float));
   par_.comm->all_reduce_sum(scratch_.data(), n);
   backend_.upload(buf, scratch_.data(), n * sizeof(float));
+}
+
+void Decoder::gather_parts(const float* part, int32_t rows, int32_t dim, float* full) {
+  const int32_t tp = par_.shard.tp;
+  const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(dim);
+  if (host_buffers_ || par_.comm->device_buffers()) {
+    par_.comm->all_gather(part, n * sizeof(float), parts_);
+  } else {
+    scratch_.resize(n);
+    gathered_.resize(n * static_cast<size_t>(tp));
+    backend_.download(scratch_.data(), part, n * sizeof(float));
+    par_.comm->all_gather(scratch_.data(), n * sizeof(float), gathered_.data());
+    backend_.upload(parts_, gathered_.data(), gathered_.size() * sizeof(float));
+  }
+  // parts_ is [rank][row][dim]; full rows are [row][rank][dim]: one copy of
+  // rows of `dim` values each.
+  gather_index_.resize(static_cast<size_t>(rows) * static_cast<size_t>(tp));
+  for (int32_t b = 0; b < rows; ++b) {
+    for (int32_t q = 0; q < tp; ++q) gather_index_[static_cast<size_t>(b) * tp + q] = q * rows + b;
+  }
+  backend_.gather_rows(parts_, gather_index_.data(), rows * tp, dim, full);
+}
+
+void Decoder::exact_matmul(Pass& p, const DeviceWeight& w, const float* part, int32_t part_dim) {
+  const int32_t out_dim = model_->config().n_embd / par_.shard.tp;
+  gather_parts(part, p.n, part_dim, full_in_);  // the input of one rank: every head / FFN column
+  matmul(p, w, full_in_, out_part_);            // this rank's outputs, whole dot products
+  gather_parts(out_part_, p.n, out_dim, h_);    // every rank's outputs
 }
 
 void Decoder::send_rows(const float* buf, size_t n, int peer, int tag) {
@@ -579,6 +616,7 @@ void Decoder::attention(Pass& p, int32_t il, const LayerWeights& w, int32_t wind
   }
   p.ap.window = window;
   backend_.attention(kv_layer, q_, p.seqs[g].data(), static_cast<int32_t>(p.seqs[g].size()), p.ap, attn_);
+  if (exact_tp()) return exact_matmul(p, *w.wo, attn_, model_->config().n_heads * model_->config().head_dim);
   matmul(p, *w.wo, attn_, h_);
   lora(p, il, {{LoraTarget::kO, h_}}, attn_);
   all_reduce(h_, static_cast<size_t>(p.n) * model_->config().n_embd);  // row parallel: partial sums
@@ -596,6 +634,7 @@ void Decoder::glu_ffn(Pass& p, const LayerWeights& w, bool gelu) {
   } else {
     backend_.swiglu(gate_, up_, n_ff, gate_);
   }
+  if (exact_tp()) return exact_matmul(p, *w.w_down, gate_, model_->config().n_ff);
   matmul(p, *w.w_down, gate_, h_);
   lora(p, il, {{LoraTarget::kDown, h_}}, gate_);
   all_reduce(h_, static_cast<size_t>(p.n) * model_->config().n_embd);  // row parallel: partial sums

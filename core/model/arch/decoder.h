@@ -118,12 +118,22 @@ class Decoder : public Forward {
   void embed_split(Pass& p);
   // buf[0, n) summed over the tensor-parallel ranks (nothing when not split).
   void all_reduce(float* buf, size_t n);
+  // Exact tensor parallelism: each rank's `rows` x `dim` part gathered into
+  // full rows (rows x tp*dim, the ranks' parts side by side in rank order).
+  void gather_parts(const float* part, int32_t rows, int32_t dim, float* full);
+  bool exact_tp() const { return par_.comm && par_.shard.tp > 1 && par_.shard.exact; }
+  // W x through an exactly split matrix (its rows: n_embd / tp outputs): x's
+  // parts gathered into full rows, this rank's outputs, h_ gathered.
+  void exact_matmul(Pass& p, const DeviceWeight& w, const float* part, int32_t part_dim);
   void send_rows(const float* buf, size_t n, int peer, int tag);
   void recv_rows(float* buf, size_t n, int peer, int tag);
   ParallelContext par_;
   bool host_buffers_ = true;  // the backend's buffers are host memory (the CPU's)
   std::vector<float> scratch_, gathered_;
-  std::vector<int32_t> local_ids_;
+  std::vector<int32_t> local_ids_, gather_index_;
+  // Exact tensor parallelism's buffers: a gathered input (full rows), this
+  // rank's outputs, the ranks' parts as they arrive.
+  float *full_in_ = nullptr, *out_part_ = nullptr, *parts_ = nullptr;
   void release_buffers();
   void prepare(const Batch& batch, Pass& p);
   void matmul(Pass& p, const DeviceWeight& w, const float* in, float* out);
