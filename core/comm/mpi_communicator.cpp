@@ -6,7 +6,6 @@
 #include <mpi.h>
 
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <thread>

@@ -1,6 +1,5 @@
 #include "core/engine/parallel.h"
 
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
