@@ -657,12 +657,13 @@ ember_status ember_engine_create(ember_model* model, const ember_engine_params* 
     const ember_engine_params p = read_params(params, full_engine_defaults);
     require(p.device == EMBER_DEVICE_CPU || p.device == EMBER_DEVICE_CUDA || p.device == EMBER_DEVICE_AUTO,
             "engine params: unknown device");
-    require(p.kv_dtype == EMBER_KV_F16, "engine params: unknown kv_dtype");
+    require(p.kv_dtype == EMBER_KV_F16 || p.kv_dtype == EMBER_KV_Q8_0, "engine params: unknown kv_dtype");
     ember::EngineParams ep;
     ep.device = p.device == EMBER_DEVICE_CUDA ? "cuda" : p.device == EMBER_DEVICE_AUTO ? "auto" : "cpu";
     ep.n_threads = p.n_threads;
     if (p.kv_memory_bytes != 0) ep.kv_memory_bytes = p.kv_memory_bytes;
     ep.kv_block_size = p.kv_block_size;
+    ep.kv_dtype = p.kv_dtype == EMBER_KV_Q8_0 ? ember::DType::Q8_0 : ember::DType::F16;
     ep.max_batch_tokens = p.max_batch_tokens;
     ep.max_running = p.max_running;
     ep.prefix_caching = p.prefix_caching != 0;

@@ -26,9 +26,10 @@ inline constexpr int kAttnMaxHeadDim = 256;  // and head_dim a multiple of 8
 // One (query row, kv head) item of CpuBackend::attention; see attend_group
 // in backend_kernels.inc for the computation (llama.cpp's, to the bit).
 struct AttendArgs {
-  const uint16_t* k_base;  // the layer's K blocks: block b at k_base + b * block_elems
-  const uint16_t* v_base;  // the layer's V blocks
-  size_t block_elems;      // num_kv_heads * block_size * head_dim
+  const uint8_t* k_base;  // the layer's K blocks: block b at k_base + b * block_bytes
+  const uint8_t* v_base;  // the layer's V blocks
+  size_t block_bytes;     // num_kv_heads * block_size * row_bytes
+  size_t row_bytes;       // one head's K or V row: head_dim f16, or head_dim / 32 Q8_0 blocks
   int32_t block_size;
   const int32_t* block_table;    // the sequence's blocks, by cache slot / block_size
   int32_t hole_begin, hole_end;  // skipped cache slots (empty when equal)
@@ -48,7 +49,10 @@ struct AttendArgs {
 
 struct BackendKernels {
   const char* name;
-  void (*attend_group)(const AttendArgs& a);
+  void (*attend_group)(const AttendArgs& a);  // f16 cache rows
+  // The same over Q8_0 cache rows (head_dim a multiple of 32): each element
+  // read as d * q, in the same orders (not llama.cpp's q8_0 KV arithmetic).
+  void (*attend_group_q8)(const AttendArgs& a);
   // out[i] = SiLU(gate[i]) * up[i] for i in [0, n), n a multiple of 8.
   void (*swiglu8)(const float* gate, const float* up, size_t n, float* out);
   // f32 -> f16, round to nearest even.

@@ -42,6 +42,12 @@ struct Avx512Wide {
   static W load_f16(const uint16_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
+  using Half = Avx2Ops;
+  static float h2f(uint16_t h) { return Avx2Ops::h2f(h); }
+  static W load_i8(const int8_t* p) {  // 16 int8 -> f32 (exact)
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  static W join(__m256 lo, __m256 hi) { return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1); }
   static W load_f16_rows(const uint16_t* a, const uint16_t* b) {
     const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a));
     const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));

@@ -84,6 +84,9 @@ struct ScalarOps {
   }
   static float h2f(uint16_t h) { return fp16_to_fp32(h); }
   static uint16_t f2h(float f) { return fp32_to_fp16(f); }
+  static V load_i8(const int8_t* p) {
+    return map([&](int i) { return static_cast<float>(p[i]); });
+  }
   static V load_f16(const uint16_t* p) {
     uint16_t h[8];
     std::memcpy(h, p, sizeof h);

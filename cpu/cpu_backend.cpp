@@ -428,6 +428,10 @@ class CpuBackend final : public Backend {
   // resident as blocks are first written, so an engine with a large budget
   // costs the host only the memory its sequences use.
   void kv_init(const KvGeometry& g) override {
+    if (!supports_kv_dtype(g.dtype) || g.row_bytes() == 0) {
+      fail(StatusCode::kUnsupported, "cpu backend: KV rows of " + std::to_string(g.head_dim) + " " +
+                                         type_name(static_cast<uint32_t>(g.dtype)) + " are not supported (f16, or q8_0 with head_dim % 32 == 0)");
+    }
     geom_ = g;
     release_kv();
     const size_t bytes = g.bytes_per_block() * static_cast<size_t>(g.num_blocks);
@@ -438,22 +442,23 @@ class CpuBackend final : public Backend {
     if (p == MAP_FAILED) {
       fail(StatusCode::kOutOfMemory, "cpu backend: cannot reserve the KV pool (" + std::to_string(bytes) + " bytes)");
     }
-    kv_ = static_cast<uint16_t*>(p);
+    kv_ = static_cast<uint8_t*>(p);
     kv_bytes_ = bytes;
   }
 
   void kv_copy_blocks(const int32_t* src, const int32_t* dst, int32_t n) override {
-    const size_t per_layer_block = block_elems();
+    const size_t per_layer_block = block_bytes();
     for (int32_t l = 0; l < geom_.num_layers; ++l) {
       for (int kv = 0; kv < 2; ++kv) {
         for (int32_t i = 0; i < n; ++i) {
-          std::memcpy(block_ptr(l, kv, dst[i]), block_ptr(l, kv, src[i]), per_layer_block * sizeof(uint16_t));
+          std::memcpy(block_ptr(l, kv, dst[i]), block_ptr(l, kv, src[i]), per_layer_block);
         }
       }
     }
   }
 
   bool supports_cache_policies() const override { return true; }
+  bool supports_kv_dtype(DType dtype) const override { return dtype == DType::F16 || dtype == DType::Q8_0; }
   BackendLimits limits() const override {
     BackendLimits l;
     l.max_head_dim = kAttnMaxHeadDim;
@@ -525,12 +530,16 @@ class CpuBackend final : public Backend {
       if (block < 0 || block >= geom_.num_blocks) continue;
       const float* cs = tables.data() + static_cast<size_t>(layer) * 2 * hd;
       const float* sn = cs + hd;
+      if (geom_.dtype == DType::Q8_0) {
+        rope_shift_q8_rows(block_ptr(layer, 0, block), rows, hd, specs[layer], cs, sn);
+        continue;
+      }
       if (!specs[layer].neox) {
-        kernels.rope_shift_rows(block_ptr(layer, 0, block), rows, hd, cs, sn);
+        kernels.rope_shift_rows(reinterpret_cast<uint16_t*>(block_ptr(layer, 0, block)), rows, hd, cs, sn);
         continue;
       }
       const int32_t half = specs[layer].rot_dim / 2;
-      uint16_t* k = block_ptr(layer, 0, block);
+      auto* k = reinterpret_cast<uint16_t*>(block_ptr(layer, 0, block));
       for (size_t row = 0; row < rows; ++row) {
         uint16_t* kr = k + row * hd;
         for (int32_t i = 0; i < half; ++i) {
@@ -544,7 +553,7 @@ class CpuBackend final : public Backend {
 
   void kv_read_block(int32_t block, void* dst) override {
     if (block < 0 || block >= geom_.num_blocks) fail(StatusCode::kInternal, "kv_read_block: block outside the pool");
-    const size_t bytes = block_elems() * sizeof(uint16_t);
+    const size_t bytes = block_bytes();
     auto* out = static_cast<uint8_t*>(dst);
     for (int32_t l = 0; l < geom_.num_layers; ++l) {
       for (int kv = 0; kv < 2; ++kv, out += bytes) std::memcpy(out, block_ptr(l, kv, block), bytes);
@@ -553,7 +562,7 @@ class CpuBackend final : public Backend {
 
   void kv_write_block(int32_t block, const void* src) override {
     if (block < 0 || block >= geom_.num_blocks) fail(StatusCode::kInternal, "kv_write_block: block outside the pool");
-    const size_t bytes = block_elems() * sizeof(uint16_t);
+    const size_t bytes = block_bytes();
     const auto* in = static_cast<const uint8_t*>(src);
     for (int32_t l = 0; l < geom_.num_layers; ++l) {
       for (int kv = 0; kv < 2; ++kv, in += bytes) std::memcpy(block_ptr(l, kv, block), in, bytes);
@@ -683,6 +692,7 @@ class CpuBackend final : public Backend {
   // A view's rows must fit the pool's (and the kernels' head sizes).
   void check_view(const KvView& view) const {
     if (view.num_kv_heads <= 0 || view.head_dim <= 0 || view.head_dim % 8 != 0 ||
+        kv_row_bytes(geom_.dtype, view.head_dim) == 0 ||
         static_cast<int64_t>(view.num_kv_heads) * view.head_dim >
             static_cast<int64_t>(geom_.num_kv_heads) * geom_.head_dim) {
       fail(StatusCode::kInternal, "kv view: " + std::to_string(view.num_kv_heads) + " x " +
@@ -695,15 +705,22 @@ class CpuBackend final : public Backend {
     const int32_t nkv = view.num_kv_heads, hd = view.head_dim, bs = geom_.block_size;
     if (layer < 0 || layer >= geom_.num_layers) fail(StatusCode::kInternal, "kv_store: layer outside the pool");
     const cpu::detail::BackendKernels& kernels = cpu::detail::backend_kernels();
+    const size_t rb = kv_row_bytes(geom_.dtype, hd);
+    const bool q8 = geom_.dtype == DType::Q8_0;
     for (int32_t r = 0; r < rows; ++r) {
       const int32_t block = slots[r] / bs, off = slots[r] % bs;
       if (block < 0 || block >= geom_.num_blocks) fail(StatusCode::kInternal, "kv_store: slot outside the pool");
       for (int32_t h = 0; h < nkv; ++h) {
         const size_t src = (static_cast<size_t>(r) * nkv + h) * hd;
-        uint16_t* kd = block_ptr(layer, 0, block) + (static_cast<size_t>(h) * bs + off) * hd;
-        uint16_t* vd = block_ptr(layer, 1, block) + (static_cast<size_t>(h) * bs + off) * hd;
-        kernels.f32_to_f16(k + src, kd, hd);
-        kernels.f32_to_f16(v + src, vd, hd);
+        uint8_t* kd = block_ptr(layer, 0, block) + (static_cast<size_t>(h) * bs + off) * rb;
+        uint8_t* vd = block_ptr(layer, 1, block) + (static_cast<size_t>(h) * bs + off) * rb;
+        if (q8) {
+          quantize_q8_0(k + src, kd, hd);
+          quantize_q8_0(v + src, vd, hd);
+        } else {
+          kernels.f32_to_f16(k + src, reinterpret_cast<uint16_t*>(kd), hd);
+          kernels.f32_to_f16(v + src, reinterpret_cast<uint16_t*>(vd), hd);
+        }
       }
     }
   }
@@ -722,11 +739,13 @@ class CpuBackend final : public Backend {
       fail(StatusCode::kInternal, "cpu attention: layer or K/V row width outside the pool");
     }
     if (p.num_kv_heads <= 0 || p.num_heads % p.num_kv_heads != 0 || p.num_heads / p.num_kv_heads > kAttnMaxGroup ||
-        p.head_dim <= 0 || p.head_dim > kAttnMaxHeadDim || p.head_dim % 8 != 0) {
+        p.head_dim <= 0 || p.head_dim > kAttnMaxHeadDim || p.head_dim % 8 != 0 ||
+        kv_row_bytes(geom_.dtype, p.head_dim) == 0) {
       fail(StatusCode::kUnsupported,
            "cpu attention: " + std::to_string(p.num_heads) + " heads over " + std::to_string(p.num_kv_heads) +
                " kv heads of " + std::to_string(p.head_dim) +
-               " not supported (head_dim a multiple of 8 up to 256, at most 16 heads per kv head)");
+               " not supported (head_dim a multiple of 8 up to 256, of 32 with a q8_0 cache; at most 16 heads per kv"
+               " head)");
     }
     const int32_t items = static_cast<int32_t>(rows.size()) * p.num_kv_heads;
     const cpu::detail::BackendKernels& kernels = cpu::detail::backend_kernels();
@@ -1009,11 +1028,55 @@ class CpuBackend final : public Backend {
     kv_ = nullptr;
     kv_bytes_ = 0;
   }
-  size_t block_elems() const { return static_cast<size_t>(geom_.num_kv_heads) * geom_.block_size * geom_.head_dim; }
+  // One layer's K (or V) of one block.
+  size_t block_bytes() const { return static_cast<size_t>(geom_.num_kv_heads) * geom_.block_size * geom_.row_bytes(); }
   // kv: 0 = K, 1 = V.
-  uint16_t* block_ptr(int32_t layer, int kv, int32_t block) const {
-    const size_t layer_stride = 2 * block_elems() * geom_.num_blocks;
-    return kv_ + layer * layer_stride + kv * block_elems() * geom_.num_blocks + block * block_elems();
+  uint8_t* block_ptr(int32_t layer, int kv, int32_t block) const {
+    const size_t per = block_bytes(), layer_stride = 2 * per * geom_.num_blocks;
+    return kv_ + layer * layer_stride + kv * per * geom_.num_blocks + block * per;
+  }
+
+  // llama.cpp's quantize_row_q8_0_ref: per 32 elements d = max|x| / 127
+  // (stored as f16), q = roundf(x / d) (x * (1 / d)); n a multiple of 32.
+  static void quantize_q8_0(const float* x, uint8_t* out, int32_t n) {
+    for (int32_t b = 0; b < n; b += 32, out += 34) {
+      float amax = 0.0f;
+      for (int32_t j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[b + j]));
+      const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+      const uint16_t dh = fp32_to_fp16(d);
+      std::memcpy(out, &dh, 2);
+      for (int32_t j = 0; j < 32; ++j) out[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::roundf(x[b + j] * id)));
+    }
+  }
+  static void dequantize_q8_0(const uint8_t* in, float* x, int32_t n) {
+    for (int32_t b = 0; b < n; b += 32, in += 34) {
+      uint16_t dh;
+      std::memcpy(&dh, in, 2);
+      const float d = fp16_to_fp32(dh);
+      for (int32_t j = 0; j < 32; ++j) x[b + j] = d * static_cast<float>(static_cast<int8_t>(in[2 + j]));
+    }
+  }
+  // K-shift of Q8_0 rows: each row dequantized, rotated as the f16 path
+  // rotates (x * cs + partner * sn, adjacent or NEOX pairs), requantized.
+  static void rope_shift_q8_rows(uint8_t* k, size_t rows, int32_t hd, const RopeSpec& spec, const float* cs,
+                                 const float* sn) {
+    float x[512], y[512];
+    const size_t rb = kv_row_bytes(DType::Q8_0, hd);
+    const int32_t half = spec.rot_dim / 2;
+    for (size_t r = 0; r < rows; ++r) {
+      uint8_t* kr = k + r * rb;
+      dequantize_q8_0(kr, x, hd);
+      for (int32_t i = 0; i < hd; ++i) {
+        int32_t partner = i;
+        if (spec.neox) {
+          if (i < spec.rot_dim) partner = i < half ? i + half : i - half;
+        } else {
+          partner = i ^ 1;
+        }
+        y[i] = std::fma(x[partner], sn[i], x[i] * cs[i]);
+      }
+      quantize_q8_0(y, kr, hd);
+    }
   }
 
   // Fills the kernel's arguments for one (row, kv head) item; the scratch
@@ -1030,7 +1093,8 @@ class CpuBackend final : public Backend {
     cpu::detail::AttendArgs a;
     a.k_base = block_ptr(layer, 0, 0);
     a.v_base = block_ptr(layer, 1, 0);
-    a.block_elems = block_elems();
+    a.block_bytes = block_bytes();
+    a.row_bytes = kv_row_bytes(geom_.dtype, p.head_dim);
     a.block_size = geom_.block_size;
     a.block_table = seq.block_table;
     a.hole_begin = seq.hole_begin;
@@ -1051,7 +1115,7 @@ class CpuBackend final : public Backend {
     a.scores = sc.data();
     a.acc = acc.data();
     a.out = out;
-    kernels.attend_group(a);
+    (geom_.dtype == DType::Q8_0 ? kernels.attend_group_q8 : kernels.attend_group)(a);
   }
 
   int threads() const { return governor_.threads(); }
@@ -1076,7 +1140,7 @@ class CpuBackend final : public Backend {
   cpu::ThreadGovernor governor_;
   bool batch_invariant_;
   KvGeometry geom_;
-  uint16_t* kv_ = nullptr;
+  uint8_t* kv_ = nullptr;
   size_t kv_bytes_ = 0;
   std::mutex scratch_mutex_;
   cpu::MatmulScratch scratch_;

@@ -501,6 +501,7 @@ class CudaBackend final : public Backend, public BackendExtras {
       fail(StatusCode::kUnsupported,
            "cuda backend: head_dim " + std::to_string(g.head_dim) + " is not supported (a multiple of 8, at most 256)");
     }
+    if (g.dtype != DType::F16) fail(StatusCode::kUnsupported, "cuda backend: the KV cache is f16 only (no q8_0 KV yet)");
     graph_clear_locked();
     ck(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
     kv_.reset();

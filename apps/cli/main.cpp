@@ -150,12 +150,21 @@ struct Handles {
 // --tp N ...`): every rank runs the same command; rank 0 does the work and
 // alone prints, the others run its forward passes (ember_engine_follow) and
 // end when it does.
-const std::vector<std::string> kParallelOpts = {"--tp", "--pp", "--comm-timeout", "--comm", "--device", "--tp-mode"};
+// (With them, for every command that creates an engine: --kv-type f16|q8_0.)
+const std::vector<std::string> kParallelOpts = {"--tp",     "--pp",      "--comm-timeout", "--comm",
+                                                "--device", "--tp-mode", "--kv-type"};
 struct FollowerDone {  // thrown on ranks > 0 when rank 0 is done (main returns `code`)
   int code;
 };
 bool split_requested(const Args& a) { return a.integer("--tp", 1, 1, 64) > 1 || a.integer("--pp", 1, 1, 64) > 1; }
+// --kv-type f16 (default) | q8_0: the KV cache's element type.
+int32_t kv_dtype_of(const Args& a) {
+  const std::string t = a.str("--kv-type", "f16");
+  if (t != "f16" && t != "q8_0") throw CliError("--kv-type must be f16 or q8_0");
+  return t == "q8_0" ? EMBER_KV_Q8_0 : EMBER_KV_F16;
+}
 void apply_split(const Args& a, ember_engine_params& ep) {
+  ep.kv_dtype = kv_dtype_of(a);
   ep.tp_size = static_cast<int32_t>(a.integer("--tp", 1, 1, 64));
   ep.pp_size = static_cast<int32_t>(a.integer("--pp", 1, 1, 64));
   ep.comm_timeout_ms = static_cast<int32_t>(a.integer("--comm-timeout", 60, 1, 86400) * 1000);
@@ -658,7 +667,10 @@ int perplexity_stream(const Args& a, std::vector<int32_t> ids, Handles& h, const
   // A pool just large enough for the policy, so resident memory reflects it.
   const int32_t block = 16;
   const int32_t head_dim = info.n_embd / info.n_heads;
-  const uint64_t bytes_per_block = static_cast<uint64_t>(info.n_layers) * 2 * info.n_kv_heads * block * head_dim * 2;
+  const int32_t kv_dtype = kv_dtype_of(a);
+  const uint64_t row_bytes = kv_dtype == EMBER_KV_Q8_0 ? static_cast<uint64_t>(head_dim) / 32 * 34
+                                                        : static_cast<uint64_t>(head_dim) * 2;
+  const uint64_t bytes_per_block = static_cast<uint64_t>(info.n_layers) * 2 * info.n_kv_heads * block * row_bytes;
   uint64_t slots = 0;
   const int32_t full_window = std::max<int32_t>(block, static_cast<int32_t>(ids.size()));
   if (cache.kind == "full")
@@ -671,6 +683,7 @@ int perplexity_stream(const Args& a, std::vector<int32_t> ids, Handles& h, const
   ember_engine_params_init(&ep);
   ep.n_threads = threads;
   ep.kv_block_size = block;
+  ep.kv_dtype = kv_dtype;
   ep.kv_memory_bytes = ((slots + block - 1) / block + 2) * bytes_per_block;
   check(ember_engine_create(h.model, &ep, &h.engine), "creating the engine");
   ember_session_params sp;
@@ -1377,6 +1390,7 @@ int cmd_serve(int argc, char** argv) {
   o.comm_timeout_ms = split.comm_timeout_ms;
   o.comm = split.comm;
   o.tp_exact = split.tp_exact;
+  o.kv_dtype = split.kv_dtype;
   return ember::server::serve(o);
 }
 #endif
@@ -1401,6 +1415,7 @@ void usage() {
       "             [--comm mpi|nccl] [--device cpu|cuda]\n"
       "             # a model split across the N ranks of `mpirun -np N ember ...`: tensor (--tp) or pipeline\n"
       "             # (--pp) parallel; rank 0 prints. nccl: CUDA ranks, one GPU each\n"
+      "  (generate, chat, perplexity, bench, serve) [--kv-type f16|q8_0]   # q8_0: half the KV memory per token\n"
       "  perplexity [-m MODEL] -f FILE [--ctx C] [--max-tokens N] [--tp N | --pp N]\n"
       "  perplexity [-m MODEL] -f FILE --stream --cache full|window:W|sink:S:W|recompute:W\n"
       "             [--max-tokens N] [--series FILE.csv] [--stride K] [--logprobs FILE.csv] [--chunk K]\n"

@@ -237,6 +237,7 @@ void Server::load() {
   ep.comm_timeout_ms = opts_.comm_timeout_ms;
   ep.comm = opts_.comm;
   ep.tp_exact = opts_.tp_exact;
+  ep.kv_dtype = opts_.kv_dtype;
   if (ember_engine_create(model_, &ep, &engine_) != EMBER_OK) {
     throw std::runtime_error(std::string("cannot create the engine: ") + ember_last_error());
   }

@@ -43,6 +43,7 @@ struct ServeOptions {
   int comm_timeout_ms = 0;  // 0: the engine's default
   int comm = 0;             // EMBER_COMM_*
   int tp_exact = 1;         // ember_engine_params.tp_exact
+  int kv_dtype = 0;         // EMBER_KV_* (--kv-type)
 };
 
 // Loads the model, listens and serves until SIGINT or SIGTERM. Prints

@@ -34,16 +34,28 @@ class DeviceWeight {
   WeightDesc desc;
 };
 
+// Bytes of one cached K or V row of head_dim elements: f16 values, or Q8_0
+// blocks (32 elements: an f16 scale d and 32 int8 q, value d * q; head_dim
+// a multiple of 32). Other types are not KV types (0).
+inline size_t kv_row_bytes(DType dtype, int64_t head_dim) {
+  if (dtype == DType::F16) return static_cast<size_t>(head_dim) * 2;
+  if (dtype == DType::Q8_0 && head_dim % 32 == 0) return static_cast<size_t>(head_dim / 32) * 34;
+  return 0;
+}
+
 // Geometry of the paged KV cache: per layer, K and V are arrays of
-// [num_blocks][num_kv_heads][block_size][head_dim] f16.
+// [num_blocks][num_kv_heads][block_size] rows of head_dim elements of
+// `dtype` (kv_row_bytes each).
 struct KvGeometry {
   int32_t num_layers = 0;
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
   int32_t block_size = 16;
   int32_t num_blocks = 0;
+  DType dtype = DType::F16;  // F16, or Q8_0 (Backend::supports_kv_dtype)
+  size_t row_bytes() const { return kv_row_bytes(dtype, head_dim); }
   size_t bytes_per_block() const {  // all layers, K and V
-    return static_cast<size_t>(num_layers) * 2 * num_kv_heads * block_size * head_dim * sizeof(uint16_t);
+    return static_cast<size_t>(num_layers) * 2 * num_kv_heads * block_size * row_bytes();
   }
 };
 
@@ -285,6 +297,11 @@ class Backend {
     (void)terms, (void)n_terms, (void)x, (void)y;
     unsupported("lora");
   }
+
+  // ---- Quantized KV (plugin ABI 8): the element types kv_init accepts in
+  // KvGeometry::dtype (F16 always; Q8_0 where the backend stores, attends
+  // over, K-shifts and copies such rows).
+  virtual bool supports_kv_dtype(DType dtype) const { return dtype == DType::F16; }
 
  protected:
   [[noreturn]] void unsupported(const char* op) const {

@@ -120,10 +120,11 @@ class BackendExtras {
 
 // Bump on any change to Backend, BackendExtras or the structs they take.
 inline constexpr uint32_t kBackendPluginAbi =
-    7;  // 2: kv_rope_shift, kv_read/write_block, AttentionSeq holes; 3: Backend::limits;
+    8;  // 2: kv_rope_shift, kv_read/write_block, AttentionSeq holes; 3: Backend::limits;
         // 4: rope_ext, geglu, scale, add_bias, AttentionParams::window, kv_rope_shift_layers;
         // 5: AttentionParams::tree_from/tree_begin/tree_slots (token trees);
-        // 6: supports_kv_views, kv_store_view, kv_rope_shift_view; 7: lora (LoraTerm)
+        // 6: supports_kv_views, kv_store_view, kv_rope_shift_view; 7: lora (LoraTerm);
+        // 8: KvGeometry::dtype, supports_kv_dtype
 
 // A hash of what both sides must agree on: the sizes of the interface
 // structs and the C++ library ABI. Computed from the headers each side was

@@ -103,6 +103,15 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineParams& params)
   check_backend_limits(*backend_, sc.head_dim, sc.n_heads, sc.n_kv_heads);
 
   KvGeometry g = shard_->kv_geometry(params_.kv_block_size);
+  g.dtype = params_.kv_dtype;
+  if (g.dtype != DType::F16 && g.dtype != DType::Q8_0) fail(StatusCode::kInvalidArgument, "engine: unknown kv_dtype");
+  if (!backend_->supports_kv_dtype(g.dtype)) {
+    fail(StatusCode::kUnsupported, "engine: the " + backend_->name() + " backend has no q8_0 KV cache");
+  }
+  if (g.row_bytes() == 0) {
+    fail(StatusCode::kUnsupported, "engine: a q8_0 KV cache needs head_dim a multiple of 32 (this model's: " +
+                                       std::to_string(g.head_dim) + ")");
+  }
   uint64_t blocks = params_.kv_memory_bytes / g.bytes_per_block();
   if (comm_) {
     // Every rank's pool holds the same blocks (rank 0's tables index them

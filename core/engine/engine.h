@@ -61,6 +61,9 @@ struct EngineParams {
   int32_t n_threads = 0;
   uint64_t kv_memory_bytes = 512ull << 20;
   int32_t kv_block_size = 16;
+  // The KV cache's element type: F16, or Q8_0 (half the memory per token;
+  // head_dim a multiple of 32, a backend with supports_kv_dtype).
+  DType kv_dtype = DType::F16;
   int32_t max_batch_tokens = 512;
   int32_t max_running = 64;
   // Background prompt tokens per step beside interactive decodes

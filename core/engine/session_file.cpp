@@ -192,7 +192,7 @@ void Session::save(const std::string& path) {
   w.value<int32_t>(g.num_layers);
   w.value<int32_t>(g.num_kv_heads);
   w.value<int32_t>(g.head_dim);
-  w.value<uint32_t>(0);  // dtype: f16
+  w.value<uint32_t>(g.dtype == DType::F16 ? 0u : static_cast<uint32_t>(g.dtype));  // 0: f16, 8: q8_0 (GGML ids)
   const size_t bpb = g.bytes_per_block();
   w.value<uint64_t>(bpb);
   const size_t n_blocks = exported->n_blocks();
@@ -350,8 +350,15 @@ std::shared_ptr<Session> Session::load(std::shared_ptr<EngineOwner> owner, const
   const uint32_t dtype = r.value<uint32_t>();
   const uint64_t bpb = r.value<uint64_t>();
   const uint64_t n_blocks = r.value<uint64_t>();
-  if (layers != g.num_layers || kv_heads != g.num_kv_heads || head_dim != g.head_dim || dtype != 0) {
+  if (layers != g.num_layers || kv_heads != g.num_kv_heads || head_dim != g.head_dim) {
     r.corrupt("its KV geometry does not match the model");
+  }
+  if (dtype != 0 && dtype != static_cast<uint32_t>(DType::Q8_0)) r.corrupt("unknown KV element type");
+  const DType saved_dtype = dtype == 0 ? DType::F16 : DType::Q8_0;
+  if (saved_dtype != g.dtype) {
+    fail(StatusCode::kUnsupported, "load: session file '" + path + "' was saved with a " +
+                                       type_name(static_cast<uint32_t>(saved_dtype)) + " KV cache; this engine uses " +
+                                       type_name(static_cast<uint32_t>(g.dtype)));
   }
   if (block_size != g.block_size) {
     fail(StatusCode::kUnsupported, "load: session file '" + path + "' was saved with kv_block_size " +

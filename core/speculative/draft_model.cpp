@@ -59,8 +59,13 @@ DraftRunner::DraftRunner(std::shared_ptr<const Model> model, Backend& backend, s
   }
   check_backend_limits(backend, c.head_dim, c.n_heads, c.n_kv_heads);
   const int32_t block_size = pool->block_size();
-  kv_ = std::make_unique<KvManager>(std::move(pool), model_->kv_geometry(block_size),
-                                    KvManager::Rope{model_->rope_specs()});
+  KvGeometry g = model_->kv_geometry(block_size);
+  g.dtype = pool->geometry().dtype;  // the draft's rows in the target's pool, in its element type
+  if (g.row_bytes() == 0) {
+    fail(StatusCode::kUnsupported, "speculation: the draft model's head_dim " + std::to_string(g.head_dim) +
+                                       " does not fit a q8_0 KV cache (a multiple of 32)");
+  }
+  kv_ = std::make_unique<KvManager>(std::move(pool), g, KvManager::Rope{model_->rope_specs()});
   forward_ = arch->make_forward(model_, backend, block_size);
   forward_->use_kv_layout(kv_->groups(), kv_->view());
 }

@@ -48,7 +48,7 @@ extern "C" {
 #endif
 
 #define EMBER_VERSION_MAJOR 1
-#define EMBER_VERSION_MINOR 7
+#define EMBER_VERSION_MINOR 8
 #define EMBER_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, as ember_version_number() (1.2: 10200). */
 #define EMBER_VERSION_NUMBER (EMBER_VERSION_MAJOR * 10000 + EMBER_VERSION_MINOR * 100 + EMBER_VERSION_PATCH)
@@ -249,7 +249,14 @@ EMBER_API ember_status ember_detokenize(const ember_model* model, const int32_t*
  * reports the device it actually runs on. EMBER_CUDA_GRAPHS=1 lets a CUDA
  * engine replay its decode-only steps as CUDA graphs (same results). */
 enum { EMBER_DEVICE_CPU = 0, EMBER_DEVICE_CUDA = 1, EMBER_DEVICE_AUTO = 2 };
-enum { EMBER_KV_F16 = 0 };
+/* The KV cache's element type (ember_engine_params.kv_dtype). Q8_0 (since
+ * 1.8): 32 values in 34 bytes (an f16 scale and 32 int8), about half of F16's
+ * memory per token, so the same kv_memory_bytes hold ~1.9x the tokens; needs
+ * head_dim % 32 == 0 and the CPU device (UNSUPPORTED otherwise). Perplexity
+ * within 0.1% of F16 on the books (docs/BENCHMARKS.md); logits are no longer
+ * llama.cpp's to the bit, and still never depend on batching. Session files
+ * restore only into an engine of the same kv_dtype. */
+enum { EMBER_KV_F16 = 0, EMBER_KV_Q8_0 = 1 };
 
 typedef struct ember_engine_params {
   size_t size;              /* sizeof(ember_engine_params) */
@@ -265,7 +272,7 @@ typedef struct ember_engine_params {
                                the pool is reserved, not committed: memory
                                becomes resident as blocks are first written */
   int32_t kv_block_size;    /* tokens per KV block; default 16 */
-  int32_t kv_dtype;         /* EMBER_KV_*; default F16 */
+  int32_t kv_dtype;         /* EMBER_KV_*; default F16 (Q8_0: half the memory) */
   int32_t max_batch_tokens; /* tokens per engine step; default 512 */
   int32_t max_running;      /* sequences per step; default 64 */
   int32_t prefix_caching;   /* 1 (default): reuse KV of identical prompt prefixes */

@@ -691,10 +691,27 @@ std::vector<float> attention_llamacpp_order(const float* q_in, const std::vector
   return out;
 }
 
+// A row of Q8_0 KV as the cache holds it (llama.cpp's quantize_row_q8_0_ref:
+// d = max|x| / 127 as f16, q = roundf(x / d)), read back as d * q.
+std::vector<float> q8_round(const std::vector<float>& x) {
+  std::vector<float> out(x.size());
+  for (size_t b = 0; b + 32 <= x.size(); b += 32) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[b + j]));
+    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f, dh = fp16_to_fp32(fp32_to_fp16(d));
+    for (int j = 0; j < 32; ++j) out[b + j] = dh * static_cast<float>(static_cast<int8_t>(std::roundf(x[b + j] * id)));
+  }
+  return out;
+}
+
 // Fills the cache of `layer` for every sequence (past + new tokens), runs
 // attention for the new rows and compares with a double-precision reference.
+// kv_dtype Q8_0: the cache holds Q8_0 rows; the references read the same
+// dequantized values (so the CPU's result is still the llama.cpp-order
+// computation on them, to the bit).
 void check_attention(Backend& be, int32_t heads, int32_t kv_heads, int32_t hd, int32_t bs,
-                     const std::vector<SeqSpec>& specs, uint32_t seed, int32_t window = 0) {
+                     const std::vector<SeqSpec>& specs, uint32_t seed, int32_t window = 0,
+                     DType kv_dtype = DType::F16) {
   const int32_t layers = 2, layer = 1, G = heads / kv_heads;
   int32_t blocks_needed = 0;
   for (const auto& s : specs) blocks_needed += (s.n_past + s.n_new + bs - 1) / bs;
@@ -704,6 +721,7 @@ void check_attention(Backend& be, int32_t heads, int32_t kv_heads, int32_t hd, i
   g.head_dim = hd;
   g.block_size = bs;
   g.num_blocks = blocks_needed + 7;
+  g.dtype = kv_dtype;
   be.kv_init(g);
   std::mt19937 rng(seed);
   std::vector<int32_t> perm(g.num_blocks);
@@ -732,7 +750,11 @@ void check_attention(Backend& be, int32_t heads, int32_t kv_heads, int32_t hd, i
     Buf bj(be, junk);
     be.kv_store(0, bj.f(), bj.f(), slots.data(), total);
     std::vector<float> km(k.size()), vm(v.size());
-    for (size_t i = 0; i < k.size(); ++i) km[i] = f16_round(k[i]), vm[i] = f16_round(v[i]);
+    if (kv_dtype == DType::Q8_0) {
+      km = q8_round(k), vm = q8_round(v);
+    } else {
+      for (size_t i = 0; i < k.size(); ++i) km[i] = f16_round(k[i]), vm[i] = f16_round(v[i]);
+    }
     kmirror.push_back(km);
     vmirror.push_back(vm);
     tables.push_back(table);
@@ -823,6 +845,28 @@ TEST_P(BackendOps, AttentionPrefillDecodeMixedGqa) {
   check_attention(b(), 16, 1, 128, 16, mixed, 4);            // G = 16, head_dim 128
   check_attention(b(), 4, 2, 256, 8, {{0, 5}, {33, 1}}, 5);  // head_dim 256, block 8
   check_attention(b(), 4, 2, 72, 5, {{0, 9}, {13, 2}}, 6);   // head_dim 72, odd block size
+}
+
+TEST_P(BackendOps, AttentionOverAQ8Cache) {
+  if (!b().supports_kv_dtype(DType::Q8_0)) GTEST_SKIP() << "no q8_0 KV cache";
+  const std::vector<SeqSpec> mixed = {{0, 20}, {40, 3}, {300, 1}, {5, 1}};
+  check_attention(b(), 8, 2, 64, 16, mixed, 41, 0, DType::Q8_0);
+  check_attention(b(), 6, 2, 64, 16, mixed, 42, 0, DType::Q8_0);
+  check_attention(b(), 4, 4, 32, 16, mixed, 43, 0, DType::Q8_0);
+  check_attention(b(), 16, 1, 128, 16, mixed, 44, 0, DType::Q8_0);
+  check_attention(b(), 4, 2, 256, 8, {{0, 5}, {33, 1}}, 45, 0, DType::Q8_0);
+  check_attention(b(), 4, 1, 256, 16, {{600, 1}, {0, 70}, {520, 8}}, 46, 512, DType::Q8_0);  // window
+  if (b().supports_cache_policies())
+    check_attention(b(), 8, 2, 64, 16, {{100, 1, 4, 60}, {40, 3, 4, 20}, {300, 1, 4, 200}}, 47, 0, DType::Q8_0);
+  // Rows that are no multiple of 32 cannot be Q8_0.
+  KvGeometry g{1, 2, 72, 16, 4};
+  g.dtype = DType::Q8_0;
+  try {
+    b().kv_init(g);
+    FAIL() << "a q8_0 cache of head_dim 72 was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), StatusCode::kUnsupported);
+  }
 }
 
 TEST_P(BackendOps, AttentionSkipsTheHole) {
@@ -1034,6 +1078,75 @@ TEST_P(BackendOps, KvBlockReadWriteAndRopeShift) {
           ASSERT_NEAR(fp16_to_fp32(c[row * hd + i + 1]), y1, 2e-3 * (1 + std::fabs(y1)));
         }
       }
+    }
+  }
+}
+
+// A Q8_0 cache: block copies and raw reads are byte-exact, a K-shift
+// rotates each K row (dequantized, rotated, requantized: within Q8_0's
+// rounding of the exact rotation) and leaves V as it was.
+TEST_P(BackendOps, Q8CacheCopyReadWriteAndShift) {
+  if (!b().supports_kv_dtype(DType::Q8_0) || !b().supports_cache_policies()) GTEST_SKIP() << "no q8_0 KV cache";
+  const int32_t layers = 2, kv_heads = 2, hd = 64, bs = 16;
+  KvGeometry g{layers, kv_heads, hd, bs, 6};
+  g.dtype = DType::Q8_0;
+  b().kv_init(g);
+  const size_t bytes = g.bytes_per_block();
+  ASSERT_EQ(bytes, static_cast<size_t>(layers) * 2 * kv_heads * bs * (hd / 32 * 34));
+  const auto k = randn(static_cast<size_t>(bs) * kv_heads * hd, 61), v = randn(k.size(), 62);
+  std::vector<int32_t> slots(bs);
+  for (int32_t t = 0; t < bs; ++t) slots[t] = 4 * bs + t;
+  Buf bk(b(), k), bv(b(), v);
+  for (int32_t l = 0; l < layers; ++l) b().kv_store(l, bk.f(), bv.f(), slots.data(), bs);
+  const int32_t src = 4, dst = 1;
+  b().kv_copy_blocks(&src, &dst, 1);
+  std::vector<uint8_t> img(bytes), copy(bytes), back(bytes);
+  b().kv_read_block(4, img.data());
+  b().kv_read_block(1, copy.data());
+  ASSERT_EQ(img, copy);
+  // The stored rows are the reference's Q8_0 of k and v.
+  const size_t rb = hd / 32 * 34, per = static_cast<size_t>(kv_heads) * bs * rb;
+  auto deq = [&](const uint8_t* row) {
+    std::vector<float> x(hd);
+    for (int32_t b0 = 0; b0 < hd; b0 += 32) {
+      uint16_t dh;
+      std::memcpy(&dh, row + b0 / 32 * 34, 2);
+      for (int j = 0; j < 32; ++j)
+        x[b0 + j] = fp16_to_fp32(dh) * static_cast<float>(static_cast<int8_t>(row[b0 / 32 * 34 + 2 + j]));
+    }
+    return x;
+  };
+  for (int32_t h = 0; h < kv_heads; ++h)
+    for (int32_t t = 0; t < bs; ++t) {
+      const std::vector<float> kin(k.begin() + (static_cast<size_t>(t) * kv_heads + h) * hd,
+                                   k.begin() + (static_cast<size_t>(t) * kv_heads + h + 1) * hd);
+      ASSERT_EQ(deq(img.data() + (static_cast<size_t>(h) * bs + t) * rb), q8_round(kin)) << h << " " << t;
+    }
+  std::vector<RopeSpec> specs(layers);
+  specs[0].rot_dim = 48;  // adjacent pairs, part of the row
+  specs[1].rot_dim = 64;
+  specs[1].neox = true;
+  specs[1].freq_base = 1000000.0f;
+  const int32_t delta = -37, blocks[1] = {4};
+  b().kv_rope_shift_layers(blocks, 1, delta, specs.data(), layers);
+  b().kv_read_block(4, back.data());
+  for (int32_t l = 0; l < layers; ++l) {
+    const uint8_t* vin = img.data() + (static_cast<size_t>(l) * 2 + 1) * per;
+    ASSERT_EQ(std::memcmp(vin, back.data() + (static_cast<size_t>(l) * 2 + 1) * per, per), 0) << "V changed";
+    for (size_t row = 0; row < static_cast<size_t>(kv_heads) * bs; ++row) {
+      const auto x = deq(img.data() + static_cast<size_t>(l) * 2 * per + row * rb);
+      const auto y = deq(back.data() + static_cast<size_t>(l) * 2 * per + row * rb);
+      std::vector<double> want(x.begin(), x.end());
+      const int32_t rot = specs[l].rot_dim, half = rot / 2;
+      for (int32_t i = 0; i < half; ++i) {
+        const double th = delta * std::pow(static_cast<double>(specs[l].freq_base), -2.0 * i / rot);
+        const int32_t a = specs[l].neox ? i : 2 * i, c = specs[l].neox ? i + half : 2 * i + 1;
+        want[a] = x[a] * std::cos(th) - x[c] * std::sin(th);
+        want[c] = x[a] * std::sin(th) + x[c] * std::cos(th);
+      }
+      double amax = 0;
+      for (double w : want) amax = std::max(amax, std::fabs(w));
+      for (int32_t i = 0; i < hd; ++i) ASSERT_NEAR(y[i], want[i], amax / 127.0 + 1e-6) << l << " " << row << " " << i;
     }
   }
 }

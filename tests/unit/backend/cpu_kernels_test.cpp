@@ -2,11 +2,15 @@
 // one, which runs on CPUs without AVX2, must give the AVX2 one's results bit
 // for bit on every kernel, including exp's rescaled and saturated ranges, f16
 // rounding ties and subnormals, both attention summation orders and holes.
+// (g++ 12 -O3 reports a false free-nonheap-object on the byte pools below.)
+#pragma GCC diagnostic ignored "-Wfree-nonheap-object"
+
 #include <gtest/gtest.h>
 
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -97,13 +101,32 @@ TEST_F(CpuKernels, AttentionIsBitIdentical) {
   std::normal_distribution<float> d(0.f, 1.f);
   // qmul 60: score differences past 87 and 130, exp's rescaled and
   // saturated ranges inside the softmax.
+  // Both cache row types: f16, and Q8_0 (head_dim a multiple of 32).
+  std::uniform_int_distribution<int> q8(-127, 127);
+  auto fill = [&](std::vector<uint8_t>& pool, bool is_q8, float mul) {
+    if (!is_q8) {
+      for (size_t i = 0; i + 1 < pool.size(); i += 2) {
+        const uint16_t h = fp32_to_fp16(d(rng) * mul);
+        std::memcpy(&pool[i], &h, 2);
+      }
+      return;
+    }
+    for (size_t b = 0; b + 34 <= pool.size(); b += 34) {
+      const uint16_t h = fp32_to_fp16(std::fabs(d(rng)) * mul / 64.f + 1e-3f);
+      std::memcpy(&pool[b], &h, 2);
+      for (int j = 0; j < 32; ++j) pool[b + 2 + j] = static_cast<uint8_t>(static_cast<int8_t>(q8(rng)));
+    }
+  };
+  for (bool is_q8 : {false, true})
   for (float qmul : {2.f, 60.f})
     for (const Case& c : cases) {
+      if (is_q8 && c.hd % 32 != 0) continue;
       const int32_t n_blocks = (c.kv_len + c.bs - 1) / c.bs + 2;
-      const size_t block_elems = static_cast<size_t>(c.kv_heads) * c.bs * c.hd;
-      std::vector<uint16_t> kpool(block_elems * n_blocks), vpool(block_elems * n_blocks);
-      for (auto& h : kpool) h = fp32_to_fp16(d(rng) * 3.f);
-      for (auto& h : vpool) h = fp32_to_fp16(d(rng));
+      const size_t row_bytes = is_q8 ? static_cast<size_t>(c.hd) / 32 * 34 : static_cast<size_t>(c.hd) * 2;
+      const size_t block_bytes = static_cast<size_t>(c.kv_heads) * c.bs * row_bytes;
+      std::vector<uint8_t> kpool(block_bytes * n_blocks), vpool(block_bytes * n_blocks);
+      fill(kpool, is_q8, 3.f);
+      fill(vpool, is_q8, 1.f);
       std::vector<int32_t> table;
       for (int32_t b = 0; b < n_blocks - 1; ++b) table.push_back((b * 7 + 1) % n_blocks);  // scattered blocks
       const int32_t rows = 2;
@@ -122,7 +145,8 @@ TEST_F(CpuKernels, AttentionIsBitIdentical) {
           AttendArgs a{};
           a.k_base = kpool.data();
           a.v_base = vpool.data();
-          a.block_elems = block_elems;
+          a.block_bytes = block_bytes;
+          a.row_bytes = row_bytes;
           a.block_size = c.bs;
           a.block_table = table.data();
           a.hole_begin = c.hole_begin;
@@ -139,16 +163,16 @@ TEST_F(CpuKernels, AttentionIsBitIdentical) {
           a.scores = sc.data();
           a.acc = acc.data();
           a.out = outs[which];
-          kern->attend_group(a);
+          (is_q8 ? kern->attend_group_q8 : kern->attend_group)(a);
         }
       }
       const size_t row1 = static_cast<size_t>(c.heads) * c.hd;
       for (size_t i = row1; i < 2 * row1; ++i) {
         ASSERT_EQ(fbits(out_a[i]), fbits(out_b[i]))
-            << "qmul " << qmul << " heads " << c.heads << "/" << c.kv_heads << " hd " << c.hd << " kv_len " << c.kv_len
+            << "q8 " << is_q8 << " qmul " << qmul << " heads " << c.heads << "/" << c.kv_heads << " hd " << c.hd << " kv_len " << c.kv_len
             << " vec " << c.vec << " at " << i;
         ASSERT_EQ(fbits(out_a[i]), fbits(out_c[i]))
-            << "avx512: heads " << c.heads << "/" << c.kv_heads << " hd " << c.hd << " kv_len " << c.kv_len << " vec "
+            << "avx512: q8 " << is_q8 << " heads " << c.heads << "/" << c.kv_heads << " hd " << c.hd << " kv_len " << c.kv_len << " vec "
             << c.vec << " at " << i;
       }
     }
