@@ -805,8 +805,10 @@ char* eb_detokenize(const ember_model* model, const eb_tokens* tokens) {
 }
 
 /* ---- engine */
+/* kv_dtype: EMBER_KV_F16 or EMBER_KV_Q8_0 (the library refuses other values:
+ * INVALID_ARGUMENT; Q8_0 off the CPU or with head_dim % 32 != 0: UNSUPPORTED). */
 ember_engine* eb_engine_create(ember_model* model, int32_t device, int32_t n_threads, int32_t manual_step,
-                               int64_t kv_memory_bytes) {
+                               int64_t kv_memory_bytes, int32_t kv_dtype) {
   ember_engine_params p;
   ember_engine* e = NULL;
   ember_engine_params_init(&p);
@@ -815,6 +817,7 @@ ember_engine* eb_engine_create(ember_model* model, int32_t device, int32_t n_thr
   p.manual_step = manual_step;
   if (kv_memory_bytes < 0) { eb_fail(EMBER_ERR_INVALID_ARGUMENT, "kv_memory_bytes must be >= 0"); return NULL; }
   p.kv_memory_bytes = (uint64_t)kv_memory_bytes;
+  p.kv_dtype = kv_dtype;
   eb_check(ember_engine_create(model, &p, &e));
   return e;
 }
@@ -1092,6 +1095,8 @@ void ember_lora_destroy(ember_lora* lora);
 %constant int32_t DEVICE_CPU = EMBER_DEVICE_CPU;
 %constant int32_t DEVICE_CUDA = EMBER_DEVICE_CUDA;
 %constant int32_t DEVICE_AUTO = EMBER_DEVICE_AUTO;
+%constant int32_t KV_F16 = EMBER_KV_F16;
+%constant int32_t KV_Q8_0 = EMBER_KV_Q8_0;
 %constant int32_t CACHE_FULL = EMBER_CACHE_FULL;
 %constant int32_t CACHE_WINDOW = EMBER_CACHE_WINDOW;
 %constant int32_t CACHE_SINK = EMBER_CACHE_SINK;

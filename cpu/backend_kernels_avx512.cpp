@@ -48,6 +48,11 @@ struct Avx512Wide {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   }
   static W join(__m256 lo, __m256 hi) { return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1); }
+  static W load_i8_rows(const int8_t* a, const int8_t* b) {  // [8 int8 at a | 8 at b] -> f32
+    const __m128i lo = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(a));
+    const __m128i both = _mm_unpacklo_epi64(lo, _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b)));
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(both));
+  }
   static W load_f16_rows(const uint16_t* a, const uint16_t* b) {
     const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a));
     const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));

@@ -85,7 +85,8 @@ def llama_system_info() -> str:
 
 
 def load_llama(args, n_ctx: int, logits_all: bool, n_batch: int = 512, two_seqs: bool = False):
-    """two_seqs: a context for llama_prompt_eval's padding sequence (2 sequences, one unified KV cache)."""
+    """two_seqs: a context for llama_prompt_eval's padding sequence (2 sequences, one unified KV cache).
+    args.kv_type q8_0 (perplexity): a q8_0 K and V cache, with flash attention (a quantized V needs it)."""
     import llama_cpp
     from llama_cpp import Llama
 
@@ -100,8 +101,11 @@ def load_llama(args, n_ctx: int, logits_all: bool, n_batch: int = 512, two_seqs:
 
     llama_cpp.llama_cpp.llama_context_default_params = params
     try:
+        kv = {}
+        if getattr(args, "kv_type", "f16") == "q8_0":
+            kv = dict(type_k=llama_cpp.GGML_TYPE_Q8_0, type_v=llama_cpp.GGML_TYPE_Q8_0, flash_attn=True)
         return Llama(model_path=args.model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, logits_all=logits_all,
-                     n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
+                     n_threads=args.threads, n_threads_batch=args.threads, verbose=False, **kv)
     finally:
         llama_cpp.llama_cpp.llama_context_default_params = orig
 
@@ -589,7 +593,7 @@ def cmd_perplexity(args) -> None:
     sys.stdout.flush()
     cli = os.path.join(ROOT, "build", "apps", "cli", "ember")
     cmd = [cli, "perplexity", "-m", args.model, "-f", args.file, "--ctx", str(ctx), "--max-tokens",
-           str(args.max_tokens), "-t", str(args.threads)]
+           str(args.max_tokens), "-t", str(args.threads), "--kv-type", args.kv_type]
     print(f"ember: {' '.join(shlex.quote(c) for c in cmd)}")
     sys.stdout.flush()
     r = subprocess.run(cmd, capture_output=True, text=True)
@@ -740,6 +744,9 @@ def main() -> None:
     p.add_argument("--file", default=DATA)
     p.add_argument("--ctx", type=int, default=512)
     p.add_argument("--max-tokens", type=int, default=50000)
+    p.add_argument("--kv-type", choices=("f16", "q8_0"), default="f16",
+                   help="the KV cache's type on both sides: q8_0 is llama.cpp's type_k = type_v = q8_0 "
+                        "(with flash attention, which a quantized V needs) and ember's --kv-type q8_0")
     p = sub.add_parser("golden", help="write tests/golden/reference/{greedy,positions}.txt")
     p.add_argument("-n", type=int, default=64)
     p.add_argument("--positions", type=int, default=256)

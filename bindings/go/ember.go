@@ -344,6 +344,12 @@ type EngineOptions struct {
 	NThreads      int    // CPU threads, 0 = all cores
 	ManualStep    bool   // the host runs steps with Step
 	KVMemoryBytes int64  // KV pool budget, 0 = 512 MiB
+	// KVType is the KV cache's element type (EMBER_KV_*): "f16" (default, also "") or "q8_0",
+	// which halves the KV memory per token (the same budget holds ~1.9x the tokens; greedy
+	// output can differ from f16's). q8_0 is CPU-only and needs the model's head_dim
+	// to be a multiple of 32 (StatusUnsupported otherwise); a session saved from a q8_0 engine
+	// loads only into a q8_0 engine. Another value: StatusInvalidArgument.
+	KVType string
 }
 
 // Engine is a model bound to a device; safe for concurrent use.
@@ -368,12 +374,20 @@ func NewEngine(model *Model, opts *EngineOptions) (*Engine, error) {
 	default:
 		return nil, &Error{StatusInvalidArgument, fmt.Sprintf("unknown device %q (cpu, cuda or auto)", opts.Device)}
 	}
+	kvDtype := emberc.KV_F16
+	switch opts.KVType {
+	case "", "f16":
+	case "q8_0":
+		kvDtype = emberc.KV_Q8_0
+	default:
+		return nil, &Error{StatusInvalidArgument, fmt.Sprintf("unknown kv type %q (f16 or q8_0)", opts.KVType)}
+	}
 	info, err := model.Info()
 	if err != nil {
 		return nil, err
 	}
 	p, err := use(model.h, func(m emberc.Struct_SS_ember_model) emberc.Struct_SS_ember_engine {
-		return emberc.Eb_engine_create(m, device, opts.NThreads, b2i(opts.ManualStep), opts.KVMemoryBytes)
+		return emberc.Eb_engine_create(m, device, opts.NThreads, b2i(opts.ManualStep), opts.KVMemoryBytes, kvDtype)
 	})
 	if err != nil {
 		return nil, err

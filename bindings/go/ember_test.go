@@ -665,6 +665,36 @@ func TestManualStepEngine(t *testing.T) {
 	}
 }
 
+func TestKVTypeQ8_0(t *testing.T) {
+	m, f16 := setup(t)
+	// A Q8_0 KV cache (half the memory per token, CPU only): a few greedy tokens come out, and
+	// its session file (which records the KV type) is refused by the shared f16 engine.
+	e := must(NewEngine(m, &EngineOptions{KVMemoryBytes: 16 << 20, KVType: "q8_0"}))(t)
+	defer e.Close()
+	s := must(e.NewSession(nil))(t)
+	defer s.Close()
+	ok(t, s.AddMessage("user", prompt))
+	st := runGreedy(t, s, greedy(6))
+	if len(st.Tokens()) == 0 || st.Text() == "" {
+		t.Fatalf("q8_0: tokens %v, text %q", st.Tokens(), st.Text())
+	}
+	if text := must(m.Detokenize(st.Tokens()))(t); text != st.Text() {
+		t.Fatalf("q8_0: text %q, its tokens %q", st.Text(), text)
+	}
+	path := filepath.Join(t.TempDir(), "q8.ember")
+	ok(t, s.Save(path))
+	_, err := f16.LoadSession(path)
+	if u := expectStatus(t, err, StatusUnsupported); !strings.Contains(u.Message, "q8_0") {
+		t.Fatalf("f16 engine loading a q8_0 session: message %q", u.Message)
+	}
+	for _, bad := range []string{"q4_0", "F16", "auto"} {
+		_, err = NewEngine(m, &EngineOptions{KVType: bad})
+		if ee := expectStatus(t, err, StatusInvalidArgument); !strings.Contains(ee.Message, "kv type") {
+			t.Fatalf("%q: message %q", bad, ee.Message)
+		}
+	}
+}
+
 func TestScore(t *testing.T) {
 	m, e := setup(t)
 	ids := must(m.Tokenize("The capital of France is Paris.", false, false))(t)

@@ -312,7 +312,13 @@ namespace Ember
         /// <param name="nThreads">CPU threads, 0 = all cores</param>
         /// <param name="manualStep">true: the host runs steps with Step()</param>
         /// <param name="kvMemoryBytes">KV pool budget, 0 = 512 MiB</param>
-        public Engine(Model model, string device = "cpu", int nThreads = 0, bool manualStep = false, long kvMemoryBytes = 0)
+        /// <param name="kvType">The KV cache's element type (EMBER_KV_*): "f16" (default) or "q8_0", which
+        /// halves the KV memory per token (the same budget holds ~1.9x the tokens; greedy output can differ
+        /// from f16's). q8_0 is CPU-only and needs the model's head_dim to be a multiple of 32
+        /// (EmberException.Unsupported otherwise); a session saved from a q8_0 engine loads only into a q8_0
+        /// engine. Another value: EmberException.InvalidArgument.</param>
+        public Engine(Model model, string device = "cpu", int nThreads = 0, bool manualStep = false, long kvMemoryBytes = 0,
+                      string kvType = "f16")
         {
             int dev;
             switch (device)
@@ -322,8 +328,15 @@ namespace Ember
                 case "auto": dev = emberc.DEVICE_AUTO; break;
                 default: throw new EmberException(EmberException.InvalidArgument, "unknown device '" + device + "' (cpu, cuda or auto)");
             }
+            int kvDtype;
+            switch (kvType)
+            {
+                case "f16": kvDtype = emberc.KV_F16; break;
+                case "q8_0": kvDtype = emberc.KV_Q8_0; break;
+                default: throw new EmberException(EmberException.InvalidArgument, "unknown kv type '" + kvType + "' (f16 or q8_0)");
+            }
             nEmbd = model.Info.NEmbd;
-            var h = model.handle.Call(m => emberc.eb_engine_create(m, dev, nThreads, manualStep ? 1 : 0, kvMemoryBytes));
+            var h = model.handle.Call(m => emberc.eb_engine_create(m, dev, nThreads, manualStep ? 1 : 0, kvMemoryBytes, kvDtype));
             handle = new Handle<SWIGTYPE_p_ember_engine>(h, emberc.ember_engine_destroy, "Engine");
             Model = model;
         }

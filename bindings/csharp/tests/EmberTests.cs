@@ -866,6 +866,36 @@ static class EmberTests
         }
     }
 
+    static void KvTypeQ8_0()
+    {
+        // A Q8_0 KV cache (half the memory per token, CPU only): a few greedy tokens come out, and
+        // its session file (which records the KV type) is refused by the shared f16 engine.
+        string dir = Path.Combine(Path.GetTempPath(), "ember-cs-q8-" + Guid.NewGuid().ToString("N"));
+        Directory.CreateDirectory(dir);
+        try
+        {
+            string path = Path.Combine(dir, "q8.ember");
+            using (var e = new Engine(model, kvMemoryBytes: 16L << 20, kvType: "q8_0"))
+            using (var s = e.Session())
+            {
+                s.AddMessage("user", Prompt);
+                var st = RunGreedy(s, Greedy(6));
+                Check(st.Tokens.Length > 0, "q8_0 tokens");
+                Check(st.Text.Length > 0, "q8_0 text");
+                Eq(model.Detokenize(st.Tokens), st.Text, "q8_0 text = its tokens");
+                s.Save(path);
+            }
+            var u = Throws(EmberException.Unsupported, () => engine.LoadSession(path));
+            Check(u.Message.Contains("q8_0"), "message: " + u.Message);
+        }
+        finally { Directory.Delete(dir, true); }
+        foreach (var bad in new[] { "q4_0", "F16", "", null })
+        {
+            var x = Throws(EmberException.InvalidArgument, () => new Engine(model, kvType: bad));
+            Check(x.Message.Contains("kv type"), "message: " + x.Message);
+        }
+    }
+
     static int Main()
     {
         if (!File.Exists(ModelPath()))
@@ -901,6 +931,7 @@ static class EmberTests
             new KeyValuePair<string, Action>("closed_handles_throw", ClosedHandlesThrow),
             new KeyValuePair<string, Action>("drop_to_gc_never_blocks", DropToGcNeverBlocks),
             new KeyValuePair<string, Action>("manual_step_engine", ManualStepEngine),
+            new KeyValuePair<string, Action>("kv_type_q8_0", KvTypeQ8_0),
         };
         model = new Model(ModelPath());
         engine = new Engine(model, kvMemoryBytes: Kv);

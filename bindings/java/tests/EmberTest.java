@@ -789,6 +789,34 @@ public final class EmberTest {
     }
   }
 
+  static void kvTypeQ8_0() throws Exception {
+    // A Q8_0 KV cache (half the memory per token, CPU only): a few greedy tokens come out, and
+    // its session file (which records the KV type) is refused by the shared f16 engine.
+    Path dir = Files.createTempDirectory("ember-java-q8");
+    String path = dir.resolve("q8.ember").toString();
+    try {
+      try (Engine e = new Engine(model, new Engine.Options().kvMemoryBytes(16L << 20).kvType("q8_0"));
+           Session s = e.session()) {
+        s.addMessage("user", PROMPT);
+        Stream st = runGreedy(s, greedy(6));
+        check(st.tokens().length > 0, "q8_0 tokens");
+        check(!st.text().isEmpty(), "q8_0 text");
+        eq(model.detokenize(st.tokens()), st.text(), "q8_0 text = its tokens");
+        s.save(path);
+      }
+      EmberException u = expectThrows(EmberException.UNSUPPORTED, () -> engine.loadSession(path));
+      check(u.getMessage().contains("q8_0"), "message: " + u.getMessage());
+    } finally {
+      new File(path).delete();
+      dir.toFile().delete();
+    }
+    for (String bad : new String[] {"q4_0", "F16", "", null}) {
+      EmberException x = expectThrows(EmberException.INVALID_ARGUMENT,
+          () -> new Engine(model, new Engine.Options().kvType(bad)));
+      check(x.getMessage().contains("kv type"), "message: " + x.getMessage());
+    }
+  }
+
   public static void main(String[] args) throws Exception {
     if (!new File(modelPath()).exists()) {
       if (System.getenv("CI") != null) {
@@ -824,6 +852,7 @@ public final class EmberTest {
     tests.put("closed_handles_throw", EmberTest::closedHandlesThrow);
     tests.put("drop_to_gc_never_blocks", EmberTest::dropToGcNeverBlocks);
     tests.put("manual_step_engine", EmberTest::manualStepEngine);
+    tests.put("kv_type_q8_0", EmberTest::kvTypeQ8_0);
     model = new Model(modelPath());
     engine = new Engine(model, new Engine.Options().kvMemoryBytes(KV));
     int failed = 0;

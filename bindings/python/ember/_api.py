@@ -212,6 +212,7 @@ class Lora(_Closeable):
 
 
 _DEVICES = {"cpu": _c.DEVICE_CPU, "cuda": _c.DEVICE_CUDA, "auto": _c.DEVICE_AUTO}
+_KV_TYPES = {"f16": _c.KV_F16, "q8_0": _c.KV_Q8_0}
 _POLICIES = {"full": _c.CACHE_FULL, "window": _c.CACHE_WINDOW, "sink": _c.CACHE_SINK}
 _DRAFTERS = {"none": _c.SPEC_NONE, "ngram": _c.SPEC_NGRAM, "self": _c.SPEC_SELF, "draft": _c.SPEC_DRAFT}
 _POOLINGS = {"mean": _c.POOLING_MEAN, "last": _c.POOLING_LAST, "cls": _c.POOLING_CLS}
@@ -240,16 +241,26 @@ def _input_list(inputs, what: str) -> list:
 
 
 class Engine(_Closeable):
-    """A model bound to a device, with its KV pool and scheduler. Thread-safe."""
+    """A model bound to a device, with its KV pool and scheduler. Thread-safe.
+
+    device: "cpu" (default), "cuda" or "auto". n_threads: CPU threads, 0 = all cores. manual_step: the
+    host runs steps with step(). kv_memory_bytes: the KV pool budget, 0 = 512 MiB. kv_type: the KV
+    cache's element type (EMBER_KV_*): "f16" (default) or "q8_0", which halves the KV memory per token
+    (the same budget holds ~1.9x the tokens; greedy output can differ from f16's). q8_0 is
+    CPU-only and needs the model's head_dim to be a multiple of 32 (UnsupportedError otherwise); a
+    session saved from a q8_0 engine loads only into a q8_0 engine. Raises InvalidArgumentError
+    (a ValueError) for an unknown device or kv_type."""
 
     def __init__(self, model: Model, device: str = "cpu", n_threads: int = 0, manual_step: bool = False,
-                 kv_memory_bytes: int = 0):
+                 kv_memory_bytes: int = 0, kv_type: str = "f16"):
         if device not in _DEVICES:
             raise InvalidArgumentError(f"unknown device {device!r} (cpu, cuda or auto)", 1)
+        if not isinstance(kv_type, str) or kv_type not in _KV_TYPES:
+            raise InvalidArgumentError(f"unknown kv_type {kv_type!r} (f16 or q8_0)", 1)
         n_embd = model.info.n_embd  # for embed (read now: the model may be closed later, the engine keeps it)
         with model._g as m:
             h = _c.eb_engine_create(m, _DEVICES[device], int(n_threads), int(bool(manual_step)),
-                                    int(kv_memory_bytes))
+                                    int(kv_memory_bytes), _KV_TYPES[kv_type])
         self._g = _Handle(h, _c.ember_engine_destroy, "Engine")
         self.model = model
         self.manual_step = bool(manual_step)

@@ -692,6 +692,27 @@ class EmberTest(unittest.TestCase):
                 # Had the wait held the GIL, this thread would wake only after it: no ticks at all.
                 self.assertGreater(ticks, 1000)
 
+    def test_kv_type_q8_0(self):
+        # A Q8_0 KV cache (half the memory per token, CPU only): a few greedy tokens come out, and
+        # its session file (which records the KV type) is refused by the shared f16 engine.
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "q8.ember")
+            with ember.Engine(self.model, kv_memory_bytes=16 << 20, kv_type="q8_0") as e, e.session() as s:
+                s.add_message("user", PROMPT)
+                st = self.greedy(s, 6)
+                self.assertTrue(st.tokens)
+                self.assertTrue(st.text)
+                self.assertEqual(st.text, self.model.detokenize(st.tokens))
+                s.save(path)
+            with self.assertRaises(ember.UnsupportedError) as cm:
+                self.engine.load_session(path)
+            self.assertIn("q8_0", str(cm.exception))
+        for bad in ("q4_0", "F16", "", None):
+            with self.assertRaises(ember.InvalidArgumentError, msg=repr(bad)) as cm:
+                ember.Engine(self.model, kv_type=bad)
+            self.assertIsInstance(cm.exception, ValueError)
+            self.assertIn("kv_type", str(cm.exception))
+
     def test_manual_step_engine(self):
         with ember.Engine(self.model, manual_step=True, kv_memory_bytes=16 << 20) as e, e.session() as s:
             s.add_message("user", PROMPT)

@@ -20,6 +20,7 @@ public final class Engine implements AutoCloseable {
     int nThreads = 0;
     boolean manualStep = false;
     long kvMemoryBytes = 0;
+    String kvType = "f16";
 
     /** "cpu" (default), "cuda" or "auto". */
     public Options device(String d) { device = d; return this; }
@@ -29,6 +30,14 @@ public final class Engine implements AutoCloseable {
     public Options manualStep(boolean m) { manualStep = m; return this; }
     /** KV pool budget in bytes, 0 = 512 MiB. */
     public Options kvMemoryBytes(long b) { kvMemoryBytes = b; return this; }
+    /**
+     * The KV cache's element type (EMBER_KV_*): "f16" (default) or "q8_0", which halves the KV
+     * memory per token (the same budget holds ~1.9x the tokens; greedy output can differ
+     * from f16's). q8_0 is CPU-only and needs the model's head_dim to be a multiple of 32
+     * (UNSUPPORTED otherwise); a session saved from a q8_0 engine loads only into a q8_0 engine.
+     * Another value: INVALID_ARGUMENT when the engine is created.
+     */
+    public Options kvType(String t) { kvType = t; return this; }
   }
 
   /** Embedding settings for {@link Engine#embed}; the defaults are the library's. */
@@ -65,9 +74,15 @@ public final class Engine implements AutoCloseable {
       case "auto": device = emberc.DEVICE_AUTO; break;
       default: throw new EmberException(EmberException.INVALID_ARGUMENT, "unknown device '" + o.device + "' (cpu, cuda or auto)");
     }
+    int kvDtype;
+    switch (o.kvType == null ? "" : o.kvType) {
+      case "f16": kvDtype = emberc.KV_F16; break;
+      case "q8_0": kvDtype = emberc.KV_Q8_0; break;
+      default: throw new EmberException(EmberException.INVALID_ARGUMENT, "unknown kv type '" + o.kvType + "' (f16 or q8_0)");
+    }
     nEmbd = model.info().nEmbd;
     SWIGTYPE_p_ember_engine h = model.handle.call(
-        m -> emberc.eb_engine_create(m, device, o.nThreads, o.manualStep ? 1 : 0, o.kvMemoryBytes));
+        m -> emberc.eb_engine_create(m, device, o.nThreads, o.manualStep ? 1 : 0, o.kvMemoryBytes, kvDtype));
     handle = new Native.Handle<>(h, emberc::ember_engine_destroy, emberc::ember_engine_destroy, "Engine");
     cleanable = Native.CLEANER.register(this, handle);
     this.model = model;
