@@ -253,9 +253,10 @@ enum { EMBER_DEVICE_CPU = 0, EMBER_DEVICE_CUDA = 1, EMBER_DEVICE_AUTO = 2 };
  * 1.8): 32 values in 34 bytes (an f16 scale and 32 int8), about half of F16's
  * memory per token, so the same kv_memory_bytes hold ~1.9x the tokens; needs
  * head_dim % 32 == 0 and the CPU device (UNSUPPORTED otherwise). Perplexity
- * within 0.1% of F16 on the books (docs/BENCHMARKS.md); logits are no longer
- * llama.cpp's to the bit, and still never depend on batching. Session files
- * restore only into an engine of the same kv_dtype. */
+ * within 0.2% of F16's on the books (SmolLM2 +0.03%, Gemma 3 +0.16%;
+ * docs/BENCHMARKS.md); decode over long caches is faster (fewer bytes read).
+ * Logits are no longer llama.cpp's to the bit, and still never depend on
+ * batching. Session files restore only into an engine of the same kv_dtype. */
 enum { EMBER_KV_F16 = 0, EMBER_KV_Q8_0 = 1 };
 
 typedef struct ember_engine_params {
