@@ -32,17 +32,14 @@
 #include <vector>
 
 #include "core/backend/backend.h"
+#include "bench/bench_util.h"
 #include "cpu/cpu_backend.h"
 
 using namespace ember;
+using ember::bench::arg_int;
+using ember::bench::cpu_now;
 
 namespace {
-
-double cpu_now() {
-  timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
 
 constexpr int kLayers = 30, kKvHeads = 3, kHeads = 9, kHd = 64, kBs = 16;
 constexpr float kBase = 100000.0f;  // SmolLM2's rope_freq_base
@@ -138,13 +135,6 @@ void attend(const Cache& c, int layer, const float* q, const float* cosd, const 
       for (int i = 0; i < kHd; ++i) out[(h * group + g) * kHd + i] = acc[g][i] / l[g];
     }
   }
-}
-
-int arg_int(int argc, char** argv, const char* name, int def) {
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::strcmp(argv[i], name) == 0) return std::atoi(argv[i + 1]);
-  }
-  return def;
 }
 
 }  // namespace

@@ -18,24 +18,14 @@
 #include <vector>
 
 #include "core/backend/backend.h"
+#include "bench/bench_util.h"
 #include "cpu/cpu_backend.h"
 
 using namespace ember;
+using ember::bench::arg_int;
+using ember::bench::cpu_now;
 
 namespace {
-
-double cpu_now() {
-  timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
-int arg_int(int argc, char** argv, const char* name, int def) {
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::strcmp(argv[i], name) == 0) return std::atoi(argv[i + 1]);
-  }
-  return def;
-}
 
 struct Result {
   double decode_us = 0, prompt_row_us = 0;
