@@ -1045,7 +1045,13 @@ class CpuBackend final : public Backend {
       const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
       const uint16_t dh = fp32_to_fp16(d);
       std::memcpy(out, &dh, 2);
-      for (int32_t j = 0; j < 32; ++j) out[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::roundf(x[b + j] * id)));
+      for (int32_t j = 0; j < 32; ++j) {
+        // |v| <= 127; clamped where 1 / d overflowed (subnormal rows), 0
+        // for a NaN / inf row: never an out-of-range conversion.
+        const float v = x[b + j] * id;
+        const float c = v == v ? std::min(127.0f, std::max(-127.0f, v)) : 0.0f;
+        out[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::roundf(c)));
+      }
     }
   }
   static void dequantize_q8_0(const uint8_t* in, float* x, int32_t n) {

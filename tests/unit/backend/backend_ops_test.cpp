@@ -1151,6 +1151,28 @@ TEST_P(BackendOps, Q8CacheCopyReadWriteAndShift) {
   }
 }
 
+// Rows no model should produce still store without an out-of-range
+// conversion (UBSan in CI): subnormal values (1 / d overflows), inf, NaN.
+TEST_P(BackendOps, Q8CacheStoresDegenerateRows) {
+  if (!b().supports_kv_dtype(DType::Q8_0)) GTEST_SKIP() << "no q8_0 KV cache";
+  const int32_t hd = 64;
+  KvGeometry g{1, 1, hd, 16, 2};
+  g.dtype = DType::Q8_0;
+  b().kv_init(g);
+  std::vector<float> k(4 * hd, 1e-41f), v(4 * hd, 0.0f);
+  k[hd + 3] = INFINITY;
+  k[2 * hd + 5] = NAN;
+  k[3 * hd + 7] = -3e38f;
+  const std::vector<int32_t> slots = {0, 1, 2, 3};
+  Buf bk(b(), k), bv(b(), v);
+  b().kv_store(0, bk.f(), bv.f(), slots.data(), 4);
+  std::vector<uint8_t> img(g.bytes_per_block());
+  b().kv_read_block(0, img.data());
+  const size_t rb = hd / 32 * 34;
+  EXPECT_EQ(static_cast<int8_t>(img[2]), 127);  // a subnormal row: every value the block's maximum
+  EXPECT_EQ(static_cast<int8_t>(img[3 * rb + 2 + 7]), -127);
+}
+
 // K-shift for other architectures: NEOX pairs, a base per layer (Gemma 3's
 // local and global layers), scaled frequencies with factors.
 TEST_P(BackendOps, KvRopeShiftPerLayerNeox) {
