@@ -48,7 +48,20 @@ python3 -m venv "$venv"
 "$venv/bin/pip" install --quiet --upgrade pip
 "$venv/bin/pip" install --quiet numpy jinja2 sentencepiece "${server_extra[@]}"
 flags="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF"
-((native)) && flags="-DGGML_NATIVE=ON"
+# Native, but without AMX: llama.cpp 0.3.36's AMX matmul segfaults on the AVX-512/AMX VMs seen here (in
+# ggml_backend_amx_mul_mat, 2026-11-27; the kernel grants the tile state). GGML_NATIVE would turn AMX on
+# through -march=native, so on an AVX-512 CPU its features are named one by one instead.
+if ((native)); then
+  flags="-DGGML_NATIVE=ON"
+  if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
+    flags="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=ON"
+    for f in avx512vbmi:VBMI avx512_vnni:VNNI avx512_bf16:BF16; do
+      grep -qw "${f%%:*}" /proc/cpuinfo && flags="$flags -DGGML_AVX512_${f##*:}=ON"
+    done
+    grep -qw avx_vnni /proc/cpuinfo && flags="$flags -DGGML_AVX_VNNI=ON"
+    flags="$flags -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+  fi
+fi
 CMAKE_ARGS="$flags -DLLAMA_CURL=OFF" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
   "$venv/bin/pip" install --quiet --no-cache-dir --no-binary llama-cpp-python "llama-cpp-python==$version"
 "$venv/bin/python" -c "import llama_cpp; print('setup_reference:', llama_cpp.__version__)"
