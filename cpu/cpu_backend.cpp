@@ -1054,14 +1054,6 @@ class CpuBackend final : public Backend {
       }
     }
   }
-  static void dequantize_q8_0(const uint8_t* in, float* x, int32_t n) {
-    for (int32_t b = 0; b < n; b += 32, in += 34) {
-      uint16_t dh;
-      std::memcpy(&dh, in, 2);
-      const float d = fp16_to_fp32(dh);
-      for (int32_t j = 0; j < 32; ++j) x[b + j] = d * static_cast<float>(static_cast<int8_t>(in[2 + j]));
-    }
-  }
   // K-shift of Q8_0 rows: each row dequantized, rotated as the f16 path
   // rotates (x * cs + partner * sn, adjacent or NEOX pairs), requantized.
   static void rope_shift_q8_rows(uint8_t* k, size_t rows, int32_t hd, const RopeSpec& spec, const float* cs,
@@ -1069,9 +1061,10 @@ class CpuBackend final : public Backend {
     float x[512], y[512];
     const size_t rb = kv_row_bytes(DType::Q8_0, hd);
     const int32_t half = spec.rot_dim / 2;
+    const DequantizeRowFn dequantize = type_traits(DType::Q8_0)->dequantize_row;  // (the GGUF reader's)
     for (size_t r = 0; r < rows; ++r) {
       uint8_t* kr = k + r * rb;
-      dequantize_q8_0(kr, x, hd);
+      dequantize(kr, x, hd);
       for (int32_t i = 0; i < hd; ++i) {
         int32_t partner = i;
         if (spec.neox) {
