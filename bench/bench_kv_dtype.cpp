@@ -17,8 +17,8 @@
 #include <random>
 #include <vector>
 
-#include "core/backend/backend.h"
 #include "bench/bench_util.h"
+#include "core/backend/backend.h"
 #include "cpu/cpu_backend.h"
 
 using namespace ember;

@@ -430,7 +430,8 @@ class CpuBackend final : public Backend {
   void kv_init(const KvGeometry& g) override {
     if (!supports_kv_dtype(g.dtype) || g.row_bytes() == 0) {
       fail(StatusCode::kUnsupported, "cpu backend: KV rows of " + std::to_string(g.head_dim) + " " +
-                                         type_name(static_cast<uint32_t>(g.dtype)) + " are not supported (f16, or q8_0 with head_dim % 32 == 0)");
+                                         type_name(static_cast<uint32_t>(g.dtype)) +
+                                         " are not supported (f16, or q8_0 with head_dim % 32 == 0)");
     }
     geom_ = g;
     release_kv();

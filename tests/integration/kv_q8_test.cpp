@@ -22,9 +22,9 @@ namespace {
 
 // The Q8_0 cache is the CPU backend's (EMBER_FORCE_DEVICE=cuda runs of the
 // suite would be refused with kUnsupported).
-#define REQUIRE_CPU()                                                                         \
-  do {                                                                                        \
-    const char* dev = std::getenv("EMBER_FORCE_DEVICE");                                      \
+#define REQUIRE_CPU()                                                                          \
+  do {                                                                                         \
+    const char* dev = std::getenv("EMBER_FORCE_DEVICE");                                       \
     if (dev && *dev && std::string(dev) != "cpu") GTEST_SKIP() << "q8_0 KV is the CPU's only"; \
   } while (0)
 
@@ -102,8 +102,8 @@ TEST(KvQ8, HalfTheBytesPerTokenAndCloseToF16) {
 TEST(KvQ8, BatchingAndPrefixHitsNeverChangeAStream) {
   EMBER_REQUIRE_MODEL();
   REQUIRE_CPU();
-  const char* prompts[] = {"The old lighthouse keeper", "In the year 2150, the colony", "Recipe for bread:",
-                           "The three primary colors are"};
+  const char* prompts[] = {"The old lighthouse keeper", "In the year 2150, the colony",
+                           "Recipe for bread:", "The three primary colors are"};
   std::vector<std::vector<int32_t>> alone;
   {
     auto e = engine(smol(), DType::Q8_0);
