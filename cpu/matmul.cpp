@@ -24,18 +24,42 @@ std::atomic<int64_t> g_decode_max_m{-1};  // < 0: per-type defaults
 std::atomic<int> g_prefill_precision{static_cast<int>(PrefillPrecision::kAuto)};
 
 // K-quants on AVX-512 CPUs: the AVX2 variant's Q8_K activations and
-// dequantization, the AVX-512 kernels.
+// dequantization; per call, the AVX2 kernels on the packed 8-row groups
+// (PackedQ4Kx8 / PackedQ6Kx8) or the AVX-512 kernels on the GGUF rows.
+// Both compute every row in the order DecodeCtx::korder names, to the bit
+// (tests/ops/test_matmul.cpp: EmulatedAvx512KQuants, PackedQ4KRows...), so
+// the choice may depend on M without a row's result depending on its batch.
+// Decode rows from this many up take the packed groups too. Measured on a
+// Sapphire Rapids Xeon, 2 threads, 1B-shape Q4_K_M (`ember bench`): one row
+// 19.5 tokens/s on the GGUF rows vs 19.1 packed, 2-3 rows level, 16 sessions
+// 56.4 vs 75.8.
+constexpr int64_t kKx8MinDecodeRows = 4;
+
+template <DType T>
+void avx512_kquant_mixed(const detail::DecodeCtx& c, int64_t n0, int64_t n1) {
+  static const detail::DecodeKernel packed = detail::avx2_impl().kernel(T);
+  static const detail::DecodeKernel plain = detail::avx512_kquant_kernel(T);
+  const bool prompt_order = c.korder == detail::KOrder::kGemm8x8 || c.korder == detail::KOrder::kTiled;
+  if (c.packed && (prompt_order || c.M >= kKx8MinDecodeRows))
+    packed(c, n0, n1);
+  else
+    plain(c, n0, n1);
+}
+
+detail::DecodeKernel avx512_kquant_kernel(DType t) {
+  switch (t) {
+    case DType::Q4_K: return avx512_kquant_mixed<DType::Q4_K>;
+    case DType::Q6_K: return avx512_kquant_mixed<DType::Q6_K>;
+    default: return detail::avx512_kquant_kernel(t);
+  }
+}
+
 const detail::IsaImpl& avx512_kquant_impl() {
   static const detail::IsaImpl impl = [] {
     detail::IsaImpl t = detail::avx2_impl();
     t.name = "avx512_vnni";
-    t.kernel = detail::avx512_kquant_kernel;
-    // Its kernels read the GGUF rows: the AVX2 kernels' 8-row packed groups
-    // (PackedQ4Kx8 / PackedQ6Kx8) are not made for them. (Copying the AVX2
-    // table had kept reads_packed_kx8: K-quant weights were packed on AVX-512
-    // CPUs and read as plain rows, wrong results; caught on the first
-    // AVX-512 machine since, by Matmul.PackedQ4KRowsGiveIdenticalResults.)
-    t.reads_packed_kx8 = false;
+    t.kernel = avx512_kquant_kernel;
+    t.reads_packed_kx8 = true;  // (avx512_kquant_mixed hands packed groups to the AVX2 kernels only)
     return t;
   }();
   return impl;
