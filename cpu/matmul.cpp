@@ -66,15 +66,14 @@ const detail::IsaImpl& avx512_kquant_impl() {
 }
 
 // The variant computing `type` on `isa`: the AVX-512 variant has no kernels
-// for Q5_0 / Q5_1 / Q2_K / Q3_K (they run the AVX2 kernels on AVX-512 CPUs)
-// and its own Q4_K / Q5_K / Q6_K kernels only (AVX2 activations and
-// dequantization).
+// for Q2_K / Q3_K (they run the AVX2 kernels on AVX-512 CPUs) and its own
+// Q4_K / Q5_K / Q6_K kernels only (AVX2 activations and dequantization).
 const detail::IsaImpl& isa_impl(Isa isa, DType type) {
   switch (isa) {
     case Isa::kAvx512Vnni:
       if (detail::is_kquant(type))
         return detail::has_avx512_kquant_kernels(type) ? avx512_kquant_impl() : detail::avx2_impl();
-      return detail::uses_avx512_kernels(type) ? detail::avx512_impl() : detail::avx2_impl();
+      return detail::avx512_impl();
     case Isa::kAvx2: return detail::avx2_impl();
     case Isa::kScalar: break;
   }

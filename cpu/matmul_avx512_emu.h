@@ -170,6 +170,19 @@ inline V512 and_si512(V512 a, V512 b) {
   for (int i = 0; i < 16; ++i) a.u32[i] &= b.u32[i];
   return a;
 }
+inline V512 srlv_epi32(V512 a, V512 n) {
+  for (int i = 0; i < 16; ++i) a.u32[i] = n.u32[i] > 31 ? 0 : a.u32[i] >> n.u32[i];
+  return a;
+}
+inline V512 or_si512(V512 a, V512 b) {
+  for (int i = 0; i < 16; ++i) a.u32[i] |= b.u32[i];
+  return a;
+}
+inline V512 maskz_mov_epi8(uint64_t k, V512 a) {
+  for (int i = 0; i < 64; ++i)
+    if (!((k >> i) & 1)) a.u8[i] = 0;
+  return a;
+}
 inline V512 add_epi32(V512 a, V512 b) {
   for (int i = 0; i < 16; ++i) a.u32[i] += b.u32[i];
   return a;
@@ -353,6 +366,12 @@ inline V512 identity(V512 a) { return a; }
 #define _mm512_cvtph_ps ::ember_emu512::cvtph_ps
 #undef _mm512_and_si512
 #define _mm512_and_si512 ::ember_emu512::and_si512
+#undef _mm512_srlv_epi32
+#define _mm512_srlv_epi32 ::ember_emu512::srlv_epi32
+#undef _mm512_or_si512
+#define _mm512_or_si512 ::ember_emu512::or_si512
+#undef _mm512_maskz_mov_epi8
+#define _mm512_maskz_mov_epi8 ::ember_emu512::maskz_mov_epi8
 #undef _mm512_add_epi32
 #define _mm512_add_epi32 ::ember_emu512::add_epi32
 #undef _mm512_sub_epi32

@@ -67,10 +67,9 @@ inline float wval(const uint8_t* row, int64_t k) {
   }
 }
 
-// Quantized types with blocks of 32 whose activations use the natural Q8
-// layout below (Q5_0 / Q5_1 only in the scalar and AVX2 variants; the
-// AVX-512 variant has kernels for Q4_0 / Q4_1 / Q8_0 only, matmul.cpp routes
-// the others to AVX2, see uses_avx512_kernels()).
+// Quantized types with blocks of 32 (the scalar and AVX2 variants'
+// activations use the natural Q8 layout below, the AVX-512 variant's its
+// ActQuad records).
 inline bool is_quant(DType t) {
   return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0 || t == DType::Q5_0 || t == DType::Q5_1;
 }
@@ -83,8 +82,6 @@ inline bool is_kquant(DType t) {
 inline bool has_avx512_kquant_kernels(DType t) { return t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K; }
 // Types with Q8_1-style activations (the sum term s rounded to fp16).
 inline bool uses_q8_1(DType t) { return t == DType::Q4_1 || t == DType::Q5_1; }
-// Types the AVX-512 variant computes itself.
-inline bool uses_avx512_kernels(DType t) { return !is_kquant(t) && t != DType::Q5_0 && t != DType::Q5_1; }
 // Elements per weight block.
 inline int64_t weight_block_elems(DType t) { return is_kquant(t) ? kQK_K : is_quant(t) ? kQK : 1; }
 

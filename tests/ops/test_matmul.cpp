@@ -36,7 +36,8 @@ namespace {
 // in bf16, exceeded that bound.)
 constexpr double kBf16Ulp = 0x1p-7;
 
-constexpr DType kTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::F16, DType::BF16, DType::F32};
+constexpr DType kTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
+                            DType::Q8_0, DType::F16,  DType::BF16, DType::F32};
 constexpr Isa kIsas[] = {Isa::kScalar, Isa::kAvx2, Isa::kAvx512Vnni};
 constexpr int64_t kMs[] = {1, 2, 3, 5, 8, 17, 64, 300};
 
@@ -327,10 +328,10 @@ TEST_P(DequantTest, RowsMatchReference) {
   impl.dequant_bf16(t, w.data(), b.data(), N * K);
   for (int64_t i = 0; i < N * K; ++i) {
     ASSERT_NEAR(f[i], wf[i], 1e-6f * std::fabs(wf[i])) << "f32 element " << i;
-    // Q4_1's d*q+m may be fused (one rounding less) before rounding to bf16.
+    // Q4_1's and Q5_1's d*q+m may be fused (one rounding less) before rounding to bf16.
     const float rb = round_bf16(wf[i]);
     ASSERT_NEAR(bf16_to_fp32(b[i]), rb, std::fabs(rb) * std::ldexp(1.f, -7)) << "bf16 element " << i;
-    if (t != DType::Q4_1) {
+    if (t != DType::Q4_1 && t != DType::Q5_1) {
       ASSERT_EQ(b[i], fp32_to_bf16(wf[i])) << "bf16 element " << i;
     }
   }
