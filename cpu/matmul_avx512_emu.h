@@ -271,6 +271,19 @@ inline V512 permutexvar_ps(V512 idx, V512 a) {
   for (int i = 0; i < 16; ++i) r.f[i] = a.f[idx.u32[i] & 15];
   return r;
 }
+inline V512 permutexvar_epi32(V512 idx, V512 a) {
+  V512 r;
+  for (int i = 0; i < 16; ++i) r.u32[i] = a.u32[idx.u32[i] & 15];
+  return r;
+}
+inline V512 sub_ps(V512 a, V512 b) {
+  for (int i = 0; i < 16; ++i) a.f[i] -= b.f[i];
+  return a;
+}
+inline void store_ps(void* p, V512 a) {
+  check_aligned(p);
+  std::memcpy(p, a.f, 64);
+}
 inline V512 inserti64x4(V512 a, __m256i b, int imm) {
   std::memcpy(&a.u8[(imm & 1) * 32], &b, 32);
   return a;
@@ -400,6 +413,12 @@ inline V512 identity(V512 a) { return a; }
 #define _mm512_dpbf16_ps ::ember_emu512::dpbf16_ps
 #undef _mm512_permutexvar_ps
 #define _mm512_permutexvar_ps ::ember_emu512::permutexvar_ps
+#undef _mm512_permutexvar_epi32
+#define _mm512_permutexvar_epi32 ::ember_emu512::permutexvar_epi32
+#undef _mm512_sub_ps
+#define _mm512_sub_ps ::ember_emu512::sub_ps
+#undef _mm512_store_ps
+#define _mm512_store_ps ::ember_emu512::store_ps
 #undef _mm512_inserti64x4
 #define _mm512_inserti64x4 ::ember_emu512::inserti64x4
 #undef _mm512_mullo_epi32
