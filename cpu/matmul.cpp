@@ -26,8 +26,8 @@ std::atomic<int> g_prefill_precision{static_cast<int>(PrefillPrecision::kAuto)};
 // K-quants on AVX-512 CPUs: the AVX2 variant's Q8_K activations and
 // dequantization; Q4_K / Q6_K weights whose rows are packed in 8-row groups
 // (PackedQ4Kx8 / PackedQ6Kx8) read that copy for prompt rows and for calls
-// of 4+ decode rows (Q4_K: the AVX-512 packed kernels, Q6_K: the AVX2 ones)
-// and the GGUF rows otherwise (the AVX-512 kernels). Every one computes each
+// of 4+ decode rows (the AVX-512 packed kernels; Q6_K decode rows: the AVX2
+// ones) and the GGUF rows otherwise (the AVX-512 kernels). Every one computes each
 // row in the order DecodeCtx::korder names, to the bit (tests/ops/
 // test_matmul.cpp: EmulatedAvx512KQuants, PackedQ4KRowsGiveIdenticalResults),
 // so the choice may depend on M without a row's result depending on its batch.
@@ -43,7 +43,7 @@ void avx512_kquant_mixed(const detail::DecodeCtx& c, int64_t n0, int64_t n1) {
   static const detail::DecodeKernel avx512 = detail::avx512_kquant_kernel(T);
   const bool prompt_order = c.korder == detail::KOrder::kGemm8x8 || c.korder == detail::KOrder::kTiled;
   if (c.packed && (prompt_order || c.M >= kKx8MinDecodeRows)) {
-    (T == DType::Q4_K ? avx512 : avx2)(c, n0, n1);
+    (T == DType::Q4_K || prompt_order ? avx512 : avx2)(c, n0, n1);
     return;
   }
   detail::DecodeCtx plain = c;

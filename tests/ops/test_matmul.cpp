@@ -879,7 +879,8 @@ TEST(EmulatedAvx512KQuants, EqualTheScalarVariantBitForBit) {
             ASSERT_EQ(std::memcmp(&ys[i], &ye[i], 4), 0)
                 << name_of(t) << " N=" << N << " order " << static_cast<int>(c.korder) << " M=" << M << " output " << i
                 << ": scalar " << ys[i] << " emulated avx512 " << ye[i];
-          if (t == DType::Q4_K && N % 8 == 0) {  // the packed 8-row groups (PackedQ4Kx8), whole and split
+          const bool packed_kernel = t == DType::Q4_K || (t == DType::Q6_K && rk == RowKind::kPrompt);
+          if (packed_kernel && N % 8 == 0) {  // the packed 8-row groups (PackedQ4Kx8 / Q6Kx8), whole and split
             std::vector<uint8_t> packed(detail::kx8_group_bytes(t, K) * static_cast<size_t>(N / 8));
             pack_weight({t, N, K, w.data()}, packed.data());
             std::vector<float> yp(ys.size(), std::nanf(""));
@@ -893,7 +894,7 @@ TEST(EmulatedAvx512KQuants, EqualTheScalarVariantBitForBit) {
               k(cp, split, N);
               for (size_t i = 0; i < ys.size(); ++i)
                 ASSERT_EQ(std::memcmp(&ys[i], &yp[i], 4), 0)
-                    << "packed Q4_K N=" << N << " split " << split << " order " << static_cast<int>(c.korder)
+                    << "packed " << name_of(t) << " N=" << N << " split " << split << " order " << static_cast<int>(c.korder)
                     << " M=" << M << " output " << i << ": scalar " << ys[i] << " emulated avx512 " << yp[i];
             }
           }
