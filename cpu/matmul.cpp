@@ -24,47 +24,20 @@ std::atomic<int64_t> g_decode_max_m{-1};  // < 0: per-type defaults
 std::atomic<int> g_prefill_precision{static_cast<int>(PrefillPrecision::kAuto)};
 
 // K-quants on AVX-512 CPUs: the AVX2 variant's Q8_K activations and
-// dequantization; Q4_K / Q6_K weights whose rows are packed in 8-row groups
-// (PackedQ4Kx8 / PackedQ6Kx8) read that copy for prompt rows and for calls
-// of 4+ decode rows (the AVX-512 packed kernels; Q6_K decode rows: the AVX2
-// ones) and the GGUF rows otherwise (the AVX-512 kernels). Every one computes each
-// row in the order DecodeCtx::korder names, to the bit (tests/ops/
-// test_matmul.cpp: EmulatedAvx512KQuants, PackedQ4KRowsGiveIdenticalResults),
-// so the choice may depend on M without a row's result depending on its batch.
-// One decode row reads the GGUF rows: measured on a Sapphire Rapids Xeon, 2
-// threads, 1B-shape Q4_K_M (`ember bench`), 19.5 tokens/s on the GGUF rows
-// vs 19.1 on the AVX2 packed kernels, 2-3 rows level, 16 sessions 56.4 vs
-// 75.8.
-constexpr int64_t kKx8MinDecodeRows = 4;
-
-template <DType T>
-void avx512_kquant_mixed(const detail::DecodeCtx& c, int64_t n0, int64_t n1) {
-  static const detail::DecodeKernel avx2 = detail::avx2_impl().kernel(T);
-  static const detail::DecodeKernel avx512 = detail::avx512_kquant_kernel(T);
-  const bool prompt_order = c.korder == detail::KOrder::kGemm8x8 || c.korder == detail::KOrder::kTiled;
-  if (c.packed && (prompt_order || c.M >= kKx8MinDecodeRows)) {
-    (T == DType::Q4_K || prompt_order ? avx512 : avx2)(c, n0, n1);
-    return;
-  }
-  detail::DecodeCtx plain = c;
-  plain.packed = nullptr;
-  avx512(plain, n0, n1);
-}
-
-detail::DecodeKernel avx512_kquant_kernel(DType t) {
-  switch (t) {
-    case DType::Q4_K: return avx512_kquant_mixed<DType::Q4_K>;
-    case DType::Q6_K: return avx512_kquant_mixed<DType::Q6_K>;
-    default: return detail::avx512_kquant_kernel(t);
-  }
-}
-
+// dequantization, the AVX-512 kernels. Q4_K / Q6_K weights whose rows are
+// packed in 8-row groups (PackedQ4Kx8 / PackedQ6Kx8) are read from that copy
+// for every row kind and M: measured on a Sapphire Rapids Xeon, 2 threads,
+// 1B-shape Q4_K_M (`ember bench`), one decode row 21.8 tokens/s from the
+// packed groups vs 20.0 from the GGUF rows, 2 sessions 32.6 vs 29.5, 3
+// sessions 47.0 vs 40.6 (aggregate). Both compute every row in the order
+// DecodeCtx::korder names, to the bit (tests/ops/test_matmul.cpp:
+// EmulatedAvx512KQuants, PackedQ4KRowsGiveIdenticalResults).
 const detail::IsaImpl& avx512_kquant_impl() {
   static const detail::IsaImpl impl = [] {
     detail::IsaImpl t = detail::avx2_impl();
     t.name = "avx512_vnni";
-    t.kernel = avx512_kquant_kernel;
-    t.reads_packed_kx8 = true;  // (avx512_kquant_mixed hands packed groups to the AVX2 kernels only)
+    t.kernel = detail::avx512_kquant_kernel;
+    t.reads_packed_kx8 = true;
     return t;
   }();
   return impl;

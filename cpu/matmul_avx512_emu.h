@@ -239,6 +239,23 @@ inline V512 cvtepu16_epi32(__m256i a) {
   for (int i = 0; i < 16; ++i) r.i32[i] = v[i];
   return r;
 }
+// VPMADDUBSW: u8 (a) x s8 (b), adjacent products added with signed saturation to 16 bits.
+inline V512 maddubs_epi16(V512 a, V512 b) {
+  V512 r;
+  for (int i = 0; i < 32; ++i) {
+    const int v = a.u8[2 * i] * b.i8[2 * i] + a.u8[2 * i + 1] * b.i8[2 * i + 1];
+    r.i16[i] = static_cast<int16_t>(v > 32767 ? 32767 : v < -32768 ? -32768 : v);
+  }
+  return r;
+}
+// VPDPWSSD: s16 x s16, two products per 32-bit lane added to src, no saturation.
+inline V512 dpwssd_epi32(V512 src, V512 a, V512 b) {
+  for (int i = 0; i < 16; ++i) {
+    const int64_t s = static_cast<int64_t>(a.i16[2 * i]) * b.i16[2 * i] + static_cast<int64_t>(a.i16[2 * i + 1]) * b.i16[2 * i + 1];
+    src.u32[i] += static_cast<uint32_t>(s);
+  }
+  return src;
+}
 // VPDPBUSD: u8 (a) x s8 (b), four products per 32-bit lane added to src, no saturation.
 inline V512 dpbusd_epi32(V512 src, V512 a, V512 b) {
   for (int i = 0; i < 16; ++i) {
@@ -275,6 +292,10 @@ inline V512 permutexvar_epi32(V512 idx, V512 a) {
   V512 r;
   for (int i = 0; i < 16; ++i) r.u32[i] = a.u32[idx.u32[i] & 15];
   return r;
+}
+inline V512 add_ps(V512 a, V512 b) {
+  for (int i = 0; i < 16; ++i) a.f[i] += b.f[i];
+  return a;
 }
 inline V512 sub_ps(V512 a, V512 b) {
   for (int i = 0; i < 16; ++i) a.f[i] -= b.f[i];
@@ -407,6 +428,10 @@ inline V512 identity(V512 a) { return a; }
 #define _mm512_cvtepi8_epi32 ::ember_emu512::cvtepi8_epi32
 #undef _mm512_cvtepu16_epi32
 #define _mm512_cvtepu16_epi32 ::ember_emu512::cvtepu16_epi32
+#undef _mm512_maddubs_epi16
+#define _mm512_maddubs_epi16 ::ember_emu512::maddubs_epi16
+#undef _mm512_dpwssd_epi32
+#define _mm512_dpwssd_epi32 ::ember_emu512::dpwssd_epi32
 #undef _mm512_dpbusd_epi32
 #define _mm512_dpbusd_epi32 ::ember_emu512::dpbusd_epi32
 #undef _mm512_dpbf16_ps
@@ -415,6 +440,8 @@ inline V512 identity(V512 a) { return a; }
 #define _mm512_permutexvar_ps ::ember_emu512::permutexvar_ps
 #undef _mm512_permutexvar_epi32
 #define _mm512_permutexvar_epi32 ::ember_emu512::permutexvar_epi32
+#undef _mm512_add_ps
+#define _mm512_add_ps ::ember_emu512::add_ps
 #undef _mm512_sub_ps
 #define _mm512_sub_ps ::ember_emu512::sub_ps
 #undef _mm512_store_ps

@@ -879,8 +879,7 @@ TEST(EmulatedAvx512KQuants, EqualTheScalarVariantBitForBit) {
             ASSERT_EQ(std::memcmp(&ys[i], &ye[i], 4), 0)
                 << name_of(t) << " N=" << N << " order " << static_cast<int>(c.korder) << " M=" << M << " output " << i
                 << ": scalar " << ys[i] << " emulated avx512 " << ye[i];
-          const bool packed_kernel = t == DType::Q4_K || (t == DType::Q6_K && rk == RowKind::kPrompt);
-          if (packed_kernel && N % 8 == 0) {  // the packed 8-row groups (PackedQ4Kx8 / Q6Kx8), whole and split
+          if ((t == DType::Q4_K || t == DType::Q6_K) && N % 8 == 0) {  // the packed 8-row groups (PackedQ4Kx8 / Q6Kx8), whole and split
             std::vector<uint8_t> packed(detail::kx8_group_bytes(t, K) * static_cast<size_t>(N / 8));
             pack_weight({t, N, K, w.data()}, packed.data());
             std::vector<float> yp(ys.size(), std::nanf(""));
