@@ -12,12 +12,13 @@
 //    the Q4 offset/min terms; K-quants: llama.cpp's Q8_K blocks of 256 with
 //    16-element sums) and the dot products are integer (AVX2
 //    maddubs/madd, AVX-512 VNNI dpbusd). Every weight block loaded is used
-//    for all M activation rows. OpenMP over output rows. Q5_0/Q5_1 have
-//    scalar and AVX2 kernels (on AVX-512 CPUs the AVX2 ones); the K-quants
-//    scalar, AVX2 and AVX-512 ones, all summing in the order llama.cpp's x86
-//    build uses for the rows' kind (RowKind below). (On AVX-512 CPUs Q4_K /
-//    Q6_K prompt rows and calls of 4+ decode rows run the AVX2 kernels on the
-//    packed copy, single decode rows the AVX-512 kernels: same results.)
+//    for all M activation rows. OpenMP over output rows. Q4_0 / Q4_1 / Q5_0
+//    / Q5_1 / Q8_0 have scalar, AVX2 and AVX-512 kernels (the AVX-512 ones in
+//    their own order, each row independent of M); the K-quants scalar, AVX2
+//    and AVX-512 ones, all summing in the order llama.cpp's x86 build uses
+//    for the rows' kind (RowKind below). (Q4_K / Q6_K weights with rows % 8
+//    == 0 are read from their packed copy on AVX2 and AVX-512 CPUs: same
+//    results.)
 //  * prefill (larger M): W is dequantized (SIMD, in row tiles) into the
 //    scratch and multiplied with oneDNN's matmul primitive (bf16 where the
 //    CPU has native AVX512_BF16/AMX, f32 otherwise), f32 output.
@@ -72,7 +73,7 @@ class MatmulScratch {
 // Bytes of a packed copy of a weight that the active kernels stream faster
 // (Q4_0/Q4_1/Q8_0 on AVX-512 VNNI CPUs: four blocks' quants in one 64-byte
 // load, their scales together; Q4_K and Q6_K with rows % 8 == 0 on AVX2 and
-// AVX-512 CPUs, for the AVX2 kernels: eight rows' super-blocks interleaved, 1.06x / 1.01x
+// AVX-512 CPUs: eight rows' super-blocks interleaved, 1.06x / 1.01x
 // the GGUF rows; about the weight's own size), or 0 when they read the GGUF
 // layout as fast (other types, other CPUs, EMBER_CPU_REPACK=0).
 size_t packed_bytes(DType type, int64_t rows, int64_t cols);

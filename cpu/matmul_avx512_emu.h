@@ -251,7 +251,8 @@ inline V512 maddubs_epi16(V512 a, V512 b) {
 // VPDPWSSD: s16 x s16, two products per 32-bit lane added to src, no saturation.
 inline V512 dpwssd_epi32(V512 src, V512 a, V512 b) {
   for (int i = 0; i < 16; ++i) {
-    const int64_t s = static_cast<int64_t>(a.i16[2 * i]) * b.i16[2 * i] + static_cast<int64_t>(a.i16[2 * i + 1]) * b.i16[2 * i + 1];
+    const int64_t s =
+        static_cast<int64_t>(a.i16[2 * i]) * b.i16[2 * i] + static_cast<int64_t>(a.i16[2 * i + 1]) * b.i16[2 * i + 1];
     src.u32[i] += static_cast<uint32_t>(s);
   }
   return src;

@@ -134,7 +134,7 @@ inline size_t packed_scale_offset(DType t, int64_t K, int64_t q, int64_t j) {
          static_cast<size_t>(q * kPackRows + j) * packed_scale_bytes(t);
 }
 
-// Q4_K weights packed for the AVX2 kernels (pack_weight; weights whose row
+// Q4_K weights packed for the AVX2 and AVX-512 kernels (pack_weight; weights whose row
 // count is a multiple of 8, the rows llama.cpp repacks to q4_K_8x8), in
 // groups of eight rows: for each super-block one PackedQ4Kx8 holding the
 // eight rows' d and dmin (as f32), their 6-bit scales and mins unpacked
@@ -157,7 +157,7 @@ static_assert(sizeof(PackedQ4Kx8) == 1216, "packed Q4_K x8 block");
 inline constexpr int64_t kKx8PackRows = 8;
 inline size_t q4k_x8_group_bytes(int64_t K) { return static_cast<size_t>(K / 256) * sizeof(PackedQ4Kx8); }
 
-// Q6_K weights (rows % 8 == 0) packed for the AVX2 kernels the same way:
+// Q6_K weights (rows % 8 == 0) packed for the AVX2 and AVX-512 kernels the same way:
 // per super-block of 8 rows their d (f32), their 16 sub-block scales
 // (sc[8 * s + r]), then per group g the low 4 bits interleaved as
 // PackedQ4Kx8's quants (grp[g].ql[32 * c + 4 * r + j]: element 4c + j,

@@ -625,11 +625,10 @@ TEST(Matmul, PackedRowsGiveIdenticalResults) {
   }
 }
 
-// Q4_K and Q6_K weights whose row count is a multiple of 8 are packed for
-// the AVX2 kernels (8-row interleaved super-blocks, detail::PackedQ4Kx8 /
-// PackedQ6Kx8), on AVX2 and AVX-512 CPUs (there the AVX2 kernels take the
-// packed groups for prompt rows and for 4+ decode rows, the AVX-512 kernels
-// the GGUF rows otherwise): prompt rows (Q4_K: llama.cpp's q4_K_8x8 GEMM
+// Q4_K and Q6_K weights whose row count is a multiple of 8 are packed
+// (8-row interleaved super-blocks, detail::PackedQ4Kx8 / PackedQ6Kx8) on
+// AVX2 and AVX-512 CPUs, each variant reading them with its own kernels:
+// prompt rows (Q4_K: llama.cpp's q4_K_8x8 GEMM
 // order; Q6_K: its tiled order) and decode rows (its GEMV order; vec_dot's)
 // give the GGUF rows' results to the bit, for any M, 1 or 2 threads, alone
 // and in a group; other row counts and the scalar variant are not packed.
@@ -879,7 +878,8 @@ TEST(EmulatedAvx512KQuants, EqualTheScalarVariantBitForBit) {
             ASSERT_EQ(std::memcmp(&ys[i], &ye[i], 4), 0)
                 << name_of(t) << " N=" << N << " order " << static_cast<int>(c.korder) << " M=" << M << " output " << i
                 << ": scalar " << ys[i] << " emulated avx512 " << ye[i];
-          if ((t == DType::Q4_K || t == DType::Q6_K) && N % 8 == 0) {  // the packed 8-row groups (PackedQ4Kx8 / Q6Kx8), whole and split
+          // The packed 8-row groups (PackedQ4Kx8 / PackedQ6Kx8), whole and split.
+          if ((t == DType::Q4_K || t == DType::Q6_K) && N % 8 == 0) {
             std::vector<uint8_t> packed(detail::kx8_group_bytes(t, K) * static_cast<size_t>(N / 8));
             pack_weight({t, N, K, w.data()}, packed.data());
             std::vector<float> yp(ys.size(), std::nanf(""));
@@ -893,8 +893,9 @@ TEST(EmulatedAvx512KQuants, EqualTheScalarVariantBitForBit) {
               k(cp, split, N);
               for (size_t i = 0; i < ys.size(); ++i)
                 ASSERT_EQ(std::memcmp(&ys[i], &yp[i], 4), 0)
-                    << "packed " << name_of(t) << " N=" << N << " split " << split << " order " << static_cast<int>(c.korder)
-                    << " M=" << M << " output " << i << ": scalar " << ys[i] << " emulated avx512 " << yp[i];
+                    << "packed " << name_of(t) << " N=" << N << " split " << split << " order "
+                    << static_cast<int>(c.korder) << " M=" << M << " output " << i << ": scalar " << ys[i]
+                    << " emulated avx512 " << yp[i];
             }
           }
         }

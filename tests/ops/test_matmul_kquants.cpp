@@ -232,7 +232,8 @@ TEST_P(KQuantMatmulTest, DecodeIsBitIdenticalToTheReferenceOrder) {
     for (const RowKind rk : {RowKind::kPrompt, RowKind::kDecode}) {
       for (int64_t M = 1; M <= 40; M += N == 13 ? 1 : 3) {
         const auto x = make_x(M, K, static_cast<uint32_t>(M * 3 + 1));
-        const auto yr = reference_order_kernels() ? reference_order(t, w, x, M, N, K, rk) : one_row_at_a_time(view, x, M, rk);
+        const auto yr =
+            reference_order_kernels() ? reference_order(t, w, x, M, N, K, rk) : one_row_at_a_time(view, x, M, rk);
         for (int th : {1, 2}) {
           omp_set_num_threads(th);
           std::vector<float> y(static_cast<size_t>(M * N), std::nanf(""));
@@ -262,7 +263,8 @@ TEST_P(KQuantMatmulTest, DecodeWiderShapes) {
     for (const RowKind rk : {RowKind::kPrompt, RowKind::kDecode}) {
       for (int64_t M : {1, 4, 7}) {
         const auto x = make_x(M, K, static_cast<uint32_t>(M + 100));
-        const auto yr = reference_order_kernels() ? reference_order(t, w, x, M, N, K, rk) : one_row_at_a_time(view, x, M, rk);
+        const auto yr =
+            reference_order_kernels() ? reference_order(t, w, x, M, N, K, rk) : one_row_at_a_time(view, x, M, rk);
         std::vector<float> y(static_cast<size_t>(M * N), std::nanf(""));
         matmul(view, x.data(), M, y.data(), scratch, MatmulPath::kAuto, rk);
         ASSERT_EQ(std::memcmp(y.data(), yr.data(), y.size() * 4), 0)
