@@ -12,11 +12,15 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <mutex>
+#include <tuple>
 #include <new>
 #include <vector>
 
 #include "core/backend/registry.h"
+#include "core/gguf/gguf.h"
 #include "core/tensor/types.h"
 #include "core/util/fault.h"
 #include "core/util/status.h"
@@ -368,24 +372,149 @@ LoraDot lora_vec_for(cpu::Isa isa) {
   }
 }
 
-class CpuWeight final : public DeviceWeight {
+// ---- Packed weights: one copy per weight and kernel layout in the process ----
+//
+// A weight's packed copy (cpu::pack_weight: the layout its kernels stream
+// fastest) is made on its first matmul, so an embedding table never gets one,
+// and shared by every engine of the process that uses the same weight on the
+// same kernels. A batch-invariant engine's kernels then read only the packed
+// copy, so the weight's pages in the model's image are released as they are
+// packed (gguf::release_image_pages, a megabyte at a time: the peak stays
+// near the model's size): the model costs its file size once, not twice
+// (EMBER_CPU_RELEASE_PACKED=0 keeps both). Every other reader of the GGUF
+// bytes holds a gguf::ImagePin over them, which brings them back first.
+struct PackKey {
+  const void* data;
+  DType type;
+  int64_t rows, cols;
+  cpu::Isa isa;
+  bool operator<(const PackKey& o) const {
+    return std::tie(data, type, rows, cols, isa) < std::tie(o.data, o.type, o.rows, o.cols, o.isa);
+  }
+};
+
+struct PackedCopy {
+  ~PackedCopy() { std::free(data); }
+  std::mutex mu;  // held while it is being packed
+  void* data = nullptr;
+};
+
+class PackCache {
  public:
-  ~CpuWeight() override { std::free(packed_); }
-  const void* packed() {
-    if (pack_tried_) return packed_;
-    pack_tried_ = true;
-    const size_t bytes = cpu::packed_bytes(desc.type, desc.rows, desc.cols);
-    if (bytes == 0 || testing::inject_alloc_failure(testing::AllocSite::kBackendWeight)) return nullptr;
-    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-    if (!p) return nullptr;
-    cpu::pack_weight(cpu::WeightView{desc.type, desc.rows, desc.cols, desc.host_data}, p);
-    packed_ = p;
-    return packed_;
+  static PackCache& get() {
+    static PackCache* cache = new PackCache();  // (never destroyed: engines may outlive static destructors)
+    return *cache;
+  }
+  // The copy for `key`, or null: made by another engine (done), when `create`
+  // is false; otherwise an empty one is added when there is none.
+  std::shared_ptr<PackedCopy> find(const PackKey& key, bool create) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = map_.find(key);
+    if (it != map_.end()) {
+      if (auto copy = it->second.lock()) return copy;
+      map_.erase(it);
+    }
+    if (!create) return nullptr;
+    for (auto i = map_.begin(); i != map_.end();) i = i->second.expired() ? map_.erase(i) : std::next(i);
+    auto copy = std::make_shared<PackedCopy>();
+    map_.emplace(key, copy);
+    return copy;
   }
 
  private:
-  void* packed_ = nullptr;
+  std::mutex mu_;
+  std::map<PackKey, std::weak_ptr<PackedCopy>> map_;
+};
+
+bool release_packed_originals() {
+  static const bool on = [] {
+    const char* v = std::getenv("EMBER_CPU_RELEASE_PACKED");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on;
+}
+
+// A weight read in place from the model's image, plus the packed copy above.
+class CpuWeight final : public DeviceWeight {
+ public:
+  size_t bytes() const { return static_cast<size_t>(desc.rows) * row_bytes(desc.type, desc.cols); }
+
+  // The packed copy when the kernels read one (made, or shared, on the first
+  // call), else null. `release`: the caller's kernels read nothing else, so
+  // the GGUF pages can go.
+  const void* packed(bool release) {
+    if (pack_tried_) return packed_ ? packed_->data : nullptr;
+    pack_tried_ = true;
+    const size_t n = cpu::packed_bytes(desc.type, desc.rows, desc.cols);
+    if (n == 0) return nullptr;
+    auto copy = PackCache::get().find(key(), true);
+    std::lock_guard<std::mutex> lock(copy->mu);
+    if (copy->data) {
+      // Another engine packed it: its pages may have come back for a reader since.
+      if (release && release_packed_originals()) gguf::release_image_pages(desc.host_data, bytes());
+    } else {
+      if (testing::inject_alloc_failure(testing::AllocSite::kBackendWeight)) return nullptr;
+      void* p = std::aligned_alloc(64, (n + 63) / 64 * 64);
+      if (!p) return nullptr;
+      try {
+        pack_into(p, release && release_packed_originals());
+      } catch (...) {
+        std::free(p);
+        throw;
+      }
+      copy->data = p;
+    }
+    packed_ = std::move(copy);
+    return packed_->data;
+  }
+
+  // The packed copy if this weight or another engine's has made it (no
+  // packing here: the embedding lookup).
+  const void* packed_if_made() {
+    if (packed_ || pack_tried_ || cpu::packed_bytes(desc.type, desc.rows, desc.cols) == 0)
+      return packed_ ? packed_->data : nullptr;
+    auto copy = PackCache::get().find(key(), false);
+    if (!copy) return nullptr;
+    std::lock_guard<std::mutex> lock(copy->mu);
+    if (!copy->data) return nullptr;
+    pack_tried_ = true;
+    packed_ = std::move(copy);
+    return packed_->data;
+  }
+
+  // Keeps the GGUF bytes resident while this weight lives (kernels or oneDNN
+  // read them).
+  void pin_original() {
+    if (pinned_) return;
+    pin_ = gguf::ImagePin(desc.host_data, bytes());
+    pinned_ = true;
+  }
+
+ private:
+  PackKey key() const { return PackKey{desc.host_data, desc.type, desc.rows, desc.cols, cpu::active_isa()}; }
+
+  // Packs a megabyte of GGUF rows at a time (whole groups of 8 rows), each
+  // pinned while it is read and released after when `release`.
+  void pack_into(void* out, bool release) {
+    const size_t rb = row_bytes(desc.type, desc.cols);
+    const int64_t chunk = std::max<int64_t>(8, static_cast<int64_t>((size_t{1} << 20) / rb) / 8 * 8);
+    const auto* src = static_cast<const uint8_t*>(desc.host_data);
+    for (int64_t r0 = 0; r0 < desc.rows; r0 += chunk) {
+      const int64_t n = std::min(chunk, desc.rows - r0);
+      const uint8_t* rows = src + static_cast<size_t>(r0) * rb;
+      {
+        gguf::ImagePin pin(rows, static_cast<size_t>(n) * rb);
+        cpu::pack_weight(cpu::WeightView{desc.type, n, desc.cols, rows},
+                         static_cast<uint8_t*>(out) + cpu::packed_bytes(desc.type, r0, desc.cols));
+      }
+      if (release) gguf::release_image_pages(rows, static_cast<size_t>(n) * rb);
+    }
+  }
+
+  std::shared_ptr<PackedCopy> packed_;
   bool pack_tried_ = false;
+  gguf::ImagePin pin_;
+  bool pinned_ = false;
 };
 
 // Attention limits (per-thread stack state of the kernel).
@@ -570,13 +699,28 @@ class CpuBackend final : public Backend {
     }
   }
 
+  // A tied table whose GGUF pages went after packing: each row is unpacked
+  // from the packed copy (the same bytes) and dequantized as before.
   void embed(const DeviceWeight& table, const int32_t* ids, int32_t n, float* out) override {
+    std::lock_guard<std::mutex> lock(scratch_mutex_);
     const auto& d = table.desc;
-    cpu::WeightView w{d.type, d.rows, d.cols, d.host_data};
     for (int32_t i = 0; i < n; ++i) {
       if (ids[i] < 0 || ids[i] >= d.rows) fail(StatusCode::kInvalidArgument, "token id out of range");
-      cpu::dequantize_rows(w, ids[i], 1, out + static_cast<size_t>(i) * d.cols);
     }
+    auto& cw = const_cast<CpuWeight&>(static_cast<const CpuWeight&>(table));
+    if (const void* packed = cw.packed_if_made()) {
+      const cpu::WeightView w{d.type, d.rows, d.cols, d.host_data, packed};
+      embed_row_.resize(row_bytes(d.type, d.cols));
+      for (int32_t i = 0; i < n; ++i) {
+        cpu::unpack_rows(w, ids[i], 1, embed_row_.data());
+        cpu::dequantize_rows(cpu::WeightView{d.type, 1, d.cols, embed_row_.data()}, 0, 1,
+                             out + static_cast<size_t>(i) * d.cols);
+      }
+      return;
+    }
+    const gguf::ImagePin pin(d.host_data, cw.bytes());
+    const cpu::WeightView w{d.type, d.rows, d.cols, d.host_data};
+    for (int32_t i = 0; i < n; ++i) cpu::dequantize_rows(w, ids[i], 1, out + static_cast<size_t>(i) * d.cols);
   }
 
   void rms_norm(const float* x, const DeviceWeight& weight, int32_t rows, int32_t dim, float eps, float* out) override {
@@ -1120,9 +1264,13 @@ class CpuBackend final : public Backend {
 
   int threads() const { return governor_.threads(); }
   // Weights come from upload_weight (CpuWeight); packing needs scratch_mutex_.
-  static cpu::WeightView view_of(const DeviceWeight& w) {
+  // A batch-invariant engine's kernels read the packed copy alone when there
+  // is one; otherwise (or for oneDNN's prefill) the GGUF bytes, pinned.
+  cpu::WeightView view_of(const DeviceWeight& w) const {
+    auto& cw = const_cast<CpuWeight&>(static_cast<const CpuWeight&>(w));
+    const void* packed = cw.packed(batch_invariant_);
+    if (!packed || !batch_invariant_) cw.pin_original();
     const auto& d = w.desc;
-    const void* packed = const_cast<CpuWeight&>(static_cast<const CpuWeight&>(w)).packed();
     return cpu::WeightView{d.type, d.rows, d.cols, d.host_data, packed};
   }
   static size_t weight_bytes(const WeightDesc& d) { return static_cast<size_t>(d.rows) * row_bytes(d.type, d.cols); }
@@ -1144,6 +1292,7 @@ class CpuBackend final : public Backend {
   size_t kv_bytes_ = 0;
   std::mutex scratch_mutex_;
   cpu::MatmulScratch scratch_;
+  std::vector<uint8_t> embed_row_;  // embed(): one row unpacked (under scratch_mutex_)
   // LoRA (under scratch_mutex_): gathered rows, the rank-r products, and
   // per-thread matmul scratch and tiles.
   static constexpr int64_t kLoraRankChunk = 8;

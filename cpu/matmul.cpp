@@ -499,6 +499,103 @@ void pack_weight(const WeightView& w, void* out) {
   }
 }
 
+namespace {
+// The inverse of pack_kx8_group for row r of a group: its GGUF super-blocks.
+template <DType T>
+void unpack_kx8_row(const uint8_t* group, int r, int64_t K, uint8_t* out) {
+  using P = std::conditional_t<T == DType::Q4_K, detail::PackedQ4Kx8, detail::PackedQ6Kx8>;
+  for (int64_t i = 0; i < K / 256; ++i) {
+    const P& p = reinterpret_cast<const P*>(group)[i];
+    uint8_t q[256];  // the unpacked values in element order (KUnpacked::q)
+    for (int g = 0; g < 8; ++g)
+      for (int e = 0; e < 16; ++e) {
+        const int c = e / 4, j = e % 4;
+        if constexpr (T == DType::Q4_K) {
+          const uint8_t b = p.qs[128 * g + 32 * c + 4 * r + j];
+          q[32 * g + e] = b & 0xF;
+          q[32 * g + 16 + e] = b >> 4;
+        } else {
+          const uint8_t b = p.grp[g].ql[32 * c + 4 * r + j];
+          const int lo_h = (p.grp[g].qh[4 * r + j] >> (2 * c)) & 3, hi_h = (p.grp[g].qh[32 + 4 * r + j] >> (2 * c)) & 3;
+          q[32 * g + e] = static_cast<uint8_t>((b & 0xF) | (lo_h << 4));
+          q[32 * g + 16 + e] = static_cast<uint8_t>((b >> 4) | (hi_h << 4));
+        }
+      }
+    uint8_t* blk = out + static_cast<size_t>(i) * detail::kquant_block_bytes(T);
+    if constexpr (T == DType::Q4_K) {
+      BlockQ4_K b;
+      b.d = detail::f2h(p.d[r]);
+      b.dmin = detail::f2h(p.dmin[r]);
+      for (int j = 0; j < 4; ++j) {  // kquant_scale_min's 6-bit fields, put back
+        const int s_lo = p.sc[8 * j + r], m_lo = p.mn[8 * j + r];
+        const int s_hi = p.sc[8 * (j + 4) + r], m_hi = p.mn[8 * (j + 4) + r];
+        b.scales[j] = static_cast<uint8_t>(s_lo | ((s_hi >> 4) << 6));
+        b.scales[j + 4] = static_cast<uint8_t>(m_lo | ((m_hi >> 4) << 6));
+        b.scales[j + 8] = static_cast<uint8_t>((s_hi & 0xF) | ((m_hi & 0xF) << 4));
+      }
+      for (int j = 0; j < 4; ++j)
+        for (int l = 0; l < 32; ++l) b.qs[32 * j + l] = static_cast<uint8_t>(q[64 * j + l] | (q[64 * j + 32 + l] << 4));
+      std::memcpy(blk, &b, sizeof(b));
+    } else {
+      BlockQ6_K b;
+      b.d = detail::f2h(p.d[r]);
+      for (int sb = 0; sb < 16; ++sb) b.scales[sb] = p.sc[8 * sb + r];
+      for (int h = 0; h < 2; ++h)
+        for (int l = 0; l < 32; ++l) {
+          const uint8_t* v = q + 128 * h;
+          b.ql[64 * h + l] = static_cast<uint8_t>((v[l] & 0xF) | ((v[l + 64] & 0xF) << 4));
+          b.ql[64 * h + l + 32] = static_cast<uint8_t>((v[l + 32] & 0xF) | ((v[l + 96] & 0xF) << 4));
+          b.qh[32 * h + l] = static_cast<uint8_t>((v[l] >> 4) | ((v[l + 32] >> 4) << 2) | ((v[l + 64] >> 4) << 4) |
+                                                  ((v[l + 96] >> 4) << 6));
+        }
+      std::memcpy(blk, &b, sizeof(b));
+    }
+  }
+}
+}  // namespace
+
+void unpack_rows(const WeightView& w, int64_t row_begin, int64_t n_rows, void* out) {
+  check_weight(w, "unpack_rows");
+  if (!w.packed || !out) fail(StatusCode::kInvalidArgument, "unpack_rows: no packed copy or no output");
+  if (row_begin < 0 || n_rows < 0 || row_begin > w.rows - n_rows)
+    fail(StatusCode::kInvalidArgument, "unpack_rows: rows out of range");
+  const int64_t K = w.cols;
+  const size_t rb = detail::weight_row_bytes(w.type, K);
+  const auto* packed = static_cast<const uint8_t*>(w.packed);
+  auto* dst = static_cast<uint8_t*>(out);
+  if (w.type == DType::Q4_K || w.type == DType::Q6_K) {
+    const size_t gb = detail::kx8_group_bytes(w.type, K);
+    for (int64_t i = 0; i < n_rows; ++i) {
+      const int64_t r = row_begin + i;
+      const uint8_t* group = packed + static_cast<size_t>(r / detail::kKx8PackRows) * gb;
+      const int rr = static_cast<int>(r % detail::kKx8PackRows);
+      if (w.type == DType::Q4_K)
+        unpack_kx8_row<DType::Q4_K>(group, rr, K, dst + static_cast<size_t>(i) * rb);
+      else
+        unpack_kx8_row<DType::Q6_K>(group, rr, K, dst + static_cast<size_t>(i) * rb);
+    }
+    return;
+  }
+  if (!detail::packable(w.type)) fail(StatusCode::kInvalidArgument, "unpack_rows: not a packable type");
+  const int64_t nb = K / detail::kQK;
+  const size_t gb = detail::packed_group_bytes(w.type, K), blk = rb / static_cast<size_t>(nb);
+  const size_t n_scales = w.type == DType::Q4_1 ? 2 : 1, q_off = 2 * n_scales, q_len = blk - q_off;
+  for (int64_t i = 0; i < n_rows; ++i) {
+    const int64_t r = row_begin + i, j = r % detail::kPackRows;
+    const uint8_t* base = packed + static_cast<size_t>(r / detail::kPackRows) * gb;
+    uint8_t* row = dst + static_cast<size_t>(i) * rb;
+    for (int64_t b = 0; b < nb; ++b) {
+      uint8_t* bp = row + static_cast<size_t>(b) * blk;
+      const int64_t q = b / 4, jb = b % 4;
+      const uint8_t* qd = base + detail::packed_quant_offset(w.type, q, j);
+      std::memcpy(bp + q_off, qd + jb * 16, 16);
+      if (q_len == 32) std::memcpy(bp + q_off + 16, qd + 64 + jb * 16, 16);
+      std::memcpy(bp, base + detail::packed_scale_offset(w.type, K, q, j) + static_cast<size_t>(jb) * 2 * n_scales,
+                  2 * n_scales);
+    }
+  }
+}
+
 void dequantize_rows(const WeightView& w, int64_t row_begin, int64_t n_rows, float* out) {
   check_weight(w, "dequantize_rows");
   if (row_begin < 0 || n_rows < 0 || row_begin > w.rows || n_rows > w.rows - row_begin)

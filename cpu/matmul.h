@@ -78,7 +78,15 @@ class MatmulScratch {
 // layout as fast (other types, other CPUs, EMBER_CPU_REPACK=0).
 size_t packed_bytes(DType type, int64_t rows, int64_t cols);
 // Writes that copy of w's rows to out (packed_bytes() bytes, 64-byte aligned).
+// The layout is a run of groups of 8 (Q4_K/Q6_K) or 4 rows: packing rows
+// [r0, r1) of w (r0 a multiple of 8) into out + packed_bytes(type, r0, cols)
+// writes the same bytes as packing the whole.
 void pack_weight(const WeightView& w, void* out);
+// Rows [row_begin, row_begin + n_rows) of a packed weight (w.packed, as
+// pack_weight wrote it for w's type and shape) written back in the GGUF
+// layout to out: the bytes pack_weight read, exactly. (The embedding lookup
+// of a tied table whose GGUF pages were released.)
+void unpack_rows(const WeightView& w, int64_t row_begin, int64_t n_rows, void* out);
 
 // True for the weight types matmul() and dequantize_rows() accept.
 bool matmul_supports(DType type);

@@ -49,45 +49,7 @@ constexpr char kMagic[8] = {'E', 'M', 'B', 'E', 'R', 'S', 'E', 'S'};
 constexpr uint32_t kVersion = 3;  // reads 1 to 3
 constexpr size_t kHeaderBytes = 48;
 
-uint64_t model_fingerprint(const Model& model) {
-  Hasher h(0x656d6265726d6f64ull);
-  h.bytes(model.architecture().data(), model.architecture().size());
-  const LlamaConfig& c = model.config();
-  for (int32_t v :
-       {c.n_vocab, c.n_ctx_train, c.n_embd, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.n_ff, c.rope_dim}) {
-    h.value(v);
-  }
-  h.value(c.rope_freq_base);
-  h.value(c.rms_eps);
-  h.value(model.tokenizer().n_vocab());
-  // Samples of every weight: same shapes with other values (a fine-tune)
-  // still differ.
-  auto tensor = [&](const WeightDesc& w) {
-    h.value(static_cast<uint32_t>(w.type));
-    h.value(w.rows);
-    h.value(w.cols);
-    if (!w.host_data || w.rows <= 0) return;
-    const size_t size = row_bytes(w.type, w.cols) * static_cast<size_t>(w.rows);
-    const auto* p = static_cast<const uint8_t*>(w.host_data);
-    constexpr size_t kSample = 4096;
-    if (size <= 3 * kSample) {
-      h.bytes(p, size);
-    } else {
-      h.bytes(p, kSample);
-      h.bytes(p + size / 2 - kSample / 2, kSample);
-      h.bytes(p + size - kSample, kSample);
-    }
-  };
-  tensor(model.token_embd());
-  tensor(model.output_norm());
-  tensor(model.output());
-  for (const auto& l : model.layers()) {
-    for (const WeightDesc* w : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down}) {
-      tensor(*w);
-    }
-  }
-  return h.digest();
-}
+uint64_t model_fingerprint(const Model& model) { return model.fingerprint(); }
 
 class Writer {
  public:

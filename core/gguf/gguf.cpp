@@ -12,8 +12,11 @@
 #include <bit>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <system_error>
 
 #include "core/util/fault.h"
@@ -458,12 +461,222 @@ void* read_private_copy(int fd, size_t size, const std::string& path) {
 }
 }  // namespace
 
-void GgufFile::release_pages(const void* p, size_t n) const {
-  if (!file_mapped_ || n == 0) return;
-  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
-  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+namespace {
+
+// ---- The registry of open images and their released pages (gguf.h) ----
+
+struct ReleasedRun {
+  size_t end = 0;     // [key, end): offsets in the image, whole pages
+  uint64_t hash = 0;  // of the bytes released (private copies)
+};
+
+struct Image {
+  const GgufFile* file = nullptr;
+  uint8_t* base = nullptr;
+  size_t size = 0;
+  int fd = -1;  // the file, for a private copy: released pages are read back from it
+  std::map<size_t, ReleasedRun> released;
+  std::vector<std::pair<size_t, size_t>> pins;  // [begin, end) offsets, page-rounded outwards
+};
+
+std::mutex& registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::vector<Image>& registry() {
+  static std::vector<Image> images;
+  return images;
+}
+
+size_t page_size() {
+  static const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+// EMBER_DEBUG_RELEASED_PAGES=1: released pages are also made inaccessible,
+// so a reader that holds no ImagePin faults at once instead of reading zeros
+// (the test suite runs with it).
+bool protect_released() {
+  static const bool on = [] {
+    const char* v = std::getenv("EMBER_DEBUG_RELEASED_PAGES");
+    return v && *v && std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
+// Four independent multiply-xorshift lanes over 8-byte words: memory speed.
+uint64_t run_hash(const uint8_t* p, size_t n) {
+  uint64_t h[4] = {0x9E3779B97F4A7C15ull, 0xC2B2AE3D27D4EB4Full, 0x165667B19E3779F9ull, 0x27D4EB2F165667C5ull};
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    for (int l = 0; l < 4; ++l) {
+      uint64_t w;
+      std::memcpy(&w, p + i + 8 * l, 8);
+      h[l] = (h[l] ^ w) * 0xff51afd7ed558ccdull;
+      h[l] ^= h[l] >> 29;
+    }
+  }
+  for (; i < n; ++i) h[0] = (h[0] ^ p[i]) * 0x100000001b3ull;
+  return h[0] ^ (h[1] * 3) ^ (h[2] * 5) ^ (h[3] * 7) ^ n;
+}
+
+// The image holding [p, p + n), or null. Under the registry mutex.
+Image* find_image(const void* p, size_t n) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  for (Image& im : registry()) {
+    const auto b = reinterpret_cast<uintptr_t>(im.base);
+    if (a >= b && a - b <= im.size && n <= im.size - (a - b)) return &im;
+  }
+  return nullptr;
+}
+
+void release_run(Image& im, size_t b, size_t e) {
+  ReleasedRun run{e, im.fd >= 0 ? run_hash(im.base + b, e - b) : 0};
+  if (protect_released()) ::mprotect(im.base + b, e - b, PROT_NONE);
+  ::madvise(im.base + b, e - b, MADV_DONTNEED);
+  im.released.emplace(b, run);
+}
+
+// Brings the released run at `it` back. Under the registry mutex.
+void restore_run(Image& im, std::map<size_t, ReleasedRun>::iterator it) {
+  const size_t b = it->first, e = it->second.end;
+  uint8_t* dst = im.base + b;
+  if (im.fd < 0) {  // a mapping of the file: the pages fault in again
+    if (protect_released()) ::mprotect(dst, e - b, PROT_READ);
+    im.released.erase(it);
+    return;
+  }
+  ::mprotect(dst, e - b, PROT_READ | PROT_WRITE);
+  size_t done = 0;
+  const char* problem = nullptr;
+  while (done < e - b) {
+    const ssize_t n = ::pread(im.fd, dst + done, e - b - done, static_cast<off_t>(b + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      problem = n == 0 ? "is shorter than when it was loaded" : "cannot be read";
+      break;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (!problem && run_hash(dst, e - b) != it->second.hash) problem = "was changed since it was loaded";
+  if (problem) {  // released again, as it was
+    ::madvise(dst, e - b, MADV_DONTNEED);
+    ::mprotect(dst, e - b, protect_released() ? PROT_NONE : PROT_READ);
+    fail(StatusCode::kBadFormat, std::string("gguf: the model file ") + problem +
+                                     ": weights whose pages were released cannot be read back");
+  }
+  ::mprotect(dst, e - b, PROT_READ);
+  im.released.erase(it);
+}
+
+void register_image(const GgufFile* f, const void* base, size_t size, int fd) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  registry().push_back(Image{f, static_cast<uint8_t*>(const_cast<void*>(base)), size, fd, {}, {}});
+}
+
+void unregister_image(const GgufFile* f) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  auto& r = registry();
+  r.erase(std::remove_if(r.begin(), r.end(), [f](const Image& im) { return im.file == f; }), r.end());
+}
+
+}  // namespace
+
+size_t release_image_pages(const void* p, size_t n) {
+  if (!p || n == 0) return 0;
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  Image* im = find_image(p, n);
+  if (!im) return 0;
+  const size_t page = page_size();
+  const size_t off = static_cast<size_t>(static_cast<const uint8_t*>(p) - im->base);
+  const size_t b = (off + page - 1) / page * page, e = (off + n) / page * page;
+  if (e <= b) return 0;
+  // What must stay: pins and runs released already, inside [b, e).
+  std::vector<std::pair<size_t, size_t>> keep;
+  for (const auto& pin : im->pins)
+    if (pin.first < e && pin.second > b) keep.push_back(pin);
+  for (auto it = im->released.upper_bound(b); it != im->released.begin();) {  // a run starting before b
+    --it;
+    if (it->second.end > b) keep.emplace_back(it->first, it->second.end);
+    break;
+  }
+  for (auto it = im->released.lower_bound(b); it != im->released.end() && it->first < e; ++it)
+    keep.emplace_back(it->first, it->second.end);
+  std::sort(keep.begin(), keep.end());
+  size_t dropped = 0, cur = b;
+  for (const auto& k : keep) {
+    if (k.first > cur) {
+      const size_t stop = std::min(k.first, e);
+      release_run(*im, cur, stop);
+      dropped += stop - cur;
+    }
+    cur = std::max(cur, k.second);
+    if (cur >= e) break;
+  }
+  if (cur < e) {
+    release_run(*im, cur, e);
+    dropped += e - cur;
+  }
+  return dropped;
+}
+
+size_t released_image_bytes(const void* p, size_t n) {
+  if (!p || n == 0) return 0;
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  Image* im = find_image(p, n);
+  if (!im) return 0;
+  const size_t b = static_cast<size_t>(static_cast<const uint8_t*>(p) - im->base), e = b + n;
+  size_t total = 0;
+  for (const auto& [rb, run] : im->released) {
+    const size_t lo = std::max(rb, b), hi = std::min(run.end, e);
+    if (lo < hi) total += hi - lo;
+  }
+  return total;
+}
+
+ImagePin::ImagePin(const void* p, size_t n) {
+  if (!p || n == 0) return;
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  Image* im = find_image(p, n);
+  if (!im) return;
+  const size_t page = page_size();
+  const size_t off = static_cast<size_t>(static_cast<const uint8_t*>(p) - im->base);
+  const size_t b = off / page * page, e = std::min(im->size, (off + n + page - 1) / page * page);
+  auto it = im->released.upper_bound(b);
+  if (it != im->released.begin() && std::prev(it)->second.end > b) --it;
+  while (it != im->released.end() && it->first < e) {
+    auto next = std::next(it);
+    restore_run(*im, it);
+    it = next;
+  }
+  im->pins.emplace_back(b, e);
+  p_ = p;
+  n_ = n;
+}
+
+ImagePin& ImagePin::operator=(ImagePin&& o) noexcept {
+  if (this != &o) {
+    reset();
+    p_ = o.p_;
+    n_ = o.n_;
+    o.p_ = nullptr;
+    o.n_ = 0;
+  }
+  return *this;
+}
+
+void ImagePin::reset() {
+  if (!p_) return;
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  if (Image* im = find_image(p_, n_)) {
+    const size_t page = page_size();
+    const size_t off = static_cast<size_t>(static_cast<const uint8_t*>(p_) - im->base);
+    const std::pair<size_t, size_t> key(off / page * page, std::min(im->size, (off + n_ + page - 1) / page * page));
+    auto it = std::find(im->pins.begin(), im->pins.end(), key);
+    if (it != im->pins.end()) im->pins.erase(it);
+  }
+  p_ = nullptr;
+  n_ = 0;
 }
 
 std::unique_ptr<GgufFile> GgufFile::open(const std::string& path, Residency residency) {
@@ -499,12 +712,13 @@ std::unique_ptr<GgufFile> GgufFile::open(const std::string& path, Residency resi
       ::close(fd);
       throw;
     }
-    ::close(fd);
     std::unique_ptr<GgufFile> f(new GgufFile());
     f->mapping_ = copy;
+    f->fd_ = fd;  // kept to read released pages back
     f->base_ = static_cast<const uint8_t*>(copy);
     f->size_ = static_cast<size_t>(size);
     f->parse_named(path);
+    register_image(f.get(), copy, f->size_, fd);
     return f;
   }
   void* p = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_PRIVATE, fd, 0);
@@ -520,6 +734,7 @@ std::unique_ptr<GgufFile> GgufFile::open(const std::string& path, Residency resi
   f->base_ = static_cast<const uint8_t*>(p);
   f->size_ = static_cast<size_t>(size);
   f->parse_named(path);
+  register_image(f.get(), p, f->size_, -1);
   return f;
 }
 
@@ -545,7 +760,11 @@ std::unique_ptr<GgufFile> GgufFile::from_memory(const void* data, size_t size) {
 }
 
 GgufFile::~GgufFile() {
-  if (mapping_ != nullptr) ::munmap(mapping_, size_);
+  if (mapping_ != nullptr) {
+    unregister_image(this);
+    ::munmap(mapping_, size_);
+  }
+  if (fd_ >= 0) ::close(fd_);
 }
 
 void GgufFile::parse() {

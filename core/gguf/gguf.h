@@ -108,12 +108,6 @@ class GgufFile {
   std::vector<int64_t> get_int_array(std::string_view key) const;
   std::vector<float> get_float_array(std::string_view key) const;
 
-  // Drops this process's pages of [p, p + n) (whole pages inside it) when the
-  // file is mapped in place (kSharedMapping): they come back from the file if
-  // read again. Nothing for a private copy. (A tensor-parallel rank that
-  // copied its columns of a matrix: Model::shard.)
-  void release_pages(const void* p, size_t n) const;
-
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   const TensorInfo* find_tensor(std::string_view name) const;  // nullptr when absent
 
@@ -126,6 +120,7 @@ class GgufFile {
   size_t size_ = 0;
   void* mapping_ = nullptr;   // non-null when we own an mmap (of the file, or the private copy)
   bool file_mapped_ = false;  // mapping_ maps the file itself (kSharedMapping)
+  int fd_ = -1;               // the file, kept open to read released pages back (kPrivateCopy)
   uint32_t version_ = 0;
   size_t alignment_ = 32;
   size_t data_offset_ = 0;
@@ -133,6 +128,51 @@ class GgufFile {
   std::unordered_map<std::string, size_t> kv_index_;
   std::vector<TensorInfo> tensors_;
   std::unordered_map<std::string, size_t> tensor_index_;
+};
+
+// ---- Pages of a file's image that another copy replaced ----
+//
+// An opened file's image (its mapping, or its private copy) is registered
+// while the GgufFile lives. When the CPU backend has packed a weight into the
+// layout its kernels read, the weight's pages in the image are dropped
+// (release_image_pages): the model then costs its file size once, not twice.
+// Whatever reads an image's bytes after that holds an ImagePin over them while
+// it reads; the pin first brings released pages back (a private copy reads
+// them again from the file, which was kept open; a mapping faults them in)
+// and keeps them from being released while it lives.
+//
+// Reading them back checks that they are what was released (a 64-bit hash
+// of every released run): a file changed in place since it was loaded gives
+// kBadFormat, a truncated one kBadFormat, never different weights or SIGBUS
+// (a private copy; a mapping of a truncated file raises SIGBUS as before).
+
+// Drops the pages wholly inside [p, p + n) of a registered image, except
+// pages an ImagePin covers now and pages already released. Nothing for
+// memory that is not an image (a caller's buffer, a shard's copy). Returns the
+// bytes dropped. Thread-safe.
+size_t release_image_pages(const void* p, size_t n);
+
+// Bytes of [p, p + n) released now (for tests and statistics).
+size_t released_image_bytes(const void* p, size_t n);
+
+// Keeps [p, p + n) of an image resident while it lives (see above). Throws
+// ember::Error when released pages cannot be read back. Inert for memory that
+// is not an image. Thread-safe; movable.
+class ImagePin {
+ public:
+  ImagePin() = default;
+  ImagePin(const void* p, size_t n);
+  ~ImagePin() { reset(); }
+  ImagePin(ImagePin&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
+  ImagePin& operator=(ImagePin&& o) noexcept;
+  ImagePin(const ImagePin&) = delete;
+  ImagePin& operator=(const ImagePin&) = delete;
+  void reset();
+  bool held() const { return p_ != nullptr; }
+
+ private:
+  const void* p_ = nullptr;
+  size_t n_ = 0;
 };
 
 }  // namespace ember::gguf

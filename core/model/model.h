@@ -148,6 +148,11 @@ class Model {
   const WeightDesc& output_norm() const { return output_norm_; }
   const WeightDesc& output() const { return output_; }  // token_embd when tied
   const std::vector<LayerWeightDescs>& layers() const { return layers_; }
+  // A 64-bit fingerprint of the architecture, hyperparameters, tokenizer
+  // size and samples of every weight, taken at load (before any weight's
+  // pages can be released): what a session file records to be reloaded only
+  // into the same model. A shard has its whole model's.
+  uint64_t fingerprint() const { return fingerprint_; }
   const WeightDesc& rope_freqs() const { return rope_freqs_; }  // config().rope_freqs
   // How layer il's queries and keys are rotated (its base, NEOX pairs,
   // scaling; the factors point into the model).
@@ -163,11 +168,13 @@ class Model {
   Model() = default;
   void load_config();
   void load_weights();
+  uint64_t compute_fingerprint() const;
 
   std::unique_ptr<gguf::GgufFile> file_;
   std::string architecture_, name_;
   ModelConfig config_;
   uint64_t n_params_ = 0;
+  uint64_t fingerprint_ = 0;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<ChatTemplate> chat_template_;
   std::string chat_template_error_;

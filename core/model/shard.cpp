@@ -51,6 +51,7 @@ std::shared_ptr<const Model> Model::shard(std::shared_ptr<const Model> full, con
 
   std::shared_ptr<Model> m(new Model());
   m->parent_ = full;
+  m->fingerprint_ = full->fingerprint_;
   m->architecture_ = full->architecture_;
   m->name_ = full->name_;
   m->config_ = c;
@@ -122,13 +123,15 @@ std::shared_ptr<const Model> Model::shard(std::shared_ptr<const Model> full, con
     }
     const size_t src_row = bytes_per_row(w), off = row_bytes(w.type, c0), len = row_bytes(w.type, n);
     auto buf = std::make_unique<uint8_t[]>(len * static_cast<size_t>(w.rows));
+    gguf::ImagePin pin(w.host_data, src_row * static_cast<size_t>(w.rows));  // (pages another engine released)
     for (int64_t i = 0; i < w.rows; ++i) {
       std::memcpy(buf.get() + static_cast<size_t>(i) * len,
                   static_cast<const uint8_t*>(w.host_data) + static_cast<size_t>(i) * src_row + off, len);
     }
     // The whole matrix was read for this rank's columns: its pages leave
-    // this process again (a file mapped in place; the copy is what is used).
-    full->file_->release_pages(w.host_data, src_row * static_cast<size_t>(w.rows));
+    // this process again (the copy is what is used; gguf.h).
+    pin.reset();
+    gguf::release_image_pages(w.host_data, src_row * static_cast<size_t>(w.rows));
     WeightDesc out = w;
     out.cols = n;
     out.host_data = buf.get();

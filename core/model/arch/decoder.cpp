@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "core/comm/communicator.h"
+#include "core/gguf/gguf.h"
 #include "core/util/status.h"
 
 namespace ember {
@@ -27,22 +28,32 @@ void load_llama_layer(const TensorGetter& get, const ModelConfig& c, const std::
 
 Decoder::Decoder(std::shared_ptr<const Model> model, Backend& backend, int32_t block_size)
     : model_(std::move(model)), backend_(backend), block_size_(block_size), groups_(model_->kv_groups()) {
+  // A device backend copies a weight's bytes as it uploads it: pinned (they
+  // may have been released by a CPU engine that packed them, gguf.h). The
+  // CPU backend reads them in place later and pins what it reads itself.
+  const bool reads_at_upload = backend_.name().rfind("cpu/", 0) != 0;
+  auto upload = [&](const WeightDesc& d) {
+    gguf::ImagePin pin;
+    if (reads_at_upload && d.host_data && d.rows > 0)
+      pin = gguf::ImagePin(d.host_data, row_bytes(d.type, d.cols) * static_cast<size_t>(d.rows));
+    return backend_.upload_weight(d);
+  };
   // (A pipeline stage has the embedding only if first, the head only if last.)
-  if (model_->token_embd().host_data) token_embd_ = backend_.upload_weight(model_->token_embd());
-  output_norm_ = backend_.upload_weight(model_->output_norm());
-  if (model_->output().host_data) output_ = backend_.upload_weight(model_->output());
+  if (model_->token_embd().host_data) token_embd_ = upload(model_->token_embd());
+  output_norm_ = upload(model_->output_norm());
+  if (model_->output().host_data) output_ = upload(model_->output());
   for (const auto& l : model_->layers()) {
     LayerWeights w;
-    w.attn_norm = backend_.upload_weight(l.attn_norm);
-    w.wq = backend_.upload_weight(l.wq);
-    w.wk = backend_.upload_weight(l.wk);
-    w.wv = backend_.upload_weight(l.wv);
-    w.wo = backend_.upload_weight(l.wo);
-    w.ffn_norm = backend_.upload_weight(l.ffn_norm);
-    w.w_gate = backend_.upload_weight(l.w_gate);
-    w.w_up = backend_.upload_weight(l.w_up);
-    w.w_down = backend_.upload_weight(l.w_down);
-    auto optional = [&](const WeightDesc& d) { return d.host_data ? backend_.upload_weight(d) : nullptr; };
+    w.attn_norm = upload(l.attn_norm);
+    w.wq = upload(l.wq);
+    w.wk = upload(l.wk);
+    w.wv = upload(l.wv);
+    w.wo = upload(l.wo);
+    w.ffn_norm = upload(l.ffn_norm);
+    w.w_gate = upload(l.w_gate);
+    w.w_up = upload(l.w_up);
+    w.w_down = upload(l.w_down);
+    auto optional = [&](const WeightDesc& d) { return d.host_data ? upload(d) : nullptr; };
     w.bq = optional(l.bq);
     w.bk = optional(l.bk);
     w.bv = optional(l.bv);
