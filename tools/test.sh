@@ -9,6 +9,10 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # ctest runs two test processes at once on 2 cores: OpenMP threads that spin
 # at barriers would then starve each other (50x slowdowns seen), so they sleep.
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
+# Weight pages the CPU backend released after packing are also made
+# inaccessible, so any reader that forgot its gguf::ImagePin faults in the
+# tests instead of reading zeros (core/gguf/gguf.h).
+export EMBER_DEBUG_RELEASED_PAGES="${EMBER_DEBUG_RELEASED_PAGES:-1}"
 bash "$root/tools/setup.sh"
 # Every binding must build and be tested (ON: a missing toolchain fails the configure).
 # (Tests and benchmarks ON: a build/ first configured by tools/run.sh has them OFF.)

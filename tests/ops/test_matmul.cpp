@@ -677,6 +677,52 @@ TEST(Matmul, PackedQ4KRowsGiveIdenticalResults) {
     }
 }
 
+// What lets the CPU backend release a packed weight's GGUF pages: its
+// kernels read the packed copy alone (the GGUF pointer below is garbage), for
+// every row kind and batch size, and unpack_rows gives the GGUF bytes back
+// exactly (the embedding lookup of a tied table).
+TEST(Matmul, PackedCopyAloneServesEveryRowAndUnpacksExactly) {
+  KnobGuard guard;
+  for (Isa isa : kIsas) {
+    if (!isa_supported(isa)) continue;
+    force_isa(isa);
+    for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q6_K}) {
+      const bool kx8 = t == DType::Q4_K || t == DType::Q6_K;
+      for (int64_t N : {kx8 ? int64_t{16} : int64_t{13}, int64_t{40}}) {
+        const int64_t K = kx8 ? 512 : 608;
+        const size_t bytes = packed_bytes(t, N, K);
+        if (bytes == 0) continue;
+        const auto w = make_weight(t, N, K, static_cast<uint32_t>(N * 7 + K));
+        std::vector<uint8_t> storage(bytes + 64);
+        uint8_t* packed = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
+        pack_weight({t, N, K, w.data()}, packed);
+        const std::vector<uint8_t> garbage(w.size(), 0xA5);
+        const WeightView plain{t, N, K, w.data()}, alone{t, N, K, garbage.data(), packed};
+        const std::string where = isa_to_string(isa) + std::string(" ") + name_of(t) + " N=" + std::to_string(N);
+        std::vector<uint8_t> back(w.size(), 0);
+        unpack_rows(alone, 0, N, back.data());
+        EXPECT_EQ(back, w) << where;
+        const size_t rb = row_bytes(t, K);
+        std::vector<uint8_t> one(rb);
+        unpack_rows(alone, N - 3, 1, one.data());
+        EXPECT_EQ(std::memcmp(one.data(), w.data() + static_cast<size_t>(N - 3) * rb, rb), 0) << where;
+        EXPECT_THROW(unpack_rows(alone, N - 1, 2, one.data()), Error);
+        for (RowKind kind : {RowKind::kPrompt, RowKind::kDecode}) {
+          for (int64_t M : {1, 3, 9, 40}) {
+            const auto x = make_x(M, K, static_cast<uint32_t>(M + 5));
+            std::vector<float> y0(static_cast<size_t>(M * N)), y1(y0.size(), -1.f);
+            MatmulScratch scratch;
+            matmul(plain, x.data(), M, y0.data(), scratch, MatmulPath::kRowInvariant, kind);
+            matmul(alone, x.data(), M, y1.data(), scratch, MatmulPath::kRowInvariant, kind);
+            EXPECT_EQ(std::memcmp(y0.data(), y1.data(), y0.size() * 4), 0)
+                << where << (kind == RowKind::kPrompt ? " prompt" : " decode") << " M=" << M;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(Matmul, ConcurrentCallersWithOwnScratch) {
   // Two threads of control, each with its own scratch, mixing decode and
   // prefill calls on shared weights (the primitive cache is shared).
