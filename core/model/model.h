@@ -113,7 +113,8 @@ class Model {
     // In private memory, read from the file once: the file may then be
     // changed, truncated or deleted while the model lives (the host must
     // survive that). Costs the file's size in anonymous memory, which the
-    // forward pass reads in full anyway.
+    // forward pass reads in full anyway; a weight the CPU backend packed
+    // gives its pages back (gguf.h: release_image_pages, ImagePin).
     kPrivateCopy,
     // Read in place from a shared read-only mapping: no copy, pages shared
     // with other processes and reclaimable, but a file truncated while the

@@ -164,9 +164,17 @@ typedef struct ember_model_params {
   int32_t use_mmap; /* how the weights are held once loaded:
                        1 (default) or 0: in private memory, read from the file
                        once; the file may then be changed, truncated or deleted
-                       (the model never reads it again). Costs the file's size
-                       in anonymous memory, which the forward pass reads in
-                       full anyway (until 1.2: 1 mapped the file, 0 read it).
+                       without harm to the host. Costs the file's size in
+                       anonymous memory, once: the CPU backend releases a
+                       weight's pages when it has packed the weight for its
+                       kernels (EMBER_CPU_RELEASE_PACKED=0 keeps both). If a
+                       later reader needs those bytes (an engine with
+                       batch_invariant = 0, a CUDA engine, a tensor-parallel
+                       rank), they are read back from the file, which the
+                       model keeps open: a deleted or renamed-over file still
+                       reads; one changed in place or truncated since loading
+                       fails that engine's requests with BAD_FORMAT, never
+                       other weights (until 1.2: 1 mapped the file, 0 read it).
                        EMBER_MODEL_MAP_SHARED (since 1.2): read in place from a
                        shared read-only mapping: no copy, pages shared with
                        other processes and reclaimable by the kernel, but
@@ -196,7 +204,8 @@ EMBER_API void(ember_model_params_init)(ember_model_params* params);
  * NOT_FOUND (missing/unreadable file), BAD_FORMAT (corrupt GGUF, or a
  * file that shrank while it was being read), UNSUPPORTED (architecture or
  * tensor type), OUT_OF_MEMORY (no memory for the weights). By default, once
- * it returns, the file is never read again (see use_mmap). Thread-safe. */
+ * it returns, the file is read again only for released weight pages (see
+ * use_mmap). Thread-safe. */
 EMBER_API ember_status ember_model_load(const char* path, const ember_model_params* params, ember_model** out_model);
 
 /* Releases the caller's reference. Engines using the model keep it alive.

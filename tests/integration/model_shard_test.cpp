@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/engine/parallel.h"
+#include "core/gguf/gguf.h"
 #include "core/model/model.h"
 #include "core/tensor/types.h"
 #include "core/util/status.h"
@@ -33,6 +34,9 @@ ModelShard pp_rank(int pp, int r) {
 std::vector<float> row_of(const WeightDesc& w, int64_t row) {
   std::vector<float> out(static_cast<size_t>(w.cols));
   const size_t rb = row_bytes(w.type, w.cols);
+  // (A shard releases the pages of the matrices whose columns it copied:
+  // read back under a pin, as every reader of released pages does.)
+  const gguf::ImagePin pin(static_cast<const uint8_t*>(w.host_data) + static_cast<size_t>(row) * rb, rb);
   type_traits(w.type)->dequantize_row(static_cast<const uint8_t*>(w.host_data) + static_cast<size_t>(row) * rb,
                                       out.data(), w.cols);
   return out;
