@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "ember/ember.h"
@@ -1307,11 +1308,18 @@ int cmd_bench(int argc, char** argv) {
     for (double x : v) s += (x - m) * (x - m);
     return v.size() > 1 ? std::sqrt(s / static_cast<double>(v.size() - 1)) : 0.0;
   };
+  // Resident memory now (the model loaded, its weights packed, the KV of one
+  // session) against the file's size.
+  const double rss_mib = resident_bytes() / (1 << 20);
+  struct stat model_stat {};
+  const double file_mib =
+      ::stat(a.str("-m", default_model_path()).c_str(), &model_stat) == 0 ? model_stat.st_size / 1048576.0 : 0.0;
   if (a.has("--json")) {
     std::printf(
         "{\"model\": \"%s\", \"n_prompt\": %d, \"n_gen\": %d, \"threads\": %d, \"prefill_tokens_per_second\": %.2f, "
-        "\"prefill_stddev\": %.2f, \"decode_tokens_per_second\": %.2f, \"decode_stddev\": %.2f, \"repetitions\": %d",
-        info.name, n_prompt, n_gen, threads, mean(pp), sd(pp), mean(tg), sd(tg), reps);
+        "\"prefill_stddev\": %.2f, \"decode_tokens_per_second\": %.2f, \"decode_stddev\": %.2f, \"repetitions\": %d, "
+        "\"rss_mib\": %.1f, \"model_file_mib\": %.1f",
+        info.name, n_prompt, n_gen, threads, mean(pp), sd(pp), mean(tg), sd(tg), reps, rss_mib, file_mib);
     if (token_times) {
       // Seconds since the decode start (the first token) of the last repetition.
       const double t0 = last.times.empty() ? 0.0 : last.times.front();
@@ -1325,6 +1333,7 @@ int cmd_bench(int argc, char** argv) {
     std::printf("%-12s %12s %10s\n", "test", "tokens/s", "stddev");
     std::printf("pp%-10d %12.2f %10.2f\n", n_prompt, mean(pp), sd(pp));
     std::printf("tg%-10d %12.2f %10.2f\n", n_gen, mean(tg), sd(tg));
+    std::printf("resident %.1f MiB (model file %.1f MiB)\n", rss_mib, file_mib);
   }
   return 0;
 }

@@ -759,6 +759,12 @@ std::unique_ptr<GgufFile> GgufFile::from_memory(const void* data, size_t size) {
   return f;
 }
 
+void GgufFile::release_metadata() {
+  std::vector<std::pair<std::string, Value>>().swap(kv_);
+  std::unordered_map<std::string, size_t>().swap(kv_index_);
+  if (mapping_ != nullptr) release_image_pages(base_, data_offset_);
+}
+
 GgufFile::~GgufFile() {
   if (mapping_ != nullptr) {
     unregister_image(this);

@@ -108,6 +108,13 @@ class GgufFile {
   std::vector<int64_t> get_int_array(std::string_view key) const;
   std::vector<float> get_float_array(std::string_view key) const;
 
+  // Frees the parsed metadata (metadata() is empty after, every getter
+  // finds nothing) and releases the image's pages before the data section
+  // (the raw metadata; read back under an ImagePin if ever read). A model
+  // calls it once its tokenizer and config are built: a 262k-token
+  // vocabulary's parsed strings are ~100 MB.
+  void release_metadata();
+
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   const TensorInfo* find_tensor(std::string_view name) const;  // nullptr when absent
 

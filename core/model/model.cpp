@@ -1,5 +1,7 @@
 #include "core/model/model.h"
 
+#include <malloc.h>
+
 #include <cmath>
 
 #include "core/chat/chat_template.h"
@@ -45,6 +47,11 @@ std::shared_ptr<Model> Model::load(const std::string& path, Weights weights) {
     m->chat_template_error_ = "the model has no chat template (tokenizer.chat_template)";
   }
   m->fingerprint_ = m->compute_fingerprint();
+  // Everything read from the metadata is built: its parsed form goes (the
+  // vocabulary's strings alone are ~100 MB for 262k tokens), and the heap
+  // pages it held go back to the system.
+  m->file_->release_metadata();
+  ::malloc_trim(0);
   return m;
 }
 
