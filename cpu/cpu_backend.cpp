@@ -397,13 +397,13 @@ struct PackKey {
 // more starts on a 2 MiB boundary and asks for transparent huge pages over its
 // whole 2 MiB extents (its tail, in small pages, costs no more than its size):
 // fewer TLB misses, +8% decode on the 1B shape (docs/BENCHMARKS.md;
-// EMBER_CPU_HUGEPAGES=0: small pages).
+// EMBER_HUGEPAGES=0: small pages).
 struct PackedCopy {
   static constexpr size_t kHuge = size_t{2} << 20;
   ~PackedCopy() { deallocate(); }
   void* allocate(size_t n) {
     static const bool huge = [] {
-      const char* v = std::getenv("EMBER_CPU_HUGEPAGES");
+      const char* v = std::getenv("EMBER_HUGEPAGES");
       return !(v && std::strcmp(v, "0") == 0);
     }();
     if (n < kHuge || !huge) {
