@@ -15,14 +15,15 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <tuple>
 #include <new>
+#include <tuple>
 #include <vector>
 
 #include "core/backend/registry.h"
 #include "core/gguf/gguf.h"
 #include "core/tensor/types.h"
 #include "core/util/fault.h"
+#include "core/util/huge_pages.h"
 #include "core/util/status.h"
 #include "cpu/backend_kernels.h"
 #include "cpu/cpu_backend.h"
@@ -132,9 +133,9 @@ __attribute__((target("avx2,fma,f16c"))) inline float lora_dot_avx2_1(DType t, c
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) inline float lora_dot_avx512_1(DType t,
-                                                                                                const void* w,
-                                                                                                const float* x,
-                                                                                                int64_t K) {
+                                                                                                  const void* w,
+                                                                                                  const float* x,
+                                                                                                  int64_t K) {
   __m512 acc = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
@@ -224,7 +225,7 @@ __attribute__((target("avx2,fma,f16c"))) float lora_vec_avx2_1(DType t, const vo
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) inline __m512 lora_load16(DType t, const void* w,
-                                                                                            int64_t k) {
+                                                                                             int64_t k) {
   if (t == DType::F16) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(w) + k)));
   }
@@ -232,7 +233,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) inline __m512
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) float lora_vec_avx512_1(DType t, const void* w,
-                                                                                          const float* x, int64_t K) {
+                                                                                           const float* x, int64_t K) {
   if (t == DType::BF16) return lora_dot_avx512_1(t, w, x, K);
   __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   const int64_t np = K & ~int64_t{63};
@@ -263,12 +264,13 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) float lora_ve
 // ~2^24: the sum is then the same in any order, and the float it rounds to is
 // llama.cpp's. So the products are summed 4 lanes at a time.
 __attribute__((target("avx2,fma,f16c"))) void lora_vec_b_rows_f16(const uint8_t* w, size_t row_bytes, int64_t n,
-                                                                 const float* x, int64_t M, int64_t K, float* u,
-                                                                 int64_t ldu) {
+                                                                  const float* x, int64_t M, int64_t K, float* u,
+                                                                  int64_t ldu) {
   for (int64_t o = 0; o < n; ++o) {
     const uint16_t* row = reinterpret_cast<const uint16_t*>(w + static_cast<size_t>(o) * row_bytes);
     __m256 wv[4];
-    for (int64_t q = 0; q < K / 8; ++q) wv[q] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 8 * q)));
+    for (int64_t q = 0; q < K / 8; ++q)
+      wv[q] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 8 * q)));
     for (int64_t m = 0; m < M; ++m) {
       const float* xm = x + m * K;
       __m256d acc = _mm256_setzero_pd();
@@ -288,11 +290,11 @@ __attribute__((target("avx2,fma,f16c"))) void lora_vec_b_rows_f16(const uint8_t*
 // FMAs), eight outputs interleaved so their chains overlap; the products of
 // a row are formed eight at a time (f16 x f16 is exact in f32).
 __attribute__((target("avx2,fma,f16c"))) void lora_vec_tail_rows_avx2(DType t, const uint8_t* w, size_t row_bytes,
-                                                                     int64_t n, const float* x, int64_t K,
-                                                                     float* out) {
+                                                                      int64_t n, const float* x, int64_t K,
+                                                                      float* out) {
   if (t == DType::F16 && K % 8 == 0 && K <= 32) return lora_vec_b_rows_f16(w, row_bytes, n, x, 1, K, out, n);
-  constexpr int kMaxK = 63;  // K < 32 (AVX2 order) or < 64 (AVX-512 order)
-  constexpr int kOut = 16;   // outputs interleaved
+  constexpr int kMaxK = 63;              // K < 32 (AVX2 order) or < 64 (AVX-512 order)
+  constexpr int kOut = 16;               // outputs interleaved
   alignas(32) float p[kMaxK + 1][kOut];  // p[k][i]: output i's k-th product
   for (int64_t o = 0; o < n; o += kOut) {
     const int64_t cnt = std::min<int64_t>(kOut, n - o);
@@ -348,14 +350,14 @@ void lora_vec_scalar(DType t, const uint8_t* w, size_t row_bytes, int64_t n, con
   for (int64_t i = 0; i < n; ++i) out[i] = lora_vec_scalar1(t, w + static_cast<size_t>(i) * row_bytes, x, K);
 }
 __attribute__((target("avx2,fma,f16c"))) void lora_vec_avx2(DType t, const uint8_t* w, size_t row_bytes, int64_t n,
-                                                           const float* x, int64_t K, float* out) {
+                                                            const float* x, int64_t K, float* out) {
   if (K < 32 && t != DType::BF16) return lora_vec_tail_rows_avx2(t, w, row_bytes, n, x, K, out);
   for (int64_t i = 0; i < n; ++i) out[i] = lora_vec_avx2_1(t, w + static_cast<size_t>(i) * row_bytes, x, K);
 }
 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) void lora_vec_avx512(DType t, const uint8_t* w,
-                                                                                       size_t row_bytes, int64_t n,
-                                                                                       const float* x, int64_t K,
-                                                                                       float* out) {
+                                                                                        size_t row_bytes, int64_t n,
+                                                                                        const float* x, int64_t K,
+                                                                                        float* out) {
   if (K < 64 && t != DType::BF16) return lora_vec_tail_rows_avx2(t, w, row_bytes, n, x, K, out);
   for (int64_t i = 0; i < n; ++i) out[i] = lora_vec_avx512_1(t, w + static_cast<size_t>(i) * row_bytes, x, K);
 }
@@ -393,37 +395,18 @@ struct PackKey {
   }
 };
 
-// Packed weights are streamed whole for every decode step: a copy of 2 MiB or
-// more starts on a 2 MiB boundary and asks for transparent huge pages over its
-// whole 2 MiB extents (its tail, in small pages, costs no more than its size):
-// fewer TLB misses, +8% decode on the 1B shape (docs/BENCHMARKS.md;
-// EMBER_HUGEPAGES=0: small pages).
+// A packed copy of 2 MiB or more is in huge pages (core/util/huge_pages.h).
 struct PackedCopy {
-  static constexpr size_t kHuge = size_t{2} << 20;
   ~PackedCopy() { deallocate(); }
   void* allocate(size_t n) {
-    static const bool huge = [] {
-      const char* v = std::getenv("EMBER_HUGEPAGES");
-      return !(v && std::strcmp(v, "0") == 0);
-    }();
-    if (n < kHuge || !huge) {
-      data = std::aligned_alloc(64, (n + 63) / 64 * 64);
-      return data;
-    }
-    const size_t len = (n + 4095) / 4096 * 4096;
-    void* raw = ::mmap(nullptr, len + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (raw == MAP_FAILED) return nullptr;
-    const uintptr_t r = reinterpret_cast<uintptr_t>(raw), a = (r + kHuge - 1) / kHuge * kHuge;
-    if (a > r) ::munmap(raw, a - r);
-    if (r + kHuge > a) ::munmap(reinterpret_cast<void*>(a + len), r + kHuge - a);
-    ::madvise(reinterpret_cast<void*>(a), len / kHuge * kHuge, MADV_HUGEPAGE);
-    data = reinterpret_cast<void*>(a);
-    mapped = len;
+    if (n < kHugePageBytes) return data = std::aligned_alloc(64, (n + 63) / 64 * 64);
+    data = map_huge(n);
+    mapped = data ? n : 0;
     return data;
   }
   void deallocate() {
     if (mapped)
-      ::munmap(data, mapped);
+      map_huge_free(data, mapped);
     else
       std::free(data);
     data = nullptr;
@@ -431,7 +414,7 @@ struct PackedCopy {
   }
   std::mutex mu;  // held while it is being packed
   void* data = nullptr;
-  size_t mapped = 0;  // bytes mapped at data (0: from aligned_alloc)
+  size_t mapped = 0;  // bytes of a map_huge at data (0: from aligned_alloc)
 };
 
 class PackCache {

@@ -669,8 +669,8 @@ int perplexity_stream(const Args& a, std::vector<int32_t> ids, Handles& h, const
   const int32_t block = 16;
   const int32_t head_dim = info.n_embd / info.n_heads;
   const int32_t kv_dtype = kv_dtype_of(a);
-  const uint64_t row_bytes = kv_dtype == EMBER_KV_Q8_0 ? static_cast<uint64_t>(head_dim) / 32 * 34
-                                                        : static_cast<uint64_t>(head_dim) * 2;
+  const uint64_t row_bytes =
+      kv_dtype == EMBER_KV_Q8_0 ? static_cast<uint64_t>(head_dim) / 32 * 34 : static_cast<uint64_t>(head_dim) * 2;
   const uint64_t bytes_per_block = static_cast<uint64_t>(info.n_layers) * 2 * info.n_kv_heads * block * row_bytes;
   uint64_t slots = 0;
   const int32_t full_window = std::max<int32_t>(block, static_cast<int32_t>(ids.size()));

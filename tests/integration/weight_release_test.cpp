@@ -23,10 +23,10 @@
 namespace ember {
 namespace {
 
-#define REQUIRE_CPU_PACKING(w)                                                                       \
-  do {                                                                                               \
-    const char* dev = std::getenv("EMBER_FORCE_DEVICE");                                             \
-    if (dev && *dev && std::string(dev) != "cpu") GTEST_SKIP() << "the CPU backend's packing";      \
+#define REQUIRE_CPU_PACKING(w)                                                                          \
+  do {                                                                                                  \
+    const char* dev = std::getenv("EMBER_FORCE_DEVICE");                                                \
+    if (dev && *dev && std::string(dev) != "cpu") GTEST_SKIP() << "the CPU backend's packing";          \
     if (cpu::packed_bytes((w).type, (w).rows, (w).cols) == 0) GTEST_SKIP() << "no packing on this CPU"; \
   } while (0)
 
@@ -109,9 +109,9 @@ TEST(WeightRelease, PackedWeightsLeaveTheImageAndEveryReaderGetsThemBack) {
 }
 
 TEST(WeightRelease, AFileChangedSinceLoadingIsAnErrorOnTheStreamThatNeedsIt) {
-  const std::string path = (std::filesystem::temp_directory_path() /
-                            ("ember_weight_release_" + std::to_string(::getpid()) + ".gguf"))
-                               .string();
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("ember_weight_release_" + std::to_string(::getpid()) + ".gguf"))
+          .string();
   std::filesystem::copy_file(kModel, path, std::filesystem::copy_options::overwrite_existing);
   auto m = Model::load(path);
   const WeightDesc& wq = m->layers()[0].wq;
@@ -119,7 +119,7 @@ TEST(WeightRelease, AFileChangedSinceLoadingIsAnErrorOnTheStreamThatNeedsIt) {
   auto a = engine(m);
   const auto tokens = generate(a);
   ASSERT_GT(released(wq), 0u);
-  {  // a byte in the middle of the released weight, changed in place on disk
+  {                                       // a byte in the middle of the released weight, changed in place on disk
     auto f = gguf::GgufFile::open(path);  // (where the weight is in the file)
     const gguf::TensorInfo* t = f->find_tensor("blk.0.attn_q.weight");
     ASSERT_NE(t, nullptr);
