@@ -479,13 +479,15 @@ struct Image {
   std::vector<std::pair<size_t, size_t>> pins;  // [begin, end) offsets, page-rounded outwards
 };
 
+// Never destroyed: a model may be freed after main returns (an engine's
+// worker thread ending last), when static objects are gone.
 std::mutex& registry_mutex() {
-  static std::mutex m;
-  return m;
+  static std::mutex* m = new std::mutex();
+  return *m;
 }
 std::vector<Image>& registry() {
-  static std::vector<Image> images;
-  return images;
+  static std::vector<Image>* images = new std::vector<Image>();
+  return *images;
 }
 
 size_t page_size() {
