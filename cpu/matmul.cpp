@@ -404,6 +404,21 @@ void matmul_group(const WeightView* w, float* const* y, int n, const float* x, i
 }
 
 namespace {
+// Where a GGUF block of a detail::packable type keeps its parts (BlockQ4_0,
+// BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0: f16 scales first, then Q5's
+// 32 fifth bits, then the quants) and where a packed quad keeps its masks.
+struct PackedBlockLayout {
+  size_t blk, sc_len, q_off, q_len, mask_off;
+  bool five_bit;
+  PackedBlockLayout(DType t, size_t block_bytes)
+      : blk(block_bytes),
+        sc_len(2 * detail::packed_f16_per_block(t)),
+        q_off(sc_len + (detail::packed_five_bit(t) ? 4 : 0)),
+        q_len(blk - q_off),
+        mask_off(4 * sc_len),
+        five_bit(detail::packed_five_bit(t)) {}
+};
+
 bool kx8_packable(DType type, int64_t rows, int64_t cols) {
   return (type == DType::Q4_K || type == DType::Q6_K) && rows > 0 && rows % detail::kKx8PackRows == 0 && cols > 0 &&
          cols % 256 == 0 && repack_enabled() && isa_impl(active_isa(), type).reads_packed_kx8;
@@ -477,23 +492,30 @@ void pack_weight(const WeightView& w, void* out) {
   const int64_t K = w.cols, nb = K / detail::kQK;
   const int64_t groups = (w.rows + detail::kPackRows - 1) / detail::kPackRows;
   const size_t gb = detail::packed_group_bytes(w.type, K), rb = detail::weight_row_bytes(w.type, K);
-  const size_t blk = rb / static_cast<size_t>(nb);
-  // Where a block keeps its scales and quants (BlockQ4_0 / BlockQ4_1 / BlockQ8_0).
-  const size_t n_scales = w.type == DType::Q4_1 ? 2 : 1, q_off = 2 * n_scales, q_len = blk - q_off;
+  const PackedBlockLayout lay(w.type, rb / static_cast<size_t>(nb));
 #pragma omp parallel for schedule(static)
   for (int64_t g = 0; g < groups; ++g) {
     uint8_t* base = static_cast<uint8_t*>(out) + static_cast<size_t>(g) * gb;
-    std::memset(base, 0, gb);  // padding blocks and rows: zero quants and scales
+    std::memset(base, 0, gb);  // padding blocks and rows: zero quants, scales and fifth bits
     for (int64_t j = 0; j < detail::kPackRows && g * detail::kPackRows + j < w.rows; ++j) {
       const uint8_t* src = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(g * detail::kPackRows + j) * rb;
       for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* bp = src + static_cast<size_t>(b) * blk;
+        const uint8_t* bp = src + static_cast<size_t>(b) * lay.blk;
         const int64_t q = b / 4, jb = b % 4;
         uint8_t* qd = base + detail::packed_quant_offset(w.type, q, j);
-        std::memcpy(qd + jb * 16, bp + q_off, 16);
-        if (q_len == 32) std::memcpy(qd + 64 + jb * 16, bp + q_off + 16, 16);  // Q8_0: bytes 16..31 with the hi half
-        std::memcpy(base + detail::packed_scale_offset(w.type, K, q, j) + static_cast<size_t>(jb) * 2 * n_scales, bp,
-                    2 * n_scales);
+        uint8_t* sc = base + detail::packed_scale_offset(w.type, K, q, j);
+        std::memcpy(qd + jb * 16, bp + lay.q_off, 16);
+        if (lay.q_len == 32) std::memcpy(qd + 64 + jb * 16, bp + lay.q_off + 16, 16);  // Q8_0: bytes 16..31
+        std::memcpy(sc + static_cast<size_t>(jb) * lay.sc_len, bp, lay.sc_len);
+        if (lay.five_bit) {
+          uint32_t qh;
+          std::memcpy(&qh, bp + lay.sc_len, 4);
+          uint64_t m[2];
+          std::memcpy(m, sc + lay.mask_off, 16);
+          m[0] |= static_cast<uint64_t>(qh & 0xFFFF) << (16 * jb);
+          m[1] |= static_cast<uint64_t>(qh >> 16) << (16 * jb);
+          std::memcpy(sc + lay.mask_off, m, 16);
+        }
       }
     }
   }
@@ -578,20 +600,27 @@ void unpack_rows(const WeightView& w, int64_t row_begin, int64_t n_rows, void* o
   }
   if (!detail::packable(w.type)) fail(StatusCode::kInvalidArgument, "unpack_rows: not a packable type");
   const int64_t nb = K / detail::kQK;
-  const size_t gb = detail::packed_group_bytes(w.type, K), blk = rb / static_cast<size_t>(nb);
-  const size_t n_scales = w.type == DType::Q4_1 ? 2 : 1, q_off = 2 * n_scales, q_len = blk - q_off;
+  const size_t gb = detail::packed_group_bytes(w.type, K);
+  const PackedBlockLayout lay(w.type, rb / static_cast<size_t>(nb));
   for (int64_t i = 0; i < n_rows; ++i) {
     const int64_t r = row_begin + i, j = r % detail::kPackRows;
     const uint8_t* base = packed + static_cast<size_t>(r / detail::kPackRows) * gb;
     uint8_t* row = dst + static_cast<size_t>(i) * rb;
     for (int64_t b = 0; b < nb; ++b) {
-      uint8_t* bp = row + static_cast<size_t>(b) * blk;
+      uint8_t* bp = row + static_cast<size_t>(b) * lay.blk;
       const int64_t q = b / 4, jb = b % 4;
       const uint8_t* qd = base + detail::packed_quant_offset(w.type, q, j);
-      std::memcpy(bp + q_off, qd + jb * 16, 16);
-      if (q_len == 32) std::memcpy(bp + q_off + 16, qd + 64 + jb * 16, 16);
-      std::memcpy(bp, base + detail::packed_scale_offset(w.type, K, q, j) + static_cast<size_t>(jb) * 2 * n_scales,
-                  2 * n_scales);
+      const uint8_t* sc = base + detail::packed_scale_offset(w.type, K, q, j);
+      std::memcpy(bp + lay.q_off, qd + jb * 16, 16);
+      if (lay.q_len == 32) std::memcpy(bp + lay.q_off + 16, qd + 64 + jb * 16, 16);
+      std::memcpy(bp, sc + static_cast<size_t>(jb) * lay.sc_len, lay.sc_len);
+      if (lay.five_bit) {
+        uint64_t m[2];
+        std::memcpy(m, sc + lay.mask_off, 16);
+        const uint32_t qh = static_cast<uint32_t>((m[0] >> (16 * jb)) & 0xFFFF) |
+                            static_cast<uint32_t>((m[1] >> (16 * jb)) & 0xFFFF) << 16;
+        std::memcpy(bp + lay.sc_len, &qh, 4);
+      }
     }
   }
 }

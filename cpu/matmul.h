@@ -71,8 +71,8 @@ class MatmulScratch {
 };
 
 // Bytes of a packed copy of a weight that the active kernels stream faster
-// (Q4_0/Q4_1/Q8_0 on AVX-512 VNNI CPUs: four blocks' quants in one 64-byte
-// load, their scales together; Q4_K and Q6_K with rows % 8 == 0 on AVX2 and
+// (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 on AVX-512 VNNI CPUs: four blocks' quants in one
+// 64-byte load, their scales (and Q5's fifth bits as byte masks) together; Q4_K and Q6_K with rows % 8 == 0 on AVX2 and
 // AVX-512 CPUs: eight rows' super-blocks interleaved, 1.06x / 1.01x
 // the GGUF rows; about the weight's own size), or 0 when they read the GGUF
 // layout as fast (other types, other CPUs, EMBER_CPU_REPACK=0).

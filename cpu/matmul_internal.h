@@ -107,18 +107,28 @@ inline size_t weight_row_bytes(DType t, int64_t K) {
 
 }  // namespace
 
-// Q4_0 / Q4_1 / Q8_0 weights packed for the AVX-512 kernels (pack_weight),
-// in groups of four rows (the kernel's row tile) so that a tile streams one
-// contiguous region: for each quad q of four blocks, the quants of rows
-// 0..3 of the group (Q4: the four blocks' 16 quant bytes, 64 bytes per row;
-// Q8_0: their bytes 0..15, then 16..31, 128), then all the group's scales in
-// the same order (Q4_0 / Q8_0: d0..d3; Q4_1: d0 m0 .. d3 m3; f16). A last
+// Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 weights packed for the AVX-512 kernels
+// (pack_weight), in groups of four rows (the kernel's row tile) so that a
+// tile streams one contiguous region: for each quad q of four blocks, the
+// quants of rows 0..3 of the group (Q4, Q5: the four blocks' 16 quant bytes,
+// 64 bytes per row; Q8_0: their bytes 0..15, then 16..31, 128), then all the
+// group's scales in the same order (Q4_0 / Q5_0 / Q8_0: d0..d3; Q4_1 / Q5_1:
+// d0 m0 .. d3 m3; f16). Q5_0 / Q5_1 follow their scales with the quad's
+// fifth bits as the kernel's two byte masks: u64 lo, bit 16j + i = block j's
+// qh bit i (element i), then u64 hi, bit 16j + i = qh bit 16 + i. A last
 // partial quad and the rows past N are zero; groups are 64-byte aligned. The
 // kernel's registers get the same values in the same lanes as from the GGUF
 // layout, without its gathers: results are identical to the bit.
-inline constexpr bool packable(DType t) { return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0; }
+inline constexpr bool packable(DType t) {
+  return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q5_0 || t == DType::Q5_1 || t == DType::Q8_0;
+}
+// f16 values per block (d; d and m) and whether a block has fifth bits.
+inline constexpr size_t packed_f16_per_block(DType t) { return t == DType::Q4_1 || t == DType::Q5_1 ? 2 : 1; }
+inline constexpr bool packed_five_bit(DType t) { return t == DType::Q5_0 || t == DType::Q5_1; }
 inline constexpr size_t packed_quant_bytes(DType t) { return t == DType::Q8_0 ? 128 : 64; }
-inline constexpr size_t packed_scale_bytes(DType t) { return t == DType::Q4_1 ? 16 : 8; }
+inline constexpr size_t packed_scale_bytes(DType t) {
+  return 4 * 2 * packed_f16_per_block(t) + (packed_five_bit(t) ? 16 : 0);
+}
 inline constexpr int64_t kPackRows = 4;
 inline int64_t packed_quads(int64_t K) { return (K / kQK + 3) / 4; }
 inline size_t packed_group_bytes(DType t, int64_t K) {
@@ -251,7 +261,7 @@ struct IsaImpl {
   DequantF32Fn dequant_f32;
   DequantBf16Fn dequant_bf16;
   F32ToBf16Fn f32_to_bf16;
-  bool reads_packed = false;      // its Q4_0/Q4_1/Q8_0 kernels use DecodeCtx::packed when set
+  bool reads_packed = false;      // its Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 kernels use DecodeCtx::packed when set
   bool reads_packed_kx8 = false;  // its Q4_K / Q6_K kernels read PackedQ4Kx8 / PackedQ6Kx8 groups when set
 };
 

@@ -586,7 +586,7 @@ TEST(Matmul, GroupEqualsSeparateCallsBitForBit) {
   EXPECT_THROW(matmul_group(bad, ys, kMaxGroup + 1, x.data(), 1, scratch), Error);
 }
 
-// On AVX-512 VNNI CPUs Q4_0/Q4_1/Q8_0 weights are packed for the kernels
+// On AVX-512 VNNI CPUs Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 weights are packed for the kernels
 // (cpu::pack_weight): matmul on the packed rows equals matmul on the GGUF
 // rows to the bit, whole quads or not, alone or in a group; the other
 // variants ignore the packed rows.
@@ -595,7 +595,7 @@ TEST(Matmul, PackedRowsGiveIdenticalResults) {
   for (Isa isa : kIsas) {
     if (!isa_supported(isa)) continue;
     force_isa(isa);
-    for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q8_0}) {
+    for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0}) {
       for (int64_t K : {96, 512, 608}) {
         const int64_t N = 29;
         const auto w = make_weight(t, N, K, static_cast<uint32_t>(K));
@@ -686,7 +686,7 @@ TEST(Matmul, PackedCopyAloneServesEveryRowAndUnpacksExactly) {
   for (Isa isa : kIsas) {
     if (!isa_supported(isa)) continue;
     force_isa(isa);
-    for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q6_K}) {
+    for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q6_K}) {
       const bool kx8 = t == DType::Q4_K || t == DType::Q6_K;
       for (int64_t N : {kx8 ? int64_t{16} : int64_t{13}, int64_t{40}}) {
         const int64_t K = kx8 ? 512 : 608;
