@@ -1,6 +1,8 @@
 #include "cpu/matmul.h"
 
 #include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "core/util/status.h"
+#include "cpu/cpu_features.h"
 #include "cpu/dnnl_matmul.h"
 #include "cpu/matmul_internal.h"
 
@@ -136,6 +139,34 @@ bool repack_enabled() {
   return on;
 }
 
+// Prompt rows of Q4_0 / Q8_0 weights through AMX tiles (their own order,
+// matmul_amx_avx512.cpp; cpu/matmul.h): possible on CPUs with AMX-INT8 whose
+// OS grants the tile state (asked once), on when EMBER_CPU_AMX=1 or
+// set_amx_prompt_rows(true).
+bool amx_usable() {
+  static const bool ok = [] {
+    const CpuFeatures& f = cpu_features();
+    if (!f.amx_tile || !f.amx_int8 || !isa_supported(Isa::kAvx512Vnni)) return false;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+}
+std::atomic<int> g_amx_on{-1};  // -1: from EMBER_CPU_AMX
+bool amx_on() {
+  int v = g_amx_on.load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* e = std::getenv("EMBER_CPU_AMX");
+    v = e && std::string(e) == "1" ? 1 : 0;
+    int expected = -1;
+    g_amx_on.compare_exchange_strong(expected, v, std::memory_order_relaxed);
+    v = g_amx_on.load(std::memory_order_relaxed);
+  }
+  return v == 1;
+}
+
+bool amx_rows(DType type, RowKind rows) { return rows == RowKind::kPrompt && amx_prompt_rows(type); }
+
 // Threads worth waking for a decode call that streams `bytes` of weights.
 int decode_threads(size_t bytes, int64_t M) {
   const int max_t = omp_get_max_threads();
@@ -231,26 +262,40 @@ void run_kernel_blocked(detail::DecodeKernel kernel, const detail::DecodeCtx& c,
   }
 }
 
+// The AMX kernel takes all M rows at once: it forms each block's weight
+// tile once for all of them.
+void run_kernel(detail::DecodeKernel kernel, const detail::DecodeCtx& c, bool amx, int64_t n0, int64_t n1) {
+  if (amx)
+    kernel(c, n0, n1);
+  else
+    run_kernel_blocked(kernel, c, n0, n1);
+}
+
 void run_decode_group(const WeightView* w, float* const* y, int n, const float* x, int64_t M, RowKind rows,
                       MatmulScratch::Impl& s) {
   const int64_t K = w[0].cols;
   const detail::IsaImpl* impls[kMaxGroup];
   size_t act_off[kMaxGroup], arb[kMaxGroup];
   bool owner[kMaxGroup];  // prepares its activation rows (the others share an earlier weight's)
+  bool amx[kMaxGroup];    // prompt rows through AMX tiles (amx_prompt_rows)
   size_t act_bytes = 0, total_weight_bytes = 0;
+  // AMX reads activation rows 16 at a time from wherever a block of rows
+  // starts (run_kernel_blocked): up to 15 rows past the last, kept zero.
+  const int64_t m_amx = M + 15;
   for (int i = 0; i < n; ++i) {
     impls[i] = &isa_impl(active_isa(), w[i].type);
-    arb[i] = impls[i]->act_row_bytes(w[i].type, K);
+    amx[i] = amx_rows(w[i].type, rows);
+    arb[i] = amx[i] ? detail::amx_act_row_bytes(K) : impls[i]->act_row_bytes(w[i].type, K);
     owner[i] = true;
     for (int j = 0; j < i && owner[i]; ++j) {  // same kernels, same format: share the rows
-      if (owner[j] && impls[j] == impls[i] && w[j].type == w[i].type) {
+      if (owner[j] && amx[j] == amx[i] && (amx[i] || (impls[j] == impls[i] && w[j].type == w[i].type))) {
         owner[i] = false;
         act_off[i] = act_off[j];
       }
     }
     if (owner[i]) {
       act_off[i] = act_bytes;
-      act_bytes += (arb[i] * static_cast<size_t>(M) + 63) & ~size_t{63};
+      act_bytes += (arb[i] * static_cast<size_t>(amx[i] ? m_amx : M) + 63) & ~size_t{63};
     }
     total_weight_bytes += detail::weight_row_bytes(w[i].type, K) * static_cast<size_t>(w[i].rows);
   }
@@ -259,7 +304,14 @@ void run_decode_group(const WeightView* w, float* const* y, int n, const float* 
   detail::DecodeKernel kernels[kMaxGroup];
   for (int i = 0; i < n; ++i) {
     uint8_t* a = arb[i] ? act + act_off[i] : nullptr;
-    if (a && owner[i]) impls[i]->prepare_acts(w[i].type, x, M, K, a);
+    if (a && owner[i]) {
+      if (amx[i]) {
+        detail::amx_prepare_acts(x, M, K, a);
+        std::memset(a + arb[i] * static_cast<size_t>(M), 0, arb[i] * static_cast<size_t>(m_amx - M));
+      } else {
+        impls[i]->prepare_acts(w[i].type, x, M, K, a);
+      }
+    }
     ctx[i] = detail::DecodeCtx{w[i].type,
                                static_cast<const uint8_t*>(w[i].data),
                                detail::weight_row_bytes(w[i].type, K),
@@ -272,11 +324,11 @@ void run_decode_group(const WeightView* w, float* const* y, int n, const float* 
                                w[i].rows};
     use_packed(*impls[i], w[i], ctx[i]);
     ctx[i].korder = detail::kquant_order(w[i].type, w[i].rows, rows == RowKind::kDecode);
-    kernels[i] = impls[i]->kernel(w[i].type);
+    kernels[i] = amx[i] ? detail::amx_kernel_for(w[i].type) : impls[i]->kernel(w[i].type);
   }
   const int nt = decode_threads(total_weight_bytes, M);
   if (nt <= 1) {
-    for (int i = 0; i < n; ++i) run_kernel_blocked(kernels[i], ctx[i], 0, w[i].rows);
+    for (int i = 0; i < n; ++i) run_kernel(kernels[i], ctx[i], amx[i], 0, w[i].rows);
     return;
   }
   std::vector<DecodeChunk>& chunks = s.chunks;
@@ -289,7 +341,7 @@ void run_decode_group(const WeightView* w, float* const* y, int n, const float* 
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
   for (int64_t c = 0; c < n_chunks; ++c) {
     const DecodeChunk& ch = chunks[static_cast<size_t>(c)];
-    run_kernel_blocked(kernels[ch.weight], ctx[ch.weight], ch.n0, ch.n1);
+    run_kernel(kernels[ch.weight], ctx[ch.weight], amx[ch.weight], ch.n0, ch.n1);
   }
 }
 
@@ -342,6 +394,14 @@ void run_prefill(const detail::IsaImpl& impl, const WeightView& w, const float* 
 }  // namespace
 
 // ---------------------------------------------------------------- public API
+
+bool amx_prompt_rows(DType type) {
+  return (type == DType::Q4_0 || type == DType::Q8_0) && amx_on() && active_isa() == Isa::kAvx512Vnni && amx_usable();
+}
+bool set_amx_prompt_rows(bool on) {
+  g_amx_on.store(on ? 1 : 0, std::memory_order_relaxed);
+  return amx_usable();
+}
 
 bool matmul_supports(DType type) {
   switch (type) {

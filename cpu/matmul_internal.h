@@ -278,6 +278,14 @@ void avx2_f32_to_bf16(const float* src, uint16_t* dst, int64_t n);
 const IsaImpl& scalar_impl();
 const IsaImpl& avx2_impl();
 const IsaImpl& avx512_impl();  // only call after isa_supported(Isa::kAvx512Vnni)
+// AMX prompt rows (matmul_amx_avx512.cpp; only after amx_prompt_rows(type)
+// in matmul.cpp): Q4_0 and Q8_0 weights, GGUF or packed rows. Activations:
+// per row K int8 values then K / 32 f32 scales (amx_act_row_bytes each), for
+// M rows rounded up to a multiple of 16, the padding zeroed by the caller.
+size_t amx_act_row_bytes(int64_t K);
+void amx_prepare_acts(const float* x, int64_t M, int64_t K, uint8_t* act);
+DecodeKernel amx_kernel_for(DType t);
+
 // K-quants on AVX-512 VNNI CPUs: the AVX2 variant's activations and
 // dequantization with these AVX-512 kernels in the AVX2 order (same results).
 DecodeKernel avx512_kquant_kernel(DType t);  // only after isa_supported(Isa::kAvx512Vnni)

@@ -625,6 +625,72 @@ TEST(Matmul, PackedRowsGiveIdenticalResults) {
   }
 }
 
+// Prompt rows of Q4_0 / Q8_0 weights on AMX CPUs (opt-in, cpu::amx_prompt_rows):
+// every output equals the documented order computed here in scalar code
+// (activations quantized per block as quantize_block_q8_scalar, blocks in
+// order, acc = fma(float(exact int sum), dw * dx, acc)), to the bit, for any
+// M (tile padding, two tiles in flight, one row alone), any row count (a tail
+// tile of rows), GGUF or packed rows, 1 or 2 threads; decode rows are
+// untouched.
+TEST(Matmul, AmxPromptRowsSumWholeBlocksInOrderForAnyBatch) {
+  KnobGuard guard;
+  if (!isa_supported(Isa::kAvx512Vnni)) GTEST_SKIP() << "no AVX-512";
+  force_isa(Isa::kAvx512Vnni);
+  struct AmxOff {
+    ~AmxOff() { set_amx_prompt_rows(false); }
+  } amx_off;
+  if (!set_amx_prompt_rows(true)) GTEST_SKIP() << "no AMX-INT8 (or not granted)";
+  ASSERT_TRUE(amx_prompt_rows(DType::Q8_0));
+  EXPECT_FALSE(amx_prompt_rows(DType::Q4_1));
+  const int64_t N = 37, K = 32 * 71;  // 71 blocks: three chunks of the kernel's 32, odd tails
+  for (DType t : {DType::Q4_0, DType::Q8_0}) {
+    const auto w = make_weight(t, N, K, 11);
+    const size_t blk = t == DType::Q8_0 ? 34 : 18, rb = row_bytes(t, K);
+    const size_t pb = packed_bytes(t, N, K);
+    std::vector<uint8_t> storage(pb + 64);
+    uint8_t* packed = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
+    pack_weight({t, N, K, w.data()}, packed);
+    for (int64_t M : {1, 5, 16, 17, 33, 40}) {
+      const auto x = make_x(M, K, static_cast<uint32_t>(M + 3));
+      std::vector<float> ref(static_cast<size_t>(M * N));
+      for (int64_t m = 0; m < M; ++m) {
+        std::vector<int8_t> q(static_cast<size_t>(K));
+        std::vector<float> d(static_cast<size_t>(K / 32));
+        for (int64_t b = 0; b < K / 32; ++b) {
+          float s;
+          detail::quantize_block_q8_scalar(DType::Q8_0, x.data() + m * K + 32 * b, q.data() + 32 * b, &d[b], &s);
+        }
+        for (int64_t n = 0; n < N; ++n) {
+          float acc = 0.f;
+          for (int64_t b = 0; b < K / 32; ++b) {
+            const uint8_t* p = w.data() + static_cast<size_t>(n) * rb + static_cast<size_t>(b) * blk;
+            uint16_t h;
+            std::memcpy(&h, p, 2);
+            int32_t sum = 0;
+            for (int i = 0; i < 32; ++i) {
+              const int v = t == DType::Q8_0 ? static_cast<int8_t>(p[2 + i])
+                                             : ((i < 16 ? p[2 + i] & 0xF : p[2 + i - 16] >> 4) - 8);
+              sum += v * q[static_cast<size_t>(32 * b + i)];
+            }
+            acc = std::fma(static_cast<float>(sum), fp16_to_fp32(h) * d[b], acc);
+          }
+          ref[static_cast<size_t>(m * N + n)] = acc;
+        }
+      }
+      for (bool use_packed : {false, true})
+        for (int th : {1, 2}) {
+          omp_set_num_threads(th);
+          std::vector<float> y(ref.size(), -1.f);
+          MatmulScratch scratch;
+          const WeightView v{t, N, K, w.data(), use_packed ? packed : nullptr};
+          matmul(v, x.data(), M, y.data(), scratch, MatmulPath::kRowInvariant, RowKind::kPrompt);
+          ASSERT_EQ(std::memcmp(y.data(), ref.data(), y.size() * 4), 0)
+              << name_of(t) << " M=" << M << (use_packed ? " packed" : " GGUF rows") << " threads=" << th;
+        }
+    }
+  }
+}
+
 // Q4_K and Q6_K weights whose row count is a multiple of 8 are packed
 // (8-row interleaved super-blocks, detail::PackedQ4Kx8 / PackedQ6Kx8) on
 // AVX2 and AVX-512 CPUs, each variant reading them with its own kernels:

@@ -1,0 +1,271 @@
+// AMX prompt rows for Q4_0 and Q8_0 weights (CPUs with AMX-INT8: Sapphire
+// Rapids and later), compiled with the AVX-512 flags; the tile functions add
+// AMX through their target attribute. Called only after
+// detail::amx_prompt_rows(type) (matmul.cpp), which checks the CPU, the OS
+// grant (arch_prctl) and the active variant.
+//
+// The order (amx_dot_reference in matmul_internal.h): the activations are
+// quantized per 32-value block as for every other variant
+// (quantize_block_q8_scalar's values and scales); each output sums its blocks
+// in order, acc = fma(float(s), dw * dx, acc) from 0, where s is the block's
+// exact int32 dot product (Q4_0: of q - 8). A 16 x 16 tile of outputs gets s
+// for all its rows and columns from one tdpbssd; nothing about a row depends
+// on the other rows of the call, so the results do not depend on M, on how
+// the prompt is chunked, or on the weight's layout (GGUF or packed rows).
+//
+// Per call, for each tile of 16 weight rows and each block: the block's 16 x
+// 32 values become one B tile (8 rows of 64 bytes: byte 4n + i of row r is
+// value 4r + i of weight row n) and its scales a vector; then every tile of
+// 16 activation rows takes one tdpbssd with it, and its 16 x 16 sums one
+// float step into y (y holds the accumulators: zeroed first, blocks in
+// order). The activation rows are read 16 at a time: the caller allocates
+// them rounded up to a multiple of 16 rows, the padding zeroed.
+// (GCC 12's AVX-512 headers: see matmul_avx512.cpp.)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+
+#include "cpu/matmul_internal.h"
+
+namespace ember::cpu::detail {
+namespace {
+
+constexpr int kTileRows = 16;
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles: 0 and 3 accumulate (16 x 16 int32), 1 and 4 the activation rows of
+// one block (16 x 32 int8), 2 and 5 the weight block (8 x 64 int8).
+__attribute__((target("amx-tile,amx-int8"))) void configure_tiles() {
+  TileConfig cfg;
+  for (int t : {0, 3}) {
+    cfg.rows[t] = kTileRows;
+    cfg.colsb[t] = 64;
+  }
+  for (int t : {1, 4}) {
+    cfg.rows[t] = kTileRows;
+    cfg.colsb[t] = 32;
+  }
+  for (int t : {2, 5}) {
+    cfg.rows[t] = 8;
+    cfg.colsb[t] = 64;
+  }
+  // (GCC 12 does not see that ldtilecfg reads cfg and drops the stores above
+  // without this barrier.)
+  __asm__ __volatile__("" : : "m"(cfg) : "memory");
+  _tile_loadconfig(&cfg);
+}
+
+// Where the 16 weight rows of a tile keep block b: its quants (Q4_0: 16
+// nibble bytes; Q8_0: values 0..15 at q, 16..31 at q + hi) and its f16 scale,
+// as base + b-dependent offsets (GGUF rows, or the packed groups of
+// matmul_internal.h: packed_quant_offset / packed_scale_offset). Rows past
+// the weight's end point at row 0 (their results are never stored).
+template <DType T>
+struct TileRows {
+  const uint8_t* q[kTileRows];
+  const uint8_t* sc[kTileRows];
+  size_t hi;
+
+  TileRows(const DecodeCtx& c, int64_t n0, int cols) {
+    for (int n = 0; n < kTileRows; ++n) {
+      const int64_t r = n0 + (n < cols ? n : 0);
+      if (c.packed) {
+        const uint8_t* base = c.packed + static_cast<size_t>(r / kPackRows) * c.packed_group_bytes;
+        const int64_t j = r % kPackRows;
+        q[n] = base + static_cast<size_t>(j) * packed_quant_bytes(T);
+        sc[n] = base + static_cast<size_t>(packed_quads(c.K) * kPackRows) * packed_quant_bytes(T) +
+                static_cast<size_t>(j) * packed_scale_bytes(T);
+      } else {
+        q[n] = c.w + static_cast<size_t>(r) * c.w_row_bytes + 2;
+        sc[n] = c.w + static_cast<size_t>(r) * c.w_row_bytes;
+      }
+    }
+    hi = c.packed ? 64 : 16;
+  }
+  // Offsets of block b from q[n] and sc[n].
+  static size_t q_off(bool packed, int64_t b) {
+    if (packed)
+      return static_cast<size_t>((b / 4) * kPackRows) * packed_quant_bytes(T) + 16 * static_cast<size_t>(b % 4);
+    return static_cast<size_t>(b) * (T == DType::Q8_0 ? sizeof(BlockQ8_0) : sizeof(BlockQ4_0));
+  }
+  static size_t sc_off(bool packed, int64_t b) {
+    if (packed)
+      return static_cast<size_t>((b / 4) * kPackRows) * packed_scale_bytes(T) + 2 * static_cast<size_t>(b % 4);
+    return static_cast<size_t>(b) * (T == DType::Q8_0 ? sizeof(BlockQ8_0) : sizeof(BlockQ4_0));
+  }
+};
+
+// Row n's 32 values of a block as a 256-bit vector (Q4_0: q - 8).
+template <DType T>
+inline __m256i block_values(const uint8_t* q, size_t hi) {
+  if constexpr (T == DType::Q8_0) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))),
+                                   _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + hi)), 1);
+  } else {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(raw, m4)),
+                                              _mm_and_si128(_mm_srli_epi16(raw, 4), m4), 1);
+    return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+  }
+}
+
+// The B tile of a tile's 16 weight rows for block b (tile[r][4n + i] = value
+// 4r + i of row n: a 16 x 8 transpose of 32-bit words, rows n and n + 8 in
+// the two halves of one register) and their scales (rows past `cols`: 0).
+template <DType T>
+inline void weight_tile(const TileRows<T>& rows, bool packed, int cols, int64_t b, int8_t* tile, float* dw) {
+  const size_t qo = TileRows<T>::q_off(packed, b), so = TileRows<T>::sc_off(packed, b);
+  __m512i z[8];
+  for (int i = 0; i < 8; ++i)
+    z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(block_values<T>(rows.q[i] + qo, rows.hi)),
+                              block_values<T>(rows.q[i + 8] + qo, rows.hi), 1);
+  // 8 x 8 transpose within each 256-bit half.
+  __m512i t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(z[2 * i], z[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(z[2 * i], z[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  // u[k] (k < 4) holds words 4*lane + k ... of rows 0..3 per 128-bit lane; u[4 + k] rows 4..7.
+  const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+  for (int k = 0; k < 4; ++k) {
+    _mm512_store_si512(reinterpret_cast<__m512i*>(tile + 64 * k), _mm512_permutex2var_epi64(u[k], lo, u[4 + k]));
+    _mm512_store_si512(reinterpret_cast<__m512i*>(tile + 64 * (k + 4)), _mm512_permutex2var_epi64(u[k], hi, u[4 + k]));
+  }
+  alignas(32) uint16_t h[kTileRows];
+  for (int n = 0; n < kTileRows; ++n) __builtin_memcpy(&h[n], rows.sc[n] + so, 2);
+  const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(h)));
+  _mm512_store_ps(dw, _mm512_maskz_mov_ps(static_cast<__mmask16>((1u << cols) - 1), d));
+}
+
+// acc[m] = fma(float(c[m]), dw * dx[m], acc[m]) for the 16 rows of a tile
+// (rows past M read zero activations; their results are not stored).
+inline void accumulate(__m512* acc, const int32_t* cbuf, const float* dw, const uint8_t* dx, size_t arb) {
+  const __m512 dwv = _mm512_load_ps(dw);
+  for (int m = 0; m < kTileRows; ++m) {
+    float d;
+    __builtin_memcpy(&d, dx + static_cast<size_t>(m) * arb, 4);
+    acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cbuf + 16 * m)),
+                             _mm512_mul_ps(dwv, _mm512_set1_ps(d)), acc[m]);
+  }
+}
+
+// Blocks whose weight tiles are formed at once (on the stack: 18 KiB) and
+// then run against every tile of activation rows, the accumulators in
+// registers; between such chunks they wait in y.
+constexpr int64_t kChunkBlocks = 32;
+
+template <DType T>
+__attribute__((target("amx-tile,amx-int8"))) void amx_kernel(const DecodeCtx& c, int64_t n0, int64_t n1) {
+  const int64_t K = c.K, nb = K / kQK;
+  const size_t arb = c.act_row_bytes;
+  configure_tiles();
+  alignas(64) int8_t btiles[kChunkBlocks][512];
+  alignas(64) float dws[kChunkBlocks][kTileRows];
+  alignas(64) int32_t cbuf[2][kTileRows * kTileRows];
+  for (int64_t nt = n0; nt < n1; nt += kTileRows) {
+    const int cols = static_cast<int>(n1 - nt < kTileRows ? n1 - nt : kTileRows);
+    const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1);
+    const TileRows<T> wrows(c, nt, cols);
+    for (int64_t b0 = 0; b0 < nb; b0 += kChunkBlocks) {
+      const int64_t nbc = nb - b0 < kChunkBlocks ? nb - b0 : kChunkBlocks;
+      for (int64_t j = 0; j < nbc; ++j) weight_tile<T>(wrows, c.packed != nullptr, cols, b0 + j, btiles[j], dws[j]);
+      for (int64_t m0 = 0; m0 < c.M; m0 += kTileRows) {
+        const int rows = static_cast<int>(c.M - m0 < kTileRows ? c.M - m0 : kTileRows);
+        float* y = c.y + m0 * c.ldy + nt;
+        __m512 acc[kTileRows];
+        for (int m = 0; m < kTileRows; ++m)
+          acc[m] = b0 == 0 || m >= rows ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask, y + m * c.ldy);
+        const uint8_t* a = c.act + static_cast<size_t>(m0) * arb;
+        const uint8_t* dx = a + static_cast<size_t>(K);
+        int64_t j = 0;
+        for (; j + 2 <= nbc; j += 2) {  // two blocks in flight (accumulator tiles 0 and 3)
+          const int64_t b = b0 + j;
+          _tile_zero(0);
+          _tile_loadd(1, a + 32 * b, static_cast<long>(arb));
+          _tile_loadd(2, btiles[j], 64);
+          _tile_dpbssd(0, 1, 2);
+          _tile_zero(3);
+          _tile_loadd(4, a + 32 * (b + 1), static_cast<long>(arb));
+          _tile_loadd(5, btiles[j + 1], 64);
+          _tile_dpbssd(3, 4, 5);
+          _tile_stored(0, cbuf[0], 64);
+          accumulate(acc, cbuf[0], dws[j], dx + 4 * b, arb);
+          _tile_stored(3, cbuf[1], 64);
+          accumulate(acc, cbuf[1], dws[j + 1], dx + 4 * (b + 1), arb);
+        }
+        if (j < nbc) {
+          const int64_t b = b0 + j;
+          _tile_zero(0);
+          _tile_loadd(1, a + 32 * b, static_cast<long>(arb));
+          _tile_loadd(2, btiles[j], 64);
+          _tile_dpbssd(0, 1, 2);
+          _tile_stored(0, cbuf[0], 64);
+          accumulate(acc, cbuf[0], dws[j], dx + 4 * b, arb);
+        }
+        for (int m = 0; m < rows; ++m) _mm512_mask_storeu_ps(y + m * c.ldy, mask, acc[m]);
+      }
+    }
+  }
+  _tile_release();
+}
+
+}  // namespace
+
+// Per row: K int8 values (block b at 32 b), then K / 32 f32 scales; 64-byte multiple.
+size_t amx_act_row_bytes(int64_t K) {
+  return (static_cast<size_t>(K) + 4 * static_cast<size_t>(K / kQK) + 63) & ~size_t{63};
+}
+
+void amx_prepare_acts(const float* x, int64_t M, int64_t K, uint8_t* act) {
+  const size_t arb = amx_act_row_bytes(K);
+  const int64_t nb = K / kQK;
+  for (int64_t m = 0; m < M; ++m) {
+    uint8_t* row = act + static_cast<size_t>(m) * arb;
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* xb = x + m * K + b * kQK;
+      const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
+      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+      const float id = amax != 0.f ? 127.f / amax : 0.f;  // quantize_block_q8_scalar's values
+      const __m512 mul = _mm512_set1_ps(id), lim = _mm512_set1_ps(127.f);
+      constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+      __m512 r0 = _mm512_roundscale_ps(_mm512_mul_ps(v0, mul), kRound);
+      __m512 r1 = _mm512_roundscale_ps(_mm512_mul_ps(v1, mul), kRound);
+      r0 = _mm512_max_ps(_mm512_sub_ps(_mm512_setzero_ps(), lim), _mm512_min_ps(lim, r0));
+      r1 = _mm512_max_ps(_mm512_sub_ps(_mm512_setzero_ps(), lim), _mm512_min_ps(lim, r1));
+      const __m512i i0 = _mm512_cvtps_epi32(r0), i1 = _mm512_cvtps_epi32(r1);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(row + 32 * b), _mm512_cvtepi32_epi8(i0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(row + 32 * b + 16), _mm512_cvtepi32_epi8(i1));
+      float d, s;
+      act_block_scales(DType::Q8_0, amax, 0, &d, &s);
+      __builtin_memcpy(row + static_cast<size_t>(K) + 4 * static_cast<size_t>(b), &d, 4);
+    }
+  }
+}
+
+DecodeKernel amx_kernel_for(DType t) {
+  switch (t) {
+    case DType::Q4_0: return amx_kernel<DType::Q4_0>;
+    case DType::Q8_0: return amx_kernel<DType::Q8_0>;
+    default: return nullptr;
+  }
+}
+
+}  // namespace ember::cpu::detail
