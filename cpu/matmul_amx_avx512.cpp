@@ -1,25 +1,26 @@
 // AMX prompt rows for Q4_0 and Q8_0 weights (CPUs with AMX-INT8: Sapphire
 // Rapids and later), compiled with the AVX-512 flags; the tile functions add
 // AMX through their target attribute. Called only after
-// detail::amx_prompt_rows(type) (matmul.cpp), which checks the CPU, the OS
-// grant (arch_prctl) and the active variant.
+// cpu::amx_prompt_rows(type) (matmul.cpp), which checks that they are turned
+// on, the CPU, the OS grant (arch_prctl) and the active variant.
 //
-// The order (amx_dot_reference in matmul_internal.h): the activations are
-// quantized per 32-value block as for every other variant
-// (quantize_block_q8_scalar's values and scales); each output sums its blocks
-// in order, acc = fma(float(s), dw * dx, acc) from 0, where s is the block's
-// exact int32 dot product (Q4_0: of q - 8). A 16 x 16 tile of outputs gets s
-// for all its rows and columns from one tdpbssd; nothing about a row depends
-// on the other rows of the call, so the results do not depend on M, on how
-// the prompt is chunked, or on the weight's layout (GGUF or packed rows).
+// The order (cpu/matmul.h; Matmul.AmxPromptRowsSumWholeBlocksInOrderForAnyBatch
+// computes it in scalar code): the activations are quantized per 32-value
+// block as for every other variant (quantize_block_q8_scalar's values and
+// scales); each output sums its blocks in order, acc = fma(float(s), dw * dx,
+// acc) from 0, where s is the block's exact int32 dot product (Q4_0: of
+// q - 8). A 16 x 16 tile of outputs gets s for all its rows and columns from
+// one tdpbssd; nothing about a row depends on the other rows of the call, so
+// the results do not depend on M, on the threads, or on the weight's layout
+// (GGUF or packed rows).
 //
-// Per call, for each tile of 16 weight rows and each block: the block's 16 x
-// 32 values become one B tile (8 rows of 64 bytes: byte 4n + i of row r is
-// value 4r + i of weight row n) and its scales a vector; then every tile of
-// 16 activation rows takes one tdpbssd with it, and its 16 x 16 sums one
-// float step into y (y holds the accumulators: zeroed first, blocks in
-// order). The activation rows are read 16 at a time: the caller allocates
-// them rounded up to a multiple of 16 rows, the padding zeroed.
+// Per call, for each tile of 16 weight rows and each chunk of 32 blocks: the
+// blocks' 16 x 32 values become B tiles (8 rows of 64 bytes: byte 4n + i of
+// row r is value 4r + i of weight row n) and their scales vectors, on the
+// stack; then every tile of 16 activation rows runs through the chunk, one
+// tdpbssd per block (two in flight) and one float step per output, the
+// accumulators in registers (in y between chunks). The activation rows are
+// read 16 at a time: the caller allocates 15 rows past the last, zeroed.
 // (GCC 12's AVX-512 headers: see matmul_avx512.cpp.)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
