@@ -152,17 +152,14 @@ bool amx_usable() {
   }();
   return ok;
 }
-std::atomic<int> g_amx_on{-1};  // -1: from EMBER_CPU_AMX
+std::atomic<int> g_amx_on{-1};  // set_amx_prompt_rows; -1: EMBER_CPU_AMX decides
 bool amx_on() {
-  int v = g_amx_on.load(std::memory_order_relaxed);
-  if (v < 0) {
+  static const bool env = [] {
     const char* e = std::getenv("EMBER_CPU_AMX");
-    v = e && std::string(e) == "1" ? 1 : 0;
-    int expected = -1;
-    g_amx_on.compare_exchange_strong(expected, v, std::memory_order_relaxed);
-    v = g_amx_on.load(std::memory_order_relaxed);
-  }
-  return v == 1;
+    return e && std::string(e) == "1";
+  }();
+  const int v = g_amx_on.load(std::memory_order_relaxed);
+  return v < 0 ? env : v == 1;
 }
 
 bool amx_rows(DType type, RowKind rows) { return rows == RowKind::kPrompt && amx_prompt_rows(type); }
@@ -279,9 +276,8 @@ void run_decode_group(const WeightView* w, float* const* y, int n, const float* 
   bool owner[kMaxGroup];  // prepares its activation rows (the others share an earlier weight's)
   bool amx[kMaxGroup];    // prompt rows through AMX tiles (amx_prompt_rows)
   size_t act_bytes = 0, total_weight_bytes = 0;
-  // AMX reads activation rows 16 at a time from wherever a block of rows
-  // starts (run_kernel_blocked): up to 15 rows past the last, kept zero.
-  const int64_t m_amx = M + 15;
+  // AMX reads activation rows 16 at a time: the last tile's rows past M are zero.
+  const int64_t m_amx = (M + 15) / 16 * 16;
   for (int i = 0; i < n; ++i) {
     impls[i] = &isa_impl(active_isa(), w[i].type);
     amx[i] = amx_rows(w[i].type, rows);

@@ -20,7 +20,8 @@
 // stack; then every tile of 16 activation rows runs through the chunk, one
 // tdpbssd per block (two in flight) and one float step per output, the
 // accumulators in registers (in y between chunks). The activation rows are
-// read 16 at a time: the caller allocates 15 rows past the last, zeroed.
+// read 16 at a time: the caller rounds M up to a multiple of 16, the
+// padding rows zeroed.
 // (GCC 12's AVX-512 headers: see matmul_avx512.cpp.)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -84,9 +85,8 @@ struct TileRows {
       if (c.packed) {
         const uint8_t* base = c.packed + static_cast<size_t>(r / kPackRows) * c.packed_group_bytes;
         const int64_t j = r % kPackRows;
-        q[n] = base + static_cast<size_t>(j) * packed_quant_bytes(T);
-        sc[n] = base + static_cast<size_t>(packed_quads(c.K) * kPackRows) * packed_quant_bytes(T) +
-                static_cast<size_t>(j) * packed_scale_bytes(T);
+        q[n] = base + packed_quant_offset(T, 0, j);
+        sc[n] = base + packed_scale_offset(T, c.K, 0, j);
       } else {
         q[n] = c.w + static_cast<size_t>(r) * c.w_row_bytes + 2;
         sc[n] = c.w + static_cast<size_t>(r) * c.w_row_bytes;
@@ -96,12 +96,11 @@ struct TileRows {
   }
   // Offsets of block b from q[n] and sc[n].
   static size_t q_off(bool packed, int64_t b) {
-    if (packed)
-      return static_cast<size_t>((b / 4) * kPackRows) * packed_quant_bytes(T) + 16 * static_cast<size_t>(b % 4);
+    if (packed) return packed_quant_offset(T, b / 4, 0) + 16 * static_cast<size_t>(b % 4);
     return static_cast<size_t>(b) * (T == DType::Q8_0 ? sizeof(BlockQ8_0) : sizeof(BlockQ4_0));
   }
   static size_t sc_off(bool packed, int64_t b) {
-    if (packed)
+    if (packed)  // (packed_scale_offset(T, K, b / 4, 0) from the group's first scale)
       return static_cast<size_t>((b / 4) * kPackRows) * packed_scale_bytes(T) + 2 * static_cast<size_t>(b % 4);
     return static_cast<size_t>(b) * (T == DType::Q8_0 ? sizeof(BlockQ8_0) : sizeof(BlockQ4_0));
   }
