@@ -2,6 +2,8 @@
 // real model: a sequence's output never depends on what else the engine runs.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "core/engine/engine.h"
 #include "core/tokenizer/tokenizer.h"
 #include "model_path.h"
@@ -127,6 +129,142 @@ TEST(Batching, ManualSteppingOnTheCallersThread) {
   r->add_text("Once upon a time", false);
   EXPECT_EQ(got, run(r->start(params(12))));
 }
+
+}  // namespace
+}  // namespace ember
+
+namespace ember {
+namespace {
+
+// Rows by kind, whatever the chunking (core/model/arch/decoder.cpp
+// Decoder::decode_row): a prompt row is computed as a prompt row even in a
+// one-row chunk, a generated token fed back as a decode even when recomputed
+// after a preemption. The CPU sums the two kinds in different orders for
+// K-quant weights (llama.cpp's batched and one-row kernels) and for Q4_0 /
+// Q8_0 on AMX, so these files see any mix-up: a synthetic Q8_0 model and a
+// synthetic Q4_K_M one.
+class RowKinds : public ::testing::TestWithParam<const char*> {
+ protected:
+  static std::shared_ptr<Model> load(const std::string& name) {
+    static std::map<std::string, std::shared_ptr<Model>> models;
+    auto& m = models[name];
+    if (!m) m = Model::load(std::string(EMBER_SYNTHETIC_DIR) + "/" + name + ".gguf");
+    return m;
+  }
+  std::shared_ptr<Model> model() const { return load(GetParam()); }
+  static std::vector<int32_t> prompt(int32_t n, int32_t vocab) {
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    for (int32_t i = 0; i < n; ++i) ids[i] = 1 + (i * 37 + 11) % (vocab - 1);
+    return ids;
+  }
+  // Greedy tokens and their log-probabilities.
+  static std::pair<std::vector<int32_t>, std::vector<float>> generate(const std::shared_ptr<EngineOwner>& engine,
+                                                                      const std::vector<int32_t>& ids, int n) {
+    auto s = std::make_shared<Session>(engine, 0, "");
+    s->add_tokens(ids);
+    StreamParams p = params(n);
+    p.logprobs = true;
+    auto stream = s->start(p);
+    std::pair<std::vector<int32_t>, std::vector<float>> out;
+    for (;;) {
+      StreamEvent ev;
+      const StatusCode c = stream->next(ev, 120000);
+      EXPECT_EQ(c, StatusCode::kOk);
+      if (c != StatusCode::kOk || ev.type != StreamEvent::kText) return out;
+      out.first.insert(out.first.end(), ev.tokens.begin(), ev.tokens.end());
+      out.second.insert(out.second.end(), ev.logprobs.begin(), ev.logprobs.end());
+    }
+  }
+};
+
+TEST_P(RowKinds, ScoresDoNotDependOnChunkingWithOneRowChunks) {
+  auto engine = Engine::create(model(), EngineParams{});
+  const auto ids = prompt(40, model()->config().n_vocab);
+  std::vector<float> whole(ids.size()), parts(ids.size());
+  std::make_shared<Session>(engine, 0, "")->score(ids, whole.data());
+  auto s = std::make_shared<Session>(engine, 0, "");
+  size_t at = 0;
+  for (size_t len : {17, 1, 1, 5, 1, 15}) {
+    s->score(std::vector<int32_t>(ids.begin() + at, ids.begin() + at + len), parts.data() + at);
+    at += len;
+  }
+  ASSERT_EQ(at, ids.size());
+  for (size_t i = 1; i < ids.size(); ++i) EXPECT_EQ(whole[i], parts[i]) << GetParam() << " token " << i;
+}
+
+TEST_P(RowKinds, GenerationDoesNotDependOnAOneRowPromptChunk) {
+  const auto ids = prompt(33, model()->config().n_vocab);
+  const auto want = generate(Engine::create(model(), EngineParams{}), ids, 12);
+  EngineParams small;
+  small.max_batch_tokens = 16;  // the prompt in chunks of 16, 16 and 1
+  const auto got = generate(Engine::create(model(), small), ids, 12);
+  ASSERT_EQ(want.first.size(), 12u);
+  EXPECT_EQ(got.first, want.first);
+  ASSERT_EQ(got.second.size(), want.second.size());
+  for (size_t i = 0; i < got.second.size(); ++i) EXPECT_EQ(got.second[i], want.second[i]) << GetParam() << " " << i;
+}
+
+TEST_P(RowKinds, PreemptedSequenceRecomputesItsTokensAsTheyWere) {
+  const auto& c = model()->config();
+  const size_t bytes_per_token = static_cast<size_t>(c.n_layers) * 2 * c.n_kv_heads * c.head_dim * 2;
+  const auto bg_ids = prompt(20, c.n_vocab), fg_ids = prompt(24, c.n_vocab - 7);
+  auto big = Engine::create(model(), EngineParams{});
+  const auto want_bg = generate(big, bg_ids, 100);
+  // A pool of 8 blocks of 16: the background sequence (120 tokens, 8 blocks)
+  // is preempted when the interactive one (64 tokens) arrives, and later
+  // recomputes its prompt and the tokens it had generated.
+  EngineParams ep;
+  ep.kv_memory_bytes = 8 * 16 * bytes_per_token;
+  ep.prefix_caching = false;
+  ep.manual = true;  // the steps on this thread: the preemption happens where the test says
+  auto small = Engine::create(model(), ep);
+  auto bg = std::make_shared<Session>(small, 0, "", /*priority=*/1);
+  bg->add_tokens(bg_ids);
+  StreamParams p = params(100);
+  p.logprobs = true;
+  auto bg_stream = bg->start(p);
+  struct Out {
+    std::vector<int32_t> tokens;
+    std::vector<float> logprobs;
+    bool done = false;
+  } got_bg, got_fg;
+  auto drain = [](const std::shared_ptr<Stream>& stream, Out& out) {
+    StreamEvent ev;
+    while (!out.done && stream->next(ev, 0) == StatusCode::kOk) {
+      if (ev.type != StreamEvent::kText) {
+        EXPECT_EQ(ev.type, StreamEvent::kEnd) << ev.error;
+        out.done = true;
+        break;
+      }
+      out.tokens.insert(out.tokens.end(), ev.tokens.begin(), ev.tokens.end());
+      out.logprobs.insert(out.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
+    }
+  };
+  for (int i = 0; i < 10000 && got_bg.tokens.size() < 40 && !got_bg.done; ++i) {
+    (*small)->run_steps(0, 1);
+    drain(bg_stream, got_bg);
+  }
+  ASSERT_FALSE(got_bg.done);
+  auto fg = std::make_shared<Session>(small, 0, "", /*priority=*/0);
+  fg->add_tokens(fg_ids);
+  auto fg_stream = fg->start(params(40));
+  // (Steps of up to 32 tokens: the interactive prompt's chunk fits in one.)
+  for (int i = 0; i < 10000 && !(got_bg.done && got_fg.done); ++i) {
+    (*small)->run_steps(0, 32);
+    drain(bg_stream, got_bg);
+    drain(fg_stream, got_fg);
+  }
+  EXPECT_EQ(got_fg.tokens.size(), 40u);
+  EXPECT_GT((*small)->scheduler_stats().preempted, 0u);
+  EXPECT_EQ(got_bg.tokens, want_bg.first);
+  ASSERT_EQ(got_bg.logprobs.size(), want_bg.second.size());
+  for (size_t i = 0; i < want_bg.second.size(); ++i) {
+    EXPECT_EQ(got_bg.logprobs[i], want_bg.second[i]) << GetParam() << " " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Synthetic, RowKinds, ::testing::Values("llama3", "llama_q4_k_m"),
+                         [](const auto& info) { return std::string(info.param); });
 
 }  // namespace
 }  // namespace ember

@@ -197,37 +197,61 @@ void Decoder::prepare(const Batch& batch, Pass& p) {
 
   // LoRA: the rows of each adapter set (sets compared by key: equal sets
   // of different sessions share their terms), their adapters on the backend.
+  p.decode.assign(static_cast<size_t>(n), 0);
+  for (const auto& bs : batch.seqs) {
+    for (int32_t r = bs.first_row; r < bs.first_row + bs.n_rows; ++r) p.decode[r] = decode_row(batch, bs, r);
+  }
   p.lora_groups.clear();
   for (const auto& bs : batch.seqs) {
     if (!bs.lora) continue;
-    const bool decodes = bs.n_rows == 1 || bs.decodes;
-    Pass::LoraGroup* g = nullptr;
-    for (auto& e : p.lora_groups) {
-      if (e.set->key() == bs.lora->key() && e.decodes == decodes) g = &e;
+    for (int32_t r = bs.first_row; r < bs.first_row + bs.n_rows; ++r) {
+      const bool decodes = p.decode[r];
+      Pass::LoraGroup* g = nullptr;
+      for (auto& e : p.lora_groups) {
+        if (e.set->key() == bs.lora->key() && e.decodes == decodes) g = &e;
+      }
+      if (!g) {
+        for (const auto& u : bs.lora->uses()) device_lora(u.adapter);
+        p.lora_groups.push_back({bs.lora.get(), decodes, {}});
+        g = &p.lora_groups.back();
+      }
+      g->rows.push_back(r);
     }
-    if (!g) {
-      for (const auto& u : bs.lora->uses()) device_lora(u.adapter);
-      p.lora_groups.push_back({bs.lora.get(), decodes, {}});
-      g = &p.lora_groups.back();
-    }
-    for (int32_t r = bs.first_row; r < bs.first_row + bs.n_rows; ++r) g->rows.push_back(r);
   }
 
-  // Matmuls run per segment: single-token rows (decodes) together, each
-  // multi-token run (a prefill chunk) alone. A row's result then depends only
-  // on its own sequence, so a batched sequence computes exactly what it would
-  // alone (the matmul kernel is row-independent within one path).
+  // Matmuls run per segment: decode rows (decode_row) together, each run of
+  // a sequence's other rows (a prefill chunk, scored rows) alone. A row's
+  // result then depends only on its own token and sequence, so a batched
+  // sequence computes exactly what it would alone (the matmul kernel is
+  // row-independent within one kind of row).
   auto& segments = p.segments;
-  bool prev_single = false;
   for (const auto& bs : batch.seqs) {
-    const bool single = bs.n_rows == 1 || bs.decodes;
-    if (single && !segments.empty() && prev_single && segments.back().first + segments.back().rows == bs.first_row) {
-      segments.back().rows += bs.n_rows;
-    } else {
-      segments.push_back({bs.first_row, bs.n_rows, single});
+    for (int32_t r = bs.first_row; r < bs.first_row + bs.n_rows; ++r) {
+      const bool decodes = p.decode[r];
+      Pass::Segment* last = segments.empty() ? nullptr : &segments.back();
+      // A sequence's prompt rows extend only its own run.
+      const bool same_run =
+          last && last->decodes == decodes && last->first + last->rows == r && (decodes || r > bs.first_row);
+      if (same_run) {
+        ++last->rows;
+      } else {
+        segments.push_back({r, 1, decodes});
+      }
     }
-    prev_single = single;
   }
+}
+
+// Whether row r (of sequence bs) is computed as a decode: a token the engine
+// generated and fed back, or any row of a sequence whose rows are all
+// decodes (a verification tree: each row must equal its token's decode).
+// Prompt and scored rows are not, however small their chunk: a row's kind
+// depends only on its own token, so its results do not depend on how its
+// sequence is chunked, batched, found in the prefix cache or recomputed
+// after a preemption (the CPU sums the kinds in different orders:
+// cpu::RowKind, AttentionParams::decode_rows).
+bool Decoder::decode_row(const Batch& batch, const BatchSeq& bs, int32_t r) {
+  if (bs.decodes) return true;
+  return batch.decode_rows.size() == static_cast<size_t>(batch.n_rows()) && batch.decode_rows[r] != 0;
 }
 
 void Decoder::forward_layers(const Batch& batch, float* logits, int32_t n_layers) {
@@ -277,12 +301,45 @@ void Decoder::outputs(Pass& p, float* logits, float* embd) {
     backend_.download(embd, h_, static_cast<size_t>(n_embd_out) * c.n_embd * sizeof(float));
   }
   if (n_out == 0) return;
-  backend_.gather_rows(x_, batch.logit_rows.data(), n_out, c.n_embd, sel_);
+  // The head computes each row as its kind (decode_row): the decode rows
+  // first, then the others, the logits put back in output order at the end.
+  int32_t n_decode = 0;
+  head_rows_.clear();
+  for (const bool decodes : {true, false}) {
+    for (int32_t i = 0; i < n_out; ++i) {
+      const int32_t r = batch.logit_rows[i];
+      if (r < 0 || r >= n) fail(StatusCode::kInternal, "forward: a logit row is out of range");
+      if (static_cast<bool>(p.decode[r]) == decodes) head_rows_.push_back(i);
+    }
+    if (decodes) n_decode = static_cast<int32_t>(head_rows_.size());
+  }
+  bool reordered = false;
+  for (int32_t i = 0; i < n_out; ++i) reordered |= head_rows_[i] != i;
+  head_src_.resize(n_out);
+  for (int32_t i = 0; i < n_out; ++i) head_src_[i] = batch.logit_rows[head_rows_[i]];
+  backend_.gather_rows(x_, head_src_.data(), n_out, c.n_embd, sel_);
   backend_.rms_norm(sel_, *output_norm_, n_out, c.n_embd, c.rms_eps, sel_);
-  // Logit rows are one per sequence when generating (decode-like), or every
-  // row of one sequence when scoring.
-  const bool per_sequence = n_out <= static_cast<int32_t>(batch.seqs.size());
-  backend_.matmul(*output_, sel_, n_out, logits_dev_, per_sequence);
+  const int64_t vocab_rows = output_->desc.rows;
+  if (n_decode > 0) backend_.matmul(*output_, sel_, n_decode, logits_dev_, true);
+  if (n_decode < n_out) {
+    backend_.matmul(*output_, sel_ + static_cast<size_t>(n_decode) * c.n_embd, n_out - n_decode,
+                    logits_dev_ + static_cast<size_t>(n_decode) * vocab_rows, false);
+  }
+  head_logits(logits, n_out);
+  if (!reordered) return;
+  // Back to output order: sorted row i is output row head_rows_[i].
+  const size_t V = static_cast<size_t>(c.n_vocab);
+  head_tmp_.assign(logits, logits + static_cast<size_t>(n_out) * V);
+  for (int32_t i = 0; i < n_out; ++i) {
+    std::memcpy(logits + static_cast<size_t>(head_rows_[i]) * V, &head_tmp_[static_cast<size_t>(i) * V],
+                V * sizeof(float));
+  }
+}
+
+// The head's n_out rows of logits (logits_dev_, this rank's vocabulary rows)
+// to the host, gathered across the ranks of a tensor-parallel split.
+void Decoder::head_logits(float* logits, int32_t n_out) {
+  const auto& c = model_->config();
   const ModelShard& sh = par_.shard;
   if (!par_.comm || sh.tp == 1) {
     backend_.download(logits, logits_dev_, static_cast<size_t>(n_out) * c.n_vocab * sizeof(float));

@@ -43,7 +43,8 @@ class Decoder : public Forward {
   };
   // One batch, prepared: its rows, the cache slots and attention views of
   // each layer group, and the matmul segments (decode rows together, each
-  // prefill chunk alone: a row's result depends only on its own sequence).
+  // sequence's run of other rows alone: a row's result depends only on its
+  // own token and sequence).
   struct Pass {
     int32_t n = 0;  // rows
     const Batch* batch = nullptr;
@@ -55,13 +56,14 @@ class Decoder : public Forward {
       bool decodes;
     };
     std::vector<Segment> segments;
+    std::vector<uint8_t> decode;  // per row: computed as a decode (decode_row)
     AttentionParams ap;
     RopeSpec rope;
     // Rows computed with LoRA adapters, grouped by adapter set (a set's
     // rows, in batch order, wherever its sequences sit in the batch).
     struct LoraGroup {
       const LoraSet* set;
-      bool decodes;  // its sequences' only rows in the step (Segment::decodes)
+      bool decodes;  // its rows are decode rows (decode_row)
       std::vector<int32_t> rows;
     };
     std::vector<LoraGroup> lora_groups;
@@ -110,6 +112,8 @@ class Decoder : public Forward {
   // The final norm of the batch's embedding rows and the output head of its
   // logit rows, from the residual stream (the last layer's output).
   void outputs(Pass& p, float* logits, float* embd);
+  void head_logits(float* logits, int32_t n_out);
+  static bool decode_row(const Batch& batch, const BatchSeq& bs, int32_t r);
   // ---- a model split across ranks (set_parallel)
   // A tensor- or pipeline-parallel step.
   void run_split(const Batch& batch, float* logits, float* embd);
@@ -130,6 +134,10 @@ class Decoder : public Forward {
   ParallelContext par_;
   bool host_buffers_ = true;  // the backend's buffers are host memory (the CPU's)
   std::vector<float> scratch_, gathered_;
+  // The head's rows in computing order (indices into logit_rows), their
+  // batch rows, and the logits before they go back to output order.
+  std::vector<int32_t> head_rows_, head_src_;
+  std::vector<float> head_tmp_;
   std::vector<int32_t> local_ids_, gather_index_;
   // Exact tensor parallelism's buffers: a gathered input (full rows), this
   // rank's outputs, the ranks' parts as they arrive.

@@ -1230,28 +1230,33 @@ TEST_P(BackendOps, KvRopeShiftPerLayerNeox) {
 // same bits whatever else is in the batch.
 TEST_P(BackendOps, BatchInvariantRows) {
   if (extras_) extras_->set_batch_invariant(true);
-  // Matmul: a 37-row prefill equals its rows one at a time (as decodes; the
-  // CPU computes K-quant prompt rows in llama.cpp's batched order, another
-  // order than its decode rows', so there a K-quant row is compared with a
-  // one-row prompt; CUDA's K-quant rows are the same either way).
-  for (DType t : {DType::Q4_0, DType::Q4_K, DType::Q6_K, DType::F16}) {
+  // Matmul: 37 rows computed together equal each row computed alone, for
+  // both kinds of row (prompt and decode). Where one order serves both kinds
+  // a prompt row also equals its decode. The CPU sums the kinds in different
+  // orders for K-quant weights (llama.cpp's batched and one-row kernels) and
+  // for Q4_0 / Q8_0 when AMX prompt rows are on; CUDA never does.
+  for (DType t : {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K, DType::F16}) {
     const int64_t N = 40, K = gpu::is_kquant(t) ? 256 : 128;
     const int32_t M = 37;
     const auto w = make_weight(t, N, K, 9);
     auto dw = b().upload_weight(WeightDesc{t, N, K, w.data()});
     const auto x = randn(static_cast<size_t>(M) * K, 10);
-    Buf bx(b(), x), by(b(), static_cast<size_t>(M) * N * 4);
-    b().matmul(*dw, bx.f(), M, by.f(), false);
-    const auto all = by.get();
-    for (int32_t m : {0, 17, 36}) {
-      std::vector<float> xr(x.begin() + m * K, x.begin() + (m + 1) * K);
-      Buf bx1(b(), xr), by1(b(), N * 4);
-      for (bool decode : {true, false}) {
-        if (decode && gpu::is_kquant(t) && !cuda()) continue;
-        b().matmul(*dw, bx1.f(), 1, by1.f(), decode);
-        const auto one = by1.get();
-        ASSERT_EQ(std::memcmp(one.data(), all.data() + m * N, N * 4), 0)
-            << type_name(static_cast<uint32_t>(t)) << " row " << m << (decode ? " (decode)" : " (prompt)");
+    const bool one_order = cuda() || !(gpu::is_kquant(t) || cpu::amx_prompt_rows(t));
+    for (bool decodes : {false, true}) {
+      Buf bx(b(), x), by(b(), static_cast<size_t>(M) * N * 4);
+      b().matmul(*dw, bx.f(), M, by.f(), decodes);
+      const auto all = by.get();
+      for (int32_t m : {0, 17, 36}) {
+        std::vector<float> xr(x.begin() + m * K, x.begin() + (m + 1) * K);
+        Buf bx1(b(), xr), by1(b(), N * 4);
+        for (bool decode : {false, true}) {
+          if (decode != decodes && !one_order) continue;
+          b().matmul(*dw, bx1.f(), 1, by1.f(), decode);
+          const auto one = by1.get();
+          ASSERT_EQ(std::memcmp(one.data(), all.data() + m * N, N * 4), 0)
+              << type_name(static_cast<uint32_t>(t)) << " row " << m << (decode ? " (decode)" : " (prompt)")
+              << " against " << M << (decodes ? " decode rows" : " prompt rows");
+        }
       }
     }
   }
