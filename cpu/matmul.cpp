@@ -141,8 +141,8 @@ bool repack_enabled() {
 
 // Prompt rows of Q4_0 / Q8_0 weights through AMX tiles (their own order,
 // matmul_amx_avx512.cpp; cpu/matmul.h): possible on CPUs with AMX-INT8 whose
-// OS grants the tile state (asked once), on when EMBER_CPU_AMX=1 or
-// set_amx_prompt_rows(true).
+// OS grants the tile state (asked once); on unless EMBER_CPU_AMX=0 or
+// set_amx_prompt_rows(false).
 bool amx_usable() {
   static const bool ok = [] {
     const CpuFeatures& f = cpu_features();
@@ -156,7 +156,7 @@ std::atomic<int> g_amx_on{-1};  // set_amx_prompt_rows; -1: EMBER_CPU_AMX decide
 bool amx_on() {
   static const bool env = [] {
     const char* e = std::getenv("EMBER_CPU_AMX");
-    return e && std::string(e) == "1";
+    return !(e && std::string(e) == "0");
   }();
   const int v = g_amx_on.load(std::memory_order_relaxed);
   return v < 0 ? env : v == 1;

@@ -21,7 +21,9 @@
 // tdpbssd per block (two in flight) and one float step per output, the
 // accumulators in registers (in y between chunks). The activation rows are
 // read 16 at a time: the caller rounds M up to a multiple of 16, the
-// padding rows zeroed.
+// padding rows zeroed. A call of M < 16 rows configures its tiles with M
+// rows and runs the float step on 1, 2, 4 or 8 rows, so that a one-row
+// prompt chunk costs the B tiles and little else.
 // (GCC 12's AVX-512 headers: see matmul_avx512.cpp.)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -46,16 +48,17 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// Tiles: 0 and 3 accumulate (16 x 16 int32), 1 and 4 the activation rows of
-// one block (16 x 32 int8), 2 and 5 the weight block (8 x 64 int8).
-__attribute__((target("amx-tile,amx-int8"))) void configure_tiles() {
+// Tiles: 0 and 3 accumulate (m_rows x 16 int32), 1 and 4 the activation
+// rows of one block (m_rows x 32 int8), 2 and 5 the weight block (8 x 64
+// int8). m_rows: 16, or M when a call has fewer rows.
+__attribute__((target("amx-tile,amx-int8"))) void configure_tiles(int m_rows) {
   TileConfig cfg;
   for (int t : {0, 3}) {
-    cfg.rows[t] = kTileRows;
+    cfg.rows[t] = static_cast<uint8_t>(m_rows);
     cfg.colsb[t] = 64;
   }
   for (int t : {1, 4}) {
-    cfg.rows[t] = kTileRows;
+    cfg.rows[t] = static_cast<uint8_t>(m_rows);
     cfg.colsb[t] = 32;
   }
   for (int t : {2, 5}) {
@@ -155,11 +158,13 @@ inline void weight_tile(const TileRows<T>& rows, bool packed, int cols, int64_t 
   _mm512_store_ps(dw, _mm512_maskz_mov_ps(static_cast<__mmask16>((1u << cols) - 1), d));
 }
 
-// acc[m] = fma(float(c[m]), dw * dx[m], acc[m]) for the 16 rows of a tile
-// (rows past M read zero activations; their results are not stored).
+// acc[m] = fma(float(c[m]), dw * dx[m], acc[m]) for the first R rows of a
+// tile (rows past M: zero activations or stale sums; their results are not
+// stored).
+template <int R>
 inline void accumulate(__m512* acc, const int32_t* cbuf, const float* dw, const uint8_t* dx, size_t arb) {
   const __m512 dwv = _mm512_load_ps(dw);
-  for (int m = 0; m < kTileRows; ++m) {
+  for (int m = 0; m < R; ++m) {
     float d;
     __builtin_memcpy(&d, dx + static_cast<size_t>(m) * arb, 4);
     acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cbuf + 16 * m)),
@@ -172,14 +177,16 @@ inline void accumulate(__m512* acc, const int32_t* cbuf, const float* dw, const 
 // registers; between such chunks they wait in y.
 constexpr int64_t kChunkBlocks = 32;
 
-template <DType T>
-__attribute__((target("amx-tile,amx-int8"))) void amx_kernel(const DecodeCtx& c, int64_t n0, int64_t n1) {
+// R: the rows of activation tiles the float step covers (16; fewer when
+// the whole call has fewer rows: M <= R).
+template <DType T, int R>
+__attribute__((target("amx-tile,amx-int8"))) void amx_kernel_rows(const DecodeCtx& c, int64_t n0, int64_t n1) {
   const int64_t K = c.K, nb = K / kQK;
   const size_t arb = c.act_row_bytes;
-  configure_tiles();
+  configure_tiles(c.M < kTileRows ? static_cast<int>(c.M) : kTileRows);
   alignas(64) int8_t btiles[kChunkBlocks][512];
   alignas(64) float dws[kChunkBlocks][kTileRows];
-  alignas(64) int32_t cbuf[2][kTileRows * kTileRows];
+  alignas(64) int32_t cbuf[2][kTileRows * kTileRows] = {};
   for (int64_t nt = n0; nt < n1; nt += kTileRows) {
     const int cols = static_cast<int>(n1 - nt < kTileRows ? n1 - nt : kTileRows);
     const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1);
@@ -190,8 +197,8 @@ __attribute__((target("amx-tile,amx-int8"))) void amx_kernel(const DecodeCtx& c,
       for (int64_t m0 = 0; m0 < c.M; m0 += kTileRows) {
         const int rows = static_cast<int>(c.M - m0 < kTileRows ? c.M - m0 : kTileRows);
         float* y = c.y + m0 * c.ldy + nt;
-        __m512 acc[kTileRows];
-        for (int m = 0; m < kTileRows; ++m)
+        __m512 acc[R];
+        for (int m = 0; m < R; ++m)
           acc[m] = b0 == 0 || m >= rows ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask, y + m * c.ldy);
         const uint8_t* a = c.act + static_cast<size_t>(m0) * arb;
         const uint8_t* dx = a + static_cast<size_t>(K);
@@ -207,9 +214,9 @@ __attribute__((target("amx-tile,amx-int8"))) void amx_kernel(const DecodeCtx& c,
           _tile_loadd(5, btiles[j + 1], 64);
           _tile_dpbssd(3, 4, 5);
           _tile_stored(0, cbuf[0], 64);
-          accumulate(acc, cbuf[0], dws[j], dx + 4 * b, arb);
+          accumulate<R>(acc, cbuf[0], dws[j], dx + 4 * b, arb);
           _tile_stored(3, cbuf[1], 64);
-          accumulate(acc, cbuf[1], dws[j + 1], dx + 4 * (b + 1), arb);
+          accumulate<R>(acc, cbuf[1], dws[j + 1], dx + 4 * (b + 1), arb);
         }
         if (j < nbc) {
           const int64_t b = b0 + j;
@@ -218,13 +225,22 @@ __attribute__((target("amx-tile,amx-int8"))) void amx_kernel(const DecodeCtx& c,
           _tile_loadd(2, btiles[j], 64);
           _tile_dpbssd(0, 1, 2);
           _tile_stored(0, cbuf[0], 64);
-          accumulate(acc, cbuf[0], dws[j], dx + 4 * b, arb);
+          accumulate<R>(acc, cbuf[0], dws[j], dx + 4 * b, arb);
         }
         for (int m = 0; m < rows; ++m) _mm512_mask_storeu_ps(y + m * c.ldy, mask, acc[m]);
       }
     }
   }
   _tile_release();
+}
+
+template <DType T>
+void amx_kernel(const DecodeCtx& c, int64_t n0, int64_t n1) {
+  if (c.M <= 1) return amx_kernel_rows<T, 1>(c, n0, n1);
+  if (c.M <= 2) return amx_kernel_rows<T, 2>(c, n0, n1);
+  if (c.M <= 4) return amx_kernel_rows<T, 4>(c, n0, n1);
+  if (c.M <= 8) return amx_kernel_rows<T, 8>(c, n0, n1);
+  return amx_kernel_rows<T, kTileRows>(c, n0, n1);
 }
 
 }  // namespace

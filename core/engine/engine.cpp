@@ -109,8 +109,8 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineParams& params)
     fail(StatusCode::kUnsupported, "engine: the " + backend_->name() + " backend has no q8_0 KV cache");
   }
   if (g.row_bytes() == 0) {
-    fail(StatusCode::kUnsupported, "engine: a q8_0 KV cache needs head_dim a multiple of 32 (this model's: " +
-                                       std::to_string(g.head_dim) + ")");
+    fail(StatusCode::kUnsupported,
+         "engine: a q8_0 KV cache needs head_dim a multiple of 32 (this model's: " + std::to_string(g.head_dim) + ")");
   }
   uint64_t blocks = params_.kv_memory_bytes / g.bytes_per_block();
   if (comm_) {
@@ -341,6 +341,7 @@ void Engine::plan(const std::vector<std::shared_ptr<Stream>>& streams, StepWork&
       const size_t from = std::max(kv.n_computed(), s.score_first() == 0 ? size_t{0} : s.score_first() - 1);
       const int32_t rows = end > from ? static_cast<int32_t>(end - from) : 0;
       kv_->add_rows(kv, w.batch, chunk, from);
+      w.batch.seqs.back().scores = true;
       w.entries.emplace_back(&s, chunk, rows > 0 ? w.n_logits : -1, from, rows);
       w.n_logits += rows;
       continue;

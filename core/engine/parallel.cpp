@@ -57,7 +57,8 @@ std::vector<int32_t> serialize_batch(const Batch& b) {
   out.push_back(static_cast<int32_t>(b.seqs.size()));
   for (const auto& s : b.seqs) {
     if (s.lora) fail(StatusCode::kUnsupported, "LoRA adapters on a model split across ranks are not supported yet");
-    out.insert(out.end(), {s.first_row, s.n_rows, s.n_groups, s.hole_begin, s.hole_end, s.decodes ? 1 : 0});
+    out.insert(out.end(),
+               {s.first_row, s.n_rows, s.n_groups, s.hole_begin, s.hole_end, (s.decodes ? 1 : 0) | (s.scores ? 2 : 0)});
     put(out, s.block_table);
   }
   return out;
@@ -81,7 +82,9 @@ Batch deserialize_batch(const int32_t* words, size_t n) {
     s.n_groups = r.word();
     s.hole_begin = r.word();
     s.hole_end = r.word();
-    s.decodes = r.word() != 0;
+    const int32_t flags = r.word();
+    s.decodes = (flags & 1) != 0;
+    s.scores = (flags & 2) != 0;
     s.block_table = r.vec();
   }
   if (!r.done()) fail(StatusCode::kInternal, "model parallel: a bad batch came from rank 0");

@@ -36,6 +36,7 @@ void Engine::score(const int32_t* tokens, size_t n, float* logprobs, float* logi
     const size_t m = std::min(chunk, n - start);
     Batch batch;
     kv_->add_rows(*seq, batch, static_cast<int32_t>(m), 0);  // logits for every row
+    batch.seqs.back().scores = true;
     buf.resize(m * c.n_vocab);
     {
       std::lock_guard<std::mutex> lock(forward_mutex_);

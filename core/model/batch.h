@@ -28,6 +28,11 @@ struct BatchSeq {
   // Every row is computed as a one-token decode (speculative verification:
   // each tree row must equal the decode of its token), also in the matmuls.
   bool decodes = false;
+  // Its logit rows are scores (ember_engine_score, Session::score: every row
+  // from some index on), not a row a token is sampled from. The output head
+  // computes scored rows as prompt rows and a sampled-from row as a decode
+  // (llama.cpp's batched head for all rows, its one-row head for the last).
+  bool scores = false;
   // The LoRA adapters its rows are computed with (null: none).
   std::shared_ptr<const LoraSet> lora;
 };

@@ -301,15 +301,21 @@ void Decoder::outputs(Pass& p, float* logits, float* embd) {
     backend_.download(embd, h_, static_cast<size_t>(n_embd_out) * c.n_embd * sizeof(float));
   }
   if (n_out == 0) return;
-  // The head computes each row as its kind (decode_row): the decode rows
-  // first, then the others, the logits put back in output order at the end.
+  // The head computes a row a token is sampled from, and every decode row,
+  // as a decode; scored rows (BatchSeq::scores) as prompt rows. Either way
+  // a row's kind depends only on what it is for, not on its chunk. The
+  // decode rows go first, the logits back in output order at the end.
+  head_kind_.assign(static_cast<size_t>(n), 1);
+  for (const auto& bs : batch.seqs) {
+    for (int32_t r = bs.first_row; r < bs.first_row + bs.n_rows; ++r) head_kind_[r] = p.decode[r] || !bs.scores;
+  }
   int32_t n_decode = 0;
   head_rows_.clear();
   for (const bool decodes : {true, false}) {
     for (int32_t i = 0; i < n_out; ++i) {
       const int32_t r = batch.logit_rows[i];
       if (r < 0 || r >= n) fail(StatusCode::kInternal, "forward: a logit row is out of range");
-      if (static_cast<bool>(p.decode[r]) == decodes) head_rows_.push_back(i);
+      if (static_cast<bool>(head_kind_[r]) == decodes) head_rows_.push_back(i);
     }
     if (decodes) n_decode = static_cast<int32_t>(head_rows_.size());
   }

@@ -137,6 +137,7 @@ class Decoder : public Forward {
   // The head's rows in computing order (indices into logit_rows), their
   // batch rows, and the logits before they go back to output order.
   std::vector<int32_t> head_rows_, head_src_;
+  std::vector<uint8_t> head_kind_;  // per batch row: 1 = the head computes it as a decode
   std::vector<float> head_tmp_;
   std::vector<int32_t> local_ids_, gather_index_;
   // Exact tensor parallelism's buffers: a gathered input (full rows), this
