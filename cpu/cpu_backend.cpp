@@ -452,10 +452,13 @@ bool release_packed_originals() {
   return on;
 }
 
+// A weight's bytes in the model's image.
+size_t weight_bytes(const WeightDesc& d) { return static_cast<size_t>(d.rows) * row_bytes(d.type, d.cols); }
+
 // A weight read in place from the model's image, plus the packed copy above.
 class CpuWeight final : public DeviceWeight {
  public:
-  size_t bytes() const { return static_cast<size_t>(desc.rows) * row_bytes(desc.type, desc.cols); }
+  size_t bytes() const { return weight_bytes(desc); }
 
   // The packed copy when the kernels read one (made, or shared, on the first
   // call), else null. `release`: the caller's kernels read nothing else, so
@@ -547,6 +550,7 @@ class CpuBackend final : public Backend {
   ~CpuBackend() override { release_kv(); }
 
   std::string name() const override { return std::string("cpu/") + cpu::isa_name(); }
+  bool host_memory() const override { return true; }
 
   void* alloc(size_t bytes) override {
     void* p = testing::inject_alloc_failure(testing::AllocSite::kBackendBuffer)
@@ -1290,7 +1294,6 @@ class CpuBackend final : public Backend {
     const auto& d = w.desc;
     return cpu::WeightView{d.type, d.rows, d.cols, d.host_data, packed};
   }
-  static size_t weight_bytes(const WeightDesc& d) { return static_cast<size_t>(d.rows) * row_bytes(d.type, d.cols); }
   // Decode-sized calls (weights streamed once for a few rows) teach the
   // governor how fast the current thread count is; larger ones are not
   // measured (work 0).

@@ -392,12 +392,14 @@ void run_prefill(const detail::IsaImpl& impl, const WeightView& w, const float* 
 // ---------------------------------------------------------------- public API
 
 bool amx_prompt_rows(DType type) {
-  return (type == DType::Q4_0 || type == DType::Q8_0) && amx_on() && active_isa() == Isa::kAvx512Vnni && amx_usable();
+  return detail::packable(type) && amx_on() && active_isa() == Isa::kAvx512Vnni && amx_usable();
 }
 bool set_amx_prompt_rows(bool on) {
   g_amx_on.store(on ? 1 : 0, std::memory_order_relaxed);
   return amx_usable();
 }
+
+void reset_amx_prompt_rows() { g_amx_on.store(-1, std::memory_order_relaxed); }
 
 bool matmul_supports(DType type) {
   switch (type) {

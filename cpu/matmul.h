@@ -91,22 +91,28 @@ void unpack_rows(const WeightView& w, int64_t row_begin, int64_t n_rows, void* o
 // True for the weight types matmul() and dequantize_rows() accept.
 bool matmul_supports(DType type);
 
-// AMX prompt rows (opt-in: EMBER_CPU_AMX=1, or set_amx_prompt_rows(true)):
-// prompt rows (RowKind::kPrompt) of Q4_0 and Q8_0 weights run on AMX tiles
-// when the AVX-512 variant is active on a CPU with AMX-INT8 whose OS grants
-// the tile state. Their order: the activations quantized per 32-value block
-// as for every variant, then per output the blocks in order,
-// acc = fma(float(s), dw * dx, acc) from 0, s the block's exact int32 dot
-// product (Q4_0: of q - 8); a row never depends on its batch. It is not the
-// decode rows' order, and the engine computes a one-row chunk (a one-token
-// prompt remainder, a scored token) as a decode row, so with AMX on a
-// prompt's results can depend on its chunking, as they already can for
-// K-quant weights: hence off by default.
+// AMX prompt rows (on by default; EMBER_CPU_AMX=0 or set_amx_prompt_rows(false)
+// turns them off): prompt rows (RowKind::kPrompt) of Q4_0, Q4_1, Q5_0, Q5_1
+// and Q8_0 weights run on AMX tiles when the AVX-512 variant is active on a
+// CPU with AMX-INT8 whose OS grants the tile state. Their order: the
+// activations quantized per 32-value block as for every variant, then per
+// output the blocks in order, acc = fma(float(s), dw * dx, acc) from 0, s
+// the block's exact int32 dot product (of q - 8 for Q4_0, q - 16 for Q5_0,
+// q otherwise), and for Q4_1 / Q5_1 then acc = fma(m, sx, acc), sx the
+// activation block's sum scale (as their Q8_1 activations on the other
+// variants); a row never depends on its batch or on M. It is
+// not the decode rows' order (llama.cpp's), as for K-quant weights: the
+// engine gives every row its kind by what the row is (a generated token fed
+// back: a decode; a prompt or scored row: a prompt row, even alone in its
+// chunk; core/model/arch/decoder.cpp Decoder::decode_row), so a stream's
+// results never depend on its chunking. With AMX off, and on every other
+// CPU, prompt rows of these types equal llama.cpp's to the bit.
 // amx_prompt_rows(type): whether this type's prompt rows run on AMX now.
 bool amx_prompt_rows(DType type);
 // Turns AMX prompt rows on or off for the process (tests, benchmarks);
 // returns whether they can run here at all (CPU, OS, active variant aside).
 bool set_amx_prompt_rows(bool on);
+void reset_amx_prompt_rows();  // back to EMBER_CPU_AMX's choice (default: on)
 
 // Which kernels matmul() uses.
 enum class MatmulPath : int {

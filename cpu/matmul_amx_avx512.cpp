@@ -1,6 +1,6 @@
-// AMX prompt rows for Q4_0 and Q8_0 weights (CPUs with AMX-INT8: Sapphire
-// Rapids and later), compiled with the AVX-512 flags; the tile functions add
-// AMX through their target attribute. Called only after
+// AMX prompt rows for Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights (CPUs with
+// AMX-INT8: Sapphire Rapids and later), compiled with the AVX-512 flags; the
+// tile functions add AMX through their target attribute. Called only after
 // cpu::amx_prompt_rows(type) (matmul.cpp), which checks that they are turned
 // on, the CPU, the OS grant (arch_prctl) and the active variant.
 //
@@ -8,11 +8,12 @@
 // computes it in scalar code): the activations are quantized per 32-value
 // block as for every other variant (quantize_block_q8_scalar's values and
 // scales); each output sums its blocks in order, acc = fma(float(s), dw * dx,
-// acc) from 0, where s is the block's exact int32 dot product (Q4_0: of
-// q - 8). A 16 x 16 tile of outputs gets s for all its rows and columns from
-// one tdpbssd; nothing about a row depends on the other rows of the call, so
-// the results do not depend on M, on the threads, or on the weight's layout
-// (GGUF or packed rows).
+// acc) from 0, where s is the block's exact int32 dot product (of q - 8 for
+// Q4_0, q - 16 for Q5_0, q for the others), and for Q4_1 / Q5_1 then
+// acc = fma(m, sx, acc). A 16 x 16 tile of outputs gets s for all its rows
+// and columns from one tdpbssd; nothing about a row depends on the other
+// rows of the call, so the results do not depend on M, on the threads, or
+// on the weight's layout (GGUF or packed rows).
 //
 // Per call, for each tile of 16 weight rows and each chunk of 32 blocks: the
 // blocks' 16 x 32 values become B tiles (8 rows of 64 bytes: byte 4n + i of
@@ -71,15 +72,35 @@ __attribute__((target("amx-tile,amx-int8"))) void configure_tiles(int m_rows) {
   _tile_loadconfig(&cfg);
 }
 
-// Where the 16 weight rows of a tile keep block b: its quants (Q4_0: 16
-// nibble bytes; Q8_0: values 0..15 at q, 16..31 at q + hi) and its f16 scale,
-// as base + b-dependent offsets (GGUF rows, or the packed groups of
-// matmul_internal.h: packed_quant_offset / packed_scale_offset). Rows past
-// the weight's end point at row 0 (their results are never stored).
+// The block formats: bytes per GGUF block, where its quants, its fifth bits
+// (Q5) and its min (Q4_1 / Q5_1) sit in it, and the values' offset.
+template <DType T>
+struct Format {
+  static constexpr bool kMin = T == DType::Q4_1 || T == DType::Q5_1;
+  static constexpr bool kFive = T == DType::Q5_0 || T == DType::Q5_1;
+  static constexpr size_t kBlock = T == DType::Q8_0   ? sizeof(BlockQ8_0)
+                                   : T == DType::Q4_0 ? sizeof(BlockQ4_0)
+                                   : T == DType::Q4_1 ? sizeof(BlockQ4_1)
+                                   : T == DType::Q5_0 ? sizeof(BlockQ5_0)
+                                                      : sizeof(BlockQ5_1);
+  static constexpr size_t kQh = kMin ? 4 : 2;                              // GGUF: qh's offset (Q5)
+  static constexpr size_t kQuants = 2 + (kMin ? 2 : 0) + (kFive ? 4 : 0);  // GGUF: qs's offset
+  // Q4_0 / Q5_0 values are q - 8 / q - 16; Q4_1 / Q5_1 values q (their min
+  // apart), Q8_0 q.
+  static constexpr int kOffset = T == DType::Q4_0 ? 8 : T == DType::Q5_0 ? 16 : 0;
+};
+
+// Where the 16 weight rows of a tile keep block b: its quants (Q4 / Q5: 16
+// nibble bytes; Q8_0: values 0..15 at q, 16..31 at q + hi), its f16 scale
+// and min, and its fifth bits, as base + b-dependent offsets (GGUF rows, or
+// the packed groups of matmul_internal.h: packed_quant_offset /
+// packed_scale_offset). Rows past the weight's end point at row 0 (their
+// results are never stored).
 template <DType T>
 struct TileRows {
+  using F = Format<T>;
   const uint8_t* q[kTileRows];
-  const uint8_t* sc[kTileRows];
+  const uint8_t* sc[kTileRows];  // GGUF: the row; packed: the row's first scale record
   size_t hi;
 
   TileRows(const DecodeCtx& c, int64_t n0, int cols) {
@@ -91,49 +112,75 @@ struct TileRows {
         q[n] = base + packed_quant_offset(T, 0, j);
         sc[n] = base + packed_scale_offset(T, c.K, 0, j);
       } else {
-        q[n] = c.w + static_cast<size_t>(r) * c.w_row_bytes + 2;
+        q[n] = c.w + static_cast<size_t>(r) * c.w_row_bytes + F::kQuants;
         sc[n] = c.w + static_cast<size_t>(r) * c.w_row_bytes;
       }
     }
     hi = c.packed ? 64 : 16;
   }
-  // Offsets of block b from q[n] and sc[n].
+  // Offsets of block b's quants from q[n], and of its scale record from sc[n].
   static size_t q_off(bool packed, int64_t b) {
     if (packed) return packed_quant_offset(T, b / 4, 0) + 16 * static_cast<size_t>(b % 4);
-    return static_cast<size_t>(b) * (T == DType::Q8_0 ? sizeof(BlockQ8_0) : sizeof(BlockQ4_0));
+    return static_cast<size_t>(b) * F::kBlock;
   }
   static size_t sc_off(bool packed, int64_t b) {
-    if (packed)  // (packed_scale_offset(T, K, b / 4, 0) from the group's first scale)
-      return static_cast<size_t>((b / 4) * kPackRows) * packed_scale_bytes(T) + 2 * static_cast<size_t>(b % 4);
-    return static_cast<size_t>(b) * (T == DType::Q8_0 ? sizeof(BlockQ8_0) : sizeof(BlockQ4_0));
+    if (packed) return static_cast<size_t>((b / 4) * kPackRows) * packed_scale_bytes(T);
+    return static_cast<size_t>(b) * F::kBlock;
+  }
+  // Block b's scale (and min) as f16 bits, and its 32 fifth bits (element i
+  // at bit i), from its scale record.
+  static uint16_t scale(bool packed, const uint8_t* rec, int64_t b, int which) {
+    uint16_t h;
+    const size_t at = packed ? 2 * packed_f16_per_block(T) * static_cast<size_t>(b % 4) : 0;
+    __builtin_memcpy(&h, rec + at + 2 * static_cast<size_t>(which), 2);
+    return h;
+  }
+  static uint32_t fifth_bits(bool packed, const uint8_t* rec, int64_t b) {
+    if (!packed) {
+      uint32_t qh;
+      __builtin_memcpy(&qh, rec + F::kQh, 4);
+      return qh;
+    }
+    uint64_t m[2];
+    __builtin_memcpy(m, rec + 8 * packed_f16_per_block(T), 16);
+    const int sh = 16 * static_cast<int>(b % 4);
+    return static_cast<uint32_t>((m[0] >> sh) & 0xFFFF) | static_cast<uint32_t>(((m[1] >> sh) & 0xFFFF) << 16);
   }
 };
 
-// Row n's 32 values of a block as a 256-bit vector (Q4_0: q - 8).
+// Row n's 32 values of a block as a 256-bit vector (Format::kOffset taken off).
 template <DType T>
-inline __m256i block_values(const uint8_t* q, size_t hi) {
+inline __m256i block_values(const uint8_t* q, size_t hi, uint32_t fifth) {
   if constexpr (T == DType::Q8_0) {
     return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))),
                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + hi)), 1);
   } else {
     const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
     const __m128i m4 = _mm_set1_epi8(0x0F);
-    const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(raw, m4)),
-                                              _mm_and_si128(_mm_srli_epi16(raw, 4), m4), 1);
-    return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+    __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(raw, m4)),
+                                        _mm_and_si128(_mm_srli_epi16(raw, 4), m4), 1);
+    if constexpr (Format<T>::kFive) v = _mm256_or_si256(v, _mm256_maskz_mov_epi8(fifth, _mm256_set1_epi8(0x10)));
+    if constexpr (Format<T>::kOffset != 0) v = _mm256_sub_epi8(v, _mm256_set1_epi8(Format<T>::kOffset));
+    return v;
   }
 }
 
 // The B tile of a tile's 16 weight rows for block b (tile[r][4n + i] = value
 // 4r + i of row n: a 16 x 8 transpose of 32-bit words, rows n and n + 8 in
-// the two halves of one register) and their scales (rows past `cols`: 0).
+// the two halves of one register), their scales and (Q4_1 / Q5_1) mins (rows
+// past `cols`: 0).
 template <DType T>
-inline void weight_tile(const TileRows<T>& rows, bool packed, int cols, int64_t b, int8_t* tile, float* dw) {
-  const size_t qo = TileRows<T>::q_off(packed, b), so = TileRows<T>::sc_off(packed, b);
+inline void weight_tile(const TileRows<T>& rows, bool packed, int cols, int64_t b, int8_t* tile, float* dw, float* dm) {
+  using TR = TileRows<T>;
+  const size_t qo = TR::q_off(packed, b), so = TR::sc_off(packed, b);
+  uint32_t fifth[kTileRows] = {};
+  if constexpr (Format<T>::kFive) {
+    for (int n = 0; n < kTileRows; ++n) fifth[n] = TR::fifth_bits(packed, rows.sc[n] + so, b);
+  }
   __m512i z[8];
   for (int i = 0; i < 8; ++i)
-    z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(block_values<T>(rows.q[i] + qo, rows.hi)),
-                              block_values<T>(rows.q[i + 8] + qo, rows.hi), 1);
+    z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(block_values<T>(rows.q[i] + qo, rows.hi, fifth[i])),
+                              block_values<T>(rows.q[i + 8] + qo, rows.hi, fifth[i + 8]), 1);
   // 8 x 8 transpose within each 256-bit half.
   __m512i t[8], u[8];
   for (int i = 0; i < 4; ++i) {
@@ -152,23 +199,36 @@ inline void weight_tile(const TileRows<T>& rows, bool packed, int cols, int64_t 
     _mm512_store_si512(reinterpret_cast<__m512i*>(tile + 64 * k), _mm512_permutex2var_epi64(u[k], lo, u[4 + k]));
     _mm512_store_si512(reinterpret_cast<__m512i*>(tile + 64 * (k + 4)), _mm512_permutex2var_epi64(u[k], hi, u[4 + k]));
   }
+  const __mmask16 live = static_cast<__mmask16>((1u << cols) - 1);
   alignas(32) uint16_t h[kTileRows];
-  for (int n = 0; n < kTileRows; ++n) __builtin_memcpy(&h[n], rows.sc[n] + so, 2);
-  const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(h)));
-  _mm512_store_ps(dw, _mm512_maskz_mov_ps(static_cast<__mmask16>((1u << cols) - 1), d));
+  for (int n = 0; n < kTileRows; ++n) h[n] = TR::scale(packed, rows.sc[n] + so, b, 0);
+  _mm512_store_ps(dw,
+                  _mm512_maskz_mov_ps(live, _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(h)))));
+  if constexpr (Format<T>::kMin) {
+    for (int n = 0; n < kTileRows; ++n) h[n] = TR::scale(packed, rows.sc[n] + so, b, 1);
+    _mm512_store_ps(dm,
+                    _mm512_maskz_mov_ps(live, _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(h)))));
+  }
 }
 
 // acc[m] = fma(float(c[m]), dw * dx[m], acc[m]) for the first R rows of a
-// tile (rows past M: zero activations or stale sums; their results are not
-// stored).
-template <int R>
-inline void accumulate(__m512* acc, const int32_t* cbuf, const float* dw, const uint8_t* dx, size_t arb) {
+// tile, then (Q4_1 / Q5_1) acc[m] = fma(dm, sx[m], acc[m]), sx the block's
+// activation sum scale (rows past M: zero activations or stale sums; their
+// results are not stored).
+template <int R, bool kMin>
+inline void accumulate(__m512* acc, const int32_t* cbuf, const float* dw, const float* dm, const uint8_t* dx,
+                       const uint8_t* sx, size_t arb) {
   const __m512 dwv = _mm512_load_ps(dw);
   for (int m = 0; m < R; ++m) {
     float d;
     __builtin_memcpy(&d, dx + static_cast<size_t>(m) * arb, 4);
     acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cbuf + 16 * m)),
                              _mm512_mul_ps(dwv, _mm512_set1_ps(d)), acc[m]);
+    if constexpr (kMin) {
+      float sm;
+      __builtin_memcpy(&sm, sx + static_cast<size_t>(m) * arb, 4);
+      acc[m] = _mm512_fmadd_ps(_mm512_load_ps(dm), _mm512_set1_ps(sm), acc[m]);
+    }
   }
 }
 
@@ -186,6 +246,7 @@ __attribute__((target("amx-tile,amx-int8"))) void amx_kernel_rows(const DecodeCt
   configure_tiles(c.M < kTileRows ? static_cast<int>(c.M) : kTileRows);
   alignas(64) int8_t btiles[kChunkBlocks][512];
   alignas(64) float dws[kChunkBlocks][kTileRows];
+  alignas(64) float dms[kChunkBlocks][kTileRows];
   alignas(64) int32_t cbuf[2][kTileRows * kTileRows] = {};
   for (int64_t nt = n0; nt < n1; nt += kTileRows) {
     const int cols = static_cast<int>(n1 - nt < kTileRows ? n1 - nt : kTileRows);
@@ -193,7 +254,8 @@ __attribute__((target("amx-tile,amx-int8"))) void amx_kernel_rows(const DecodeCt
     const TileRows<T> wrows(c, nt, cols);
     for (int64_t b0 = 0; b0 < nb; b0 += kChunkBlocks) {
       const int64_t nbc = nb - b0 < kChunkBlocks ? nb - b0 : kChunkBlocks;
-      for (int64_t j = 0; j < nbc; ++j) weight_tile<T>(wrows, c.packed != nullptr, cols, b0 + j, btiles[j], dws[j]);
+      for (int64_t j = 0; j < nbc; ++j)
+        weight_tile<T>(wrows, c.packed != nullptr, cols, b0 + j, btiles[j], dws[j], dms[j]);
       for (int64_t m0 = 0; m0 < c.M; m0 += kTileRows) {
         const int rows = static_cast<int>(c.M - m0 < kTileRows ? c.M - m0 : kTileRows);
         float* y = c.y + m0 * c.ldy + nt;
@@ -202,6 +264,8 @@ __attribute__((target("amx-tile,amx-int8"))) void amx_kernel_rows(const DecodeCt
           acc[m] = b0 == 0 || m >= rows ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask, y + m * c.ldy);
         const uint8_t* a = c.act + static_cast<size_t>(m0) * arb;
         const uint8_t* dx = a + static_cast<size_t>(K);
+        const uint8_t* sx = dx + 4 * static_cast<size_t>(nb);
+        constexpr bool kMin = Format<T>::kMin;
         int64_t j = 0;
         for (; j + 2 <= nbc; j += 2) {  // two blocks in flight (accumulator tiles 0 and 3)
           const int64_t b = b0 + j;
@@ -214,9 +278,9 @@ __attribute__((target("amx-tile,amx-int8"))) void amx_kernel_rows(const DecodeCt
           _tile_loadd(5, btiles[j + 1], 64);
           _tile_dpbssd(3, 4, 5);
           _tile_stored(0, cbuf[0], 64);
-          accumulate<R>(acc, cbuf[0], dws[j], dx + 4 * b, arb);
+          accumulate<R, kMin>(acc, cbuf[0], dws[j], dms[j], dx + 4 * b, sx + 4 * b, arb);
           _tile_stored(3, cbuf[1], 64);
-          accumulate<R>(acc, cbuf[1], dws[j + 1], dx + 4 * (b + 1), arb);
+          accumulate<R, kMin>(acc, cbuf[1], dws[j + 1], dms[j + 1], dx + 4 * (b + 1), sx + 4 * (b + 1), arb);
         }
         if (j < nbc) {
           const int64_t b = b0 + j;
@@ -225,7 +289,7 @@ __attribute__((target("amx-tile,amx-int8"))) void amx_kernel_rows(const DecodeCt
           _tile_loadd(2, btiles[j], 64);
           _tile_dpbssd(0, 1, 2);
           _tile_stored(0, cbuf[0], 64);
-          accumulate<R>(acc, cbuf[0], dws[j], dx + 4 * b, arb);
+          accumulate<R, kMin>(acc, cbuf[0], dws[j], dms[j], dx + 4 * b, sx + 4 * b, arb);
         }
         for (int m = 0; m < rows; ++m) _mm512_mask_storeu_ps(y + m * c.ldy, mask, acc[m]);
       }
@@ -245,9 +309,11 @@ void amx_kernel(const DecodeCtx& c, int64_t n0, int64_t n1) {
 
 }  // namespace
 
-// Per row: K int8 values (block b at 32 b), then K / 32 f32 scales; 64-byte multiple.
+// Per row: K int8 values (block b at 32 b), then K / 32 f32 scales dx, then
+// K / 32 f32 sum scales sx (Q4_1 / Q5_1: as the Q8_1 activations of the
+// other variants, act_block_scales); a 64-byte multiple.
 size_t amx_act_row_bytes(int64_t K) {
-  return (static_cast<size_t>(K) + 4 * static_cast<size_t>(K / kQK) + 63) & ~size_t{63};
+  return (static_cast<size_t>(K) + 8 * static_cast<size_t>(K / kQK) + 63) & ~size_t{63};
 }
 
 void amx_prepare_acts(const float* x, int64_t M, int64_t K, uint8_t* act) {
@@ -269,9 +335,11 @@ void amx_prepare_acts(const float* x, int64_t M, int64_t K, uint8_t* act) {
       const __m512i i0 = _mm512_cvtps_epi32(r0), i1 = _mm512_cvtps_epi32(r1);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(row + 32 * b), _mm512_cvtepi32_epi8(i0));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(row + 32 * b + 16), _mm512_cvtepi32_epi8(i1));
+      const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
       float d, s;
-      act_block_scales(DType::Q8_0, amax, 0, &d, &s);
+      act_block_scales(DType::Q4_1, amax, sum, &d, &s);  // (sx: the Q8_1 rule)
       __builtin_memcpy(row + static_cast<size_t>(K) + 4 * static_cast<size_t>(b), &d, 4);
+      __builtin_memcpy(row + static_cast<size_t>(K) + 4 * static_cast<size_t>(nb + b), &s, 4);
     }
   }
 }
@@ -279,6 +347,9 @@ void amx_prepare_acts(const float* x, int64_t M, int64_t K, uint8_t* act) {
 DecodeKernel amx_kernel_for(DType t) {
   switch (t) {
     case DType::Q4_0: return amx_kernel<DType::Q4_0>;
+    case DType::Q4_1: return amx_kernel<DType::Q4_1>;
+    case DType::Q5_0: return amx_kernel<DType::Q5_0>;
+    case DType::Q5_1: return amx_kernel<DType::Q5_1>;
     case DType::Q8_0: return amx_kernel<DType::Q8_0>;
     default: return nullptr;
   }

@@ -154,6 +154,10 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
   virtual BackendLimits limits() const { return {}; }
+  // True when its buffers (alloc) are host memory and its weights are read
+  // in place from the model's host image (the CPU backend); false when
+  // upload_weight copies a weight's bytes to a device.
+  virtual bool host_memory() const { return false; }
 
   // Memory for activations (f32 unless noted). Freed by free_buffer, which
   // never throws (destructors call it, also at process exit).

@@ -47,6 +47,7 @@ struct KnobGuard {
   PrefillPrecision prec = prefill_precision();
   ~KnobGuard() {
     reset_isa();
+    reset_amx_prompt_rows();
     reset_decode_max_m();
     set_prefill_precision(prec);
     omp_set_num_threads(threads);
@@ -625,10 +626,11 @@ TEST(Matmul, PackedRowsGiveIdenticalResults) {
   }
 }
 
-// Prompt rows of Q4_0 / Q8_0 weights on AMX CPUs (opt-in, cpu::amx_prompt_rows):
-// every output equals the documented order computed here in scalar code
-// (activations quantized per block as quantize_block_q8_scalar, blocks in
-// order, acc = fma(float(exact int sum), dw * dx, acc)), to the bit, for any
+// Prompt rows of Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 weights on AMX CPUs
+// (cpu::amx_prompt_rows): every output equals the documented order computed
+// here in scalar code (activations quantized per block as
+// quantize_block_q8_scalar, blocks in order, acc = fma(float(exact int
+// sum), dw * dx, acc), then for Q4_1 / Q5_1 acc = fma(m, sx, acc)), to the bit, for any
 // M (tile padding, two tiles in flight, one row alone), any row count (a tail
 // tile of rows), GGUF or packed rows, 1 or 2 threads; decode rows are
 // untouched.
@@ -636,16 +638,20 @@ TEST(Matmul, AmxPromptRowsSumWholeBlocksInOrderForAnyBatch) {
   KnobGuard guard;
   if (!isa_supported(Isa::kAvx512Vnni)) GTEST_SKIP() << "no AVX-512";
   force_isa(Isa::kAvx512Vnni);
-  struct AmxOff {
-    ~AmxOff() { set_amx_prompt_rows(false); }
-  } amx_off;
+  struct AmxReset {
+    ~AmxReset() { reset_amx_prompt_rows(); }
+  } amx_reset;
   if (!set_amx_prompt_rows(true)) GTEST_SKIP() << "no AMX-INT8 (or not granted)";
   ASSERT_TRUE(amx_prompt_rows(DType::Q8_0));
-  EXPECT_FALSE(amx_prompt_rows(DType::Q4_1));
+  EXPECT_FALSE(amx_prompt_rows(DType::Q4_K));
   const int64_t N = 37, K = 32 * 71;  // 71 blocks: three chunks of the kernel's 32, odd tails
-  for (DType t : {DType::Q4_0, DType::Q8_0}) {
+  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0}) {
+    ASSERT_TRUE(amx_prompt_rows(t)) << name_of(t);
     const auto w = make_weight(t, N, K, 11);
-    const size_t blk = t == DType::Q8_0 ? 34 : 18, rb = row_bytes(t, K);
+    const size_t rb = row_bytes(t, K), blk = rb / (K / 32);
+    const bool has_min = t == DType::Q4_1 || t == DType::Q5_1, five = t == DType::Q5_0 || t == DType::Q5_1;
+    const size_t qs_at = t == DType::Q8_0 ? 2 : 2 + (has_min ? 2 : 0) + (five ? 4 : 0);
+    const int offset = t == DType::Q4_0 ? 8 : t == DType::Q5_0 ? 16 : 0;
     const size_t pb = packed_bytes(t, N, K);
     std::vector<uint8_t> storage(pb + 64);
     uint8_t* packed = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
@@ -655,24 +661,34 @@ TEST(Matmul, AmxPromptRowsSumWholeBlocksInOrderForAnyBatch) {
       std::vector<float> ref(static_cast<size_t>(M * N));
       for (int64_t m = 0; m < M; ++m) {
         std::vector<int8_t> q(static_cast<size_t>(K));
-        std::vector<float> d(static_cast<size_t>(K / 32));
+        std::vector<float> d(static_cast<size_t>(K / 32)), sx(d.size());
         for (int64_t b = 0; b < K / 32; ++b) {
-          float s;
-          detail::quantize_block_q8_scalar(DType::Q8_0, x.data() + m * K + 32 * b, q.data() + 32 * b, &d[b], &s);
+          // (The sum scale as the Q8_1 activations of Q4_1 / Q5_1 weights.)
+          detail::quantize_block_q8_scalar(DType::Q4_1, x.data() + m * K + 32 * b, q.data() + 32 * b, &d[b], &sx[b]);
         }
         for (int64_t n = 0; n < N; ++n) {
           float acc = 0.f;
           for (int64_t b = 0; b < K / 32; ++b) {
             const uint8_t* p = w.data() + static_cast<size_t>(n) * rb + static_cast<size_t>(b) * blk;
-            uint16_t h;
+            uint16_t h, hm;
+            uint32_t qh = 0;
             std::memcpy(&h, p, 2);
+            std::memcpy(&hm, p + 2, 2);
+            if (five) std::memcpy(&qh, p + (has_min ? 4 : 2), 4);
             int32_t sum = 0;
             for (int i = 0; i < 32; ++i) {
-              const int v = t == DType::Q8_0 ? static_cast<int8_t>(p[2 + i])
-                                             : ((i < 16 ? p[2 + i] & 0xF : p[2 + i - 16] >> 4) - 8);
+              int v;
+              if (t == DType::Q8_0) {
+                v = static_cast<int8_t>(p[2 + i]);
+              } else {
+                v = i < 16 ? p[qs_at + i] & 0xF : p[qs_at + i - 16] >> 4;
+                if (five) v |= static_cast<int>((qh >> i) & 1) << 4;
+                v -= offset;
+              }
               sum += v * q[static_cast<size_t>(32 * b + i)];
             }
             acc = std::fma(static_cast<float>(sum), fp16_to_fp32(h) * d[b], acc);
+            if (has_min) acc = std::fma(fp16_to_fp32(hm), sx[b], acc);
           }
           ref[static_cast<size_t>(m * N + n)] = acc;
         }

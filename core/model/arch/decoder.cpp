@@ -31,7 +31,7 @@ Decoder::Decoder(std::shared_ptr<const Model> model, Backend& backend, int32_t b
   // A device backend copies a weight's bytes as it uploads it: pinned (they
   // may have been released by a CPU engine that packed them, gguf.h). The
   // CPU backend reads them in place later and pins what it reads itself.
-  const bool reads_at_upload = backend_.name().rfind("cpu/", 0) != 0;
+  const bool reads_at_upload = !backend_.host_memory();
   auto upload = [&](const WeightDesc& d) {
     gguf::ImagePin pin;
     if (reads_at_upload && d.host_data && d.rows > 0)
@@ -380,7 +380,7 @@ void Decoder::set_parallel(const ParallelContext& ctx) {
   }
   par_ = ctx;
   par_.shard = sh;
-  host_buffers_ = backend_.name().rfind("cpu", 0) == 0;
+  host_buffers_ = backend_.host_memory();
 }
 
 void Decoder::all_reduce(float* buf, size_t n) {
