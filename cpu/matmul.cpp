@@ -392,7 +392,8 @@ void run_prefill(const detail::IsaImpl& impl, const WeightView& w, const float* 
 // ---------------------------------------------------------------- public API
 
 bool amx_prompt_rows(DType type) {
-  return detail::packable(type) && amx_on() && active_isa() == Isa::kAvx512Vnni && amx_usable();
+  return (detail::packable(type) || type == DType::Q4_K) && amx_on() && active_isa() == Isa::kAvx512Vnni &&
+         amx_usable();
 }
 bool set_amx_prompt_rows(bool on) {
   g_amx_on.store(on ? 1 : 0, std::memory_order_relaxed);

@@ -76,7 +76,7 @@ __attribute__((target("amx-tile,amx-int8"))) void configure_tiles(int m_rows) {
 // (Q5) and its min (Q4_1 / Q5_1) sit in it, and the values' offset.
 template <DType T>
 struct Format {
-  static constexpr bool kMin = T == DType::Q4_1 || T == DType::Q5_1;
+  static constexpr bool kMin = T == DType::Q4_1 || T == DType::Q5_1 || T == DType::Q4_K;
   static constexpr bool kFive = T == DType::Q5_0 || T == DType::Q5_1;
   static constexpr size_t kBlock = T == DType::Q8_0   ? sizeof(BlockQ8_0)
                                    : T == DType::Q4_0 ? sizeof(BlockQ4_0)
@@ -165,22 +165,9 @@ inline __m256i block_values(const uint8_t* q, size_t hi, uint32_t fifth) {
   }
 }
 
-// The B tile of a tile's 16 weight rows for block b (tile[r][4n + i] = value
-// 4r + i of row n: a 16 x 8 transpose of 32-bit words, rows n and n + 8 in
-// the two halves of one register), their scales and (Q4_1 / Q5_1) mins (rows
-// past `cols`: 0).
-template <DType T>
-inline void weight_tile(const TileRows<T>& rows, bool packed, int cols, int64_t b, int8_t* tile, float* dw, float* dm) {
-  using TR = TileRows<T>;
-  const size_t qo = TR::q_off(packed, b), so = TR::sc_off(packed, b);
-  uint32_t fifth[kTileRows] = {};
-  if constexpr (Format<T>::kFive) {
-    for (int n = 0; n < kTileRows; ++n) fifth[n] = TR::fifth_bits(packed, rows.sc[n] + so, b);
-  }
-  __m512i z[8];
-  for (int i = 0; i < 8; ++i)
-    z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(block_values<T>(rows.q[i] + qo, rows.hi, fifth[i])),
-                              block_values<T>(rows.q[i + 8] + qo, rows.hi, fifth[i + 8]), 1);
+// The B tile from z[i] = rows i and i + 8's 32 values (the two 256-bit
+// halves): tile[r][4n + i] = value 4r + i of row n.
+inline void transpose_to_tile(const __m512i* z, int8_t* tile) {
   // 8 x 8 transpose within each 256-bit half.
   __m512i t[8], u[8];
   for (int i = 0; i < 4; ++i) {
@@ -199,6 +186,25 @@ inline void weight_tile(const TileRows<T>& rows, bool packed, int cols, int64_t 
     _mm512_store_si512(reinterpret_cast<__m512i*>(tile + 64 * k), _mm512_permutex2var_epi64(u[k], lo, u[4 + k]));
     _mm512_store_si512(reinterpret_cast<__m512i*>(tile + 64 * (k + 4)), _mm512_permutex2var_epi64(u[k], hi, u[4 + k]));
   }
+}
+
+// The B tile of a tile's 16 weight rows for block b (tile[r][4n + i] = value
+// 4r + i of row n: a 16 x 8 transpose of 32-bit words, rows n and n + 8 in
+// the two halves of one register), their scales and (Q4_1 / Q5_1) mins (rows
+// past `cols`: 0).
+template <DType T>
+inline void weight_tile(const TileRows<T>& rows, bool packed, int cols, int64_t b, int8_t* tile, float* dw, float* dm) {
+  using TR = TileRows<T>;
+  const size_t qo = TR::q_off(packed, b), so = TR::sc_off(packed, b);
+  uint32_t fifth[kTileRows] = {};
+  if constexpr (Format<T>::kFive) {
+    for (int n = 0; n < kTileRows; ++n) fifth[n] = TR::fifth_bits(packed, rows.sc[n] + so, b);
+  }
+  __m512i z[8];
+  for (int i = 0; i < 8; ++i)
+    z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(block_values<T>(rows.q[i] + qo, rows.hi, fifth[i])),
+                              block_values<T>(rows.q[i + 8] + qo, rows.hi, fifth[i + 8]), 1);
+  transpose_to_tile(z, tile);
   const __mmask16 live = static_cast<__mmask16>((1u << cols) - 1);
   alignas(32) uint16_t h[kTileRows];
   for (int n = 0; n < kTileRows; ++n) h[n] = TR::scale(packed, rows.sc[n] + so, b, 0);
@@ -210,6 +216,98 @@ inline void weight_tile(const TileRows<T>& rows, bool packed, int cols, int64_t 
                     _mm512_maskz_mov_ps(live, _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(h)))));
   }
 }
+
+// The weight tiles of a type for the 16 rows from nt (cols of them real):
+// src(b, tile, dw, dm) writes block b's B tile, its scales and (Q4_1 / Q5_1 /
+// Q4_K) what the activation sum scale is multiplied by.
+template <DType T>
+struct TileSource {
+  TileRows<T> rows;
+  bool packed;
+  int cols;
+  TileSource(const DecodeCtx& c, int64_t nt, int n) : rows(c, nt, n), packed(c.packed != nullptr), cols(n) {}
+  void operator()(int64_t b, int8_t* tile, float* dw, float* dm) const {
+    weight_tile<T>(rows, packed, cols, b, tile, dw, dm);
+  }
+};
+
+// ggml's get_scale_min_k4: the 6-bit scale and min of sub-block j of a
+// Q4_K block's scales[12].
+inline void q4k_scale_min(int j, const uint8_t* q, int* sc, int* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// Q4_K: block b is sub-block b % 8 of super-block b / 8; its values are the
+// nibbles q (0..15), its scale d * sc and its min dmin * m (f32 products):
+// acc = fma(float(s), (d * sc) * dx, acc), then acc = fma(-(dmin * m), sx,
+// acc). Packed rows (PackedQ4Kx8, groups of 8 rows) hold the quants already
+// interleaved as a B tile wants them: chunk k of a sub-block is B rows k (low
+// nibbles) and 4 + k (high) for the group's 8 rows. GGUF rows are transposed.
+template <>
+struct TileSource<DType::Q4_K> {
+  const DecodeCtx& c;
+  int64_t nt;
+  int cols;
+  TileSource(const DecodeCtx& ctx, int64_t n0, int n) : c(ctx), nt(n0), cols(n) {}
+  void operator()(int64_t b, int8_t* tile, float* dw, float* dm) const {
+    const int64_t sb = b / 8;
+    const int g = static_cast<int>(b % 8);
+    const __mmask16 live = static_cast<__mmask16>((1u << cols) - 1);
+    if (c.packed) {
+      const uint8_t* base = c.packed + static_cast<size_t>(nt / kKx8PackRows) * c.packed_group_bytes;
+      const auto* ga = reinterpret_cast<const PackedQ4Kx8*>(base) + sb;
+      const auto* gb = cols > 8 ? reinterpret_cast<const PackedQ4Kx8*>(base + c.packed_group_bytes) + sb : ga;
+      const __m512i m4 = _mm512_set1_epi8(0x0F);
+      for (int k = 0; k < 4; ++k) {
+        const __m512i z = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ga->qs + 128 * g + 32 * k))),
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb->qs + 128 * g + 32 * k)), 1);
+        _mm512_store_si512(reinterpret_cast<__m512i*>(tile + 64 * k), _mm512_and_si512(z, m4));
+        _mm512_store_si512(reinterpret_cast<__m512i*>(tile + 64 * (k + 4)),
+                           _mm512_and_si512(_mm512_srli_epi16(z, 4), m4));
+      }
+      const __m512 d = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(ga->d)), _mm256_loadu_ps(gb->d), 1);
+      const __m512 dmin =
+          _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(ga->dmin)), _mm256_loadu_ps(gb->dmin), 1);
+      // The 8 + 8 scales (or mins) of sub-block g as floats.
+      auto bytes16 = [g](const uint8_t* a, const uint8_t* bb) {
+        uint64_t lo, hi;
+        __builtin_memcpy(&lo, a + 8 * g, 8);
+        __builtin_memcpy(&hi, bb + 8 * g, 8);
+        return _mm512_cvtepi32_ps(
+            _mm512_cvtepu8_epi32(_mm_set_epi64x(static_cast<long long>(hi), static_cast<long long>(lo))));
+      };
+      _mm512_store_ps(dw, _mm512_maskz_mul_ps(live, d, bytes16(ga->sc, gb->sc)));
+      _mm512_store_ps(dm, _mm512_maskz_sub_ps(live, _mm512_setzero_ps(), _mm512_mul_ps(dmin, bytes16(ga->mn, gb->mn))));
+      return;
+    }
+    __m512i z[8];
+    alignas(64) float ds[kTileRows], ms[kTileRows];
+    for (int n = 0; n < kTileRows; ++n) {
+      const int64_t r = nt + (n < cols ? n : 0);
+      const uint8_t* blk = c.w + static_cast<size_t>(r) * c.w_row_bytes + static_cast<size_t>(sb) * sizeof(BlockQ4_K);
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * (g / 2)));
+      const __m256i v = _mm256_and_si256(g % 2 ? _mm256_srli_epi16(raw, 4) : raw, _mm256_set1_epi8(0x0F));
+      z[n % 8] = n < 8 ? _mm512_castsi256_si512(v) : _mm512_inserti64x4(z[n % 8], v, 1);
+      uint16_t hd, hm;
+      __builtin_memcpy(&hd, blk, 2);
+      __builtin_memcpy(&hm, blk + 2, 2);
+      int sc, mn;
+      q4k_scale_min(g, blk + 4, &sc, &mn);
+      ds[n] = _cvtsh_ss(hd) * static_cast<float>(sc);
+      ms[n] = -(_cvtsh_ss(hm) * static_cast<float>(mn));
+    }
+    transpose_to_tile(z, tile);
+    _mm512_store_ps(dw, _mm512_maskz_mov_ps(live, _mm512_load_ps(ds)));
+    _mm512_store_ps(dm, _mm512_maskz_mov_ps(live, _mm512_load_ps(ms)));
+  }
+};
 
 // acc[m] = fma(float(c[m]), dw * dx[m], acc[m]) for the first R rows of a
 // tile, then (Q4_1 / Q5_1) acc[m] = fma(dm, sx[m], acc[m]), sx the block's
@@ -251,11 +349,10 @@ __attribute__((target("amx-tile,amx-int8"))) void amx_kernel_rows(const DecodeCt
   for (int64_t nt = n0; nt < n1; nt += kTileRows) {
     const int cols = static_cast<int>(n1 - nt < kTileRows ? n1 - nt : kTileRows);
     const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1);
-    const TileRows<T> wrows(c, nt, cols);
+    const TileSource<T> src(c, nt, cols);
     for (int64_t b0 = 0; b0 < nb; b0 += kChunkBlocks) {
       const int64_t nbc = nb - b0 < kChunkBlocks ? nb - b0 : kChunkBlocks;
-      for (int64_t j = 0; j < nbc; ++j)
-        weight_tile<T>(wrows, c.packed != nullptr, cols, b0 + j, btiles[j], dws[j], dms[j]);
+      for (int64_t j = 0; j < nbc; ++j) src(b0 + j, btiles[j], dws[j], dms[j]);
       for (int64_t m0 = 0; m0 < c.M; m0 += kTileRows) {
         const int rows = static_cast<int>(c.M - m0 < kTileRows ? c.M - m0 : kTileRows);
         float* y = c.y + m0 * c.ldy + nt;
@@ -351,6 +448,7 @@ DecodeKernel amx_kernel_for(DType t) {
     case DType::Q5_0: return amx_kernel<DType::Q5_0>;
     case DType::Q5_1: return amx_kernel<DType::Q5_1>;
     case DType::Q8_0: return amx_kernel<DType::Q8_0>;
+    case DType::Q4_K: return amx_kernel<DType::Q4_K>;
     default: return nullptr;
   }
 }

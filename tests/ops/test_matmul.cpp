@@ -643,16 +643,20 @@ TEST(Matmul, AmxPromptRowsSumWholeBlocksInOrderForAnyBatch) {
   } amx_reset;
   if (!set_amx_prompt_rows(true)) GTEST_SKIP() << "no AMX-INT8 (or not granted)";
   ASSERT_TRUE(amx_prompt_rows(DType::Q8_0));
-  EXPECT_FALSE(amx_prompt_rows(DType::Q4_K));
-  const int64_t N = 37, K = 32 * 71;  // 71 blocks: three chunks of the kernel's 32, odd tails
-  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0}) {
+  EXPECT_FALSE(amx_prompt_rows(DType::Q6_K));
+  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K}) {
     ASSERT_TRUE(amx_prompt_rows(t)) << name_of(t);
+    const bool k4 = t == DType::Q4_K;
+    // 71 blocks: three chunks of the kernel's 32, odd tails (Q4_K: 72, and
+    // 40 rows, packed in groups of 8, a tile of 8 last).
+    const int64_t N = k4 ? 40 : 37, K = k4 ? 256 * 9 : 32 * 71;
     const auto w = make_weight(t, N, K, 11);
     const size_t rb = row_bytes(t, K), blk = rb / (K / 32);
     const bool has_min = t == DType::Q4_1 || t == DType::Q5_1, five = t == DType::Q5_0 || t == DType::Q5_1;
     const size_t qs_at = t == DType::Q8_0 ? 2 : 2 + (has_min ? 2 : 0) + (five ? 4 : 0);
     const int offset = t == DType::Q4_0 ? 8 : t == DType::Q5_0 ? 16 : 0;
     const size_t pb = packed_bytes(t, N, K);
+    ASSERT_GT(pb, 0u) << name_of(t);
     std::vector<uint8_t> storage(pb + 64);
     uint8_t* packed = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
     pack_weight({t, N, K, w.data()}, packed);
@@ -669,6 +673,23 @@ TEST(Matmul, AmxPromptRowsSumWholeBlocksInOrderForAnyBatch) {
         for (int64_t n = 0; n < N; ++n) {
           float acc = 0.f;
           for (int64_t b = 0; b < K / 32; ++b) {
+            if (k4) {  // sub-block b % 8 of super-block b / 8: d * sc * q - dmin * m
+              const uint8_t* sb = w.data() + static_cast<size_t>(n) * rb + static_cast<size_t>(b / 8) * 144;
+              const int g = static_cast<int>(b % 8);
+              uint16_t hd, hmin;
+              std::memcpy(&hd, sb, 2);
+              std::memcpy(&hmin, sb + 2, 2);
+              uint8_t sc, mn;
+              kquant_scale_min(g, sb + 4, &sc, &mn);
+              int32_t sum = 0;
+              for (int i = 0; i < 32; ++i) {
+                const uint8_t byte = sb[16 + 32 * (g / 2) + i];
+                sum += (g % 2 ? byte >> 4 : byte & 0xF) * q[static_cast<size_t>(32 * b + i)];
+              }
+              acc = std::fma(static_cast<float>(sum), (fp16_to_fp32(hd) * static_cast<float>(sc)) * d[b], acc);
+              acc = std::fma(-(fp16_to_fp32(hmin) * static_cast<float>(mn)), sx[b], acc);
+              continue;
+            }
             const uint8_t* p = w.data() + static_cast<size_t>(n) * rb + static_cast<size_t>(b) * blk;
             uint16_t h, hm;
             uint32_t qh = 0;
