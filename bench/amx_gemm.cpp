@@ -3,7 +3,7 @@
 //   amx_gemm [--n 2048] [--k 2048] [--m 1,16,128,512] [--threads 1] [--time S]
 //
 // cpu::matmul on prompt rows (RowKind::kPrompt, batch-invariant) of random
-// Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K weights (N x K, packed as the engine packs them) and f32
+// Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q6_K weights (N x K, packed as the engine packs them) and f32
 // activations (M x K), with AMX prompt rows off (the AVX-512 VNNI kernels)
 // and on (cpu::set_amx_prompt_rows, matmul_amx_avx512.cpp). Prints both
 // times, the rates in int8 multiply-accumulates per second, the ratio, and
@@ -60,14 +60,15 @@ std::vector<int64_t> parse_list(const std::string& v) {
 // Random GGUF rows with small finite f16 scales (and mins).
 std::vector<uint8_t> make_weight(DType t, int64_t N, int64_t K, std::mt19937& rng) {
   const size_t rb = row_bytes(t, K);
-  const size_t blk = t == DType::Q4_K ? 144 : rb / static_cast<size_t>(K / 32);
+  const size_t blk = t == DType::Q4_K ? 144 : t == DType::Q6_K ? 210 : rb / static_cast<size_t>(K / 32);
+  const size_t d_at = t == DType::Q6_K ? 208 : 0;  // where the block's f16 scale sits
   const int n_f16 = t == DType::Q4_1 || t == DType::Q5_1 || t == DType::Q4_K ? 2 : 1;
   std::vector<uint8_t> w(static_cast<size_t>(N) * rb);
   for (auto& b : w) b = static_cast<uint8_t>(rng());
   for (size_t i = 0; i < w.size(); i += blk) {
     for (int f = 0; f < n_f16; ++f) {
       const uint16_t h = fp32_to_fp16(0.002f + 0.001f * static_cast<float>(rng() % 8));
-      std::memcpy(&w[i + 2 * static_cast<size_t>(f)], &h, 2);
+      std::memcpy(&w[i + d_at + 2 * static_cast<size_t>(f)], &h, 2);
     }
   }
   return w;
@@ -118,7 +119,7 @@ int main(int argc, char** argv) {
   std::printf("%-5s %5s %12s %12s %8s %14s %14s %10s\n", "type", "M", "avx512 us", "amx us", "ratio", "avx512 GMAC/s",
               "amx GMAC/s", "max diff");
   cpu::MatmulScratch scratch;
-  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K}) {
+  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q6_K}) {
     const std::vector<uint8_t> w = make_weight(t, N, K, rng);
     const size_t pb = cpu::packed_bytes(t, N, K);
     void* packed = pb ? std::aligned_alloc(64, (pb + 63) / 64 * 64) : nullptr;

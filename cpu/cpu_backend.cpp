@@ -545,8 +545,10 @@ class CpuBackend final : public Backend {
  public:
   // n_threads > 0: exactly that many; 0: up to every core, as many as
   // measure fastest (cpu/thread_governor.h).
-  CpuBackend(int n_threads, bool batch_invariant)
-      : governor_(n_threads > 0 ? n_threads : omp_get_num_procs(), n_threads <= 0), batch_invariant_(batch_invariant) {}
+  CpuBackend(int n_threads, bool batch_invariant, bool prompt_tiles)
+      : governor_(n_threads > 0 ? n_threads : omp_get_num_procs(), n_threads <= 0),
+        batch_invariant_(batch_invariant),
+        prompt_tiles_(prompt_tiles) {}
   ~CpuBackend() override { release_kv(); }
 
   std::string name() const override { return std::string("cpu/") + cpu::isa_name(); }
@@ -817,8 +819,11 @@ class CpuBackend final : public Backend {
   }
   // Decode rows: llama.cpp's one-row kernels' orders; other rows: its
   // batched kernels' (cpu::RowKind).
-  static cpu::RowKind row_kind(bool rows_are_decodes) {
-    return rows_are_decodes ? cpu::RowKind::kDecode : cpu::RowKind::kPrompt;
+  // Prompt rows on AMX tiles unless this engine prices its steps by rows
+  // (prompt_tiles_: manual steps in a frame budget).
+  cpu::RowKind row_kind(bool rows_are_decodes) const {
+    if (rows_are_decodes) return cpu::RowKind::kDecode;
+    return prompt_tiles_ ? cpu::RowKind::kPrompt : cpu::RowKind::kPromptNoTiles;
   }
 
   void rope(float* x, const int32_t* positions, int32_t rows, int32_t num_heads, int32_t head_dim, int32_t rot_dim,
@@ -1082,13 +1087,13 @@ class CpuBackend final : public Backend {
       const int64_t r = a.rows;
       float* tm = lora_t_.data() + t_off[i];
       cpu::matmul(cpu::WeightView{a.type, r, K, a.host_data}, lora_x_.data() + x_off[i], t.n_rows, tm, scratch_,
-                  cpu::MatmulPath::kRowInvariant, cpu::RowKind::kPrompt);
+                  cpu::MatmulPath::kRowInvariant, row_kind(false));
       round_to(b.type, tm, static_cast<int64_t>(t.n_rows) * r, tm);
       const int64_t N = b.rows;
       float* const ty = t.y ? t.y : y;
       lora_u_.resize(static_cast<size_t>(t.n_rows) * N);
       cpu::matmul(cpu::WeightView{b.type, N, r, b.host_data}, tm, t.n_rows, lora_u_.data(), scratch_,
-                  cpu::MatmulPath::kRowInvariant, cpu::RowKind::kPrompt);
+                  cpu::MatmulPath::kRowInvariant, row_kind(false));
       for (int32_t m = 0; m < t.n_rows; ++m) {
         float* yr = ty + static_cast<size_t>(t.rows[m]) * N;
         const float* u = lora_u_.data() + static_cast<size_t>(m) * N;
@@ -1307,6 +1312,7 @@ class CpuBackend final : public Backend {
 
   cpu::ThreadGovernor governor_;
   bool batch_invariant_;
+  bool prompt_tiles_;
   KvGeometry geom_;
   uint8_t* kv_ = nullptr;
   size_t kv_bytes_ = 0;
@@ -1337,15 +1343,15 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int n_threads, bool batch_invariant) {
-  return std::make_unique<CpuBackend>(n_threads, batch_invariant);
+std::unique_ptr<Backend> make_cpu_backend(int n_threads, bool batch_invariant, bool prompt_tiles) {
+  return std::make_unique<CpuBackend>(n_threads, batch_invariant, prompt_tiles);
 }
 
 void register_cpu_backend() {
   static std::once_flag once;
   std::call_once(once, [] {
     register_backend(
-        "cpu", [](const BackendOptions& o) { return make_cpu_backend(o.n_threads, o.batch_invariant); },
+        "cpu", [](const BackendOptions& o) { return make_cpu_backend(o.n_threads, o.batch_invariant, o.prompt_tiles); },
         [] {
           const cpu::Isa isa = cpu::active_isa();
           return BackendInfo{static_cast<int32_t>(isa), cpu::isa_to_string(isa)};

@@ -10,7 +10,7 @@ namespace ember {
 // Creates the CPU backend (threads: 0 = all cores). batch_invariant: every
 // matmul row is computed as for a single row, so a sequence's output never
 // depends on batching, chunking or prefix-cache hits.
-std::unique_ptr<Backend> make_cpu_backend(int n_threads, bool batch_invariant = true);
+std::unique_ptr<Backend> make_cpu_backend(int n_threads, bool batch_invariant = true, bool prompt_tiles = true);
 
 // Registers the CPU backend as "cpu" in the core's backend registry
 // (core/backend/registry.h), with its ISA as the backend's info. Idempotent,

@@ -162,7 +162,9 @@ bool amx_on() {
   return v < 0 ? env : v == 1;
 }
 
-bool amx_rows(DType type, RowKind rows) { return rows == RowKind::kPrompt && amx_prompt_rows(type); }
+bool amx_rows(DType type, RowKind rows) {
+  return rows == RowKind::kPrompt && amx_prompt_rows(type);
+}  // not kPromptNoTiles
 
 // Threads worth waking for a decode call that streams `bytes` of weights.
 int decode_threads(size_t bytes, int64_t M) {
@@ -392,8 +394,8 @@ void run_prefill(const detail::IsaImpl& impl, const WeightView& w, const float* 
 // ---------------------------------------------------------------- public API
 
 bool amx_prompt_rows(DType type) {
-  return (detail::packable(type) || type == DType::Q4_K) && amx_on() && active_isa() == Isa::kAvx512Vnni &&
-         amx_usable();
+  return (detail::packable(type) || type == DType::Q4_K || type == DType::Q6_K) && amx_on() &&
+         active_isa() == Isa::kAvx512Vnni && amx_usable();
 }
 bool set_amx_prompt_rows(bool on) {
   g_amx_on.store(on ? 1 : 0, std::memory_order_relaxed);

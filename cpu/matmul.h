@@ -133,7 +133,11 @@ enum class MatmulPath : int {
 // the last M % 4, tiled only for 8+ rows; its batches whose rows all take the
 // batched kernels give exactly Ember's kPrompt rows.) oneDNN (the prefill
 // path for large M with MatmulPath::kAuto) has no such order.
-enum class RowKind : int { kPrompt = 0, kDecode = 1 };
+// kPromptNoTiles: prompt rows as kPrompt, but never on AMX tiles (the
+// variant's own kernels): for hosts that price a step by its rows (manual
+// steps in a frame budget), where a few AMX prompt rows cost several decode
+// steps.
+enum class RowKind : int { kPrompt = 0, kDecode = 1, kPromptNoTiles = 2 };
 
 // y[M, N] = x[M, K] · W^T. x must not alias y. M >= 0 (M == 0 is a no-op).
 // Uses up to omp_get_max_threads() threads.

@@ -404,6 +404,164 @@ void amx_kernel(const DecodeCtx& c, int64_t n0, int64_t n1) {
   return amx_kernel_rows<T, kTileRows>(c, n0, n1);
 }
 
+// Q6_K: block b is 32-value group b % 8 of super-block b / 8, two 16-value
+// sub-blocks with int8 scales sc1 and sc2; values q - 32. Per block the two
+// halves' exact sums s1 and s2 (two tdpbssd of K = 16) make the exact
+// integer t = s1 * sc1 + s2 * sc2 (|t| < 2^24: exact in f32), then
+// acc = fma(t, d * dx, acc). src(b, tile, d, sc1, sc2): tile rows 0..3 hold
+// the first half, 4..7 the second. Packed rows (PackedQ6Kx8, groups of 8)
+// are interleaved as a B tile wants them; GGUF rows are transposed.
+struct Q6KSource {
+  const DecodeCtx& c;
+  int64_t nt;
+  int cols;
+  Q6KSource(const DecodeCtx& ctx, int64_t n0, int n) : c(ctx), nt(n0), cols(n) {}
+  void operator()(int64_t b, int8_t* tile, float* dw, float* sc1, float* sc2) const {
+    const int64_t sb = b / 8;
+    const int g = static_cast<int>(b % 8);
+    const __mmask16 live = static_cast<__mmask16>((1u << cols) - 1);
+    if (c.packed) {
+      const uint8_t* base = c.packed + static_cast<size_t>(nt / kKx8PackRows) * c.packed_group_bytes;
+      const auto* ga = reinterpret_cast<const PackedQ6Kx8*>(base) + sb;
+      const auto* gb = cols > 8 ? reinterpret_cast<const PackedQ6Kx8*>(base + c.packed_group_bytes) + sb : ga;
+      auto pair = [](const uint8_t* a, const uint8_t* bb) {
+        return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a))),
+                                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bb)), 1);
+      };
+      const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3), off = _mm512_set1_epi8(32);
+      const __m512i qh0 = pair(ga->grp[g].qh, gb->grp[g].qh), qh1 = pair(ga->grp[g].qh + 32, gb->grp[g].qh + 32);
+      for (int k = 0; k < 4; ++k) {
+        const __m512i ql = pair(ga->grp[g].ql + 32 * k, gb->grp[g].ql + 32 * k);
+        const __m512i h0 = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh0, 2 * k), m2), 4);
+        const __m512i h1 = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh1, 2 * k), m2), 4);
+        _mm512_store_si512(reinterpret_cast<__m512i*>(tile + 64 * k),
+                           _mm512_sub_epi8(_mm512_or_si512(_mm512_and_si512(ql, m4), h0), off));
+        _mm512_store_si512(reinterpret_cast<__m512i*>(tile + 64 * (k + 4)),
+                           _mm512_sub_epi8(_mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), h1), off));
+      }
+      _mm512_store_ps(dw, _mm512_maskz_mov_ps(live, _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(ga->d)),
+                                                                       _mm256_loadu_ps(gb->d), 1)));
+      auto scales = [&](int s) {
+        uint64_t lo, hi;
+        __builtin_memcpy(&lo, ga->sc + 8 * s, 8);
+        __builtin_memcpy(&hi, gb->sc + 8 * s, 8);
+        return _mm512_maskz_mov_ps(live, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                             _mm_set_epi64x(static_cast<long long>(hi), static_cast<long long>(lo)))));
+      };
+      _mm512_store_ps(sc1, scales(2 * g));
+      _mm512_store_ps(sc2, scales(2 * g + 1));
+      return;
+    }
+    // GGUF: group g is quarter q = g % 4 of half h = g / 4: ql bytes
+    // 64 h + 32 (q & 1) + l (nibble q >> 1), qh bytes 32 h + l (bits 2q),
+    // scales 8 h + 2 q and + 1.
+    const int h = g / 4, q = g % 4;
+    __m512i z[8];
+    alignas(64) float ds[kTileRows], s1[kTileRows], s2[kTileRows];
+    for (int n = 0; n < kTileRows; ++n) {
+      const int64_t r = nt + (n < cols ? n : 0);
+      const auto* blk = reinterpret_cast<const BlockQ6_K*>(c.w + static_cast<size_t>(r) * c.w_row_bytes) + sb;
+      const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->ql + 64 * h + 32 * (q & 1)));
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qh + 32 * h));
+      const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(ql, 4 * (q >> 1)), _mm256_set1_epi8(0x0F));
+      const __m256i hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * q), _mm256_set1_epi8(3)), 4);
+      const __m256i v = _mm256_sub_epi8(_mm256_or_si256(lo, hi), _mm256_set1_epi8(32));
+      z[n % 8] = n < 8 ? _mm512_castsi256_si512(v) : _mm512_inserti64x4(z[n % 8], v, 1);
+      uint16_t hd;
+      __builtin_memcpy(&hd, &blk->d, 2);
+      ds[n] = _cvtsh_ss(hd);
+      s1[n] = static_cast<float>(blk->scales[8 * h + 2 * q]);
+      s2[n] = static_cast<float>(blk->scales[8 * h + 2 * q + 1]);
+    }
+    transpose_to_tile(z, tile);
+    _mm512_store_ps(dw, _mm512_maskz_mov_ps(live, _mm512_load_ps(ds)));
+    _mm512_store_ps(sc1, _mm512_maskz_mov_ps(live, _mm512_load_ps(s1)));
+    _mm512_store_ps(sc2, _mm512_maskz_mov_ps(live, _mm512_load_ps(s2)));
+  }
+};
+
+// Q6_K's tiles: 0 and 3 accumulate the two halves (m_rows x 16 int32), 1
+// and 4 the activations' halves (m_rows x 16 int8), 2 and 5 the weight
+// halves (4 x 64 int8).
+__attribute__((target("amx-tile,amx-int8"))) void configure_tiles_halves(int m_rows) {
+  TileConfig cfg;
+  for (int t : {0, 3}) {
+    cfg.rows[t] = static_cast<uint8_t>(m_rows);
+    cfg.colsb[t] = 64;
+  }
+  for (int t : {1, 4}) {
+    cfg.rows[t] = static_cast<uint8_t>(m_rows);
+    cfg.colsb[t] = 16;
+  }
+  for (int t : {2, 5}) {
+    cfg.rows[t] = 4;
+    cfg.colsb[t] = 64;
+  }
+  __asm__ __volatile__("" : : "m"(cfg) : "memory");  // (see configure_tiles)
+  _tile_loadconfig(&cfg);
+}
+
+template <int R>
+__attribute__((target("amx-tile,amx-int8"))) void amx_kernel_q6k_rows(const DecodeCtx& c, int64_t n0, int64_t n1) {
+  const int64_t K = c.K, nb = K / kQK;
+  const size_t arb = c.act_row_bytes;
+  configure_tiles_halves(c.M < kTileRows ? static_cast<int>(c.M) : kTileRows);
+  alignas(64) int8_t btiles[kChunkBlocks][512];
+  alignas(64) float dws[kChunkBlocks][kTileRows], sc1[kChunkBlocks][kTileRows], sc2[kChunkBlocks][kTileRows];
+  alignas(64) int32_t cbuf[2][kTileRows * kTileRows] = {};
+  for (int64_t nt = n0; nt < n1; nt += kTileRows) {
+    const int cols = static_cast<int>(n1 - nt < kTileRows ? n1 - nt : kTileRows);
+    const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1);
+    const Q6KSource src(c, nt, cols);
+    for (int64_t b0 = 0; b0 < nb; b0 += kChunkBlocks) {
+      const int64_t nbc = nb - b0 < kChunkBlocks ? nb - b0 : kChunkBlocks;
+      for (int64_t j = 0; j < nbc; ++j) src(b0 + j, btiles[j], dws[j], sc1[j], sc2[j]);
+      for (int64_t m0 = 0; m0 < c.M; m0 += kTileRows) {
+        const int rows = static_cast<int>(c.M - m0 < kTileRows ? c.M - m0 : kTileRows);
+        float* y = c.y + m0 * c.ldy + nt;
+        __m512 acc[R];
+        for (int m = 0; m < R; ++m)
+          acc[m] = b0 == 0 || m >= rows ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask, y + m * c.ldy);
+        const uint8_t* a = c.act + static_cast<size_t>(m0) * arb;
+        const uint8_t* dx = a + static_cast<size_t>(K);
+        for (int64_t j = 0; j < nbc; ++j) {
+          const int64_t b = b0 + j;
+          _tile_zero(0);
+          _tile_loadd(1, a + 32 * b, static_cast<long>(arb));
+          _tile_loadd(2, btiles[j], 64);
+          _tile_dpbssd(0, 1, 2);
+          _tile_zero(3);
+          _tile_loadd(4, a + 32 * b + 16, static_cast<long>(arb));
+          _tile_loadd(5, btiles[j] + 256, 64);
+          _tile_dpbssd(3, 4, 5);
+          _tile_stored(0, cbuf[0], 64);
+          _tile_stored(3, cbuf[1], 64);
+          const __m512 dwv = _mm512_load_ps(dws[j]), s1v = _mm512_load_ps(sc1[j]), s2v = _mm512_load_ps(sc2[j]);
+          for (int m = 0; m < R; ++m) {
+            float d;
+            __builtin_memcpy(&d, dx + static_cast<size_t>(m) * arb + 4 * static_cast<size_t>(b), 4);
+            // (Exact: integers below 2^24.)
+            const __m512 t =
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cbuf[0] + 16 * m)), s1v,
+                                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cbuf[1] + 16 * m)), s2v));
+            acc[m] = _mm512_fmadd_ps(t, _mm512_mul_ps(dwv, _mm512_set1_ps(d)), acc[m]);
+          }
+        }
+        for (int m = 0; m < rows; ++m) _mm512_mask_storeu_ps(y + m * c.ldy, mask, acc[m]);
+      }
+    }
+  }
+  _tile_release();
+}
+
+void amx_kernel_q6k(const DecodeCtx& c, int64_t n0, int64_t n1) {
+  if (c.M <= 1) return amx_kernel_q6k_rows<1>(c, n0, n1);
+  if (c.M <= 2) return amx_kernel_q6k_rows<2>(c, n0, n1);
+  if (c.M <= 4) return amx_kernel_q6k_rows<4>(c, n0, n1);
+  if (c.M <= 8) return amx_kernel_q6k_rows<8>(c, n0, n1);
+  return amx_kernel_q6k_rows<kTileRows>(c, n0, n1);
+}
+
 }  // namespace
 
 // Per row: K int8 values (block b at 32 b), then K / 32 f32 scales dx, then
@@ -449,6 +607,7 @@ DecodeKernel amx_kernel_for(DType t) {
     case DType::Q5_1: return amx_kernel<DType::Q5_1>;
     case DType::Q8_0: return amx_kernel<DType::Q8_0>;
     case DType::Q4_K: return amx_kernel<DType::Q4_K>;
+    case DType::Q6_K: return amx_kernel_q6k;
     default: return nullptr;
   }
 }

@@ -19,6 +19,7 @@ class BackendExtras;
 struct BackendOptions {
   int32_t n_threads = 0;        // 0: every core
   bool batch_invariant = true;  // see EngineParams::batch_invariant
+  bool prompt_tiles = true;     // CPU: AMX prompt rows where the CPU has them (cpu::RowKind)
 };
 
 using BackendFactory = std::unique_ptr<Backend> (*)(const BackendOptions& options);

@@ -74,7 +74,10 @@ struct EngineParams {
   // prefill, prefix hits and preemption never change its tokens).
   bool batch_invariant = true;
   // Manual mode: no worker thread; the host runs steps with Engine::run_steps
-  // (ember_engine_step) from its own loop, e.g. once per game frame.
+  // (ember_engine_step) from its own loop, e.g. once per game frame. Its
+  // CPU prompt rows never run on AMX tiles (cpu::RowKind::kPromptNoTiles):
+  // a call of a few AMX rows costs several decode steps, which the frame
+  // budget's per-row pricing (core/engine/frame_budget.h) cannot foresee.
   bool manual = false;
   // A model split across the ranks of an MPI job (issue 31; tp x pp must be
   // the job's size): tensor parallel over tp ranks or pipeline parallel over

@@ -290,7 +290,9 @@ typedef struct ember_engine_params {
   int32_t max_running;      /* sequences per step; default 64 */
   int32_t prefix_caching;   /* 1 (default): reuse KV of identical prompt prefixes */
   int32_t manual_step;      /* 0 (default): a worker thread runs steps; 1: the host
-                               runs them with ember_engine_step (game loops) */
+                               runs them with ember_engine_step (game loops; its
+                               CPU prompt rows then never run on AMX tiles, whose
+                               cost per call would break the frame budget) */
   int32_t batch_invariant;  /* 1 (default): a stream's tokens never depend on what
                                else runs (batching, chunking, prefix hits); 0 lets
                                the CPU use oneDNN for large prefill chunks */

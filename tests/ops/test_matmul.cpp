@@ -643,10 +643,10 @@ TEST(Matmul, AmxPromptRowsSumWholeBlocksInOrderForAnyBatch) {
   } amx_reset;
   if (!set_amx_prompt_rows(true)) GTEST_SKIP() << "no AMX-INT8 (or not granted)";
   ASSERT_TRUE(amx_prompt_rows(DType::Q8_0));
-  EXPECT_FALSE(amx_prompt_rows(DType::Q6_K));
-  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K}) {
+  EXPECT_FALSE(amx_prompt_rows(DType::Q5_K));
+  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q6_K}) {
     ASSERT_TRUE(amx_prompt_rows(t)) << name_of(t);
-    const bool k4 = t == DType::Q4_K;
+    const bool k4 = t == DType::Q4_K || t == DType::Q6_K;
     // 71 blocks: three chunks of the kernel's 32, odd tails (Q4_K: 72, and
     // 40 rows, packed in groups of 8, a tile of 8 last).
     const int64_t N = k4 ? 40 : 37, K = k4 ? 256 * 9 : 32 * 71;
@@ -673,6 +673,22 @@ TEST(Matmul, AmxPromptRowsSumWholeBlocksInOrderForAnyBatch) {
         for (int64_t n = 0; n < N; ++n) {
           float acc = 0.f;
           for (int64_t b = 0; b < K / 32; ++b) {
+            if (t == DType::Q6_K) {  // group g = b % 8: two 16-value sub-blocks, exact s1 * sc1 + s2 * sc2
+              const auto* sb = reinterpret_cast<const BlockQ6_K*>(w.data() + static_cast<size_t>(n) * rb) + b / 8;
+              const int g = static_cast<int>(b % 8), hh = g / 4, qq = g % 4;
+              int64_t s12[2] = {0, 0};
+              for (int i = 0; i < 32; ++i) {
+                const uint8_t byte = sb->ql[64 * hh + 32 * (qq & 1) + i];
+                const int v =
+                    ((qq >> 1 ? byte >> 4 : byte & 0xF) | (((sb->qh[32 * hh + i] >> (2 * qq)) & 3) << 4)) - 32;
+                s12[i / 16] += v * q[static_cast<size_t>(32 * b + i)];
+              }
+              const int64_t tt = s12[0] * sb->scales[8 * hh + 2 * qq] + s12[1] * sb->scales[8 * hh + 2 * qq + 1];
+              uint16_t hd;
+              std::memcpy(&hd, &sb->d, 2);
+              acc = std::fma(static_cast<float>(tt), fp16_to_fp32(hd) * d[b], acc);
+              continue;
+            }
             if (k4) {  // sub-block b % 8 of super-block b / 8: d * sc * q - dmin * m
               const uint8_t* sb = w.data() + static_cast<size_t>(n) * rb + static_cast<size_t>(b / 8) * 144;
               const int g = static_cast<int>(b % 8);

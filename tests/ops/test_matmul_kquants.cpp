@@ -44,9 +44,12 @@ constexpr DType kNewTypes[] = {DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_
                                DType::Q4_K, DType::Q5_K, DType::Q6_K};
 constexpr Isa kAllIsas[] = {Isa::kScalar, Isa::kAvx2, Isa::kAvx512Vnni};
 
+// (The prompt rows under test are llama.cpp's orders: AMX prompt rows off.)
 struct Guard {
   int threads = omp_get_max_threads();
+  Guard() { set_amx_prompt_rows(false); }
   ~Guard() {
+    reset_amx_prompt_rows();
     reset_isa();
     reset_decode_max_m();
     omp_set_num_threads(threads);

@@ -263,6 +263,8 @@ int check_batched(const LlamaBatched& L, const char* what, DType t, const uint8_
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Ember's kernels in llama.cpp's orders: AMX prompt rows (their own order) off.
+  ember::cpu::set_amx_prompt_rows(false);
   std::string lib, gguf_path;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
