@@ -92,21 +92,25 @@ void unpack_rows(const WeightView& w, int64_t row_begin, int64_t n_rows, void* o
 bool matmul_supports(DType type);
 
 // AMX prompt rows (on by default; EMBER_CPU_AMX=0 or set_amx_prompt_rows(false)
-// turns them off): prompt rows (RowKind::kPrompt) of Q4_0, Q4_1, Q5_0, Q5_1
-// and Q8_0 weights run on AMX tiles when the AVX-512 variant is active on a
-// CPU with AMX-INT8 whose OS grants the tile state. Their order: the
-// activations quantized per 32-value block as for every variant, then per
-// output the blocks in order, acc = fma(float(s), dw * dx, acc) from 0, s
-// the block's exact int32 dot product (of q - 8 for Q4_0, q - 16 for Q5_0,
-// q otherwise), and for Q4_1 / Q5_1 then acc = fma(m, sx, acc), sx the
-// activation block's sum scale (as their Q8_1 activations on the other
-// variants); a row never depends on its batch or on M. It is
-// not the decode rows' order (llama.cpp's), as for K-quant weights: the
-// engine gives every row its kind by what the row is (a generated token fed
-// back: a decode; a prompt or scored row: a prompt row, even alone in its
-// chunk; core/model/arch/decoder.cpp Decoder::decode_row), so a stream's
-// results never depend on its chunking. With AMX off, and on every other
-// CPU, prompt rows of these types equal llama.cpp's to the bit.
+// turns them off): prompt rows (RowKind::kPrompt, not kPromptNoTiles) of
+// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K weights run on AMX tiles when
+// the AVX-512 variant is active on a CPU with AMX-INT8 whose OS grants the
+// tile state. Their order: the activations quantized per 32-value block as
+// for every variant (also for K-quants: not Q8_K), then per output the
+// 32-value blocks in order, acc = fma(float(s), dw * dx, acc) from 0, s the
+// block's exact int32 dot product of the values (q - 8 for Q4_0, q - 16 for
+// Q5_0, q - 32 for Q6_K, q otherwise), dw the block's scale (Q4_K: d * sc,
+// an f32 product); for Q4_1 / Q5_1 / Q4_K then acc = fma(m, sx, acc) with m
+// the block's min (Q4_1 / Q5_1: m; Q4_K: -(dmin * mn)) and sx the activation
+// block's sum scale (as the Q8_1 activations of the other variants); for
+// Q6_K s is the exact s1 * sc1 + s2 * sc2 of the block's two 16-value
+// sub-blocks and dw = d. A row never depends on its batch or on M. It is
+// not the decode rows' order: the engine gives every row its kind by what
+// the row is (a generated token fed back: a decode; a prompt or scored row:
+// a prompt row, even alone in its chunk; core/model/arch/decoder.cpp
+// Decoder::decode_row), so a stream's results never depend on its chunking.
+// With AMX off prompt rows take the variant's kernels: llama.cpp's orders on
+// the AVX2 and scalar variants and for K-quants everywhere.
 // amx_prompt_rows(type): whether this type's prompt rows run on AMX now.
 bool amx_prompt_rows(DType type);
 // Turns AMX prompt rows on or off for the process (tests, benchmarks);

@@ -91,8 +91,9 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineParams& params)
     if (params_.comm == "nccl" && params_.device == "cuda")
       params_.device = "cuda:" + std::to_string(comm_->local_rank());
   }
-  CreatedBackend created =
-      create_backend(params_.device, BackendOptions{params_.n_threads, params_.batch_invariant, !params_.manual});
+  CreatedBackend created = create_backend(
+      params_.device, BackendOptions{params_.n_threads, params_.batch_invariant,
+                                     params_.prompt_tiles < 0 ? !params_.manual : params_.prompt_tiles != 0});
   backend_ = std::move(created.backend);
   backend_extras_ = created.extras;
   if (backend_extras_) {

@@ -74,11 +74,14 @@ struct EngineParams {
   // prefill, prefix hits and preemption never change its tokens).
   bool batch_invariant = true;
   // Manual mode: no worker thread; the host runs steps with Engine::run_steps
-  // (ember_engine_step) from its own loop, e.g. once per game frame. Its
-  // CPU prompt rows never run on AMX tiles (cpu::RowKind::kPromptNoTiles):
-  // a call of a few AMX rows costs several decode steps, which the frame
-  // budget's per-row pricing (core/engine/frame_budget.h) cannot foresee.
+  // (ember_engine_step) from its own loop, e.g. once per game frame.
   bool manual = false;
+  // CPU prompt rows on AMX tiles where the CPU has them (cpu/matmul.h): -1
+  // (default) unless `manual`, 0 never, 1 always. A call of a few AMX rows
+  // costs several decode steps, which a frame budget's per-row pricing
+  // (core/engine/frame_budget.h) cannot foresee; and the AMX order is not
+  // the other kernels', so engines that differ here compute different bits.
+  int32_t prompt_tiles = -1;
   // A model split across the ranks of an MPI job (issue 31; tp x pp must be
   // the job's size): tensor parallel over tp ranks or pipeline parallel over
   // pp stages (not both yet). Rank 0's engine is the one to use; the others

@@ -118,7 +118,10 @@ TEST(Batching, ManualSteppingOnTheCallersThread) {
   EngineParams ep;
   ep.manual = true;
   auto engine = Engine::create(model(), ep);
-  auto auto_engine = Engine::create(model(), EngineParams{});
+  // (The same kernels: a manual engine keeps its prompt rows off AMX tiles.)
+  EngineParams same;
+  same.prompt_tiles = 0;
+  auto auto_engine = Engine::create(model(), same);
   auto s = std::make_shared<Session>(engine, 0, "");
   s->add_text("Once upon a time", false);
   auto stream = s->start(params(12));
@@ -216,7 +219,8 @@ TEST_P(RowKinds, PreemptedSequenceRecomputesItsTokensAsTheyWere) {
   EngineParams ep;
   ep.kv_memory_bytes = 8 * 16 * bytes_per_token;
   ep.prefix_caching = false;
-  ep.manual = true;  // the steps on this thread: the preemption happens where the test says
+  ep.manual = true;     // the steps on this thread: the preemption happens where the test says
+  ep.prompt_tiles = 1;  // (AMX prompt rows, where the CPU has them, as the worker-thread engine's)
   auto small = Engine::create(model(), ep);
   auto bg = std::make_shared<Session>(small, 0, "", /*priority=*/1);
   bg->add_tokens(bg_ids);

@@ -185,11 +185,18 @@ TEST(Embed, NormalizedVectorsHaveUnitLength) {
 
 TEST(Embed, ManualStepEngine) {
   EMBER_REQUIRE_MODEL();
-  EngineParams ep;
-  ep.manual = true;
-  auto manual = Engine::create(smollm2(), ep);
-  auto worker = Engine::create(smollm2(), EngineParams{});
-  EXPECT_EQ(embed_texts(manual, kTexts, EmbedParams{}), embed_texts(worker, kTexts, EmbedParams{}));
+  // Each stepping with the same kernels (a manual engine's default keeps its
+  // prompt rows off AMX tiles: EngineParams::prompt_tiles).
+  for (const int32_t tiles : {0, 1}) {
+    EngineParams ep;
+    ep.manual = true;
+    ep.prompt_tiles = tiles;
+    auto manual = Engine::create(smollm2(), ep);
+    EngineParams wp;
+    wp.prompt_tiles = tiles;
+    auto worker = Engine::create(smollm2(), wp);
+    EXPECT_EQ(embed_texts(manual, kTexts, EmbedParams{}), embed_texts(worker, kTexts, EmbedParams{})) << tiles;
+  }
 }
 
 TEST(Embed, BadInputFailsCleanly) {
