@@ -49,10 +49,12 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// Tiles: 0 and 3 accumulate (m_rows x 16 int32), 1 and 4 the activation
-// rows of one block (m_rows x 32 int8), 2 and 5 the weight block (8 x 64
-// int8). m_rows: 16, or M when a call has fewer rows.
-__attribute__((target("amx-tile,amx-int8"))) void configure_tiles(int m_rows) {
+// Tiles: 0 and 3 accumulate (m_rows x 16 int32), 1 and 4 hold activation
+// rows (m_rows x 32 int8: one block), 2 and 5 weights (8 x 64 int8: one
+// block's B tile). m_rows: 16, or M when a call has fewer rows. `halves`
+// (Q6_K): K = 16 instead, tiles 0 / 1 / 2 a block's first half and 3 / 4 / 5
+// its second (activations m_rows x 16, weights 4 x 64).
+__attribute__((target("amx-tile,amx-int8"))) void configure_tiles(int m_rows, bool halves) {
   TileConfig cfg;
   for (int t : {0, 3}) {
     cfg.rows[t] = static_cast<uint8_t>(m_rows);
@@ -60,10 +62,10 @@ __attribute__((target("amx-tile,amx-int8"))) void configure_tiles(int m_rows) {
   }
   for (int t : {1, 4}) {
     cfg.rows[t] = static_cast<uint8_t>(m_rows);
-    cfg.colsb[t] = 32;
+    cfg.colsb[t] = halves ? 16 : 32;
   }
   for (int t : {2, 5}) {
-    cfg.rows[t] = 8;
+    cfg.rows[t] = halves ? 4 : 8;
     cfg.colsb[t] = 64;
   }
   // (GCC 12 does not see that ldtilecfg reads cfg and drops the stores above
@@ -341,7 +343,7 @@ template <DType T, int R>
 __attribute__((target("amx-tile,amx-int8"))) void amx_kernel_rows(const DecodeCtx& c, int64_t n0, int64_t n1) {
   const int64_t K = c.K, nb = K / kQK;
   const size_t arb = c.act_row_bytes;
-  configure_tiles(c.M < kTileRows ? static_cast<int>(c.M) : kTileRows);
+  configure_tiles(c.M < kTileRows ? static_cast<int>(c.M) : kTileRows, false);
   alignas(64) int8_t btiles[kChunkBlocks][512];
   alignas(64) float dws[kChunkBlocks][kTileRows];
   alignas(64) float dms[kChunkBlocks][kTileRows];
@@ -480,32 +482,11 @@ struct Q6KSource {
   }
 };
 
-// Q6_K's tiles: 0 and 3 accumulate the two halves (m_rows x 16 int32), 1
-// and 4 the activations' halves (m_rows x 16 int8), 2 and 5 the weight
-// halves (4 x 64 int8).
-__attribute__((target("amx-tile,amx-int8"))) void configure_tiles_halves(int m_rows) {
-  TileConfig cfg;
-  for (int t : {0, 3}) {
-    cfg.rows[t] = static_cast<uint8_t>(m_rows);
-    cfg.colsb[t] = 64;
-  }
-  for (int t : {1, 4}) {
-    cfg.rows[t] = static_cast<uint8_t>(m_rows);
-    cfg.colsb[t] = 16;
-  }
-  for (int t : {2, 5}) {
-    cfg.rows[t] = 4;
-    cfg.colsb[t] = 64;
-  }
-  __asm__ __volatile__("" : : "m"(cfg) : "memory");  // (see configure_tiles)
-  _tile_loadconfig(&cfg);
-}
-
 template <int R>
 __attribute__((target("amx-tile,amx-int8"))) void amx_kernel_q6k_rows(const DecodeCtx& c, int64_t n0, int64_t n1) {
   const int64_t K = c.K, nb = K / kQK;
   const size_t arb = c.act_row_bytes;
-  configure_tiles_halves(c.M < kTileRows ? static_cast<int>(c.M) : kTileRows);
+  configure_tiles(c.M < kTileRows ? static_cast<int>(c.M) : kTileRows, true);
   alignas(64) int8_t btiles[kChunkBlocks][512];
   alignas(64) float dws[kChunkBlocks][kTileRows], sc1[kChunkBlocks][kTileRows], sc2[kChunkBlocks][kTileRows];
   alignas(64) int32_t cbuf[2][kTileRows * kTileRows] = {};
