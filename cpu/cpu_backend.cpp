@@ -390,8 +390,9 @@ struct PackKey {
   DType type;
   int64_t rows, cols;
   cpu::Isa isa;
+  bool tiles;  // the tile layout (cpu::tile_layout)
   bool operator<(const PackKey& o) const {
-    return std::tie(data, type, rows, cols, isa) < std::tie(o.data, o.type, o.rows, o.cols, o.isa);
+    return std::tie(data, type, rows, cols, isa, tiles) < std::tie(o.data, o.type, o.rows, o.cols, o.isa, o.tiles);
   }
 };
 
@@ -466,7 +467,8 @@ class CpuWeight final : public DeviceWeight {
   const void* packed(bool release) {
     if (pack_tried_) return packed_ ? packed_->data : nullptr;
     pack_tried_ = true;
-    const size_t n = cpu::packed_bytes(desc.type, desc.rows, desc.cols);
+    tiles_ = cpu::tile_layout(desc.type);
+    const size_t n = cpu::packed_bytes(desc.type, desc.rows, desc.cols, tiles_);
     if (n == 0) return nullptr;
     auto copy = PackCache::get().find(key(), true);
     std::lock_guard<std::mutex> lock(copy->mu);
@@ -491,16 +493,21 @@ class CpuWeight final : public DeviceWeight {
   // The packed copy if this weight or another engine's has made it (no
   // packing here: the embedding lookup).
   const void* packed_if_made() {
-    if (packed_ || pack_tried_ || cpu::packed_bytes(desc.type, desc.rows, desc.cols) == 0)
-      return packed_ ? packed_->data : nullptr;
-    auto copy = PackCache::get().find(key(), false);
+    if (packed_ || pack_tried_) return packed_ ? packed_->data : nullptr;
+    const bool tiles = cpu::tile_layout(desc.type);
+    if (cpu::packed_bytes(desc.type, desc.rows, desc.cols, tiles) == 0) return nullptr;
+    auto copy = PackCache::get().find(
+        PackKey{desc.host_data, desc.type, desc.rows, desc.cols, cpu::active_isa(), tiles}, false);
     if (!copy) return nullptr;
     std::lock_guard<std::mutex> lock(copy->mu);
     if (!copy->data) return nullptr;
     pack_tried_ = true;
+    tiles_ = tiles;
     packed_ = std::move(copy);
     return packed_->data;
   }
+
+  bool packed_tiles() const { return tiles_; }
 
   // Keeps the GGUF bytes resident while this weight lives (kernels or oneDNN
   // read them).
@@ -511,21 +518,21 @@ class CpuWeight final : public DeviceWeight {
   }
 
  private:
-  PackKey key() const { return PackKey{desc.host_data, desc.type, desc.rows, desc.cols, cpu::active_isa()}; }
+  PackKey key() const { return PackKey{desc.host_data, desc.type, desc.rows, desc.cols, cpu::active_isa(), tiles_}; }
 
-  // Packs a megabyte of GGUF rows at a time (whole groups of 8 rows), each
+  // Packs a megabyte of GGUF rows at a time (whole groups of 16 rows), each
   // pinned while it is read and released after when `release`.
   void pack_into(void* out, bool release) {
     const size_t rb = row_bytes(desc.type, desc.cols);
-    const int64_t chunk = std::max<int64_t>(8, static_cast<int64_t>((size_t{1} << 20) / rb) / 8 * 8);
+    const int64_t chunk = std::max<int64_t>(16, static_cast<int64_t>((size_t{1} << 20) / rb) / 16 * 16);
     const auto* src = static_cast<const uint8_t*>(desc.host_data);
     for (int64_t r0 = 0; r0 < desc.rows; r0 += chunk) {
       const int64_t n = std::min(chunk, desc.rows - r0);
       const uint8_t* rows = src + static_cast<size_t>(r0) * rb;
       {
         gguf::ImagePin pin(rows, static_cast<size_t>(n) * rb);
-        cpu::pack_weight(cpu::WeightView{desc.type, n, desc.cols, rows},
-                         static_cast<uint8_t*>(out) + cpu::packed_bytes(desc.type, r0, desc.cols));
+        cpu::pack_weight(cpu::WeightView{desc.type, n, desc.cols, rows, nullptr, tiles_},
+                         static_cast<uint8_t*>(out) + cpu::packed_bytes(desc.type, r0, desc.cols, tiles_));
       }
       if (release) gguf::release_image_pages(rows, static_cast<size_t>(n) * rb);
     }
@@ -533,6 +540,7 @@ class CpuWeight final : public DeviceWeight {
 
   std::shared_ptr<PackedCopy> packed_;
   bool pack_tried_ = false;
+  bool tiles_ = false;  // packed_ is the tile layout
   gguf::ImagePin pin_;
   bool pinned_ = false;
 };
@@ -732,7 +740,7 @@ class CpuBackend final : public Backend {
     }
     auto& cw = const_cast<CpuWeight&>(static_cast<const CpuWeight&>(table));
     if (const void* packed = cw.packed_if_made()) {
-      const cpu::WeightView w{d.type, d.rows, d.cols, d.host_data, packed};
+      const cpu::WeightView w{d.type, d.rows, d.cols, d.host_data, packed, cw.packed_tiles()};
       embed_row_.resize(row_bytes(d.type, d.cols));
       for (int32_t i = 0; i < n; ++i) {
         cpu::unpack_rows(w, ids[i], 1, embed_row_.data());
@@ -1297,7 +1305,7 @@ class CpuBackend final : public Backend {
     const void* packed = cw.packed(batch_invariant_);
     if (!packed || !batch_invariant_) cw.pin_original();
     const auto& d = w.desc;
-    return cpu::WeightView{d.type, d.rows, d.cols, d.host_data, packed};
+    return cpu::WeightView{d.type, d.rows, d.cols, d.host_data, packed, packed && cw.packed_tiles()};
   }
   // Decode-sized calls (weights streamed once for a few rows) teach the
   // governor how fast the current thread count is; larger ones are not

@@ -120,6 +120,12 @@ void check_weight(const WeightView& w, const char* what) {
 
 // Points the kernel at the packed rows when it reads them.
 void use_packed(const detail::IsaImpl& impl, const WeightView& w, detail::DecodeCtx& c) {
+  if (w.packed && w.packed_tiles) {
+    c.packed = static_cast<const uint8_t*>(w.packed);
+    c.packed_group_bytes = detail::tile_group_bytes(w.type, w.cols);
+    c.tiles = true;
+    return;
+  }
   if (w.packed && impl.reads_packed_kx8 && detail::kx8_group_bytes(w.type, w.cols) &&
       w.rows % detail::kKx8PackRows == 0) {
     c.packed = static_cast<const uint8_t*>(w.packed);
@@ -162,6 +168,12 @@ bool amx_on() {
   return v < 0 ? env : v == 1;
 }
 
+// Tile-layout weights: calls of fewer rows take the VNNI registers (the same
+// bits), faster there than the tiles (1B-shape Q4_0, `ember bench -p P -n 1`,
+// prefill tok/s VNNI vs tiles: P = 2: 66 vs 40; 8: 168 vs 138; 12: 208 vs
+// 174; 16: 219 vs 236; 32: 280 vs 319).
+constexpr int64_t kTileRowsMin = 16;
+
 bool amx_rows(DType type, RowKind rows) {
   return rows == RowKind::kPrompt && amx_prompt_rows(type);
 }  // not kPromptNoTiles
@@ -180,7 +192,7 @@ void run_decode_group(const WeightView* w, float* const* y, int n, const float* 
                       MatmulScratch::Impl& s);
 void run_prefill(const detail::IsaImpl& impl, const WeightView& w, const float* x, int64_t M, float* y,
                  MatmulScratch::Impl& s);
-int64_t decode_chunk_rows(int64_t N, int nt);
+int64_t decode_chunk_rows(int64_t N, int nt, int64_t granule);
 
 }  // namespace
 
@@ -221,12 +233,13 @@ void MatmulScratch::release() {
 namespace {
 
 // Rows per work item for a decode call on nt threads: several items per
-// thread (multiples of 8 rows), handed out dynamically so that a thread
-// slowed down by another process does not hold up the call.
-int64_t decode_chunk_rows(int64_t N, int nt) {
+// thread (multiples of 8 rows; 16 for tile-layout weights, a group), handed
+// out dynamically so that a thread slowed down by another process does not
+// hold up the call.
+int64_t decode_chunk_rows(int64_t N, int nt, int64_t granule) {
   const int64_t chunks_wanted = static_cast<int64_t>(nt) * 4;
   const int64_t chunk = (N + chunks_wanted - 1) / chunks_wanted;
-  return std::max<int64_t>(8, (chunk + 7) & ~int64_t{7});
+  return std::max<int64_t>(granule, (chunk + granule - 1) / granule * granule);
 }
 
 // Many-row calls (prompt chunks, many sessions' decode rows) run in cache
@@ -246,8 +259,9 @@ void run_kernel_blocked(detail::DecodeKernel kernel, const detail::DecodeCtx& c,
     kernel(c, n0, n1);
     return;
   }
-  const int64_t nb =  // (a multiple of 8: packed Q4_K groups stay whole)
-      std::max<int64_t>(8, static_cast<int64_t>(kBlockWeightBytes / std::max<size_t>(c.w_row_bytes, 1)) & ~int64_t{7});
+  const int64_t nb =  // (a multiple of 16: packed groups of 8 and 16 rows stay whole)
+      std::max<int64_t>(16,
+                        static_cast<int64_t>(kBlockWeightBytes / std::max<size_t>(c.w_row_bytes, 1)) & ~int64_t{15});
   for (int64_t nn = n0; nn < n1; nn += nb) {
     const int64_t ne = std::min(n1, nn + nb);
     for (int64_t m0 = 0; m0 < c.M; m0 += mb) {
@@ -276,13 +290,19 @@ void run_decode_group(const WeightView* w, float* const* y, int n, const float* 
   const detail::IsaImpl* impls[kMaxGroup];
   size_t act_off[kMaxGroup], arb[kMaxGroup];
   bool owner[kMaxGroup];  // prepares its activation rows (the others share an earlier weight's)
-  bool amx[kMaxGroup];    // prompt rows through AMX tiles (amx_prompt_rows)
+  bool amx[kMaxGroup];    // the AMX order's activations (AMX prompt rows, tile-layout weights)
+  bool tiles[kMaxGroup];  // on AMX tiles (else VNNI registers, or the variant's kernels)
   size_t act_bytes = 0, total_weight_bytes = 0;
   // AMX reads activation rows 16 at a time: the last tile's rows past M are zero.
   const int64_t m_amx = (M + 15) / 16 * 16;
   for (int i = 0; i < n; ++i) {
     impls[i] = &isa_impl(active_isa(), w[i].type);
-    amx[i] = amx_rows(w[i].type, rows);
+    if (w[i].packed && w[i].packed_tiles) {
+      amx[i] = true;
+      tiles[i] = M >= kTileRowsMin && rows != RowKind::kPromptNoTiles && amx_usable();
+    } else {
+      amx[i] = tiles[i] = amx_rows(w[i].type, rows);
+    }
     arb[i] = amx[i] ? detail::amx_act_row_bytes(K) : impls[i]->act_row_bytes(w[i].type, K);
     owner[i] = true;
     for (int j = 0; j < i && owner[i]; ++j) {  // same kernels, same format: share the rows
@@ -322,24 +342,27 @@ void run_decode_group(const WeightView* w, float* const* y, int n, const float* 
                                w[i].rows};
     use_packed(*impls[i], w[i], ctx[i]);
     ctx[i].korder = detail::kquant_order(w[i].type, w[i].rows, rows == RowKind::kDecode);
-    kernels[i] = amx[i] ? detail::amx_kernel_for(w[i].type) : impls[i]->kernel(w[i].type);
+    if (ctx[i].tiles)
+      kernels[i] = tiles[i] ? detail::amx_tile_kernel_for(w[i].type) : detail::vnni_tile_kernel_for(w[i].type);
+    else
+      kernels[i] = amx[i] ? detail::amx_kernel_for(w[i].type) : impls[i]->kernel(w[i].type);
   }
   const int nt = decode_threads(total_weight_bytes, M);
   if (nt <= 1) {
-    for (int i = 0; i < n; ++i) run_kernel(kernels[i], ctx[i], amx[i], 0, w[i].rows);
+    for (int i = 0; i < n; ++i) run_kernel(kernels[i], ctx[i], tiles[i], 0, w[i].rows);
     return;
   }
   std::vector<DecodeChunk>& chunks = s.chunks;
   chunks.clear();
   for (int i = 0; i < n; ++i) {
-    const int64_t chunk = decode_chunk_rows(w[i].rows, nt);
+    const int64_t chunk = decode_chunk_rows(w[i].rows, nt, ctx[i].tiles ? detail::kTileGroupRows : 8);
     for (int64_t n0 = 0; n0 < w[i].rows; n0 += chunk) chunks.push_back({i, n0, std::min(w[i].rows, n0 + chunk)});
   }
   const int64_t n_chunks = static_cast<int64_t>(chunks.size());
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
   for (int64_t c = 0; c < n_chunks; ++c) {
     const DecodeChunk& ch = chunks[static_cast<size_t>(c)];
-    run_kernel(kernels[ch.weight], ctx[ch.weight], amx[ch.weight], ch.n0, ch.n1);
+    run_kernel(kernels[ch.weight], ctx[ch.weight], tiles[ch.weight], ch.n0, ch.n1);
   }
 }
 
@@ -533,8 +556,63 @@ size_t packed_bytes(DType type, int64_t rows, int64_t cols) {
   return detail::packed_group_bytes(type, cols) * static_cast<size_t>(groups);
 }
 
+size_t packed_bytes(DType type, int64_t rows, int64_t cols, bool tiles) {
+  if (!tiles) return packed_bytes(type, rows, cols);
+  if (!detail::tile_packable(type) || rows <= 0 || cols <= 0 || cols % detail::kQK != 0 || !repack_enabled() ||
+      active_isa() != Isa::kAvx512Vnni)
+    return 0;
+  const int64_t groups = (rows + detail::kTileGroupRows - 1) / detail::kTileGroupRows;
+  return detail::tile_group_bytes(type, cols) * static_cast<size_t>(groups);
+}
+
+bool tile_layout(DType type) { return detail::tile_packable(type) && repack_enabled() && amx_prompt_rows(type); }
+
+namespace {
+// A block's GGUF quants and the tile layout's (matmul_internal.h): GGUF byte
+// or value 4c + i of a block sits at chunk c, byte 4n + i for row n; Q8_0
+// values plus 128.
+int tile_chunks(DType type) { return type == DType::Q8_0 ? 8 : 4; }
+uint8_t tile_flip(DType type) { return type == DType::Q8_0 ? 0x80 : 0; }
+void tile_put(DType type, const uint8_t* gguf_qs, uint8_t* tile_qs, int64_t n) {
+  for (int c = 0; c < tile_chunks(type); ++c)
+    for (int i = 0; i < 4; ++i)
+      tile_qs[64 * c + 4 * n + i] = static_cast<uint8_t>(gguf_qs[4 * c + i] ^ tile_flip(type));
+}
+void tile_get(DType type, const uint8_t* tile_qs, uint8_t* gguf_qs, int64_t n) {
+  for (int c = 0; c < tile_chunks(type); ++c)
+    for (int i = 0; i < 4; ++i)
+      gguf_qs[4 * c + i] = static_cast<uint8_t>(tile_qs[64 * c + 4 * n + i] ^ tile_flip(type));
+}
+}  // namespace
+
 void pack_weight(const WeightView& w, void* out) {
   check_weight(w, "pack_weight");
+  if (w.packed_tiles) {
+    if (!detail::tile_packable(w.type)) fail(StatusCode::kInvalidArgument, "pack_weight: no tile layout for this type");
+    if (!out) fail(StatusCode::kInvalidArgument, "pack_weight: null output");
+    const int64_t K = w.cols, nb = K / detail::kQK;
+    const int64_t groups = (w.rows + detail::kTileGroupRows - 1) / detail::kTileGroupRows;
+    const size_t gb = detail::tile_group_bytes(w.type, K), rb = detail::weight_row_bytes(w.type, K);
+    const size_t blk = rb / static_cast<size_t>(nb), tq = detail::tile_quant_bytes(w.type);
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < groups; ++g) {
+      uint8_t* base = static_cast<uint8_t*>(out) + static_cast<size_t>(g) * gb;
+      std::memset(base, 0, gb);   // padding rows: zero quants and scales
+      if (w.type == DType::Q8_0)  // (zero values: 128)
+        for (size_t i = 0; i < static_cast<size_t>(nb) * tq; ++i) base[i] = 0x80;
+      uint8_t* scales = base + static_cast<size_t>(nb) * tq;
+      for (int64_t n = 0; n < detail::kTileGroupRows && g * detail::kTileGroupRows + n < w.rows; ++n) {
+        const uint8_t* src =
+            static_cast<const uint8_t*>(w.data) + static_cast<size_t>(g * detail::kTileGroupRows + n) * rb;
+        for (int64_t b = 0; b < nb; ++b) {
+          const uint8_t* bp = src + static_cast<size_t>(b) * blk;
+          tile_put(w.type, bp + 2, base + static_cast<size_t>(b) * tq, n);
+          std::memcpy(scales + static_cast<size_t>(b) * detail::kTileScaleBytes + 2 * n, bp, 2);
+        }
+      }
+    }
+    return;
+  }
   if (w.type == DType::Q4_K || w.type == DType::Q6_K) {
     if (w.rows % detail::kKx8PackRows != 0)
       fail(StatusCode::kInvalidArgument, "pack_weight: Q4_K / Q6_K rows must be a multiple of 8");
@@ -646,6 +724,23 @@ void unpack_rows(const WeightView& w, int64_t row_begin, int64_t n_rows, void* o
   const size_t rb = detail::weight_row_bytes(w.type, K);
   const auto* packed = static_cast<const uint8_t*>(w.packed);
   auto* dst = static_cast<uint8_t*>(out);
+  if (w.packed_tiles) {
+    if (!detail::tile_packable(w.type)) fail(StatusCode::kInvalidArgument, "unpack_rows: no tile layout for this type");
+    const int64_t nb = K / detail::kQK;
+    const size_t gb = detail::tile_group_bytes(w.type, K), blk = rb / static_cast<size_t>(nb);
+    const size_t tq = detail::tile_quant_bytes(w.type);
+    for (int64_t i = 0; i < n_rows; ++i) {
+      const int64_t r = row_begin + i, n = r % detail::kTileGroupRows;
+      const uint8_t* base = packed + static_cast<size_t>(r / detail::kTileGroupRows) * gb;
+      const uint8_t* scales = base + static_cast<size_t>(nb) * tq;
+      for (int64_t b = 0; b < nb; ++b) {
+        uint8_t* bp = dst + static_cast<size_t>(i) * rb + static_cast<size_t>(b) * blk;
+        tile_get(w.type, base + static_cast<size_t>(b) * tq, bp + 2, n);
+        std::memcpy(bp, scales + static_cast<size_t>(b) * detail::kTileScaleBytes + 2 * n, 2);
+      }
+    }
+    return;
+  }
   if (w.type == DType::Q4_K || w.type == DType::Q6_K) {
     const size_t gb = detail::kx8_group_bytes(w.type, K);
     for (int64_t i = 0; i < n_rows; ++i) {

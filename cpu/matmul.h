@@ -44,8 +44,13 @@ struct WeightView {
   int64_t cols;  // K (input features); a multiple of the block size (32; 256 for K-quants)
   const void* data;
   // Optional: the rows packed by pack_weight() (kernels that read them do;
-  // the others, and dequantize_rows, use data). Same results either way.
+  // the others, and dequantize_rows, use data). Same results either way,
+  // except for the tile layout below.
   const void* packed = nullptr;
+  // packed holds (pack_weight: is to hold) the tile layout of Q4_0 / Q8_0
+  // rows (tile_layout()): every row, decode or prompt, of such a weight is
+  // summed in the AMX order, on AMX tiles or VNNI registers alike.
+  bool packed_tiles = false;
 };
 
 // Reusable per-caller buffers (quantized activations, dequantized weight
@@ -77,10 +82,25 @@ class MatmulScratch {
 // the GGUF rows; about the weight's own size), or 0 when they read the GGUF
 // layout as fast (other types, other CPUs, EMBER_CPU_REPACK=0).
 size_t packed_bytes(DType type, int64_t rows, int64_t cols);
-// Writes that copy of w's rows to out (packed_bytes() bytes, 64-byte aligned).
-// The layout is a run of groups of 8 (Q4_K/Q6_K) or 4 rows: packing rows
-// [r0, r1) of w (r0 a multiple of 8) into out + packed_bytes(type, r0, cols)
-// writes the same bytes as packing the whole.
+// The same for the tile layout (`tiles`; 0 for other types, where the
+// AVX-512 VNNI variant is not active, or with EMBER_CPU_REPACK=0):
+// groups of 16 rows, per 32-value block the 16 rows' quants as AMX B tiles
+// and VNNI operands want them, then the blocks' 16 f16 scales (1.0x the GGUF
+// rows, padded to 16 rows).
+size_t packed_bytes(DType type, int64_t rows, int64_t cols, bool tiles);
+// Whether a weight of this type packed now gets the tile layout: Q4_0 and
+// Q8_0 where amx_prompt_rows(type) (on by default on AMX CPUs). Such a
+// weight's rows all take the AMX order (below), decode rows included: on
+// tiles for calls of many rows (many sessions, a verification tree, a
+// prompt chunk), on VNNI registers for a few, to the same bits; so a decode
+// step costs no more than before and its rows no longer follow llama.cpp's
+// decode order (EMBER_CPU_AMX=0 keeps llama.cpp's orders: no tile layout).
+bool tile_layout(DType type);
+// Writes that copy of w's rows to out (packed_bytes() bytes, 64-byte aligned;
+// the tile layout when w.packed_tiles). The layout is a run of groups of 16
+// (tiles), 8 (Q4_K/Q6_K) or 4 rows: packing rows [r0, r1) of w (r0 a
+// multiple of 16) into out + packed_bytes(type, r0, cols[, tiles]) writes
+// the same bytes as packing the whole.
 void pack_weight(const WeightView& w, void* out);
 // Rows [row_begin, row_begin + n_rows) of a packed weight (w.packed, as
 // pack_weight wrote it for w's type and shape) written back in the GGUF
@@ -105,7 +125,8 @@ bool matmul_supports(DType type);
 // block's sum scale (as the Q8_1 activations of the other variants); for
 // Q6_K s is the exact s1 * sc1 + s2 * sc2 of the block's two 16-value
 // sub-blocks and dw = d. A row never depends on its batch or on M. It is
-// not the decode rows' order: the engine gives every row its kind by what
+// not the decode rows' order (except for weights in the tile layout, whose
+// decode rows take it too: tile_layout): the engine gives every row its kind by what
 // the row is (a generated token fed back: a decode; a prompt or scored row:
 // a prompt row, even alone in its chunk; core/model/arch/decoder.cpp
 // Decoder::decode_row), so a stream's results never depend on its chunking.

@@ -233,6 +233,39 @@ struct TileSource {
   }
 };
 
+// Tile-layout weights (matmul_internal.h): the quants are B-tile rows
+// already; Q4_0 takes off its 8, Q8_0 its 128.
+template <DType T>
+struct TiledSource {
+  const uint8_t* q;
+  const uint8_t* sc;
+  int cols;
+  TiledSource(const DecodeCtx& c, int64_t nt, int n) : cols(n) {
+    q = c.packed + static_cast<size_t>(nt / kTileGroupRows) * c.packed_group_bytes;
+    sc = q + static_cast<size_t>(c.K / kQK) * tile_quant_bytes(T);
+  }
+  void operator()(int64_t b, int8_t* tile, float* dw, float*) const {
+    const uint8_t* p = q + static_cast<size_t>(b) * tile_quant_bytes(T);
+    if constexpr (T == DType::Q8_0) {
+      const __m512i k80 = _mm512_set1_epi8(static_cast<char>(0x80));
+      for (int r = 0; r < 8; ++r)
+        _mm512_store_si512(reinterpret_cast<__m512i*>(tile + 64 * r),
+                           _mm512_xor_si512(_mm512_load_si512(p + 64 * r), k80));
+    } else {
+      const __m512i m4 = _mm512_set1_epi8(0x0F), k8 = _mm512_set1_epi8(8);
+      for (int k = 0; k < 4; ++k) {
+        const __m512i v = _mm512_load_si512(p + 64 * k);
+        _mm512_store_si512(reinterpret_cast<__m512i*>(tile + 64 * k), _mm512_sub_epi8(_mm512_and_si512(v, m4), k8));
+        _mm512_store_si512(reinterpret_cast<__m512i*>(tile + 64 * (k + 4)),
+                           _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), k8));
+      }
+    }
+    const __mmask16 live = static_cast<__mmask16>((1u << cols) - 1);
+    _mm512_store_ps(dw, _mm512_maskz_mov_ps(live, _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(
+                                                      sc + kTileScaleBytes * static_cast<size_t>(b))))));
+  }
+};
+
 // ggml's get_scale_min_k4: the 6-bit scale and min of sub-block j of a
 // Q4_K block's scales[12].
 inline void q4k_scale_min(int j, const uint8_t* q, int* sc, int* m) {
@@ -339,7 +372,7 @@ constexpr int64_t kChunkBlocks = 32;
 
 // R: the rows of activation tiles the float step covers (16; fewer when
 // the whole call has fewer rows: M <= R).
-template <DType T, int R>
+template <DType T, int R, class Source = TileSource<T>>
 __attribute__((target("amx-tile,amx-int8"))) void amx_kernel_rows(const DecodeCtx& c, int64_t n0, int64_t n1) {
   const int64_t K = c.K, nb = K / kQK;
   const size_t arb = c.act_row_bytes;
@@ -351,7 +384,7 @@ __attribute__((target("amx-tile,amx-int8"))) void amx_kernel_rows(const DecodeCt
   for (int64_t nt = n0; nt < n1; nt += kTileRows) {
     const int cols = static_cast<int>(n1 - nt < kTileRows ? n1 - nt : kTileRows);
     const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1);
-    const TileSource<T> src(c, nt, cols);
+    const Source src(c, nt, cols);
     for (int64_t b0 = 0; b0 < nb; b0 += kChunkBlocks) {
       const int64_t nbc = nb - b0 < kChunkBlocks ? nb - b0 : kChunkBlocks;
       for (int64_t j = 0; j < nbc; ++j) src(b0 + j, btiles[j], dws[j], dms[j]);
@@ -397,13 +430,90 @@ __attribute__((target("amx-tile,amx-int8"))) void amx_kernel_rows(const DecodeCt
   _tile_release();
 }
 
-template <DType T>
+template <DType T, class Source = TileSource<T>>
 void amx_kernel(const DecodeCtx& c, int64_t n0, int64_t n1) {
-  if (c.M <= 1) return amx_kernel_rows<T, 1>(c, n0, n1);
-  if (c.M <= 2) return amx_kernel_rows<T, 2>(c, n0, n1);
-  if (c.M <= 4) return amx_kernel_rows<T, 4>(c, n0, n1);
-  if (c.M <= 8) return amx_kernel_rows<T, 8>(c, n0, n1);
-  return amx_kernel_rows<T, kTileRows>(c, n0, n1);
+  if (c.M <= 1) return amx_kernel_rows<T, 1, Source>(c, n0, n1);
+  if (c.M <= 2) return amx_kernel_rows<T, 2, Source>(c, n0, n1);
+  if (c.M <= 4) return amx_kernel_rows<T, 4, Source>(c, n0, n1);
+  if (c.M <= 8) return amx_kernel_rows<T, 8, Source>(c, n0, n1);
+  return amx_kernel_rows<T, kTileRows, Source>(c, n0, n1);
+}
+
+// The same order on VNNI registers, for tile-layout weights: a register of a
+// block's quants is one B-tile row (16 rows x 4 values), times the four
+// activation bytes it meets broadcast; a block's exact sum per row (lanes)
+// then takes one float step, as accumulate<> does: acc = fma(float(s),
+// dw * dx, acc). s starts at -offset * sum(a) (Q4_0: 8; Q8_0: 128, its
+// quants stored plus 128), so the unsigned quants give the signed sum.
+template <DType T, int MT>
+inline void vnni_tile_rows(const DecodeCtx& c, int64_t nt, int64_t m0, __mmask16 mask) {
+  const int64_t K = c.K, nb = K / kQK;
+  const size_t arb = c.act_row_bytes;
+  const uint8_t* q = c.packed + static_cast<size_t>(nt / kTileGroupRows) * c.packed_group_bytes;
+  const uint8_t* sc = q + static_cast<size_t>(nb) * tile_quant_bytes(T);
+  const uint8_t* a = c.act + static_cast<size_t>(m0) * arb;
+  constexpr int kShift = T == DType::Q8_0 ? 7 : 3;
+  __m512 acc[MT];
+  for (int m = 0; m < MT; ++m) acc[m] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = q + static_cast<size_t>(b) * tile_quant_bytes(T);
+    // The next group's same block (a distance along this group would leave
+    // the start of every group unfetched).
+    for (size_t l = 0; l < tile_quant_bytes(T); l += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(p + c.packed_group_bytes + l), _MM_HINT_T1);
+    if ((b & 1) == 0)
+      _mm_prefetch(reinterpret_cast<const char*>(sc + kTileScaleBytes * static_cast<size_t>(b) + c.packed_group_bytes),
+                   _MM_HINT_T1);
+    __m512i w[8];
+    if constexpr (T == DType::Q8_0) {
+      for (int r = 0; r < 8; ++r) w[r] = _mm512_load_si512(p + 64 * r);
+    } else {
+      const __m512i m4 = _mm512_set1_epi8(0x0F);
+      for (int k = 0; k < 4; ++k) {
+        const __m512i v = _mm512_load_si512(p + 64 * k);
+        w[k] = _mm512_and_si512(v, m4);
+        w[k + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+      }
+    }
+    const __m512 dw = _mm512_cvtph_ps(
+        _mm256_load_si256(reinterpret_cast<const __m256i*>(sc + kTileScaleBytes * static_cast<size_t>(b))));
+    for (int m = 0; m < MT; ++m) {
+      const uint8_t* am = a + static_cast<size_t>(m) * arb;
+      const uint8_t* v = am + 32 * b;
+      int32_t sum;
+      float dx;
+      __builtin_memcpy(&sum, am + static_cast<size_t>(K) + 8 * static_cast<size_t>(nb) + 4 * static_cast<size_t>(b), 4);
+      __builtin_memcpy(&dx, am + static_cast<size_t>(K) + 4 * static_cast<size_t>(b), 4);
+      __m512i s0 = _mm512_set1_epi32(-static_cast<int32_t>(static_cast<uint32_t>(sum) << kShift));
+      __m512i s1 = _mm512_setzero_si512();
+      for (int k = 0; k < 4; ++k) {
+        int32_t lo, hi;
+        __builtin_memcpy(&lo, v + 4 * k, 4);
+        __builtin_memcpy(&hi, v + 16 + 4 * k, 4);
+        s0 = _mm512_dpbusd_epi32(s0, w[k], _mm512_set1_epi32(lo));
+        s1 = _mm512_dpbusd_epi32(s1, w[k + 4], _mm512_set1_epi32(hi));
+      }
+      acc[m] =
+          _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_mul_ps(dw, _mm512_set1_ps(dx)), acc[m]);
+    }
+  }
+  for (int m = 0; m < MT; ++m) _mm512_mask_storeu_ps(c.y + (m0 + m) * c.ldy + nt, mask, acc[m]);
+}
+
+template <DType T>
+void vnni_tile_kernel(const DecodeCtx& c, int64_t n0, int64_t n1) {
+  for (int64_t nt = n0; nt < n1; nt += kTileGroupRows) {
+    const int cols = static_cast<int>(n1 - nt < kTileGroupRows ? n1 - nt : kTileGroupRows);
+    const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1);
+    int64_t m = 0;
+    for (; m + 4 <= c.M; m += 4) vnni_tile_rows<T, 4>(c, nt, m, mask);
+    switch (c.M - m) {
+      case 3: vnni_tile_rows<T, 3>(c, nt, m, mask); break;
+      case 2: vnni_tile_rows<T, 2>(c, nt, m, mask); break;
+      case 1: vnni_tile_rows<T, 1>(c, nt, m, mask); break;
+      default: break;
+    }
+  }
 }
 
 // Q6_K: block b is 32-value group b % 8 of super-block b / 8, two 16-value
@@ -547,9 +657,10 @@ void amx_kernel_q6k(const DecodeCtx& c, int64_t n0, int64_t n1) {
 
 // Per row: K int8 values (block b at 32 b), then K / 32 f32 scales dx, then
 // K / 32 f32 sum scales sx (Q4_1 / Q5_1: as the Q8_1 activations of the
-// other variants, act_block_scales); a 64-byte multiple.
+// other variants, act_block_scales), then K / 32 int32 sums of the values
+// (the VNNI tile kernels); a 64-byte multiple.
 size_t amx_act_row_bytes(int64_t K) {
-  return (static_cast<size_t>(K) + 8 * static_cast<size_t>(K / kQK) + 63) & ~size_t{63};
+  return (static_cast<size_t>(K) + 12 * static_cast<size_t>(K / kQK) + 63) & ~size_t{63};
 }
 
 void amx_prepare_acts(const float* x, int64_t M, int64_t K, uint8_t* act) {
@@ -576,6 +687,7 @@ void amx_prepare_acts(const float* x, int64_t M, int64_t K, uint8_t* act) {
       act_block_scales(DType::Q4_1, amax, sum, &d, &s);  // (sx: the Q8_1 rule)
       __builtin_memcpy(row + static_cast<size_t>(K) + 4 * static_cast<size_t>(b), &d, 4);
       __builtin_memcpy(row + static_cast<size_t>(K) + 4 * static_cast<size_t>(nb + b), &s, 4);
+      __builtin_memcpy(row + static_cast<size_t>(K) + 4 * static_cast<size_t>(2 * nb + b), &sum, 4);
     }
   }
 }
@@ -589,6 +701,22 @@ DecodeKernel amx_kernel_for(DType t) {
     case DType::Q8_0: return amx_kernel<DType::Q8_0>;
     case DType::Q4_K: return amx_kernel<DType::Q4_K>;
     case DType::Q6_K: return amx_kernel_q6k;
+    default: return nullptr;
+  }
+}
+
+DecodeKernel amx_tile_kernel_for(DType t) {
+  switch (t) {
+    case DType::Q4_0: return amx_kernel<DType::Q4_0, TiledSource<DType::Q4_0>>;
+    case DType::Q8_0: return amx_kernel<DType::Q8_0, TiledSource<DType::Q8_0>>;
+    default: return nullptr;
+  }
+}
+
+DecodeKernel vnni_tile_kernel_for(DType t) {
+  switch (t) {
+    case DType::Q4_0: return vnni_tile_kernel<DType::Q4_0>;
+    case DType::Q8_0: return vnni_tile_kernel<DType::Q8_0>;
     default: return nullptr;
   }
 }

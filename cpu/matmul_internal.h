@@ -144,6 +144,22 @@ inline size_t packed_scale_offset(DType t, int64_t K, int64_t q, int64_t j) {
          static_cast<size_t>(q * kPackRows + j) * packed_scale_bytes(t);
 }
 
+// The tile layout of Q4_0 / Q8_0 weights (pack_weight with packed_tiles; AMX
+// CPUs): groups of 16 rows (the last one padded with zero rows), 64-byte
+// aligned; per group first every block's quants, then every block's 16 f16
+// scales (row order, 32 bytes). A block's quants are B-tile rows: Q4_0 four
+// chunks of 64 bytes, byte 4n + i of chunk k = GGUF byte 4k + i of row n's
+// block (low nibble value 4k + i, tile row k; high nibble value 16 + 4k + i,
+// tile row 4 + k); Q8_0 eight chunks, byte 4n + i of chunk r = value 4r + i
+// of row n plus 128 (an unsigned VNNI operand; tiles take it back).
+inline constexpr bool tile_packable(DType t) { return t == DType::Q4_0 || t == DType::Q8_0; }
+inline constexpr int64_t kTileGroupRows = 16;
+inline constexpr size_t tile_quant_bytes(DType t) { return t == DType::Q8_0 ? 512 : 256; }
+inline constexpr size_t kTileScaleBytes = 2 * kTileGroupRows;
+inline size_t tile_group_bytes(DType t, int64_t K) {
+  return (static_cast<size_t>(K / kQK) * (tile_quant_bytes(t) + kTileScaleBytes) + 63) & ~size_t{63};
+}
+
 // Q4_K weights packed for the AVX2 and AVX-512 kernels (pack_weight; weights whose row
 // count is a multiple of 8, the rows llama.cpp repacks to q4_K_8x8), in
 // groups of eight rows: for each super-block one PackedQ4Kx8 holding the
@@ -237,6 +253,7 @@ struct DecodeCtx {
   int64_t ldy;
   const uint8_t* packed = nullptr;  // the packed weight, for a variant that reads it
   size_t packed_group_bytes = 0;
+  bool tiles = false;            // packed is the tile layout (the tile kernels read it)
   KOrder korder = KOrder::kVec;  // K-quant weights: which of llama.cpp's sums (kquant_order)
 };
 
@@ -279,12 +296,20 @@ const IsaImpl& scalar_impl();
 const IsaImpl& avx2_impl();
 const IsaImpl& avx512_impl();  // only call after isa_supported(Isa::kAvx512Vnni)
 // AMX prompt rows (matmul_amx_avx512.cpp; only after amx_prompt_rows(type)
-// in matmul.cpp): Q4_0 and Q8_0 weights, GGUF or packed rows. Activations:
+// in matmul.cpp): the types amx_prompt_rows names, GGUF or packed rows. Activations:
 // per row K int8 values then K / 32 f32 scales (amx_act_row_bytes each), for
 // M rows rounded up to a multiple of 16, the padding zeroed by the caller.
+// Per row also the K / 32 int32 block sums of the int8 values (the tile
+// layout's VNNI kernels take the weights' offset off through them).
 size_t amx_act_row_bytes(int64_t K);
 void amx_prepare_acts(const float* x, int64_t M, int64_t K, uint8_t* act);
 DecodeKernel amx_kernel_for(DType t);
+// Tile-layout weights (DecodeCtx::tiles), the AMX order: on AMX tiles (M
+// rows rounded up to 16 as above; only where amx_prompt_rows could hold),
+// and on VNNI registers for any M (AVX-512 VNNI), the same bits. Both take
+// n0 a multiple of 16 and amx_prepare_acts' rows.
+DecodeKernel amx_tile_kernel_for(DType t);
+DecodeKernel vnni_tile_kernel_for(DType t);
 
 // K-quants on AVX-512 VNNI CPUs: the AVX2 variant's activations and
 // dequantization with these AVX-512 kernels in the AVX2 order (same results).

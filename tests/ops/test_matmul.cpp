@@ -660,6 +660,27 @@ TEST(Matmul, AmxPromptRowsSumWholeBlocksInOrderForAnyBatch) {
     std::vector<uint8_t> storage(pb + 64);
     uint8_t* packed = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
     pack_weight({t, N, K, w.data()}, packed);
+    // The tile layout (Q4_0 / Q8_0): every row kind in this order, on VNNI
+    // registers below 16 rows and without tiles, on AMX tiles from 16.
+    const bool tiled = detail::tile_packable(t);
+    EXPECT_EQ(tile_layout(t), tiled) << name_of(t);
+    const size_t tb = packed_bytes(t, N, K, true);
+    EXPECT_EQ(tb > 0, tiled) << name_of(t);
+    std::vector<uint8_t> tile_storage(tb + 64);
+    uint8_t* tiles = tile_storage.data() + (64 - reinterpret_cast<uintptr_t>(tile_storage.data()) % 64) % 64;
+    if (tiled) {
+      const size_t group = (static_cast<size_t>(K / 32) * (t == DType::Q8_0 ? 544 : 288) + 63) / 64 * 64;
+      EXPECT_EQ(tb, static_cast<size_t>((N + 15) / 16) * group);
+      WeightView tv{t, N, K, w.data(), nullptr, true};
+      pack_weight(tv, tiles);
+      tv.packed = tiles;
+      std::vector<uint8_t> back(rb * static_cast<size_t>(N));
+      unpack_rows(tv, 0, N, back.data());
+      EXPECT_EQ(std::memcmp(back.data(), w.data(), back.size()), 0)
+          << name_of(t) << ": unpack_rows gives the GGUF rows";
+      unpack_rows(tv, 17, 3, back.data());
+      EXPECT_EQ(std::memcmp(back.data(), w.data() + 17 * rb, 3 * rb), 0) << name_of(t);
+    }
     for (int64_t M : {1, 5, 16, 17, 33, 40}) {
       const auto x = make_x(M, K, static_cast<uint32_t>(M + 3));
       std::vector<float> ref(static_cast<size_t>(M * N));
@@ -739,6 +760,19 @@ TEST(Matmul, AmxPromptRowsSumWholeBlocksInOrderForAnyBatch) {
           matmul(v, x.data(), M, y.data(), scratch, MatmulPath::kRowInvariant, RowKind::kPrompt);
           ASSERT_EQ(std::memcmp(y.data(), ref.data(), y.size() * 4), 0)
               << name_of(t) << " M=" << M << (use_packed ? " packed" : " GGUF rows") << " threads=" << th;
+          if (!tiled) continue;
+          for (RowKind kind : {RowKind::kPrompt, RowKind::kDecode, RowKind::kPromptNoTiles}) {
+            std::vector<float> yt(ref.size(), -1.f), y2(ref.size(), -1.f);
+            const WeightView tv{t, N, K, w.data(), tiles, true};
+            matmul(tv, x.data(), M, yt.data(), scratch, MatmulPath::kRowInvariant, kind);
+            ASSERT_EQ(std::memcmp(yt.data(), ref.data(), yt.size() * 4), 0)
+                << name_of(t) << " M=" << M << " tile layout, kind " << static_cast<int>(kind) << " threads=" << th;
+            const WeightView group[2] = {v, tv};  // with a weight of the other layout
+            float* ys[2] = {y.data(), y2.data()};
+            matmul_group(group, ys, 2, x.data(), M, scratch, MatmulPath::kRowInvariant, kind);
+            ASSERT_EQ(std::memcmp(y2.data(), ref.data(), y2.size() * 4), 0)
+                << name_of(t) << " M=" << M << " tile layout in a group, kind " << static_cast<int>(kind);
+          }
         }
     }
   }
