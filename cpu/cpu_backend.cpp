@@ -467,7 +467,7 @@ class CpuWeight final : public DeviceWeight {
   const void* packed(bool release) {
     if (pack_tried_) return packed_ ? packed_->data : nullptr;
     pack_tried_ = true;
-    tiles_ = cpu::tile_layout(desc.type);
+    tiles_ = cpu::tile_layout(desc.type) && cpu::packed_bytes(desc.type, desc.rows, desc.cols, true) > 0;
     const size_t n = cpu::packed_bytes(desc.type, desc.rows, desc.cols, tiles_);
     if (n == 0) return nullptr;
     auto copy = PackCache::get().find(key(), true);
@@ -494,7 +494,7 @@ class CpuWeight final : public DeviceWeight {
   // packing here: the embedding lookup).
   const void* packed_if_made() {
     if (packed_ || pack_tried_) return packed_ ? packed_->data : nullptr;
-    const bool tiles = cpu::tile_layout(desc.type);
+    const bool tiles = cpu::tile_layout(desc.type) && cpu::packed_bytes(desc.type, desc.rows, desc.cols, true) > 0;
     if (cpu::packed_bytes(desc.type, desc.rows, desc.cols, tiles) == 0) return nullptr;
     auto copy = PackCache::get().find(
         PackKey{desc.host_data, desc.type, desc.rows, desc.cols, cpu::active_isa(), tiles}, false);

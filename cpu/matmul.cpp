@@ -122,7 +122,8 @@ void check_weight(const WeightView& w, const char* what) {
 void use_packed(const detail::IsaImpl& impl, const WeightView& w, detail::DecodeCtx& c) {
   if (w.packed && w.packed_tiles) {
     c.packed = static_cast<const uint8_t*>(w.packed);
-    c.packed_group_bytes = detail::tile_group_bytes(w.type, w.cols);
+    c.packed_group_bytes = detail::tile_packable(w.type) ? detail::tile_group_bytes(w.type, w.cols)
+                                                         : detail::kx8_group_bytes(w.type, w.cols);
     c.tiles = true;
     return;
   }
@@ -558,6 +559,8 @@ size_t packed_bytes(DType type, int64_t rows, int64_t cols) {
 
 size_t packed_bytes(DType type, int64_t rows, int64_t cols, bool tiles) {
   if (!tiles) return packed_bytes(type, rows, cols);
+  if (type == DType::Q4_K || type == DType::Q6_K)  // the same groups of 8, read in the AMX order
+    return active_isa() == Isa::kAvx512Vnni ? packed_bytes(type, rows, cols) : 0;
   if (!detail::tile_packable(type) || rows <= 0 || cols <= 0 || cols % detail::kQK != 0 || !repack_enabled() ||
       active_isa() != Isa::kAvx512Vnni)
     return 0;
@@ -565,7 +568,10 @@ size_t packed_bytes(DType type, int64_t rows, int64_t cols, bool tiles) {
   return detail::tile_group_bytes(type, cols) * static_cast<size_t>(groups);
 }
 
-bool tile_layout(DType type) { return detail::tile_packable(type) && repack_enabled() && amx_prompt_rows(type); }
+bool tile_layout(DType type) {
+  return (detail::tile_packable(type) || type == DType::Q4_K || type == DType::Q6_K) && repack_enabled() &&
+         amx_prompt_rows(type);
+}
 
 namespace {
 // A block's GGUF quants and the tile layout's (matmul_internal.h): GGUF byte
@@ -587,7 +593,7 @@ void tile_get(DType type, const uint8_t* tile_qs, uint8_t* gguf_qs, int64_t n) {
 
 void pack_weight(const WeightView& w, void* out) {
   check_weight(w, "pack_weight");
-  if (w.packed_tiles) {
+  if (w.packed_tiles && w.type != DType::Q4_K && w.type != DType::Q6_K) {
     if (!detail::tile_packable(w.type)) fail(StatusCode::kInvalidArgument, "pack_weight: no tile layout for this type");
     if (!out) fail(StatusCode::kInvalidArgument, "pack_weight: null output");
     const int64_t K = w.cols, nb = K / detail::kQK;
@@ -724,7 +730,7 @@ void unpack_rows(const WeightView& w, int64_t row_begin, int64_t n_rows, void* o
   const size_t rb = detail::weight_row_bytes(w.type, K);
   const auto* packed = static_cast<const uint8_t*>(w.packed);
   auto* dst = static_cast<uint8_t*>(out);
-  if (w.packed_tiles) {
+  if (w.packed_tiles && w.type != DType::Q4_K && w.type != DType::Q6_K) {
     if (!detail::tile_packable(w.type)) fail(StatusCode::kInvalidArgument, "unpack_rows: no tile layout for this type");
     const int64_t nb = K / detail::kQK;
     const size_t gb = detail::tile_group_bytes(w.type, K), blk = rb / static_cast<size_t>(nb);

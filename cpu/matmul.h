@@ -83,13 +83,16 @@ class MatmulScratch {
 // layout as fast (other types, other CPUs, EMBER_CPU_REPACK=0).
 size_t packed_bytes(DType type, int64_t rows, int64_t cols);
 // The same for the tile layout (`tiles`; 0 for other types, where the
-// AVX-512 VNNI variant is not active, or with EMBER_CPU_REPACK=0):
+// AVX-512 VNNI variant is not active, or with EMBER_CPU_REPACK=0; Q4_K /
+// Q6_K: their groups of 8, as above):
 // groups of 16 rows, per 32-value block the 16 rows' quants as AMX B tiles
 // and VNNI operands want them, then the blocks' 16 f16 scales (1.0x the GGUF
 // rows, padded to 16 rows).
 size_t packed_bytes(DType type, int64_t rows, int64_t cols, bool tiles);
 // Whether a weight of this type packed now gets the tile layout: Q4_0 and
-// Q8_0 where amx_prompt_rows(type) (on by default on AMX CPUs). Such a
+// Q8_0 where amx_prompt_rows(type) (on by default on AMX CPUs); Q4_K and
+// Q6_K there keep their packed groups of 8 rows (already B tiles: the same
+// bytes as packed_bytes(type, rows, cols)) and are read the same way. Such a
 // weight's rows all take the AMX order (below), decode rows included: on
 // tiles for calls of many rows (many sessions, a verification tree, a
 // prompt chunk), on VNNI registers for a few, to the same bits; so a decode

@@ -440,61 +440,179 @@ void amx_kernel(const DecodeCtx& c, int64_t n0, int64_t n1) {
 }
 
 // The same order on VNNI registers, for tile-layout weights: a register of a
-// block's quants is one B-tile row (16 rows x 4 values), times the four
-// activation bytes it meets broadcast; a block's exact sum per row (lanes)
-// then takes one float step, as accumulate<> does: acc = fma(float(s),
-// dw * dx, acc). s starts at -offset * sum(a) (Q4_0: 8; Q8_0: 128, its
-// quants stored plus 128), so the unsigned quants give the signed sum.
-template <DType T, int MT>
-inline void vnni_tile_rows(const DecodeCtx& c, int64_t nt, int64_t m0, __mmask16 mask) {
-  const int64_t K = c.K, nb = K / kQK;
-  const size_t arb = c.act_row_bytes;
-  const uint8_t* q = c.packed + static_cast<size_t>(nt / kTileGroupRows) * c.packed_group_bytes;
-  const uint8_t* sc = q + static_cast<size_t>(nb) * tile_quant_bytes(T);
-  const uint8_t* a = c.act + static_cast<size_t>(m0) * arb;
-  constexpr int kShift = T == DType::Q8_0 ? 7 : 3;
-  __m512 acc[MT];
-  for (int m = 0; m < MT; ++m) acc[m] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
+// block's quants is one B-tile row (16 rows x 4 values: register r holds
+// values 4r..4r+3), as unsigned bytes, times the four activation bytes it
+// meets broadcast; each half block's exact sum per row (lanes) starts at
+// -offset * the half's activation sum, so the unsigned quants give the
+// signed sums (Q4_0: q - 8; Q8_0: stored plus 128; Q6_K: q - 32; Q4_K: q).
+// Then the float step as the tiles' accumulate<> (Q6_K: amx_kernel_q6k's).
+struct BlockRegs {
+  __m512i w[8];
+  __m512 dw, dm, sc1, sc2;  // dm: Q4_K's -(dmin * m); sc1 / sc2: Q6_K's half scales
+};
+
+template <DType T>
+struct RegSource;
+
+// The tile layout (Q4_0 / Q8_0).
+template <DType T>
+struct TiledRegs {
+  const uint8_t* q;
+  const uint8_t* sc;
+  size_t next;  // to the next group
+  TiledRegs(const DecodeCtx& c, int64_t nt, int) : next(c.packed_group_bytes) {
+    q = c.packed + static_cast<size_t>(nt / kTileGroupRows) * c.packed_group_bytes;
+    sc = q + static_cast<size_t>(c.K / kQK) * tile_quant_bytes(T);
+  }
+  void operator()(int64_t b, BlockRegs& r) const {
     const uint8_t* p = q + static_cast<size_t>(b) * tile_quant_bytes(T);
     // The next group's same block (a distance along this group would leave
     // the start of every group unfetched).
     for (size_t l = 0; l < tile_quant_bytes(T); l += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(p + c.packed_group_bytes + l), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(p + next + l), _MM_HINT_T1);
     if ((b & 1) == 0)
-      _mm_prefetch(reinterpret_cast<const char*>(sc + kTileScaleBytes * static_cast<size_t>(b) + c.packed_group_bytes),
-                   _MM_HINT_T1);
-    __m512i w[8];
+      _mm_prefetch(reinterpret_cast<const char*>(sc + kTileScaleBytes * static_cast<size_t>(b) + next), _MM_HINT_T1);
     if constexpr (T == DType::Q8_0) {
-      for (int r = 0; r < 8; ++r) w[r] = _mm512_load_si512(p + 64 * r);
+      for (int k = 0; k < 8; ++k) r.w[k] = _mm512_load_si512(p + 64 * k);
     } else {
       const __m512i m4 = _mm512_set1_epi8(0x0F);
       for (int k = 0; k < 4; ++k) {
         const __m512i v = _mm512_load_si512(p + 64 * k);
-        w[k] = _mm512_and_si512(v, m4);
-        w[k + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        r.w[k] = _mm512_and_si512(v, m4);
+        r.w[k + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
       }
     }
-    const __m512 dw = _mm512_cvtph_ps(
+    r.dw = _mm512_cvtph_ps(
         _mm256_load_si256(reinterpret_cast<const __m256i*>(sc + kTileScaleBytes * static_cast<size_t>(b))));
+  }
+};
+template <>
+struct RegSource<DType::Q4_0> : TiledRegs<DType::Q4_0> {
+  using TiledRegs::TiledRegs;
+};
+template <>
+struct RegSource<DType::Q8_0> : TiledRegs<DType::Q8_0> {
+  using TiledRegs::TiledRegs;
+};
+
+// Two groups of 8 packed K-quant rows (PackedQ4Kx8 / PackedQ6Kx8): rows nt..nt+7
+// and nt+8..nt+15 in the two halves of each register (the second group is the
+// first again when the weight ends at nt + 8).
+template <class P>
+struct Kx8Pair {
+  const P* ga;
+  const P* gb;
+  Kx8Pair(const DecodeCtx& c, int64_t nt, int cols) {
+    const uint8_t* base = c.packed + static_cast<size_t>(nt / kKx8PackRows) * c.packed_group_bytes;
+    ga = reinterpret_cast<const P*>(base);
+    gb = cols > kKx8PackRows ? reinterpret_cast<const P*>(base + c.packed_group_bytes) : ga;
+  }
+  static __m512i pair(const uint8_t* a, const uint8_t* b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a))),
+                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)), 1);
+  }
+  static __m512 pairf(const float* a, const float* b) {
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(a)), _mm256_loadu_ps(b), 1);
+  }
+  // 8 + 8 bytes (sub-block g's scales or mins) as floats.
+  template <class B>
+  static __m512 bytes16(const B* a, const B* b, int g) {
+    uint64_t lo, hi;
+    __builtin_memcpy(&lo, a + 8 * g, 8);
+    __builtin_memcpy(&hi, b + 8 * g, 8);
+    const __m128i v = _mm_set_epi64x(static_cast<long long>(hi), static_cast<long long>(lo));
+    if constexpr (sizeof(B) == 1 && static_cast<B>(-1) < 0)
+      return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v));
+    else
+      return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v));
+  }
+};
+
+template <>
+struct RegSource<DType::Q4_K> : Kx8Pair<PackedQ4Kx8> {
+  using Kx8Pair::Kx8Pair;
+  void operator()(int64_t b, BlockRegs& r) const {
+    const PackedQ4Kx8& a = ga[b / 8];
+    const PackedQ4Kx8& bb = gb[b / 8];
+    const int g = static_cast<int>(b % 8);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int k = 0; k < 4; ++k) {
+      const __m512i z = pair(a.qs + 128 * g + 32 * k, bb.qs + 128 * g + 32 * k);
+      r.w[k] = _mm512_and_si512(z, m4);
+      r.w[k + 4] = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
+    }
+    // (TileSource<Q4_K>'s products, to the bit.)
+    r.dw = _mm512_mul_ps(pairf(a.d, bb.d), bytes16(a.sc, bb.sc, g));
+    r.dm = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(pairf(a.dmin, bb.dmin), bytes16(a.mn, bb.mn, g)));
+  }
+};
+
+template <>
+struct RegSource<DType::Q6_K> : Kx8Pair<PackedQ6Kx8> {
+  using Kx8Pair::Kx8Pair;
+  void operator()(int64_t b, BlockRegs& r) const {
+    const PackedQ6Kx8& a = ga[b / 8];
+    const PackedQ6Kx8& bb = gb[b / 8];
+    const int g = static_cast<int>(b % 8);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
+    const __m512i qh0 = pair(a.grp[g].qh, bb.grp[g].qh), qh1 = pair(a.grp[g].qh + 32, bb.grp[g].qh + 32);
+    for (int k = 0; k < 4; ++k) {
+      const __m512i ql = pair(a.grp[g].ql + 32 * k, bb.grp[g].ql + 32 * k);
+      const __m512i h0 = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh0, 2 * k), m2), 4);
+      const __m512i h1 = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh1, 2 * k), m2), 4);
+      r.w[k] = _mm512_or_si512(_mm512_and_si512(ql, m4), h0);
+      r.w[k + 4] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), h1);
+    }
+    r.dw = pairf(a.d, bb.d);
+    r.sc1 = bytes16(a.sc, bb.sc, 2 * g);
+    r.sc2 = bytes16(a.sc, bb.sc, 2 * g + 1);
+  }
+};
+
+template <DType T, int MT>
+inline void vnni_tile_rows(const DecodeCtx& c, const RegSource<T>& src, int64_t nt, int64_t m0, __mmask16 mask) {
+  const int64_t K = c.K, nb = K / kQK;
+  const size_t arb = c.act_row_bytes;
+  const uint8_t* a = c.act + static_cast<size_t>(m0) * arb;
+  constexpr int kShift = T == DType::Q8_0 ? 7 : T == DType::Q6_K ? 5 : 3;  // the offset, 1 << kShift
+  constexpr bool kOffset = T != DType::Q4_K;
+  __m512 acc[MT];
+  for (int m = 0; m < MT; ++m) acc[m] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    BlockRegs r;
+    src(b, r);
     for (int m = 0; m < MT; ++m) {
       const uint8_t* am = a + static_cast<size_t>(m) * arb;
       const uint8_t* v = am + 32 * b;
-      int32_t sum;
+      const uint8_t* scales = am + static_cast<size_t>(K);
       float dx;
-      __builtin_memcpy(&sum, am + static_cast<size_t>(K) + 8 * static_cast<size_t>(nb) + 4 * static_cast<size_t>(b), 4);
-      __builtin_memcpy(&dx, am + static_cast<size_t>(K) + 4 * static_cast<size_t>(b), 4);
-      __m512i s0 = _mm512_set1_epi32(-static_cast<int32_t>(static_cast<uint32_t>(sum) << kShift));
-      __m512i s1 = _mm512_setzero_si512();
+      __builtin_memcpy(&dx, scales + 4 * static_cast<size_t>(b), 4);
+      __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+      if constexpr (kOffset) {
+        int32_t h[2];  // the half blocks' activation sums
+        __builtin_memcpy(h, scales + 8 * static_cast<size_t>(nb) + 8 * static_cast<size_t>(b), 8);
+        s0 = _mm512_set1_epi32(-static_cast<int32_t>(static_cast<uint32_t>(h[0]) << kShift));
+        s1 = _mm512_set1_epi32(-static_cast<int32_t>(static_cast<uint32_t>(h[1]) << kShift));
+      }
       for (int k = 0; k < 4; ++k) {
         int32_t lo, hi;
         __builtin_memcpy(&lo, v + 4 * k, 4);
         __builtin_memcpy(&hi, v + 16 + 4 * k, 4);
-        s0 = _mm512_dpbusd_epi32(s0, w[k], _mm512_set1_epi32(lo));
-        s1 = _mm512_dpbusd_epi32(s1, w[k + 4], _mm512_set1_epi32(hi));
+        s0 = _mm512_dpbusd_epi32(s0, r.w[k], _mm512_set1_epi32(lo));
+        s1 = _mm512_dpbusd_epi32(s1, r.w[k + 4], _mm512_set1_epi32(hi));
       }
-      acc[m] =
-          _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_mul_ps(dw, _mm512_set1_ps(dx)), acc[m]);
+      const __m512 scale = _mm512_mul_ps(r.dw, _mm512_set1_ps(dx));
+      if constexpr (T == DType::Q6_K) {
+        const __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), r.sc1, _mm512_mul_ps(_mm512_cvtepi32_ps(s1), r.sc2));
+        acc[m] = _mm512_fmadd_ps(t, scale, acc[m]);
+      } else {
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), scale, acc[m]);
+        if constexpr (T == DType::Q4_K) {
+          float sx;
+          __builtin_memcpy(&sx, scales + 4 * static_cast<size_t>(nb + b), 4);
+          acc[m] = _mm512_fmadd_ps(r.dm, _mm512_set1_ps(sx), acc[m]);
+        }
+      }
     }
   }
   for (int m = 0; m < MT; ++m) _mm512_mask_storeu_ps(c.y + (m0 + m) * c.ldy + nt, mask, acc[m]);
@@ -505,12 +623,13 @@ void vnni_tile_kernel(const DecodeCtx& c, int64_t n0, int64_t n1) {
   for (int64_t nt = n0; nt < n1; nt += kTileGroupRows) {
     const int cols = static_cast<int>(n1 - nt < kTileGroupRows ? n1 - nt : kTileGroupRows);
     const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1);
+    const RegSource<T> src(c, nt, cols);
     int64_t m = 0;
-    for (; m + 4 <= c.M; m += 4) vnni_tile_rows<T, 4>(c, nt, m, mask);
+    for (; m + 4 <= c.M; m += 4) vnni_tile_rows<T, 4>(c, src, nt, m, mask);
     switch (c.M - m) {
-      case 3: vnni_tile_rows<T, 3>(c, nt, m, mask); break;
-      case 2: vnni_tile_rows<T, 2>(c, nt, m, mask); break;
-      case 1: vnni_tile_rows<T, 1>(c, nt, m, mask); break;
+      case 3: vnni_tile_rows<T, 3>(c, src, nt, m, mask); break;
+      case 2: vnni_tile_rows<T, 2>(c, src, nt, m, mask); break;
+      case 1: vnni_tile_rows<T, 1>(c, src, nt, m, mask); break;
       default: break;
     }
   }
@@ -657,10 +776,10 @@ void amx_kernel_q6k(const DecodeCtx& c, int64_t n0, int64_t n1) {
 
 // Per row: K int8 values (block b at 32 b), then K / 32 f32 scales dx, then
 // K / 32 f32 sum scales sx (Q4_1 / Q5_1: as the Q8_1 activations of the
-// other variants, act_block_scales), then K / 32 int32 sums of the values
-// (the VNNI tile kernels); a 64-byte multiple.
+// other variants, act_block_scales), then per block the int32 sums of its
+// two 16-value halves (the VNNI tile kernels); a 64-byte multiple.
 size_t amx_act_row_bytes(int64_t K) {
-  return (static_cast<size_t>(K) + 12 * static_cast<size_t>(K / kQK) + 63) & ~size_t{63};
+  return (static_cast<size_t>(K) + 16 * static_cast<size_t>(K / kQK) + 63) & ~size_t{63};
 }
 
 void amx_prepare_acts(const float* x, int64_t M, int64_t K, uint8_t* act) {
@@ -687,7 +806,8 @@ void amx_prepare_acts(const float* x, int64_t M, int64_t K, uint8_t* act) {
       act_block_scales(DType::Q4_1, amax, sum, &d, &s);  // (sx: the Q8_1 rule)
       __builtin_memcpy(row + static_cast<size_t>(K) + 4 * static_cast<size_t>(b), &d, 4);
       __builtin_memcpy(row + static_cast<size_t>(K) + 4 * static_cast<size_t>(nb + b), &s, 4);
-      __builtin_memcpy(row + static_cast<size_t>(K) + 4 * static_cast<size_t>(2 * nb + b), &sum, 4);
+      const int32_t halves[2] = {_mm512_reduce_add_epi32(i0), _mm512_reduce_add_epi32(i1)};
+      __builtin_memcpy(row + static_cast<size_t>(K) + 8 * static_cast<size_t>(nb + b), halves, 8);
     }
   }
 }
@@ -709,6 +829,8 @@ DecodeKernel amx_tile_kernel_for(DType t) {
   switch (t) {
     case DType::Q4_0: return amx_kernel<DType::Q4_0, TiledSource<DType::Q4_0>>;
     case DType::Q8_0: return amx_kernel<DType::Q8_0, TiledSource<DType::Q8_0>>;
+    case DType::Q4_K: return amx_kernel<DType::Q4_K>;  // (TileSource<Q4_K> reads the packed groups)
+    case DType::Q6_K: return amx_kernel_q6k;
     default: return nullptr;
   }
 }
@@ -717,6 +839,8 @@ DecodeKernel vnni_tile_kernel_for(DType t) {
   switch (t) {
     case DType::Q4_0: return vnni_tile_kernel<DType::Q4_0>;
     case DType::Q8_0: return vnni_tile_kernel<DType::Q8_0>;
+    case DType::Q4_K: return vnni_tile_kernel<DType::Q4_K>;
+    case DType::Q6_K: return vnni_tile_kernel<DType::Q6_K>;
     default: return nullptr;
   }
 }

@@ -660,17 +660,23 @@ TEST(Matmul, AmxPromptRowsSumWholeBlocksInOrderForAnyBatch) {
     std::vector<uint8_t> storage(pb + 64);
     uint8_t* packed = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
     pack_weight({t, N, K, w.data()}, packed);
-    // The tile layout (Q4_0 / Q8_0): every row kind in this order, on VNNI
-    // registers below 16 rows and without tiles, on AMX tiles from 16.
-    const bool tiled = detail::tile_packable(t);
+    // The tile layout: every row kind in this order, on VNNI registers below
+    // 16 rows and without tiles, on AMX tiles from 16.
+    // Q4_K / Q6_K: their packed groups of 8 rows, read in this order.
+    const bool tiled = detail::tile_packable(t) || k4;
     EXPECT_EQ(tile_layout(t), tiled) << name_of(t);
     const size_t tb = packed_bytes(t, N, K, true);
     EXPECT_EQ(tb > 0, tiled) << name_of(t);
+    if (k4) {
+      EXPECT_EQ(tb, pb) << name_of(t);
+    }
     std::vector<uint8_t> tile_storage(tb + 64);
     uint8_t* tiles = tile_storage.data() + (64 - reinterpret_cast<uintptr_t>(tile_storage.data()) % 64) % 64;
     if (tiled) {
       const size_t group = (static_cast<size_t>(K / 32) * (t == DType::Q8_0 ? 544 : 288) + 63) / 64 * 64;
-      EXPECT_EQ(tb, static_cast<size_t>((N + 15) / 16) * group);
+      if (!k4) {
+        EXPECT_EQ(tb, static_cast<size_t>((N + 15) / 16) * group);
+      }
       WeightView tv{t, N, K, w.data(), nullptr, true};
       pack_weight(tv, tiles);
       tv.packed = tiles;
