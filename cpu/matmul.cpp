@@ -574,20 +574,47 @@ bool tile_layout(DType type) {
 }
 
 namespace {
-// A block's GGUF quants and the tile layout's (matmul_internal.h): GGUF byte
-// or value 4c + i of a block sits at chunk c, byte 4n + i for row n; Q8_0
-// values plus 128.
-int tile_chunks(DType type) { return type == DType::Q8_0 ? 8 : 4; }
-uint8_t tile_flip(DType type) { return type == DType::Q8_0 ? 0x80 : 0; }
-void tile_put(DType type, const uint8_t* gguf_qs, uint8_t* tile_qs, int64_t n) {
-  for (int c = 0; c < tile_chunks(type); ++c)
-    for (int i = 0; i < 4; ++i)
-      tile_qs[64 * c + 4 * n + i] = static_cast<uint8_t>(gguf_qs[4 * c + i] ^ tile_flip(type));
+// Row n's GGUF block and its place in a group of the tile layout
+// (matmul_internal.h): q, the block's quants there; sc, its scales. GGUF
+// quant byte or value 4c + i sits at chunk c, byte 4n + i (Q8_0 values plus
+// 128); a Q5 fifth bit of value 4r + i at bit 4n + i of mask r.
+struct TileBlock {
+  size_t qs, qh;  // GGUF offsets of the quants and of qh (Q5)
+  int chunks;
+  uint8_t flip;
+  explicit TileBlock(DType t)
+      : qs(2 + (detail::tile_min(t) ? 2 : 0) + (detail::tile_five_bit(t) ? 4 : 0)),
+        qh(detail::tile_min(t) ? 4 : 2),
+        chunks(t == DType::Q8_0 ? 8 : 4),
+        flip(t == DType::Q8_0 ? 0x80 : 0) {}
+};
+void tile_put(DType t, const uint8_t* blk, uint8_t* q, uint8_t* sc, int64_t n) {
+  const TileBlock L(t);
+  for (int c = 0; c < L.chunks; ++c)
+    for (int i = 0; i < 4; ++i) q[64 * c + 4 * n + i] = static_cast<uint8_t>(blk[L.qs + 4 * c + i] ^ L.flip);
+  if (detail::tile_five_bit(t)) {
+    uint32_t qh;
+    std::memcpy(&qh, blk + L.qh, 4);
+    for (int r = 0; r < 8; ++r)
+      for (int i = 0; i < 4; ++i)
+        if ((qh >> (4 * r + i)) & 1) q[256 + 8 * r + (4 * n + i) / 8] |= static_cast<uint8_t>(1u << ((4 * n + i) % 8));
+  }
+  std::memcpy(sc + 2 * n, blk, 2);
+  if (detail::tile_min(t)) std::memcpy(sc + 32 + 2 * n, blk + 2, 2);
 }
-void tile_get(DType type, const uint8_t* tile_qs, uint8_t* gguf_qs, int64_t n) {
-  for (int c = 0; c < tile_chunks(type); ++c)
-    for (int i = 0; i < 4; ++i)
-      gguf_qs[4 * c + i] = static_cast<uint8_t>(tile_qs[64 * c + 4 * n + i] ^ tile_flip(type));
+void tile_get(DType t, const uint8_t* q, const uint8_t* sc, int64_t n, uint8_t* blk) {
+  const TileBlock L(t);
+  for (int c = 0; c < L.chunks; ++c)
+    for (int i = 0; i < 4; ++i) blk[L.qs + 4 * c + i] = static_cast<uint8_t>(q[64 * c + 4 * n + i] ^ L.flip);
+  if (detail::tile_five_bit(t)) {
+    uint32_t qh = 0;
+    for (int r = 0; r < 8; ++r)
+      for (int i = 0; i < 4; ++i)
+        qh |= static_cast<uint32_t>((q[256 + 8 * r + (4 * n + i) / 8] >> ((4 * n + i) % 8)) & 1) << (4 * r + i);
+    std::memcpy(blk + L.qh, &qh, 4);
+  }
+  std::memcpy(blk, sc + 2 * n, 2);
+  if (detail::tile_min(t)) std::memcpy(blk + 2, sc + 32 + 2 * n, 2);
 }
 }  // namespace
 
@@ -600,6 +627,7 @@ void pack_weight(const WeightView& w, void* out) {
     const int64_t groups = (w.rows + detail::kTileGroupRows - 1) / detail::kTileGroupRows;
     const size_t gb = detail::tile_group_bytes(w.type, K), rb = detail::weight_row_bytes(w.type, K);
     const size_t blk = rb / static_cast<size_t>(nb), tq = detail::tile_quant_bytes(w.type);
+    const size_t ts = detail::tile_scale_bytes(w.type);
 #pragma omp parallel for schedule(static)
     for (int64_t g = 0; g < groups; ++g) {
       uint8_t* base = static_cast<uint8_t*>(out) + static_cast<size_t>(g) * gb;
@@ -611,9 +639,8 @@ void pack_weight(const WeightView& w, void* out) {
         const uint8_t* src =
             static_cast<const uint8_t*>(w.data) + static_cast<size_t>(g * detail::kTileGroupRows + n) * rb;
         for (int64_t b = 0; b < nb; ++b) {
-          const uint8_t* bp = src + static_cast<size_t>(b) * blk;
-          tile_put(w.type, bp + 2, base + static_cast<size_t>(b) * tq, n);
-          std::memcpy(scales + static_cast<size_t>(b) * detail::kTileScaleBytes + 2 * n, bp, 2);
+          tile_put(w.type, src + static_cast<size_t>(b) * blk, base + static_cast<size_t>(b) * tq,
+                   scales + static_cast<size_t>(b) * ts, n);
         }
       }
     }
@@ -734,15 +761,14 @@ void unpack_rows(const WeightView& w, int64_t row_begin, int64_t n_rows, void* o
     if (!detail::tile_packable(w.type)) fail(StatusCode::kInvalidArgument, "unpack_rows: no tile layout for this type");
     const int64_t nb = K / detail::kQK;
     const size_t gb = detail::tile_group_bytes(w.type, K), blk = rb / static_cast<size_t>(nb);
-    const size_t tq = detail::tile_quant_bytes(w.type);
+    const size_t tq = detail::tile_quant_bytes(w.type), ts = detail::tile_scale_bytes(w.type);
     for (int64_t i = 0; i < n_rows; ++i) {
       const int64_t r = row_begin + i, n = r % detail::kTileGroupRows;
       const uint8_t* base = packed + static_cast<size_t>(r / detail::kTileGroupRows) * gb;
       const uint8_t* scales = base + static_cast<size_t>(nb) * tq;
       for (int64_t b = 0; b < nb; ++b) {
-        uint8_t* bp = dst + static_cast<size_t>(i) * rb + static_cast<size_t>(b) * blk;
-        tile_get(w.type, base + static_cast<size_t>(b) * tq, bp + 2, n);
-        std::memcpy(bp, scales + static_cast<size_t>(b) * detail::kTileScaleBytes + 2 * n, 2);
+        tile_get(w.type, base + static_cast<size_t>(b) * tq, scales + static_cast<size_t>(b) * ts, n,
+                 dst + static_cast<size_t>(i) * rb + static_cast<size_t>(b) * blk);
       }
     }
     return;

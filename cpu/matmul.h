@@ -47,9 +47,9 @@ struct WeightView {
   // the others, and dequantize_rows, use data). Same results either way,
   // except for the tile layout below.
   const void* packed = nullptr;
-  // packed holds (pack_weight: is to hold) the tile layout of Q4_0 / Q8_0
-  // rows (tile_layout()): every row, decode or prompt, of such a weight is
-  // summed in the AMX order, on AMX tiles or VNNI registers alike.
+  // packed holds (pack_weight: is to hold) the tile layout (tile_layout()):
+  // every row, decode or prompt, of such a weight is summed in the AMX
+  // order, on AMX tiles or VNNI registers alike.
   bool packed_tiles = false;
 };
 
@@ -86,11 +86,13 @@ size_t packed_bytes(DType type, int64_t rows, int64_t cols);
 // AVX-512 VNNI variant is not active, or with EMBER_CPU_REPACK=0; Q4_K /
 // Q6_K: their groups of 8, as above):
 // groups of 16 rows, per 32-value block the 16 rows' quants as AMX B tiles
-// and VNNI operands want them, then the blocks' 16 f16 scales (1.0x the GGUF
-// rows, padded to 16 rows).
+// and VNNI operands want them (Q5: and their fifth bits as byte masks), then
+// the blocks' 16 f16 scales (and mins): 1.0x the GGUF rows, padded to 16
+// rows.
 size_t packed_bytes(DType type, int64_t rows, int64_t cols, bool tiles);
-// Whether a weight of this type packed now gets the tile layout: Q4_0 and
-// Q8_0 where amx_prompt_rows(type) (on by default on AMX CPUs); Q4_K and
+// Whether a weight of this type packed now gets the tile layout: Q4_0,
+// Q4_1, Q5_0, Q5_1 and Q8_0 where amx_prompt_rows(type) (on by default on
+// AMX CPUs); Q4_K and
 // Q6_K there keep their packed groups of 8 rows (already B tiles: the same
 // bytes as packed_bytes(type, rows, cols)) and are read the same way. Such a
 // weight's rows all take the AMX order (below), decode rows included: on

@@ -1,4 +1,4 @@
-// AMX prompt rows for Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights (CPUs with
+// AMX prompt rows for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K weights (CPUs with
 // AMX-INT8: Sapphire Rapids and later), compiled with the AVX-512 flags; the
 // tile functions add AMX through their target attribute. Called only after
 // cpu::amx_prompt_rows(type) (matmul.cpp), which checks that they are turned
@@ -25,6 +25,14 @@
 // padding rows zeroed. A call of M < 16 rows configures its tiles with M
 // rows and runs the float step on 1, 2, 4 or 8 rows, so that a one-row
 // prompt chunk costs the B tiles and little else.
+//
+// Weights in the tile layout (cpu::tile_layout; matmul_internal.h), and
+// packed Q4_K / Q6_K groups on AMX CPUs, take this order for every row,
+// decode rows included: their B tiles come straight from the layout, and
+// calls of fewer rows run the same order on VNNI registers
+// (vnni_tile_kernel: one register = one B-tile row, 16 weight rows in its
+// lanes), to the same bits. So the choice between the two never shows in a
+// stream's tokens.
 // (GCC 12's AVX-512 headers: see matmul_avx512.cpp.)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -233,8 +241,40 @@ struct TileSource {
   }
 };
 
-// Tile-layout weights (matmul_internal.h): the quants are B-tile rows
-// already; Q4_0 takes off its 8, Q8_0 its 128.
+// A tile-layout block's 8 registers of unsigned values (register r: values
+// 4r..4r+3 of the 16 rows): Q4 / Q5 nibbles (and fifth bits), Q8_0 values
+// plus 128.
+template <DType T>
+inline void tile_values(const uint8_t* p, __m512i* w) {
+  if constexpr (T == DType::Q8_0) {
+    for (int k = 0; k < 8; ++k) w[k] = _mm512_load_si512(p + 64 * k);
+  } else {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int k = 0; k < 4; ++k) {
+      const __m512i v = _mm512_load_si512(p + 64 * k);
+      w[k] = _mm512_and_si512(v, m4);
+      w[k + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    }
+    if constexpr (tile_five_bit(T)) {
+      const __m512i bit4 = _mm512_set1_epi8(0x10);
+      for (int k = 0; k < 8; ++k) {
+        uint64_t m;
+        __builtin_memcpy(&m, p + 256 + 8 * k, 8);
+        w[k] = _mm512_or_si512(w[k], _mm512_maskz_mov_epi8(m, bit4));
+      }
+    }
+  }
+}
+
+// The unsigned values' offset: Q4_0 8, Q5_0 16, Q8_0 128 (as stored), Q6_K 32.
+template <DType T>
+inline constexpr int kTileOffset = T == DType::Q4_0   ? 8
+                                   : T == DType::Q5_0 ? 16
+                                   : T == DType::Q8_0 ? 128
+                                   : T == DType::Q6_K ? 32
+                                                      : 0;
+
+// Tile-layout weights as B tiles: the values less their offset.
 template <DType T>
 struct TiledSource {
   const uint8_t* q;
@@ -244,25 +284,17 @@ struct TiledSource {
     q = c.packed + static_cast<size_t>(nt / kTileGroupRows) * c.packed_group_bytes;
     sc = q + static_cast<size_t>(c.K / kQK) * tile_quant_bytes(T);
   }
-  void operator()(int64_t b, int8_t* tile, float* dw, float*) const {
-    const uint8_t* p = q + static_cast<size_t>(b) * tile_quant_bytes(T);
-    if constexpr (T == DType::Q8_0) {
-      const __m512i k80 = _mm512_set1_epi8(static_cast<char>(0x80));
-      for (int r = 0; r < 8; ++r)
-        _mm512_store_si512(reinterpret_cast<__m512i*>(tile + 64 * r),
-                           _mm512_xor_si512(_mm512_load_si512(p + 64 * r), k80));
-    } else {
-      const __m512i m4 = _mm512_set1_epi8(0x0F), k8 = _mm512_set1_epi8(8);
-      for (int k = 0; k < 4; ++k) {
-        const __m512i v = _mm512_load_si512(p + 64 * k);
-        _mm512_store_si512(reinterpret_cast<__m512i*>(tile + 64 * k), _mm512_sub_epi8(_mm512_and_si512(v, m4), k8));
-        _mm512_store_si512(reinterpret_cast<__m512i*>(tile + 64 * (k + 4)),
-                           _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), k8));
-      }
-    }
+  void operator()(int64_t b, int8_t* tile, float* dw, float* dm) const {
+    __m512i w[8];
+    tile_values<T>(q + static_cast<size_t>(b) * tile_quant_bytes(T), w);
+    const __m512i off = _mm512_set1_epi8(static_cast<char>(kTileOffset<T>));
+    for (int k = 0; k < 8; ++k)
+      _mm512_store_si512(reinterpret_cast<__m512i*>(tile + 64 * k), _mm512_sub_epi8(w[k], off));
     const __mmask16 live = static_cast<__mmask16>((1u << cols) - 1);
-    _mm512_store_ps(dw, _mm512_maskz_mov_ps(live, _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(
-                                                      sc + kTileScaleBytes * static_cast<size_t>(b))))));
+    const uint8_t* s = sc + tile_scale_bytes(T) * static_cast<size_t>(b);
+    _mm512_store_ps(dw, _mm512_maskz_mov_ps(live, _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(s)))));
+    if constexpr (tile_min(T))
+      _mm512_store_ps(dm, _mm512_maskz_mov_ps(live, _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(s + 32)))));
   }
 };
 
@@ -452,47 +484,30 @@ struct BlockRegs {
 };
 
 template <DType T>
-struct RegSource;
+struct RegSource;  // block b's registers for the 16 rows from nt
 
-// The tile layout (Q4_0 / Q8_0).
+// The tile layout (Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0).
 template <DType T>
-struct TiledRegs {
+struct RegSource {
   const uint8_t* q;
   const uint8_t* sc;
   size_t next;  // to the next group
-  TiledRegs(const DecodeCtx& c, int64_t nt, int) : next(c.packed_group_bytes) {
+  RegSource(const DecodeCtx& c, int64_t nt, int) : next(c.packed_group_bytes) {
     q = c.packed + static_cast<size_t>(nt / kTileGroupRows) * c.packed_group_bytes;
     sc = q + static_cast<size_t>(c.K / kQK) * tile_quant_bytes(T);
   }
   void operator()(int64_t b, BlockRegs& r) const {
     const uint8_t* p = q + static_cast<size_t>(b) * tile_quant_bytes(T);
+    const uint8_t* s = sc + tile_scale_bytes(T) * static_cast<size_t>(b);
     // The next group's same block (a distance along this group would leave
     // the start of every group unfetched).
     for (size_t l = 0; l < tile_quant_bytes(T); l += 64)
       _mm_prefetch(reinterpret_cast<const char*>(p + next + l), _MM_HINT_T1);
-    if ((b & 1) == 0)
-      _mm_prefetch(reinterpret_cast<const char*>(sc + kTileScaleBytes * static_cast<size_t>(b) + next), _MM_HINT_T1);
-    if constexpr (T == DType::Q8_0) {
-      for (int k = 0; k < 8; ++k) r.w[k] = _mm512_load_si512(p + 64 * k);
-    } else {
-      const __m512i m4 = _mm512_set1_epi8(0x0F);
-      for (int k = 0; k < 4; ++k) {
-        const __m512i v = _mm512_load_si512(p + 64 * k);
-        r.w[k] = _mm512_and_si512(v, m4);
-        r.w[k + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-      }
-    }
-    r.dw = _mm512_cvtph_ps(
-        _mm256_load_si256(reinterpret_cast<const __m256i*>(sc + kTileScaleBytes * static_cast<size_t>(b))));
+    if (tile_min(T) || (b & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(s + next), _MM_HINT_T1);
+    tile_values<T>(p, r.w);
+    r.dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(s)));
+    if constexpr (tile_min(T)) r.dm = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(s + 32)));
   }
-};
-template <>
-struct RegSource<DType::Q4_0> : TiledRegs<DType::Q4_0> {
-  using TiledRegs::TiledRegs;
-};
-template <>
-struct RegSource<DType::Q8_0> : TiledRegs<DType::Q8_0> {
-  using TiledRegs::TiledRegs;
 };
 
 // Two groups of 8 packed K-quant rows (PackedQ4Kx8 / PackedQ6Kx8): rows nt..nt+7
@@ -574,8 +589,8 @@ inline void vnni_tile_rows(const DecodeCtx& c, const RegSource<T>& src, int64_t 
   const int64_t K = c.K, nb = K / kQK;
   const size_t arb = c.act_row_bytes;
   const uint8_t* a = c.act + static_cast<size_t>(m0) * arb;
-  constexpr int kShift = T == DType::Q8_0 ? 7 : T == DType::Q6_K ? 5 : 3;  // the offset, 1 << kShift
-  constexpr bool kOffset = T != DType::Q4_K;
+  constexpr int kShift = kTileOffset<T> == 128 ? 7 : kTileOffset<T> == 32 ? 5 : kTileOffset<T> == 16 ? 4 : 3;
+  constexpr bool kOffset = kTileOffset<T> != 0;
   __m512 acc[MT];
   for (int m = 0; m < MT; ++m) acc[m] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
@@ -607,7 +622,7 @@ inline void vnni_tile_rows(const DecodeCtx& c, const RegSource<T>& src, int64_t 
         acc[m] = _mm512_fmadd_ps(t, scale, acc[m]);
       } else {
         acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), scale, acc[m]);
-        if constexpr (T == DType::Q4_K) {
+        if constexpr (Format<T>::kMin) {  // Q4_1 / Q5_1: m; Q4_K: -(dmin * m)
           float sx;
           __builtin_memcpy(&sx, scales + 4 * static_cast<size_t>(nb + b), 4);
           acc[m] = _mm512_fmadd_ps(r.dm, _mm512_set1_ps(sx), acc[m]);
@@ -828,6 +843,9 @@ DecodeKernel amx_kernel_for(DType t) {
 DecodeKernel amx_tile_kernel_for(DType t) {
   switch (t) {
     case DType::Q4_0: return amx_kernel<DType::Q4_0, TiledSource<DType::Q4_0>>;
+    case DType::Q4_1: return amx_kernel<DType::Q4_1, TiledSource<DType::Q4_1>>;
+    case DType::Q5_0: return amx_kernel<DType::Q5_0, TiledSource<DType::Q5_0>>;
+    case DType::Q5_1: return amx_kernel<DType::Q5_1, TiledSource<DType::Q5_1>>;
     case DType::Q8_0: return amx_kernel<DType::Q8_0, TiledSource<DType::Q8_0>>;
     case DType::Q4_K: return amx_kernel<DType::Q4_K>;  // (TileSource<Q4_K> reads the packed groups)
     case DType::Q6_K: return amx_kernel_q6k;
@@ -838,6 +856,9 @@ DecodeKernel amx_tile_kernel_for(DType t) {
 DecodeKernel vnni_tile_kernel_for(DType t) {
   switch (t) {
     case DType::Q4_0: return vnni_tile_kernel<DType::Q4_0>;
+    case DType::Q4_1: return vnni_tile_kernel<DType::Q4_1>;
+    case DType::Q5_0: return vnni_tile_kernel<DType::Q5_0>;
+    case DType::Q5_1: return vnni_tile_kernel<DType::Q5_1>;
     case DType::Q8_0: return vnni_tile_kernel<DType::Q8_0>;
     case DType::Q4_K: return vnni_tile_kernel<DType::Q4_K>;
     case DType::Q6_K: return vnni_tile_kernel<DType::Q6_K>;

@@ -144,20 +144,25 @@ inline size_t packed_scale_offset(DType t, int64_t K, int64_t q, int64_t j) {
          static_cast<size_t>(q * kPackRows + j) * packed_scale_bytes(t);
 }
 
-// The tile layout of Q4_0 / Q8_0 weights (pack_weight with packed_tiles; AMX
-// CPUs): groups of 16 rows (the last one padded with zero rows), 64-byte
-// aligned; per group first every block's quants, then every block's 16 f16
-// scales (row order, 32 bytes). A block's quants are B-tile rows: Q4_0 four
-// chunks of 64 bytes, byte 4n + i of chunk k = GGUF byte 4k + i of row n's
-// block (low nibble value 4k + i, tile row k; high nibble value 16 + 4k + i,
-// tile row 4 + k); Q8_0 eight chunks, byte 4n + i of chunk r = value 4r + i
-// of row n plus 128 (an unsigned VNNI operand; tiles take it back).
-inline constexpr bool tile_packable(DType t) { return t == DType::Q4_0 || t == DType::Q8_0; }
+// The tile layout of Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 weights (pack_weight
+// with packed_tiles; AMX CPUs): groups of 16 rows (the last one padded with
+// zero rows), 64-byte aligned; per group first every block's quants, then
+// every block's scales. A block's quants are B-tile rows: Q4 / Q5 four
+// chunks of 64 bytes, byte 4n + i of chunk k = GGUF quant byte 4k + i of row
+// n's block (low nibble value 4k + i, tile row k; high nibble value
+// 16 + 4k + i, tile row 4 + k), then for Q5 eight 64-bit masks, bit 4n + i of
+// mask r = the fifth bit of value 4r + i of row n; Q8_0 eight chunks, byte
+// 4n + i of chunk r = value 4r + i of row n plus 128 (an unsigned VNNI
+// operand; tiles take it back). A block's scales: the 16 rows' f16 d, then
+// (Q4_1 / Q5_1) their f16 m.
+inline constexpr bool tile_packable(DType t) { return packable(t); }
 inline constexpr int64_t kTileGroupRows = 16;
-inline constexpr size_t tile_quant_bytes(DType t) { return t == DType::Q8_0 ? 512 : 256; }
-inline constexpr size_t kTileScaleBytes = 2 * kTileGroupRows;
+inline constexpr bool tile_five_bit(DType t) { return t == DType::Q5_0 || t == DType::Q5_1; }
+inline constexpr bool tile_min(DType t) { return t == DType::Q4_1 || t == DType::Q5_1; }
+inline constexpr size_t tile_quant_bytes(DType t) { return t == DType::Q8_0 ? 512 : tile_five_bit(t) ? 320 : 256; }
+inline constexpr size_t tile_scale_bytes(DType t) { return tile_min(t) ? 64 : 32; }
 inline size_t tile_group_bytes(DType t, int64_t K) {
-  return (static_cast<size_t>(K / kQK) * (tile_quant_bytes(t) + kTileScaleBytes) + 63) & ~size_t{63};
+  return (static_cast<size_t>(K / kQK) * (tile_quant_bytes(t) + tile_scale_bytes(t)) + 63) & ~size_t{63};
 }
 
 // Q4_K weights packed for the AVX2 and AVX-512 kernels (pack_weight; weights whose row

@@ -673,7 +673,8 @@ TEST(Matmul, AmxPromptRowsSumWholeBlocksInOrderForAnyBatch) {
     std::vector<uint8_t> tile_storage(tb + 64);
     uint8_t* tiles = tile_storage.data() + (64 - reinterpret_cast<uintptr_t>(tile_storage.data()) % 64) % 64;
     if (tiled) {
-      const size_t group = (static_cast<size_t>(K / 32) * (t == DType::Q8_0 ? 544 : 288) + 63) / 64 * 64;
+      const size_t per_block = t == DType::Q8_0 ? 544 : 256 + 32 + (five ? 64 : 0) + (has_min ? 32 : 0);
+      const size_t group = (static_cast<size_t>(K / 32) * per_block + 63) / 64 * 64;
       if (!k4) {
         EXPECT_EQ(tb, static_cast<size_t>((N + 15) / 16) * group);
       }

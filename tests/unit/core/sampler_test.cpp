@@ -2,8 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
+#include <random>
+#include <vector>
 
 namespace ember {
 namespace {
@@ -16,6 +20,30 @@ TEST(Sampler, GreedyPicksArgmax) {
   Sampler s(p, 4);
   auto l = logits_for({0.1f, 2.0f, -1.0f, 1.9f});
   EXPECT_EQ(s.sample(l.data(), {}), 1);
+}
+
+// The vectorized greedy argmax is std::max_element's answer: the first of
+// equal maxima, NaNs never chosen unless first, -0 and +0 equal, any length.
+TEST(Sampler, ArgmaxIsMaxElementsAnswer) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-5.f, 5.f);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (int32_t n : {1, 2, 15, 16, 17, 33, 1000, 262147}) {
+    for (int trial = 0; trial < 12; ++trial) {
+      std::vector<float> v(static_cast<size_t>(n));
+      for (float& x : v) x = trial % 3 == 0 ? std::round(u(rng)) : u(rng);  // ties on some trials
+      if (trial == 4) v[0] = nan;
+      if (trial == 5) v[static_cast<size_t>(n) / 2] = nan;
+      if (trial == 6) std::fill(v.begin(), v.end(), -inf);
+      if (trial == 7) std::fill(v.begin(), v.end(), 0.f), v[static_cast<size_t>(n) - 1] = -0.f;
+      if (trial == 8) std::fill(v.begin(), v.end(), -0.f), v[static_cast<size_t>(n) - 1] = 0.f;
+      if (trial == 9) v[static_cast<size_t>(n) - 1] = inf;
+      if (trial == 10) std::fill(v.begin(), v.end(), nan);
+      if (trial == 11) v[0] = nan, v[static_cast<size_t>(n) - 1] = 100.f;
+      const int32_t want = static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+      EXPECT_EQ(Sampler::argmax(v.data(), n), want) << "n=" << n << " trial " << trial;
+    }
+  }
 }
 
 TEST(Sampler, SameSeedSameSequence) {
@@ -146,7 +174,8 @@ TEST(Sampler, CheckingTokensEqualsSamplingTheMaskedRow) {
     for (int draw = 0; draw < 3; ++draw) {  // the generators stay in step
       std::vector<float> m = masked, c = checked_row;
       const int32_t want = ref.sample(m.data(), history);
-      int32_t got = checked.sample_allowed(c.data(), history, [&](int32_t t) { return allowed[t] != 0; }, budget);
+      int32_t got = checked.sample_allowed(
+          c.data(), history, [&](int32_t t) { return allowed[t] != 0; }, budget);
       if (got < 0) {
         ++fell_back;
         for (int32_t t = 0; t < n_vocab; ++t) {
