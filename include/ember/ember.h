@@ -854,7 +854,8 @@ EMBER_API ember_status ember_stream_wait(ember_stream* stream);
 typedef struct ember_stream_stats_t {
   size_t size;          /* sizeof(ember_stream_stats_t), set by the caller */
   size_t prompt_tokens; /* tokens prefilled for this stream */
-  size_t generated_tokens;
+  size_t generated_tokens; /* tokens the model generated: an end-of-generation
+                            * token that ended the stream counts (it is not sent) */
   double time_to_first_token_ms;
   double tokens_per_second; /* decode rate after the first token */
   double prefill_tokens_per_second;

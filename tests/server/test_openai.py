@@ -86,7 +86,7 @@ class Chat(unittest.TestCase):
         self.assertEqual(client().models.retrieve(SERVER_MODEL_ID).id, SERVER_MODEL_ID)
 
     def test_greedy_reply_equals_the_cli(self):
-        prompt = "Say hello in French."
+        prompt = "Write a long story about a dragon who learns to bake bread."  # (longer than 20 tokens)
         r = chat(prompt, max_tokens=20)
         cli = subprocess.run([EMBER, "generate", "-m", MODEL, "-p", prompt, "--chat", "-n", "20", "--temp", "0"],
                              capture_output=True, text=True, check=True).stdout

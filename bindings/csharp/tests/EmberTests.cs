@@ -127,7 +127,9 @@ static class EmberTests
                 Check(st.EndReason == EndReason.MaxTokens || st.EndReason == EndReason.Eos, "end reason " + st.EndReason);
                 var stats = st.Stats;
                 Check(stats.Finished, "finished");
-                Eq((long)st.Tokens.Length, stats.GeneratedTokens, "generated tokens");
+                // (An end-of-generation token counts as generated; it is not sent.)
+                long eos = st.EndReason == EndReason.Eos ? 1 : 0;
+                Eq((long)st.Tokens.Length + eos, stats.GeneratedTokens, "generated tokens");
                 Check(stats.PromptTokens > 0, "prompt tokens");
             }
             Check(s.Chat("And three animals?", Greedy(12)).Length > 0, "chat reply");

@@ -150,7 +150,9 @@ public final class EmberTest {
         check(st.endReason() == EndReason.MAX_TOKENS || st.endReason() == EndReason.EOS, "end reason " + st.endReason());
         StreamStats stats = st.stats();
         check(stats.finished, "finished");
-        eq((long) st.tokens().length, stats.generatedTokens, "generated tokens");
+        // (An end-of-generation token counts as generated; it is not sent.)
+        long eos = st.endReason() == EndReason.EOS ? 1 : 0;
+        eq((long) st.tokens().length + eos, stats.generatedTokens, "generated tokens");
         check(stats.promptTokens > 0, "prompt tokens");
       }
       String reply = s.chat("And three animals?", greedy(12));

@@ -118,7 +118,9 @@ class EmberTest(unittest.TestCase):
                 self.assertIn(stream.end_reason, (ember.EndReason.MAX_TOKENS, ember.EndReason.EOS))
                 st = stream.stats
                 self.assertTrue(st.finished)
-                self.assertEqual(st.generated_tokens, len(stream.tokens))
+                # (An end-of-generation token counts as generated; it is not sent.)
+                eos = 1 if stream.end_reason == ember.EndReason.EOS else 0
+                self.assertEqual(st.generated_tokens, len(stream.tokens) + eos)
                 self.assertGreater(st.prompt_tokens, 0)
             # chat() returns the whole reply of a user message.
             reply = session.chat("And three animals?", max_tokens=12, temperature=0)
