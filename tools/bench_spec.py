@@ -100,7 +100,9 @@ def main():
             pf = os.path.join(tmp, name + ".txt")
             open(pf, "w", encoding="utf-8").write(prompt)
             for d in args.drafters.split(","):
-                spec = {"draft": "draft:" + args.model, "distilled": "draft:" + distilled_draft()}.get(d, d)
+                # (the distilled draft is looked for only when asked for)
+                spec = ("draft:" + args.model if d == "draft" else "draft:" + distilled_draft() if d == "distilled"
+                        else d)
                 shapes = [("tree", ["--spec-nodes", str(args.nodes)])]
                 if not args.no_chain:
                     shapes.append(("chain", ["--spec-nodes", str(args.nodes), "--spec-threshold", "2"]))
