@@ -292,9 +292,11 @@ struct TiledSource {
       _mm512_store_si512(reinterpret_cast<__m512i*>(tile + 64 * k), _mm512_sub_epi8(w[k], off));
     const __mmask16 live = static_cast<__mmask16>((1u << cols) - 1);
     const uint8_t* s = sc + tile_scale_bytes(T) * static_cast<size_t>(b);
-    _mm512_store_ps(dw, _mm512_maskz_mov_ps(live, _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(s)))));
+    _mm512_store_ps(dw,
+                    _mm512_maskz_mov_ps(live, _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(s)))));
     if constexpr (tile_min(T))
-      _mm512_store_ps(dm, _mm512_maskz_mov_ps(live, _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(s + 32)))));
+      _mm512_store_ps(
+          dm, _mm512_maskz_mov_ps(live, _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(s + 32)))));
   }
 };
 

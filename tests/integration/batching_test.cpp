@@ -2,6 +2,7 @@
 // real model: a sequence's output never depends on what else the engine runs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 
 #include "core/engine/engine.h"
@@ -264,6 +265,56 @@ TEST_P(RowKinds, PreemptedSequenceRecomputesItsTokensAsTheyWere) {
   ASSERT_EQ(got_bg.logprobs.size(), want_bg.second.size());
   for (size_t i = 0; i < want_bg.second.size(); ++i) {
     EXPECT_EQ(got_bg.logprobs[i], want_bg.second[i]) << GetParam() << " " << i;
+  }
+}
+
+// Seventeen sequences decoding together (their decode rows on AMX tiles,
+// where the CPU has them and the weights are packed for them) get each one's
+// tokens and log-probabilities alone (one decode row: VNNI registers).
+TEST_P(RowKinds, SeventeenSequencesTogetherDecodeAsEachAlone) {
+  const auto& c = model()->config();
+  constexpr int kSeqs = 17, kTokens = 8;
+  EngineParams ep;
+  ep.manual = true;     // (every sequence prefilled in the first step, then decoded together)
+  ep.prompt_tiles = 1;  // (prompt rows as the worker-thread engine's)
+  auto together = Engine::create(model(), ep);
+  std::vector<std::vector<int32_t>> ids;
+  std::vector<std::shared_ptr<Session>> sessions;
+  std::vector<std::shared_ptr<Stream>> streams;
+  for (int i = 0; i < kSeqs; ++i) {
+    ids.push_back(prompt(5 + i, c.n_vocab - 3 * i));
+    sessions.push_back(std::make_shared<Session>(together, 0, ""));
+    sessions.back()->add_tokens(ids.back());
+    StreamParams p = params(kTokens);
+    p.logprobs = true;
+    streams.push_back(sessions.back()->start(p));
+  }
+  std::vector<std::vector<int32_t>> tokens(kSeqs);
+  std::vector<std::vector<float>> logprobs(kSeqs);
+  std::vector<bool> done(kSeqs, false);
+  for (int step = 0; step < 1000 && std::count(done.begin(), done.end(), true) < kSeqs; ++step) {
+    (*together)->run_steps(0, 512);
+    for (int i = 0; i < kSeqs; ++i) {
+      StreamEvent ev;
+      while (!done[i] && streams[i]->next(ev, 0) == StatusCode::kOk) {
+        if (ev.type != StreamEvent::kText) {
+          EXPECT_EQ(ev.type, StreamEvent::kEnd) << ev.error;
+          done[i] = true;
+          break;
+        }
+        tokens[i].insert(tokens[i].end(), ev.tokens.begin(), ev.tokens.end());
+        logprobs[i].insert(logprobs[i].end(), ev.logprobs.begin(), ev.logprobs.end());
+      }
+    }
+  }
+  auto alone = Engine::create(model(), EngineParams{});
+  for (int i = 0; i < kSeqs; ++i) {
+    const auto want = generate(alone, ids[i], kTokens);
+    ASSERT_EQ(want.first.size(), static_cast<size_t>(kTokens));
+    EXPECT_EQ(tokens[i], want.first) << GetParam() << " sequence " << i;
+    ASSERT_EQ(logprobs[i].size(), want.second.size());
+    for (size_t j = 0; j < want.second.size(); ++j)
+      EXPECT_EQ(logprobs[i][j], want.second[j]) << GetParam() << " sequence " << i << " token " << j;
   }
 }
 
