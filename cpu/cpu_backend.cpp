@@ -781,6 +781,7 @@ class CpuBackend final : public Backend {
     if (n < 1 || n > cpu::kMaxGroup) fail(StatusCode::kInternal, "matmul_group: bad group size");
     std::lock_guard<std::mutex> lock(scratch_mutex_);
     const auto t0 = std::chrono::steady_clock::now();
+    omp_set_num_threads(threads());  // (before view_of: packing a weight keeps to the engine's threads too)
     cpu::WeightView views[cpu::kMaxGroup];
     size_t bytes = 0;
     for (int32_t i = 0; i < n; ++i) {
@@ -788,7 +789,6 @@ class CpuBackend final : public Backend {
       const auto& d = w[i]->desc;
       bytes += weight_bytes(d);
     }
-    omp_set_num_threads(threads());
     // Decode rows and row-invariant mode: one parallel pass (each row as
     // matmul() computes it). Other prefill chunks: oneDNN, weight by weight.
     if (batch_invariant_ || (rows_are_decodes && M <= cpu::decode_max_m())) {
@@ -803,8 +803,8 @@ class CpuBackend final : public Backend {
 
   void matmul_locked(const DeviceWeight& w, const float* x, int32_t M, float* y, bool rows_are_decodes) {
     const auto& d = w.desc;
+    omp_set_num_threads(threads());  // (before view_of: packing a weight keeps to the engine's threads too)
     const cpu::WeightView view = view_of(w);
-    omp_set_num_threads(threads());
     if (batch_invariant_) {
       // Ember's kernels for every M: a row's result never depends on what it
       // is batched with (and on CPUs without native bf16 they also beat the

@@ -116,6 +116,11 @@ void check_weight(const WeightView& w, const char* what) {
     fail(StatusCode::kInvalidArgument, std::string(what) + ": K=" + std::to_string(w.cols) +
                                            " is not a multiple of the block size " + std::to_string(block));
   if (!w.data && w.rows > 0) fail(StatusCode::kInvalidArgument, std::string(what) + ": null weight data");
+  const bool kx8 = (w.type == DType::Q4_K || w.type == DType::Q6_K) && w.rows % detail::kKx8PackRows == 0;
+  if (w.packed_tiles && !detail::tile_packable(w.type) && !kx8)
+    fail(StatusCode::kInvalidArgument, std::string(what) + ": no tile layout for " +
+                                           type_name(static_cast<uint32_t>(w.type)) + " weights of " +
+                                           std::to_string(w.rows) + " rows");
 }
 
 // Points the kernel at the packed rows when it reads them.
@@ -621,7 +626,6 @@ void tile_get(DType t, const uint8_t* q, const uint8_t* sc, int64_t n, uint8_t* 
 void pack_weight(const WeightView& w, void* out) {
   check_weight(w, "pack_weight");
   if (w.packed_tiles && w.type != DType::Q4_K && w.type != DType::Q6_K) {
-    if (!detail::tile_packable(w.type)) fail(StatusCode::kInvalidArgument, "pack_weight: no tile layout for this type");
     if (!out) fail(StatusCode::kInvalidArgument, "pack_weight: null output");
     const int64_t K = w.cols, nb = K / detail::kQK;
     const int64_t groups = (w.rows + detail::kTileGroupRows - 1) / detail::kTileGroupRows;
@@ -758,7 +762,6 @@ void unpack_rows(const WeightView& w, int64_t row_begin, int64_t n_rows, void* o
   const auto* packed = static_cast<const uint8_t*>(w.packed);
   auto* dst = static_cast<uint8_t*>(out);
   if (w.packed_tiles && w.type != DType::Q4_K && w.type != DType::Q6_K) {
-    if (!detail::tile_packable(w.type)) fail(StatusCode::kInvalidArgument, "unpack_rows: no tile layout for this type");
     const int64_t nb = K / detail::kQK;
     const size_t gb = detail::tile_group_bytes(w.type, K), blk = rb / static_cast<size_t>(nb);
     const size_t tq = detail::tile_quant_bytes(w.type), ts = detail::tile_scale_bytes(w.type);

@@ -644,6 +644,16 @@ TEST(Matmul, AmxPromptRowsSumWholeBlocksInOrderForAnyBatch) {
   if (!set_amx_prompt_rows(true)) GTEST_SKIP() << "no AMX-INT8 (or not granted)";
   ASSERT_TRUE(amx_prompt_rows(DType::Q8_0));
   EXPECT_FALSE(amx_prompt_rows(DType::Q5_K));
+  {  // no tile layout for other types: a clear error, never a kernel reading the wrong bytes
+    EXPECT_FALSE(tile_layout(DType::Q5_K));
+    const auto w5 = make_weight(DType::Q5_K, 16, 256, 5);
+    std::vector<uint8_t> junk(w5.size());
+    std::vector<float> x(256), y(16);
+    MatmulScratch scratch;
+    const WeightView v{DType::Q5_K, 16, 256, w5.data(), junk.data(), true};
+    EXPECT_THROW(matmul(v, x.data(), 1, y.data(), scratch, MatmulPath::kRowInvariant, RowKind::kDecode), Error);
+    EXPECT_THROW(pack_weight(WeightView{DType::Q5_K, 16, 256, w5.data(), nullptr, true}, junk.data()), Error);
+  }
   for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q6_K}) {
     ASSERT_TRUE(amx_prompt_rows(t)) << name_of(t);
     const bool k4 = t == DType::Q4_K || t == DType::Q6_K;
@@ -669,6 +679,10 @@ TEST(Matmul, AmxPromptRowsSumWholeBlocksInOrderForAnyBatch) {
     EXPECT_EQ(tb > 0, tiled) << name_of(t);
     if (k4) {
       EXPECT_EQ(tb, pb) << name_of(t);
+      MatmulScratch scratch;
+      std::vector<float> x(static_cast<size_t>(K)), y(static_cast<size_t>(N));
+      const WeightView odd{t, N - 3, K, w.data(), packed, true};  // (rows % 8 != 0: no groups of 8)
+      EXPECT_THROW(matmul(odd, x.data(), 1, y.data(), scratch, MatmulPath::kRowInvariant, RowKind::kDecode), Error);
     }
     std::vector<uint8_t> tile_storage(tb + 64);
     uint8_t* tiles = tile_storage.data() + (64 - reinterpret_cast<uintptr_t>(tile_storage.data()) % 64) % 64;
