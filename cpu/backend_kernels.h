@@ -22,6 +22,7 @@ namespace ember::cpu::detail {
 // refuses other shapes before calling it.
 inline constexpr int kAttnMaxGroup = 16;     // query heads per kv head
 inline constexpr int kAttnMaxHeadDim = 256;  // and head_dim a multiple of 8
+inline constexpr int kAttnMaxRows = 8;       // rows attend_rows runs together
 
 // One (query row, kv head) item of CpuBackend::attention; see attend_group
 // in backend_kernels.inc for the computation (llama.cpp's, to the bit).
@@ -45,6 +46,9 @@ struct AttendArgs {
   float* scores;  // scratch: (num_heads / num_kv_heads) * round_up(kv_len, 32) floats
   float* acc;     // scratch: (num_heads / num_kv_heads) * 32 * head_dim floats
   float* out;     // [rows][num_heads][head_dim]
+  // attend_rows: scratch for the rounded queries, (num_heads / num_kv_heads)
+  // * kAttnMaxHeadDim floats (attend_group keeps them on its stack).
+  float* qbuf = nullptr;
 };
 
 struct BackendKernels {
@@ -60,6 +64,13 @@ struct BackendKernels {
   // Rotates `rows` rows of head_dim f16 values in place: per element
   // x * cs + swap_pairs(x) * sn (one K-shift; cs, sn have head_dim entries).
   void (*rope_shift_rows)(uint16_t* k, size_t rows, int32_t head_dim, const float* cs, const float* sn);
+  // attend_group for n items, each with its own scratch (qbuf included),
+  // results to the bit attend_group's. Items of one sequence's cache (same
+  // blocks, hole and kv head), one order and no window read the slots they
+  // all see (below every kv_len and map_from) once for all of them, in
+  // cache-sized ranges: the rows of a token tree, or of a prompt chunk.
+  void (*attend_rows)(const AttendArgs* a, int32_t n);
+  void (*attend_rows_q8)(const AttendArgs* a, int32_t n);
 };
 
 const BackendKernels& backend_kernels_scalar();

@@ -3,6 +3,7 @@
 // before isa_supported(Isa::kAvx2) was checked (backend_kernels() does).
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>

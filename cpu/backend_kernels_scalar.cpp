@@ -4,6 +4,7 @@
 // f16 conversions that equal F16C's for every non-NaN value, the same
 // reduction trees and the same exp algorithm, so the results are the AVX2
 // variant's bit for bit (tests/unit/backend/backend_ops_test.cpp).
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>

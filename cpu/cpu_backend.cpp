@@ -906,12 +906,6 @@ class CpuBackend final : public Backend {
 
   void attention(int32_t layer, const float* q, const AttentionSeq* seqs, int32_t n_seqs, const AttentionParams& p,
                  float* out) override {
-    // Work items: (sequence row, kv head). Each handles the group of query
-    // heads that share the kv head, so K/V are read once per group.
-    std::vector<std::pair<int32_t, int32_t>> rows;  // (seq index, row)
-    for (int32_t s = 0; s < n_seqs; ++s) {
-      for (int32_t r = 0; r < seqs[s].n_rows; ++r) rows.emplace_back(s, seqs[s].first_row + r);
-    }
     // Checked here, not in the workers: nothing may throw inside an OpenMP region.
     if (layer < 0 || layer >= geom_.num_layers ||
         static_cast<int64_t>(p.num_kv_heads) * p.head_dim > static_cast<int64_t>(geom_.num_kv_heads) * geom_.head_dim) {
@@ -926,14 +920,21 @@ class CpuBackend final : public Backend {
                " not supported (head_dim a multiple of 8 up to 256, of 32 with a q8_0 cache; at most 16 heads per kv"
                " head)");
     }
-    const int32_t items = static_cast<int32_t>(rows.size()) * p.num_kv_heads;
+    // Work items: (rows, kv head). Each handles the group of query heads
+    // that share the kv head, so K/V are read once per group; and the rows
+    // of one sequence that see its cache in the same order with no window
+    // (a token tree's rows, a prompt chunk's) run up to kAttnMaxRows
+    // together, so the slots they share are read once for all of them
+    // (attend_rows). No result depends on the grouping.
+    const std::vector<RowRun> units = attention_units(seqs, n_seqs, p);
+    const int32_t items = static_cast<int32_t>(units.size()) * p.num_kv_heads;
     const cpu::detail::BackendKernels& kernels = cpu::detail::backend_kernels();
     std::atomic<bool> out_of_memory{false};  // (the per-thread scratch may fail to grow)
 #pragma omp parallel for num_threads(threads()) schedule(dynamic, 1)
     for (int32_t it = 0; it < items; ++it) {
-      const auto [s, row] = rows[it / p.num_kv_heads];
+      const RowRun& u = units[it / p.num_kv_heads];
       try {
-        attend_group(kernels, layer, q, seqs[s], row, it % p.num_kv_heads, p, out);
+        attend_rows(kernels, layer, q, seqs[u.seq], u, it % p.num_kv_heads, p, out);
       } catch (...) {
         out_of_memory = true;
       }
@@ -1257,43 +1258,120 @@ class CpuBackend final : public Backend {
     }
   }
 
-  // Fills the kernel's arguments for one (row, kv head) item; the scratch
-  // is per thread and grows here (in baseline code), never in a kernel.
-  void attend_group(const cpu::detail::BackendKernels& kernels, int32_t layer, const float* q, const AttentionSeq& seq,
-                    int32_t row, int32_t kvh, const AttentionParams& p, float* out) const {
+  // Rows [row0, row0 + n) of sequence `seq`: one attention work item per kv head.
+  struct RowRun {
+    int32_t seq, row0, n;
+  };
+
+  // The work items' rows: runs of a sequence's rows in one order with no
+  // window, cut into near-equal groups of at most kAttnMaxRows (fewer where
+  // their scores would pass kRowsScoreFloats), and into more groups while
+  // the items are fewer than the threads.
+  std::vector<RowRun> attention_units(const AttentionSeq* seqs, int32_t n_seqs, const AttentionParams& p) const {
+    constexpr size_t kRowsScoreFloats = size_t{1} << 20;
     const int32_t group = p.num_heads / p.num_kv_heads;
-    const int32_t kv_len = p.kv_len[row];
-    const int32_t n_pad = (kv_len + 31) & ~31;
-    thread_local std::vector<float> sc, acc;
-    if (sc.size() < static_cast<size_t>(group) * n_pad) sc.resize(static_cast<size_t>(group) * n_pad);
-    const size_t acc_need = static_cast<size_t>(group) * 32 * p.head_dim;
-    if (acc.size() < acc_need) acc.resize(acc_need);
-    cpu::detail::AttendArgs a;
-    a.k_base = block_ptr(layer, 0, 0);
-    a.v_base = block_ptr(layer, 1, 0);
-    a.block_bytes = block_bytes();
-    a.row_bytes = kv_row_bytes(geom_.dtype, p.head_dim);
-    a.block_size = geom_.block_size;
-    a.block_table = seq.block_table;
-    a.hole_begin = seq.hole_begin;
-    a.hole_end = seq.hole_end;
-    a.window_begin = p.window > 0 ? std::max(0, kv_len - p.window) : 0;
-    const bool tree = p.tree_from && p.tree_from[row] >= 0;
-    a.map_from = tree ? p.tree_from[row] : INT32_MAX;
-    a.slot_map = tree ? p.tree_slots + p.tree_begin[row] : nullptr;
-    a.q = q;
-    a.row = row;
-    a.kvh = kvh;
-    a.num_heads = p.num_heads;
-    a.num_kv_heads = p.num_kv_heads;
-    a.head_dim = p.head_dim;
-    a.kv_len = kv_len;
-    a.vec_order = p.decode_rows && p.decode_rows[row];
-    a.scale = p.scale;
-    a.scores = sc.data();
-    a.acc = acc.data();
-    a.out = out;
-    (geom_.dtype == DType::Q8_0 ? kernels.attend_group_q8 : kernels.attend_group)(a);
+    auto order = [&](int32_t row) { return p.decode_rows != nullptr && p.decode_rows[row] != 0; };
+    auto windowed = [&](int32_t row) { return p.window > 0 && p.kv_len[row] > p.window; };
+    struct Run {
+      RowRun rows;
+      int32_t parts;
+    };
+    std::vector<Run> runs;
+    for (int32_t s = 0; s < n_seqs; ++s) {
+      for (int32_t r = seqs[s].first_row; r < seqs[s].first_row + seqs[s].n_rows; ++r) {
+        if (!runs.empty()) {
+          RowRun& last = runs.back().rows;
+          const int32_t prev = last.row0 + last.n - 1;
+          if (last.seq == s && prev == r - 1 && order(prev) == order(r) && !windowed(prev) && !windowed(r)) {
+            ++last.n;
+            continue;
+          }
+        }
+        runs.push_back({{s, r, 1}, 1});
+      }
+    }
+    size_t n_units = 0;
+    for (Run& run : runs) {
+      int32_t max_pad = 1;
+      for (int32_t r = run.rows.row0; r < run.rows.row0 + run.rows.n; ++r)
+        max_pad = std::max(max_pad, (p.kv_len[r] + 31) & ~31);
+      const int32_t by_memory =
+          static_cast<int32_t>(std::max<size_t>(1, kRowsScoreFloats / (static_cast<size_t>(group) * max_pad)));
+      const int32_t per = std::min<int32_t>(cpu::detail::kAttnMaxRows, by_memory);
+      run.parts = (run.rows.n + per - 1) / per;
+      n_units += static_cast<size_t>(run.parts);
+    }
+    // Too few items for the threads: split the run with the largest groups.
+    while (n_units * static_cast<size_t>(p.num_kv_heads) < static_cast<size_t>(threads())) {
+      Run* best = nullptr;
+      for (Run& run : runs) {
+        if (run.parts < run.rows.n && (best == nullptr || run.rows.n * best->parts > best->rows.n * run.parts))
+          best = &run;
+      }
+      if (best == nullptr) break;
+      ++best->parts;
+      ++n_units;
+    }
+    std::vector<RowRun> units;
+    units.reserve(n_units);
+    for (const Run& run : runs) {
+      int32_t row = run.rows.row0;
+      for (int32_t k = 0; k < run.parts; ++k) {
+        const int32_t n = run.rows.n / run.parts + (k < run.rows.n % run.parts ? 1 : 0);
+        units.push_back({run.rows.seq, row, n});
+        row += n;
+      }
+    }
+    return units;
+  }
+
+  // Fills the kernel's arguments for the (rows, kv head) item; the scratch
+  // is per thread and grows here (in baseline code), never in a kernel.
+  void attend_rows(const cpu::detail::BackendKernels& kernels, int32_t layer, const float* q, const AttentionSeq& seq,
+                   const RowRun& u, int32_t kvh, const AttentionParams& p, float* out) const {
+    const int32_t group = p.num_heads / p.num_kv_heads;
+    size_t sc_need = 0;
+    for (int32_t j = 0; j < u.n; ++j) sc_need += static_cast<size_t>(group) * ((p.kv_len[u.row0 + j] + 31) & ~31);
+    const size_t acc_each = static_cast<size_t>(group) * 32 * p.head_dim;
+    const size_t q_each = static_cast<size_t>(group) * cpu::detail::kAttnMaxHeadDim;
+    thread_local std::vector<float> sc, acc, qb;
+    if (sc.size() < sc_need) sc.resize(sc_need);
+    if (acc.size() < acc_each * u.n) acc.resize(acc_each * u.n);
+    if (qb.size() < q_each * u.n) qb.resize(q_each * u.n);
+    cpu::detail::AttendArgs args[cpu::detail::kAttnMaxRows];
+    size_t sc_off = 0;
+    for (int32_t j = 0; j < u.n; ++j) {
+      const int32_t row = u.row0 + j;
+      const int32_t kv_len = p.kv_len[row];
+      cpu::detail::AttendArgs& a = args[j];
+      a.k_base = block_ptr(layer, 0, 0);
+      a.v_base = block_ptr(layer, 1, 0);
+      a.block_bytes = block_bytes();
+      a.row_bytes = kv_row_bytes(geom_.dtype, p.head_dim);
+      a.block_size = geom_.block_size;
+      a.block_table = seq.block_table;
+      a.hole_begin = seq.hole_begin;
+      a.hole_end = seq.hole_end;
+      a.window_begin = p.window > 0 ? std::max(0, kv_len - p.window) : 0;
+      const bool tree = p.tree_from && p.tree_from[row] >= 0;
+      a.map_from = tree ? p.tree_from[row] : INT32_MAX;
+      a.slot_map = tree ? p.tree_slots + p.tree_begin[row] : nullptr;
+      a.q = q;
+      a.row = row;
+      a.kvh = kvh;
+      a.num_heads = p.num_heads;
+      a.num_kv_heads = p.num_kv_heads;
+      a.head_dim = p.head_dim;
+      a.kv_len = kv_len;
+      a.vec_order = p.decode_rows && p.decode_rows[row];
+      a.scale = p.scale;
+      a.scores = sc.data() + sc_off;
+      a.acc = acc.data() + acc_each * j;
+      a.qbuf = qb.data() + q_each * j;
+      a.out = out;
+      sc_off += static_cast<size_t>(group) * ((kv_len + 31) & ~31);
+    }
+    (geom_.dtype == DType::Q8_0 ? kernels.attend_rows_q8 : kernels.attend_rows)(args, u.n);
   }
 
   int threads() const { return governor_.threads(); }

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -118,31 +119,133 @@ TEST_F(CpuKernels, AttentionIsBitIdentical) {
     }
   };
   for (bool is_q8 : {false, true})
-  for (float qmul : {2.f, 60.f})
-    for (const Case& c : cases) {
-      if (is_q8 && c.hd % 32 != 0) continue;
-      const int32_t n_blocks = (c.kv_len + c.bs - 1) / c.bs + 2;
-      const size_t row_bytes = is_q8 ? static_cast<size_t>(c.hd) / 32 * 34 : static_cast<size_t>(c.hd) * 2;
-      const size_t block_bytes = static_cast<size_t>(c.kv_heads) * c.bs * row_bytes;
-      std::vector<uint8_t> kpool(block_bytes * n_blocks), vpool(block_bytes * n_blocks);
-      fill(kpool, is_q8, 3.f);
-      fill(vpool, is_q8, 1.f);
-      std::vector<int32_t> table;
-      for (int32_t b = 0; b < n_blocks - 1; ++b) table.push_back((b * 7 + 1) % n_blocks);  // scattered blocks
-      const int32_t rows = 2;
-      std::vector<float> q(static_cast<size_t>(rows) * c.heads * c.hd);
-      for (auto& x : q) x = d(rng) * qmul;
-      const int32_t n_pad = (c.kv_len + 31) & ~31;
-      std::vector<float> out_a(q.size(), -1.f), out_b(q.size(), -2.f), out_c(q.size(), -3.f);
+    for (float qmul : {2.f, 60.f})
+      for (const Case& c : cases) {
+        if (is_q8 && c.hd % 32 != 0) continue;
+        const int32_t n_blocks = (c.kv_len + c.bs - 1) / c.bs + 2;
+        const size_t row_bytes = is_q8 ? static_cast<size_t>(c.hd) / 32 * 34 : static_cast<size_t>(c.hd) * 2;
+        const size_t block_bytes = static_cast<size_t>(c.kv_heads) * c.bs * row_bytes;
+        std::vector<uint8_t> kpool(block_bytes * n_blocks), vpool(block_bytes * n_blocks);
+        fill(kpool, is_q8, 3.f);
+        fill(vpool, is_q8, 1.f);
+        std::vector<int32_t> table;
+        for (int32_t b = 0; b < n_blocks - 1; ++b) table.push_back((b * 7 + 1) % n_blocks);  // scattered blocks
+        const int32_t rows = 2;
+        std::vector<float> q(static_cast<size_t>(rows) * c.heads * c.hd);
+        for (auto& x : q) x = d(rng) * qmul;
+        const int32_t n_pad = (c.kv_len + 31) & ~31;
+        std::vector<float> out_a(q.size(), -1.f), out_b(q.size(), -2.f), out_c(q.size(), -3.f);
+        for (int32_t kvh = 0; kvh < c.kv_heads; ++kvh) {
+          // By position, not by address: on a CPU without AVX-512, `avx512` is the AVX2 table.
+          const BackendKernels* kerns[3] = {&scalar, &avx2, &avx512};
+          float* outs[3] = {out_a.data(), out_b.data(), out_c.data()};
+          for (int which = 0; which < 3; ++which) {
+            const BackendKernels* kern = kerns[which];
+            std::vector<float> sc(static_cast<size_t>(c.heads / c.kv_heads) * n_pad),
+                acc(32 * static_cast<size_t>(c.hd) * (c.heads / c.kv_heads));
+            AttendArgs a{};
+            a.k_base = kpool.data();
+            a.v_base = vpool.data();
+            a.block_bytes = block_bytes;
+            a.row_bytes = row_bytes;
+            a.block_size = c.bs;
+            a.block_table = table.data();
+            a.hole_begin = c.hole_begin;
+            a.hole_end = c.hole_end;
+            a.q = q.data();
+            a.row = 1;
+            a.kvh = kvh;
+            a.num_heads = c.heads;
+            a.num_kv_heads = c.kv_heads;
+            a.head_dim = c.hd;
+            a.kv_len = c.kv_len;
+            a.vec_order = c.vec;
+            a.scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+            a.scores = sc.data();
+            a.acc = acc.data();
+            a.out = outs[which];
+            (is_q8 ? kern->attend_group_q8 : kern->attend_group)(a);
+          }
+        }
+        const size_t row1 = static_cast<size_t>(c.heads) * c.hd;
+        for (size_t i = row1; i < 2 * row1; ++i) {
+          ASSERT_EQ(fbits(out_a[i]), fbits(out_b[i]))
+              << "q8 " << is_q8 << " qmul " << qmul << " heads " << c.heads << "/" << c.kv_heads << " hd " << c.hd
+              << " kv_len " << c.kv_len << " vec " << c.vec << " at " << i;
+          ASSERT_EQ(fbits(out_a[i]), fbits(out_c[i]))
+              << "avx512: q8 " << is_q8 << " heads " << c.heads << "/" << c.kv_heads << " hd " << c.hd << " kv_len "
+              << c.kv_len << " vec " << c.vec << " at " << i;
+        }
+      }
+}
+
+// attend_rows (several rows of one sequence's cache: a token tree's rows, a
+// prompt chunk's) gives each row attend_group's result alone, to the bit, on
+// every variant: shared slots across range boundaries, a hole, tree rows
+// mapped past the shared slots, prompt rows whose kv_len grows by one, more
+// rows than kAttnMaxRows, and rows that may not share (mixed orders).
+TEST_F(CpuKernels, AttentionRowsEqualEachRowAlone) {
+  struct Case {
+    int32_t heads, kv_heads, hd, bs, prefix, hole_begin, hole_end;
+    bool q8, tree, mixed;
+    int32_t n_rows;
+  };
+  const Case cases[] = {
+      {9, 3, 64, 16, 2300, 0, 0, false, true, false, 9},    // SmolLM2's shape, past one 2048-slot range
+      {9, 3, 64, 16, 77, 0, 0, false, false, false, 11},    // a prompt chunk of 11 rows
+      {4, 1, 256, 16, 700, 40, 72, false, true, false, 5},  // Gemma 3's shape, a hole, 512-slot ranges
+      {4, 1, 256, 16, 700, 40, 72, false, false, false, 8},
+      {8, 2, 64, 32, 1500, 0, 0, true, true, false, 13},  // a Q8_0 cache
+      {9, 3, 64, 16, 300, 0, 0, false, true, true, 7},    // mixed orders: no sharing
+      {9, 3, 64, 16, 5, 0, 0, false, true, false, 4},     // fewer shared slots than a block of eight
+  };
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::uniform_int_distribution<int> q8(-127, 127);
+  for (const Case& c : cases) {
+    const int32_t max_len = c.prefix + c.n_rows + 1;
+    const int32_t n_blocks = (max_len + c.bs - 1) / c.bs + 2;
+    const size_t row_bytes = c.q8 ? static_cast<size_t>(c.hd) / 32 * 34 : static_cast<size_t>(c.hd) * 2;
+    const size_t block_bytes = static_cast<size_t>(c.kv_heads) * c.bs * row_bytes;
+    std::vector<uint8_t> kpool(block_bytes * n_blocks), vpool(block_bytes * n_blocks);
+    for (auto* pool : {&kpool, &vpool}) {
+      if (c.q8) {
+        for (size_t b = 0; b + 34 <= pool->size(); b += 34) {
+          const uint16_t h = fp32_to_fp16(std::fabs(d(rng)) / 20.f + 1e-3f);
+          std::memcpy(&(*pool)[b], &h, 2);
+          for (int j = 0; j < 32; ++j) (*pool)[b + 2 + j] = static_cast<uint8_t>(static_cast<int8_t>(q8(rng)));
+        }
+      } else {
+        for (size_t i = 0; i + 1 < pool->size(); i += 2) {
+          const uint16_t h = fp32_to_fp16(d(rng) * 2.f);
+          std::memcpy(&(*pool)[i], &h, 2);
+        }
+      }
+    }
+    std::vector<int32_t> table;
+    for (int32_t b = 0; b < n_blocks - 1; ++b) table.push_back((b * 7 + 1) % n_blocks);  // scattered blocks
+    const int32_t group = c.heads / c.kv_heads;
+    std::vector<float> q(static_cast<size_t>(c.n_rows) * c.heads * c.hd);
+    for (auto& x : q) x = d(rng) * 4.f;
+    // Tree rows: row 0 the root (slots [0, prefix)), row r a node whose path
+    // is the slots prefix .. prefix + r - 1 in a scrambled order. Prompt
+    // rows: row r sees [0, prefix + r).
+    std::vector<int32_t> kv_len(c.n_rows), paths;
+    std::vector<size_t> path_at(c.n_rows);
+    for (int32_t r = 0; r < c.n_rows; ++r) {
+      kv_len[r] = c.prefix + r;
+      path_at[r] = paths.size();
+      for (int32_t k = 0; k < r; ++k) paths.push_back(c.prefix + (k * 5 + r) % c.n_rows);
+    }
+    if (!c.tree) kv_len[0] = c.prefix;
+    for (int32_t r = 0; r < c.n_rows; ++r) kv_len[r] = std::max(kv_len[r], 1);
+    const BackendKernels* kerns[3] = {&scalar, &avx2, &avx512};
+    for (const BackendKernels* kern : kerns) {
       for (int32_t kvh = 0; kvh < c.kv_heads; ++kvh) {
-        // By position, not by address: on a CPU without AVX-512, `avx512` is the AVX2 table.
-        const BackendKernels* kerns[3] = {&scalar, &avx2, &avx512};
-        float* outs[3] = {out_a.data(), out_b.data(), out_c.data()};
-        for (int which = 0; which < 3; ++which) {
-          const BackendKernels* kern = kerns[which];
-          std::vector<float> sc(static_cast<size_t>(c.heads / c.kv_heads) * n_pad),
-              acc(32 * static_cast<size_t>(c.hd) * (c.heads / c.kv_heads));
-          AttendArgs a{};
+        std::vector<float> out_alone(q.size(), -1.f), out_rows(q.size(), -2.f);
+        std::vector<std::vector<float>> sc(c.n_rows), acc(c.n_rows), qb(c.n_rows);
+        std::vector<AttendArgs> args(c.n_rows);
+        for (int32_t r = 0; r < c.n_rows; ++r) {
+          AttendArgs& a = args[r];
           a.k_base = kpool.data();
           a.v_base = vpool.data();
           a.block_bytes = block_bytes;
@@ -151,31 +254,43 @@ TEST_F(CpuKernels, AttentionIsBitIdentical) {
           a.block_table = table.data();
           a.hole_begin = c.hole_begin;
           a.hole_end = c.hole_end;
+          if (c.tree && r > 0) {
+            a.map_from = c.prefix;
+            a.slot_map = paths.data() + path_at[r];
+          }
           a.q = q.data();
-          a.row = 1;
+          a.row = r;
           a.kvh = kvh;
           a.num_heads = c.heads;
           a.num_kv_heads = c.kv_heads;
           a.head_dim = c.hd;
-          a.kv_len = c.kv_len;
-          a.vec_order = c.vec;
+          a.kv_len = kv_len[r];
+          a.vec_order = c.tree && !(c.mixed && r % 3 == 1);
           a.scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
-          a.scores = sc.data();
-          a.acc = acc.data();
-          a.out = outs[which];
-          (is_q8 ? kern->attend_group_q8 : kern->attend_group)(a);
+          sc[r].assign(static_cast<size_t>(group) * ((kv_len[r] + 31) & ~31), 0.f);
+          acc[r].assign(32 * static_cast<size_t>(c.hd) * group, 0.f);
+          qb[r].assign(static_cast<size_t>(group) * kAttnMaxHeadDim, 0.f);
+          a.scores = sc[r].data();
+          a.acc = acc[r].data();
+          a.qbuf = qb[r].data();
+          a.out = out_alone.data();
+          (c.q8 ? kern->attend_group_q8 : kern->attend_group)(a);
+          a.out = out_rows.data();
+        }
+        (c.q8 ? kern->attend_rows_q8 : kern->attend_rows)(args.data(), c.n_rows);
+        for (int32_t r = 0; r < c.n_rows; ++r) {
+          for (int32_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+            const size_t base = (static_cast<size_t>(r) * c.heads + h) * c.hd;
+            for (int32_t i = 0; i < c.hd; ++i) {
+              ASSERT_EQ(fbits(out_alone[base + i]), fbits(out_rows[base + i]))
+                  << kern->name << " heads " << c.heads << "/" << c.kv_heads << " hd " << c.hd << " prefix " << c.prefix
+                  << " tree " << c.tree << " row " << r << " head " << h << " dim " << i;
+            }
+          }
         }
       }
-      const size_t row1 = static_cast<size_t>(c.heads) * c.hd;
-      for (size_t i = row1; i < 2 * row1; ++i) {
-        ASSERT_EQ(fbits(out_a[i]), fbits(out_b[i]))
-            << "q8 " << is_q8 << " qmul " << qmul << " heads " << c.heads << "/" << c.kv_heads << " hd " << c.hd << " kv_len " << c.kv_len
-            << " vec " << c.vec << " at " << i;
-        ASSERT_EQ(fbits(out_a[i]), fbits(out_c[i]))
-            << "avx512: q8 " << is_q8 << " heads " << c.heads << "/" << c.kv_heads << " hd " << c.hd << " kv_len " << c.kv_len << " vec "
-            << c.vec << " at " << i;
-      }
     }
+  }
 }
 
 }  // namespace
