@@ -49,7 +49,12 @@ struct AttendArgs {
   // attend_rows: scratch for the rounded queries, (num_heads / num_kv_heads)
   // * kAttnMaxHeadDim floats (attend_group keeps them on its stack).
   float* qbuf = nullptr;
+  // attend_phase: the softmax's flags, kAttnMaxGroup of them.
+  bool* live = nullptr;
 };
+
+// The phases of attend_group (see attend_phase).
+enum class AttendPhase : int32_t { kQueries, kScores, kSoftmax, kValues, kOutput };
 
 struct BackendKernels {
   const char* name;
@@ -71,6 +76,13 @@ struct BackendKernels {
   // cache-sized ranges: the rows of a token tree, or of a prompt chunk.
   void (*attend_rows)(const AttendArgs* a, int32_t n);
   void (*attend_rows_q8)(const AttendArgs* a, int32_t n);
+  // One phase of attend_group, part `part` of n_parts (scores: ranges of
+  // slots; values: ranges of accumulator lanes; the other phases whole), so
+  // that the threads can share one item; every part of a phase must end
+  // before the next phase starts. Uses qbuf and live. The same bits as
+  // attend_group.
+  void (*attend_phase)(const AttendArgs& a, AttendPhase phase, int32_t part, int32_t n_parts);
+  void (*attend_phase_q8)(const AttendArgs& a, AttendPhase phase, int32_t part, int32_t n_parts);
 };
 
 const BackendKernels& backend_kernels_scalar();

@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -929,6 +930,10 @@ class CpuBackend final : public Backend {
     const std::vector<RowRun> units = attention_units(seqs, n_seqs, p);
     const int32_t items = static_cast<int32_t>(units.size()) * p.num_kv_heads;
     const cpu::detail::BackendKernels& kernels = cpu::detail::backend_kernels();
+    if (const int32_t parts = attention_parts(units, items, p); parts > 1) {
+      attention_split(kernels, layer, q, seqs, units, parts, p, out);
+      return;
+    }
     std::atomic<bool> out_of_memory{false};  // (the per-thread scratch may fail to grow)
 #pragma omp parallel for num_threads(threads()) schedule(dynamic, 1)
     for (int32_t it = 0; it < items; ++it) {
@@ -1325,6 +1330,110 @@ class CpuBackend final : public Backend {
     return units;
   }
 
+  // One item's kernel arguments, all but the scratch.
+  void attend_args(cpu::detail::AttendArgs& a, int32_t layer, const float* q, const AttentionSeq& seq, int32_t row,
+                   int32_t kvh, const AttentionParams& p, float* out) const {
+    const int32_t kv_len = p.kv_len[row];
+    a = cpu::detail::AttendArgs{};
+    a.k_base = block_ptr(layer, 0, 0);
+    a.v_base = block_ptr(layer, 1, 0);
+    a.block_bytes = block_bytes();
+    a.row_bytes = kv_row_bytes(geom_.dtype, p.head_dim);
+    a.block_size = geom_.block_size;
+    a.block_table = seq.block_table;
+    a.hole_begin = seq.hole_begin;
+    a.hole_end = seq.hole_end;
+    a.window_begin = p.window > 0 ? std::max(0, kv_len - p.window) : 0;
+    const bool tree = p.tree_from && p.tree_from[row] >= 0;
+    a.map_from = tree ? p.tree_from[row] : INT32_MAX;
+    a.slot_map = tree ? p.tree_slots + p.tree_begin[row] : nullptr;
+    a.q = q;
+    a.row = row;
+    a.kvh = kvh;
+    a.num_heads = p.num_heads;
+    a.num_kv_heads = p.num_kv_heads;
+    a.head_dim = p.head_dim;
+    a.kv_len = kv_len;
+    a.vec_order = p.decode_rows && p.decode_rows[row];
+    a.scale = p.scale;
+    a.out = out;
+  }
+
+  // Into how many parts each item is split over the threads (1: none): where
+  // every item is one row and there are too few of them to keep the threads
+  // busy (one decode row over a long context, its kv heads fewer than twice
+  // the threads), as long as each part keeps kMinSlotsPerPart slots (the
+  // split costs four barriers).
+  int32_t attention_parts(const std::vector<RowRun>& units, int32_t items, const AttentionParams& p) const {
+    constexpr int32_t kMinSlotsPerPart = 512;
+    const int32_t t = threads();
+    if (t <= 1 || items <= 0 || items >= 2 * t) return 1;
+    int32_t min_slots = INT32_MAX;
+    for (const RowRun& u : units) {
+      if (u.n != 1) return 1;
+      const int32_t kv_len = p.kv_len[u.row0];
+      const int32_t first = p.window > 0 ? std::max(0, kv_len - p.window) & ~31 : 0;  // (attend_first)
+      min_slots = std::min(min_slots, ((kv_len + 31) & ~31) - first);
+    }
+    const int32_t want = (2 * t + items - 1) / items;
+    return std::max(1, std::min({want, 8, min_slots / kMinSlotsPerPart}));
+  }
+
+  // attention() with each item's phases split into `parts` over the threads
+  // (BackendKernels::attend_phase: the same bits as the item in one piece).
+  void attention_split(const cpu::detail::BackendKernels& kernels, int32_t layer, const float* q,
+                       const AttentionSeq* seqs, const std::vector<RowRun>& units, int32_t parts,
+                       const AttentionParams& p, float* out) {
+    using cpu::detail::AttendPhase;
+    const int32_t group = p.num_heads / p.num_kv_heads;
+    const int32_t items = static_cast<int32_t>(units.size()) * p.num_kv_heads;
+    const size_t acc_each = static_cast<size_t>(group) * 32 * p.head_dim;
+    const size_t q_each = static_cast<size_t>(group) * cpu::detail::kAttnMaxHeadDim;
+    // Scratch of the calling thread, shared by the workers.
+    thread_local std::vector<float> buf;
+    thread_local std::vector<cpu::detail::AttendArgs> args;
+    thread_local std::vector<std::array<bool, cpu::detail::kAttnMaxGroup>> live;
+    try {
+      size_t need = 0;
+      for (const RowRun& u : units)
+        need += static_cast<size_t>(p.num_kv_heads) *
+                (static_cast<size_t>(group) * ((p.kv_len[u.row0] + 31) & ~31) + acc_each + q_each);
+      if (buf.size() < need) buf.resize(need);
+      args.resize(static_cast<size_t>(items));
+      live.resize(static_cast<size_t>(items));
+    } catch (const std::bad_alloc&) {
+      fail(StatusCode::kOutOfMemory, "cpu attention: cannot allocate its scratch");
+    }
+    size_t off = 0;
+    for (int32_t it = 0; it < items; ++it) {
+      const RowRun& u = units[it / p.num_kv_heads];
+      cpu::detail::AttendArgs& a = args[it];
+      attend_args(a, layer, q, seqs[u.seq], u.row0, it % p.num_kv_heads, p, out);
+      a.scores = buf.data() + off;
+      off += static_cast<size_t>(group) * ((a.kv_len + 31) & ~31);
+      a.acc = buf.data() + off;
+      off += acc_each;
+      a.qbuf = buf.data() + off;
+      off += q_each;
+      a.live = live[it].data();
+    }
+    const auto phase = geom_.dtype == DType::Q8_0 ? kernels.attend_phase_q8 : kernels.attend_phase;
+    const cpu::detail::AttendArgs* as = args.data();
+#pragma omp parallel num_threads(threads())
+    {
+#pragma omp for schedule(static)
+      for (int32_t it = 0; it < items; ++it) phase(as[it], AttendPhase::kQueries, 0, 1);
+#pragma omp for schedule(dynamic, 1)
+      for (int32_t w = 0; w < items * parts; ++w) phase(as[w / parts], AttendPhase::kScores, w % parts, parts);
+#pragma omp for schedule(dynamic, 1)
+      for (int32_t it = 0; it < items; ++it) phase(as[it], AttendPhase::kSoftmax, 0, 1);
+#pragma omp for schedule(dynamic, 1)
+      for (int32_t w = 0; w < items * parts; ++w) phase(as[w / parts], AttendPhase::kValues, w % parts, parts);
+#pragma omp for schedule(static)
+      for (int32_t it = 0; it < items; ++it) phase(as[it], AttendPhase::kOutput, 0, 1);
+    }
+  }
+
   // Fills the kernel's arguments for the (rows, kv head) item; the scratch
   // is per thread and grows here (in baseline code), never in a kernel.
   void attend_rows(const cpu::detail::BackendKernels& kernels, int32_t layer, const float* q, const AttentionSeq& seq,
@@ -1342,34 +1451,11 @@ class CpuBackend final : public Backend {
     size_t sc_off = 0;
     for (int32_t j = 0; j < u.n; ++j) {
       const int32_t row = u.row0 + j;
-      const int32_t kv_len = p.kv_len[row];
-      cpu::detail::AttendArgs& a = args[j];
-      a.k_base = block_ptr(layer, 0, 0);
-      a.v_base = block_ptr(layer, 1, 0);
-      a.block_bytes = block_bytes();
-      a.row_bytes = kv_row_bytes(geom_.dtype, p.head_dim);
-      a.block_size = geom_.block_size;
-      a.block_table = seq.block_table;
-      a.hole_begin = seq.hole_begin;
-      a.hole_end = seq.hole_end;
-      a.window_begin = p.window > 0 ? std::max(0, kv_len - p.window) : 0;
-      const bool tree = p.tree_from && p.tree_from[row] >= 0;
-      a.map_from = tree ? p.tree_from[row] : INT32_MAX;
-      a.slot_map = tree ? p.tree_slots + p.tree_begin[row] : nullptr;
-      a.q = q;
-      a.row = row;
-      a.kvh = kvh;
-      a.num_heads = p.num_heads;
-      a.num_kv_heads = p.num_kv_heads;
-      a.head_dim = p.head_dim;
-      a.kv_len = kv_len;
-      a.vec_order = p.decode_rows && p.decode_rows[row];
-      a.scale = p.scale;
-      a.scores = sc.data() + sc_off;
-      a.acc = acc.data() + acc_each * j;
-      a.qbuf = qb.data() + q_each * j;
-      a.out = out;
-      sc_off += static_cast<size_t>(group) * ((kv_len + 31) & ~31);
+      attend_args(args[j], layer, q, seq, row, kvh, p, out);
+      args[j].scores = sc.data() + sc_off;
+      args[j].acc = acc.data() + acc_each * j;
+      args[j].qbuf = qb.data() + q_each * j;
+      sc_off += static_cast<size_t>(group) * ((p.kv_len[row] + 31) & ~31);
     }
     (geom_.dtype == DType::Q8_0 ? kernels.attend_rows_q8 : kernels.attend_rows)(args, u.n);
   }

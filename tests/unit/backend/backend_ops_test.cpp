@@ -1006,6 +1006,9 @@ TEST_P(BackendOps, AttentionLongContextDecodes) {
   check_attention(b(), 32, 8, 128, 16, {{2047, 1}}, 11);
   check_attention(b(), 8, 2, 64, 16, {{4000, 1}, {100, 1}, {1500, 1}}, 12);
   check_attention(b(), 8, 8, 64, 16, {{700, 40}}, 13);  // a long chunked prefill
+  // Fewer items than twice the threads: the CPU splits each over them.
+  check_attention(b(), 8, 1, 64, 16, {{3000, 1}}, 14);
+  check_attention(b(), 9, 3, 64, 16, {{1100, 1}}, 15);
 }
 
 TEST_P(BackendOps, KvCopyBlocksIncludingChains) {

@@ -293,5 +293,100 @@ TEST_F(CpuKernels, AttentionRowsEqualEachRowAlone) {
   }
 }
 
+// attend_phase (one item split over threads: scores by ranges of slots,
+// values by ranges of lanes) gives attend_group's result to the bit, for any
+// number of parts, the parts of a phase run in any order.
+TEST_F(CpuKernels, AttentionPhasesEqualTheItemInOnePiece) {
+  struct Case {
+    int32_t heads, kv_heads, hd, bs, kv_len, window_begin;
+    bool q8, vec;
+  };
+  const Case cases[] = {
+      {9, 3, 64, 16, 4100, 0, false, true},     {9, 3, 64, 16, 2000, 0, false, false},
+      {4, 1, 256, 16, 3000, 2400, false, true}, {8, 2, 64, 32, 1500, 0, true, true},
+      {2, 1, 8, 16, 40, 0, false, true},
+  };
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::uniform_int_distribution<int> q8(-127, 127);
+  for (const Case& c : cases) {
+    const int32_t n_blocks = (c.kv_len + c.bs - 1) / c.bs + 2;
+    const size_t row_bytes = c.q8 ? static_cast<size_t>(c.hd) / 32 * 34 : static_cast<size_t>(c.hd) * 2;
+    const size_t block_bytes = static_cast<size_t>(c.kv_heads) * c.bs * row_bytes;
+    std::vector<uint8_t> kpool(block_bytes * n_blocks), vpool(block_bytes * n_blocks);
+    for (auto* pool : {&kpool, &vpool}) {
+      if (c.q8) {
+        for (size_t b = 0; b + 34 <= pool->size(); b += 34) {
+          const uint16_t h = fp32_to_fp16(std::fabs(d(rng)) / 20.f + 1e-3f);
+          std::memcpy(&(*pool)[b], &h, 2);
+          for (int j = 0; j < 32; ++j) (*pool)[b + 2 + j] = static_cast<uint8_t>(static_cast<int8_t>(q8(rng)));
+        }
+      } else {
+        for (size_t i = 0; i + 1 < pool->size(); i += 2) {
+          const uint16_t h = fp32_to_fp16(d(rng) * 2.f);
+          std::memcpy(&(*pool)[i], &h, 2);
+        }
+      }
+    }
+    std::vector<int32_t> table;
+    for (int32_t b = 0; b < n_blocks - 1; ++b) table.push_back((b * 7 + 1) % n_blocks);
+    const int32_t group = c.heads / c.kv_heads;
+    std::vector<float> q(static_cast<size_t>(c.heads) * c.hd);
+    for (auto& x : q) x = d(rng) * 4.f;
+    const BackendKernels* kerns[3] = {&scalar, &avx2, &avx512};
+    for (const BackendKernels* kern : kerns) {
+      const auto phase = c.q8 ? kern->attend_phase_q8 : kern->attend_phase;
+      for (int32_t kvh = 0; kvh < c.kv_heads; ++kvh) {
+        std::vector<float> sc(static_cast<size_t>(group) * ((c.kv_len + 31) & ~31));
+        std::vector<float> acc(32 * static_cast<size_t>(c.hd) * group),
+            qb(static_cast<size_t>(group) * kAttnMaxHeadDim);
+        bool live[kAttnMaxGroup];
+        std::vector<float> whole(q.size(), -1.f);
+        AttendArgs a{};
+        a.k_base = kpool.data();
+        a.v_base = vpool.data();
+        a.block_bytes = block_bytes;
+        a.row_bytes = row_bytes;
+        a.block_size = c.bs;
+        a.block_table = table.data();
+        a.window_begin = c.window_begin;
+        a.q = q.data();
+        a.kvh = kvh;
+        a.num_heads = c.heads;
+        a.num_kv_heads = c.kv_heads;
+        a.head_dim = c.hd;
+        a.kv_len = c.kv_len;
+        a.vec_order = c.vec;
+        a.scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+        a.scores = sc.data();
+        a.acc = acc.data();
+        a.qbuf = qb.data();
+        a.live = live;
+        a.out = whole.data();
+        (c.q8 ? kern->attend_group_q8 : kern->attend_group)(a);
+        for (int32_t parts : {1, 2, 3, 4, 8}) {
+          std::vector<float> split(q.size(), -2.f);
+          a.out = split.data();
+          std::fill(sc.begin(), sc.end(), 7.f);
+          std::fill(acc.begin(), acc.end(), 7.f);
+          for (AttendPhase ph : {AttendPhase::kQueries, AttendPhase::kScores, AttendPhase::kSoftmax,
+                                 AttendPhase::kValues, AttendPhase::kOutput}) {
+            const bool split_phase = ph == AttendPhase::kScores || ph == AttendPhase::kValues;
+            const int32_t n = split_phase ? parts : 1;
+            for (int32_t part = n - 1; part >= 0; --part) phase(a, ph, part, n);  // (last part first)
+          }
+          for (int32_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+            for (int32_t i = 0; i < c.hd; ++i) {
+              const size_t at = static_cast<size_t>(h) * c.hd + i;
+              ASSERT_EQ(fbits(whole[at]), fbits(split[at]))
+                  << kern->name << " heads " << c.heads << "/" << c.kv_heads << " kv_len " << c.kv_len << " parts "
+                  << parts << " head " << h << " dim " << i;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ember::cpu::detail
