@@ -52,6 +52,59 @@ std::vector<float> nasty(std::mt19937& rng, size_t n) {
   return v;
 }
 
+// Random cache rows: f16 values times mul, or Q8_0 blocks (scales from mul).
+void fill_cache(std::vector<uint8_t>& pool, bool q8, float mul, std::mt19937& rng) {
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::uniform_int_distribution<int> qd(-127, 127);
+  if (!q8) {
+    for (size_t i = 0; i + 1 < pool.size(); i += 2) {
+      const uint16_t h = fp32_to_fp16(d(rng) * mul);
+      std::memcpy(&pool[i], &h, 2);
+    }
+    return;
+  }
+  for (size_t b = 0; b + 34 <= pool.size(); b += 34) {
+    const uint16_t h = fp32_to_fp16(std::fabs(d(rng)) * mul / 64.f + 1e-3f);
+    std::memcpy(&pool[b], &h, 2);
+    for (int j = 0; j < 32; ++j) pool[b + 2 + j] = static_cast<uint8_t>(static_cast<int8_t>(qd(rng)));
+  }
+}
+
+// A paged K/V pool of random rows holding max_len slots in scattered blocks,
+// and the AttendArgs fields that describe it.
+struct TestCache {
+  size_t row_bytes, block_bytes;
+  std::vector<uint8_t> k, v;
+  std::vector<int32_t> table;
+  TestCache(int32_t kv_heads, int32_t hd, int32_t bs, int32_t max_len, bool q8, std::mt19937& rng) {
+    const int32_t n_blocks = (max_len + bs - 1) / bs + 2;
+    row_bytes = q8 ? static_cast<size_t>(hd) / 32 * 34 : static_cast<size_t>(hd) * 2;
+    block_bytes = static_cast<size_t>(kv_heads) * bs * row_bytes;
+    k.resize(block_bytes * n_blocks);
+    v.resize(block_bytes * n_blocks);
+    fill_cache(k, q8, 3.2f, rng);
+    fill_cache(v, q8, 3.2f, rng);
+    for (int32_t b = 0; b < n_blocks - 1; ++b) table.push_back((b * 7 + 1) % n_blocks);
+  }
+  // For kv head kvh of `heads` query heads over `kv_heads`, queries q.
+  AttendArgs args(int32_t bs, int32_t heads, int32_t kv_heads, int32_t hd, int32_t kvh, const float* q) const {
+    AttendArgs a{};
+    a.k_base = k.data();
+    a.v_base = v.data();
+    a.block_bytes = block_bytes;
+    a.row_bytes = row_bytes;
+    a.block_size = bs;
+    a.block_table = table.data();
+    a.q = q;
+    a.kvh = kvh;
+    a.num_heads = heads;
+    a.num_kv_heads = kv_heads;
+    a.head_dim = hd;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    return a;
+  }
+};
+
 TEST_F(CpuKernels, SwiGluAndF16StoreAreBitIdentical) {
   const size_t n = 4096;
   const auto g = nasty(rng, n), u = nasty(rng, n);
@@ -103,21 +156,6 @@ TEST_F(CpuKernels, AttentionIsBitIdentical) {
   // qmul 60: score differences past 87 and 130, exp's rescaled and
   // saturated ranges inside the softmax.
   // Both cache row types: f16, and Q8_0 (head_dim a multiple of 32).
-  std::uniform_int_distribution<int> q8(-127, 127);
-  auto fill = [&](std::vector<uint8_t>& pool, bool is_q8, float mul) {
-    if (!is_q8) {
-      for (size_t i = 0; i + 1 < pool.size(); i += 2) {
-        const uint16_t h = fp32_to_fp16(d(rng) * mul);
-        std::memcpy(&pool[i], &h, 2);
-      }
-      return;
-    }
-    for (size_t b = 0; b + 34 <= pool.size(); b += 34) {
-      const uint16_t h = fp32_to_fp16(std::fabs(d(rng)) * mul / 64.f + 1e-3f);
-      std::memcpy(&pool[b], &h, 2);
-      for (int j = 0; j < 32; ++j) pool[b + 2 + j] = static_cast<uint8_t>(static_cast<int8_t>(q8(rng)));
-    }
-  };
   for (bool is_q8 : {false, true})
     for (float qmul : {2.f, 60.f})
       for (const Case& c : cases) {
@@ -126,8 +164,8 @@ TEST_F(CpuKernels, AttentionIsBitIdentical) {
         const size_t row_bytes = is_q8 ? static_cast<size_t>(c.hd) / 32 * 34 : static_cast<size_t>(c.hd) * 2;
         const size_t block_bytes = static_cast<size_t>(c.kv_heads) * c.bs * row_bytes;
         std::vector<uint8_t> kpool(block_bytes * n_blocks), vpool(block_bytes * n_blocks);
-        fill(kpool, is_q8, 3.f);
-        fill(vpool, is_q8, 1.f);
+        fill_cache(kpool, is_q8, 3.f, rng);
+        fill_cache(vpool, is_q8, 1.f, rng);
         std::vector<int32_t> table;
         for (int32_t b = 0; b < n_blocks - 1; ++b) table.push_back((b * 7 + 1) % n_blocks);  // scattered blocks
         const int32_t rows = 2;
@@ -200,29 +238,8 @@ TEST_F(CpuKernels, AttentionRowsEqualEachRowAlone) {
       {9, 3, 64, 16, 5, 0, 0, false, true, false, 4},     // fewer shared slots than a block of eight
   };
   std::normal_distribution<float> d(0.f, 1.f);
-  std::uniform_int_distribution<int> q8(-127, 127);
   for (const Case& c : cases) {
-    const int32_t max_len = c.prefix + c.n_rows + 1;
-    const int32_t n_blocks = (max_len + c.bs - 1) / c.bs + 2;
-    const size_t row_bytes = c.q8 ? static_cast<size_t>(c.hd) / 32 * 34 : static_cast<size_t>(c.hd) * 2;
-    const size_t block_bytes = static_cast<size_t>(c.kv_heads) * c.bs * row_bytes;
-    std::vector<uint8_t> kpool(block_bytes * n_blocks), vpool(block_bytes * n_blocks);
-    for (auto* pool : {&kpool, &vpool}) {
-      if (c.q8) {
-        for (size_t b = 0; b + 34 <= pool->size(); b += 34) {
-          const uint16_t h = fp32_to_fp16(std::fabs(d(rng)) / 20.f + 1e-3f);
-          std::memcpy(&(*pool)[b], &h, 2);
-          for (int j = 0; j < 32; ++j) (*pool)[b + 2 + j] = static_cast<uint8_t>(static_cast<int8_t>(q8(rng)));
-        }
-      } else {
-        for (size_t i = 0; i + 1 < pool->size(); i += 2) {
-          const uint16_t h = fp32_to_fp16(d(rng) * 2.f);
-          std::memcpy(&(*pool)[i], &h, 2);
-        }
-      }
-    }
-    std::vector<int32_t> table;
-    for (int32_t b = 0; b < n_blocks - 1; ++b) table.push_back((b * 7 + 1) % n_blocks);  // scattered blocks
+    const TestCache cache(c.kv_heads, c.hd, c.bs, c.prefix + c.n_rows + 1, c.q8, rng);
     const int32_t group = c.heads / c.kv_heads;
     std::vector<float> q(static_cast<size_t>(c.n_rows) * c.heads * c.hd);
     for (auto& x : q) x = d(rng) * 4.f;
@@ -246,27 +263,16 @@ TEST_F(CpuKernels, AttentionRowsEqualEachRowAlone) {
         std::vector<AttendArgs> args(c.n_rows);
         for (int32_t r = 0; r < c.n_rows; ++r) {
           AttendArgs& a = args[r];
-          a.k_base = kpool.data();
-          a.v_base = vpool.data();
-          a.block_bytes = block_bytes;
-          a.row_bytes = row_bytes;
-          a.block_size = c.bs;
-          a.block_table = table.data();
+          a = cache.args(c.bs, c.heads, c.kv_heads, c.hd, kvh, q.data());
           a.hole_begin = c.hole_begin;
           a.hole_end = c.hole_end;
           if (c.tree && r > 0) {
             a.map_from = c.prefix;
             a.slot_map = paths.data() + path_at[r];
           }
-          a.q = q.data();
           a.row = r;
-          a.kvh = kvh;
-          a.num_heads = c.heads;
-          a.num_kv_heads = c.kv_heads;
-          a.head_dim = c.hd;
           a.kv_len = kv_len[r];
           a.vec_order = c.tree && !(c.mixed && r % 3 == 1);
-          a.scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
           sc[r].assign(static_cast<size_t>(group) * ((kv_len[r] + 31) & ~31), 0.f);
           acc[r].assign(32 * static_cast<size_t>(c.hd) * group, 0.f);
           qb[r].assign(static_cast<size_t>(group) * kAttnMaxHeadDim, 0.f);
@@ -307,28 +313,8 @@ TEST_F(CpuKernels, AttentionPhasesEqualTheItemInOnePiece) {
       {2, 1, 8, 16, 40, 0, false, true},
   };
   std::normal_distribution<float> d(0.f, 1.f);
-  std::uniform_int_distribution<int> q8(-127, 127);
   for (const Case& c : cases) {
-    const int32_t n_blocks = (c.kv_len + c.bs - 1) / c.bs + 2;
-    const size_t row_bytes = c.q8 ? static_cast<size_t>(c.hd) / 32 * 34 : static_cast<size_t>(c.hd) * 2;
-    const size_t block_bytes = static_cast<size_t>(c.kv_heads) * c.bs * row_bytes;
-    std::vector<uint8_t> kpool(block_bytes * n_blocks), vpool(block_bytes * n_blocks);
-    for (auto* pool : {&kpool, &vpool}) {
-      if (c.q8) {
-        for (size_t b = 0; b + 34 <= pool->size(); b += 34) {
-          const uint16_t h = fp32_to_fp16(std::fabs(d(rng)) / 20.f + 1e-3f);
-          std::memcpy(&(*pool)[b], &h, 2);
-          for (int j = 0; j < 32; ++j) (*pool)[b + 2 + j] = static_cast<uint8_t>(static_cast<int8_t>(q8(rng)));
-        }
-      } else {
-        for (size_t i = 0; i + 1 < pool->size(); i += 2) {
-          const uint16_t h = fp32_to_fp16(d(rng) * 2.f);
-          std::memcpy(&(*pool)[i], &h, 2);
-        }
-      }
-    }
-    std::vector<int32_t> table;
-    for (int32_t b = 0; b < n_blocks - 1; ++b) table.push_back((b * 7 + 1) % n_blocks);
+    const TestCache cache(c.kv_heads, c.hd, c.bs, c.kv_len, c.q8, rng);
     const int32_t group = c.heads / c.kv_heads;
     std::vector<float> q(static_cast<size_t>(c.heads) * c.hd);
     for (auto& x : q) x = d(rng) * 4.f;
@@ -341,22 +327,10 @@ TEST_F(CpuKernels, AttentionPhasesEqualTheItemInOnePiece) {
             qb(static_cast<size_t>(group) * kAttnMaxHeadDim);
         bool live[kAttnMaxGroup];
         std::vector<float> whole(q.size(), -1.f);
-        AttendArgs a{};
-        a.k_base = kpool.data();
-        a.v_base = vpool.data();
-        a.block_bytes = block_bytes;
-        a.row_bytes = row_bytes;
-        a.block_size = c.bs;
-        a.block_table = table.data();
+        AttendArgs a = cache.args(c.bs, c.heads, c.kv_heads, c.hd, kvh, q.data());
         a.window_begin = c.window_begin;
-        a.q = q.data();
-        a.kvh = kvh;
-        a.num_heads = c.heads;
-        a.num_kv_heads = c.kv_heads;
-        a.head_dim = c.hd;
         a.kv_len = c.kv_len;
         a.vec_order = c.vec;
-        a.scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
         a.scores = sc.data();
         a.acc = acc.data();
         a.qbuf = qb.data();
