@@ -1330,6 +1330,19 @@ class CpuBackend final : public Backend {
     return units;
   }
 
+  // One item's scratch (AttendArgs: scores, lane accumulators, queries), in floats.
+  static size_t attend_scratch_floats(const AttentionParams& p, int32_t kv_len) {
+    const size_t group = static_cast<size_t>(p.num_heads / p.num_kv_heads);
+    return group * (((kv_len + 31) & ~31) + 32 * static_cast<size_t>(p.head_dim) + cpu::detail::kAttnMaxHeadDim);
+  }
+  // Points a's scratch at buf (attend_scratch_floats of them).
+  static void place_attend_scratch(cpu::detail::AttendArgs& a, float* buf, const AttentionParams& p) {
+    const size_t group = static_cast<size_t>(p.num_heads / p.num_kv_heads);
+    a.scores = buf;
+    a.acc = a.scores + group * ((a.kv_len + 31) & ~31);
+    a.qbuf = a.acc + group * 32 * static_cast<size_t>(p.head_dim);
+  }
+
   // One item's kernel arguments, all but the scratch.
   void attend_args(cpu::detail::AttendArgs& a, int32_t layer, const float* q, const AttentionSeq& seq, int32_t row,
                    int32_t kvh, const AttentionParams& p, float* out) const {
@@ -1385,19 +1398,14 @@ class CpuBackend final : public Backend {
                        const AttentionSeq* seqs, const std::vector<RowRun>& units, int32_t parts,
                        const AttentionParams& p, float* out) {
     using cpu::detail::AttendPhase;
-    const int32_t group = p.num_heads / p.num_kv_heads;
     const int32_t items = static_cast<int32_t>(units.size()) * p.num_kv_heads;
-    const size_t acc_each = static_cast<size_t>(group) * 32 * p.head_dim;
-    const size_t q_each = static_cast<size_t>(group) * cpu::detail::kAttnMaxHeadDim;
     // Scratch of the calling thread, shared by the workers.
     thread_local std::vector<float> buf;
     thread_local std::vector<cpu::detail::AttendArgs> args;
     thread_local std::vector<std::array<bool, cpu::detail::kAttnMaxGroup>> live;
     try {
       size_t need = 0;
-      for (const RowRun& u : units)
-        need += static_cast<size_t>(p.num_kv_heads) *
-                (static_cast<size_t>(group) * ((p.kv_len[u.row0] + 31) & ~31) + acc_each + q_each);
+      for (const RowRun& u : units) need += p.num_kv_heads * attend_scratch_floats(p, p.kv_len[u.row0]);
       if (buf.size() < need) buf.resize(need);
       args.resize(static_cast<size_t>(items));
       live.resize(static_cast<size_t>(items));
@@ -1409,12 +1417,8 @@ class CpuBackend final : public Backend {
       const RowRun& u = units[it / p.num_kv_heads];
       cpu::detail::AttendArgs& a = args[it];
       attend_args(a, layer, q, seqs[u.seq], u.row0, it % p.num_kv_heads, p, out);
-      a.scores = buf.data() + off;
-      off += static_cast<size_t>(group) * ((a.kv_len + 31) & ~31);
-      a.acc = buf.data() + off;
-      off += acc_each;
-      a.qbuf = buf.data() + off;
-      off += q_each;
+      place_attend_scratch(a, buf.data() + off, p);
+      off += attend_scratch_floats(p, a.kv_len);
       a.live = live[it].data();
     }
     const auto phase = geom_.dtype == DType::Q8_0 ? kernels.attend_phase_q8 : kernels.attend_phase;
@@ -1438,24 +1442,16 @@ class CpuBackend final : public Backend {
   // is per thread and grows here (in baseline code), never in a kernel.
   void attend_rows(const cpu::detail::BackendKernels& kernels, int32_t layer, const float* q, const AttentionSeq& seq,
                    const RowRun& u, int32_t kvh, const AttentionParams& p, float* out) const {
-    const int32_t group = p.num_heads / p.num_kv_heads;
-    size_t sc_need = 0;
-    for (int32_t j = 0; j < u.n; ++j) sc_need += static_cast<size_t>(group) * ((p.kv_len[u.row0 + j] + 31) & ~31);
-    const size_t acc_each = static_cast<size_t>(group) * 32 * p.head_dim;
-    const size_t q_each = static_cast<size_t>(group) * cpu::detail::kAttnMaxHeadDim;
-    thread_local std::vector<float> sc, acc, qb;
-    if (sc.size() < sc_need) sc.resize(sc_need);
-    if (acc.size() < acc_each * u.n) acc.resize(acc_each * u.n);
-    if (qb.size() < q_each * u.n) qb.resize(q_each * u.n);
+    size_t need = 0;
+    for (int32_t j = 0; j < u.n; ++j) need += attend_scratch_floats(p, p.kv_len[u.row0 + j]);
+    thread_local std::vector<float> buf;
+    if (buf.size() < need) buf.resize(need);
     cpu::detail::AttendArgs args[cpu::detail::kAttnMaxRows];
-    size_t sc_off = 0;
+    size_t off = 0;
     for (int32_t j = 0; j < u.n; ++j) {
-      const int32_t row = u.row0 + j;
-      attend_args(args[j], layer, q, seq, row, kvh, p, out);
-      args[j].scores = sc.data() + sc_off;
-      args[j].acc = acc.data() + acc_each * j;
-      args[j].qbuf = qb.data() + q_each * j;
-      sc_off += static_cast<size_t>(group) * ((p.kv_len[row] + 31) & ~31);
+      attend_args(args[j], layer, q, seq, u.row0 + j, kvh, p, out);
+      place_attend_scratch(args[j], buf.data() + off, p);
+      off += attend_scratch_floats(p, args[j].kv_len);
     }
     (geom_.dtype == DType::Q8_0 ? kernels.attend_rows_q8 : kernels.attend_rows)(args, u.n);
   }
