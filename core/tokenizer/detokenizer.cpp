@@ -50,7 +50,7 @@ std::string Tokenizer::detokenize_llama(const int32_t* ids, size_t n, bool remov
     const bool strip = remove_space;
     remove_space = false;
     if (!unparse_special && (attrs_[id] & (kAttrUnknown | kAttrControl))) continue;
-    const std::string& piece = pieces_[id];
+    const std::string_view piece = pieces_[static_cast<size_t>(id)];
     text.append(piece, strip && !piece.empty() && piece[0] == ' ' ? 1 : 0, std::string::npos);
   }
   if (!clean_spaces_ || text.empty()) return text;

@@ -29,8 +29,9 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
+
+#include "core/util/string_table.h"
 
 namespace ember {
 
@@ -152,7 +153,7 @@ class Tokenizer {
   bool is_control(int32_t id) const;
   TokenType token_type(int32_t id) const;  // kInvalidArgument when out of range
   // Vocabulary text of a token (byte-level encoded for BPE).
-  const std::string& token_text(int32_t id) const;  // kInvalidArgument when out of range
+  std::string_view token_text(int32_t id) const;  // kInvalidArgument when out of range
   // Id of the token whose vocabulary text is exactly `text`; -1 if none.
   int32_t find_token(std::string_view text) const;
 
@@ -166,12 +167,11 @@ class Tokenizer {
   VocabType vocab_type_ = VocabType::kBpe;
   PreType pre_type_ = PreType::kDefault;
   std::string pre_name_;
-  bool ignore_merges_ = false;  // llama3: a word that is a whole token skips BPE
-  std::vector<std::string> tokens_;
-  std::vector<uint16_t> attrs_;                              // attribute bits per token (see tokenizer_impl.h)
-  std::vector<std::string> pieces_;                          // token_to_piece cache
-  std::unordered_map<std::string_view, int32_t> token_ids_;  // views into tokens_
-  std::vector<int32_t> special_tokens_;                      // matched in text, longest first
+  bool ignore_merges_ = false;           // llama3: a word that is a whole token skips BPE
+  StringTable tokens_;                   // the vocabulary's texts, indexed (find_token)
+  std::vector<uint16_t> attrs_;          // attribute bits per token (see tokenizer_impl.h)
+  StringTable pieces_;                   // token_to_piece cache
+  std::vector<int32_t> special_tokens_;  // matched in text, longest first
   std::vector<int32_t> eog_ids_;
   int32_t bos_ = -1, eos_ = -1, eot_ = -1, eom_ = -1, unk_ = -1, pad_ = -1;
   bool add_bos_ = false, add_eos_ = false;

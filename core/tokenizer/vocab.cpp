@@ -237,23 +237,23 @@ std::unique_ptr<Tokenizer> Tokenizer::from_vocab(Vocab v) {
   if (!v.scores.empty() && v.scores.size() != n)
     bad_format("tokenizer.ggml.scores has " + std::to_string(v.scores.size()) + " entries for " + std::to_string(n) +
                " tokens");
-  t->tokens_ = std::move(v.tokens);
   if (is_spm) {
     t->scores_ = std::move(v.scores);
     t->scores_.resize(n, 0.0f);  // no scores: all 0, as llama.cpp
   }
   t->attrs_.resize(n, kAttrNormal);
   for (size_t i = 0; i < n; ++i) {
-    if (t->tokens_[i].empty()) t->tokens_[i] = "[EMPTY_" + std::to_string(i) + "]";  // as llama.cpp
+    std::string& text = v.tokens[i];
+    if (text.empty()) text = "[EMPTY_" + std::to_string(i) + "]";  // as llama.cpp
+    if (!t->tokens_.push_back(text)) bad_format("the vocabulary's texts pass 4 GiB");
+    std::string().swap(text);  // freed as it goes: the vocabulary is not held twice
     if (!v.token_types.empty()) t->attrs_[i] = attr_from_type(v.token_types[i]);
   }
-  t->token_ids_.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    auto [it, inserted] = t->token_ids_.emplace(std::string_view(t->tokens_[i]), static_cast<int32_t>(i));
-    if (!inserted)
-      bad_format("duplicate token '" + printable(t->tokens_[i]) + "' has ids " + std::to_string(it->second) + " and " +
-                 std::to_string(i));
-  }
+  t->tokens_.shrink_to_fit();
+  int64_t first = -1;
+  if (const int64_t dup = t->tokens_.build_index(&first); dup >= 0)
+    bad_format("duplicate token '" + printable(t->tokens_[static_cast<size_t>(dup)]) + "' has ids " +
+               std::to_string(first) + " and " + std::to_string(dup));
 
   // Special ids.
   auto special = [&](const std::optional<int64_t>& id, const char* key) -> int32_t {
@@ -370,7 +370,7 @@ std::unique_ptr<Tokenizer> Tokenizer::from_vocab(Vocab v) {
   Impl& im = *t->impl_;
   im.special_index.reserve(t->special_tokens_.size());
   for (size_t k = 0; k < t->special_tokens_.size(); ++k) {
-    const std::string& text = t->tokens_[t->special_tokens_[k]];
+    const std::string_view text = t->tokens_[static_cast<size_t>(t->special_tokens_[k])];
     im.special_index.emplace(std::string_view(text), static_cast<int32_t>(k));
     auto& lengths = im.special_lengths_by_first_byte[static_cast<uint8_t>(text[0])];
     if (std::find(lengths.begin(), lengths.end(), static_cast<uint32_t>(text.size())) == lengths.end())
@@ -417,11 +417,11 @@ std::unique_ptr<Tokenizer> Tokenizer::from_vocab(Vocab v) {
 // The token_to_piece cache (llama.cpp's token_to_piece with special=true).
 void Tokenizer::build_pieces() {
   const size_t n = tokens_.size();
-  pieces_.resize(n);
+  std::string out;
   for (size_t i = 0; i < n; ++i) {
     const uint16_t a = attrs_[i];
-    const std::string& text = tokens_[i];
-    std::string& out = pieces_[i];
+    const std::string_view text = tokens_[i];
+    out.clear();
     if (a & (kAttrUnknown | kAttrControl | kAttrUserDefined)) {
       out = text;
     } else if (vocab_type_ == VocabType::kSpm) {
@@ -439,7 +439,7 @@ void Tokenizer::build_pieces() {
       } else if (a & kAttrByte) {
         // llama.cpp: strtol(text.substr(3, 2), 16), low byte.
         if (text.size() >= 3) {
-          const std::string digits = text.substr(3, 2);
+          const std::string digits(text.substr(3, 2));
           out.push_back(static_cast<char>(std::strtol(digits.c_str(), nullptr, 16)));
         }
       }
@@ -466,24 +466,23 @@ void Tokenizer::build_pieces() {
     } else if (a & kAttrByte) {
       // "<0xAB>"
       if (text.size() == 6 && text.compare(0, 3, "<0x") == 0 && text[5] == '>') {
-        out.push_back(static_cast<char>(std::strtol(text.substr(3, 2).c_str(), nullptr, 16)));
+        out.push_back(static_cast<char>(std::strtol(std::string(text.substr(3, 2)).c_str(), nullptr, 16)));
       }
     }
     // Unused / undefined tokens render as nothing (as in llama.cpp).
+    if (!pieces_.push_back(out)) bad_format("the vocabulary's pieces pass 4 GiB");
   }
+  pieces_.shrink_to_fit();
 }
 
 // ---------------------------------------------------------------------------
 // Queries
 
-int32_t Tokenizer::find_token(std::string_view text) const {
-  auto it = token_ids_.find(text);
-  return it == token_ids_.end() ? -1 : it->second;
-}
+int32_t Tokenizer::find_token(std::string_view text) const { return static_cast<int32_t>(tokens_.find(text)); }
 
 std::string Tokenizer::token_to_piece(int32_t id) const {
   check_id(id, n_vocab());
-  return pieces_[id];
+  return std::string(pieces_[static_cast<size_t>(id)]);
 }
 
 bool Tokenizer::is_eog(int32_t id) const { return std::binary_search(eog_ids_.begin(), eog_ids_.end(), id); }
@@ -502,9 +501,9 @@ Tokenizer::TokenType Tokenizer::token_type(int32_t id) const {
   return TokenType::kUndefined;
 }
 
-const std::string& Tokenizer::token_text(int32_t id) const {
+std::string_view Tokenizer::token_text(int32_t id) const {
   check_id(id, n_vocab());
-  return tokens_[id];
+  return tokens_[static_cast<size_t>(id)];
 }
 
 }  // namespace ember
