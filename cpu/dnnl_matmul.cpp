@@ -1,74 +1,93 @@
+// libember's side of oneDNN: libember_dnnl.so (cpu/dnnl/) links oneDNN and
+// is opened on the first call that wants it, next to libember.so or in
+// $EMBER_PLUGIN_DIR (core/backend/plugin.h). Without it (a build with
+// EMBER_WITH_ONEDNN=OFF, or the file missing) available() is false and every
+// chunk runs on Ember's own kernels.
 #include "cpu/dnnl_matmul.h"
 
-#include "core/util/status.h"
-
-#if EMBER_WITH_ONEDNN
-
-#include <dnnl.hpp>
+#include <dlfcn.h>
 
 #include <mutex>
 #include <string>
-#include <unordered_map>
+#include <vector>
 
+#include "core/backend/plugin.h"
+#include "core/util/log.h"
+#include "core/util/status.h"
 #include "cpu/cpu_features.h"
+#include "cpu/dnnl/dnnl_plugin.h"
 
 namespace ember::cpu::dnnl_mm {
 namespace {
 
-using dt = dnnl::memory::data_type;
-
-dnnl::engine& engine() {
-  static dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-  return eng;
+std::mutex& dirs_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::vector<std::string>& extra_dirs() {
+  static std::vector<std::string> d;
+  return d;
 }
 
-struct Key {
-  int64_t M, N, K, ldx, ldy;
-  int prec;
-  bool operator==(const Key& o) const {
-    return M == o.M && N == o.N && K == o.K && ldx == o.ldx && ldy == o.ldy && prec == o.prec;
+const ember_dnnl_table_v1* open_table() {
+#if EMBER_WITH_ONEDNN
+  PluginSearch search;
+  search.file_name = kDnnlPluginFile;
+  search.entry_point = kDnnlPluginEntry;
+  {
+    std::lock_guard<std::mutex> lock(dirs_mutex());
+    search.dirs = extra_dirs();
   }
-};
-struct KeyHash {
-  size_t operator()(const Key& k) const {
-    size_t h = 1469598103934665603ull;
-    for (int64_t v : {k.M, k.N, k.K, k.ldx, k.ldy, static_cast<int64_t>(k.prec)})
-      h = (h ^ static_cast<size_t>(v)) * 1099511628211ull;
-    return h;
+  std::string searched;
+  for (const std::string& path : plugin_candidates(search, &searched)) {
+    dlerror();
+    void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!handle) {
+      const char* e = dlerror();
+      const std::string err = e ? e : "unknown dlopen error";
+      if (path == search.file_name && err.rfind(path + ":", 0) == 0) break;  // not on the loader's path
+      log(LogLevel::kWarn, "oneDNN: cannot load %s (%s); prefill GEMMs run on Ember's kernels", path.c_str(),
+          err.c_str());
+      return nullptr;
+    }
+    auto entry = reinterpret_cast<ember_dnnl_plugin_entry_fn>(dlsym(handle, search.entry_point.c_str()));
+    const ember_dnnl_table_v1* t = entry ? entry() : nullptr;
+    if (!t || t->abi_version != kDnnlPluginAbi || !t->matmul || !t->free_stream || !t->bf16_supported ||
+        !t->cache_entries || !t->clear_cache) {
+      log(LogLevel::kWarn, "oneDNN: %s is not a plugin built with this libember; prefill GEMMs run on Ember's kernels",
+          path.c_str());
+      dlclose(handle);
+      return nullptr;
+    }
+    log(LogLevel::kInfo, "oneDNN: %s", path.c_str());
+    return t;  // (never unloaded)
   }
-};
-
-struct Entry {
-  dnnl::matmul prim;
-  dnnl::memory::desc src, wei, dst;
-};
-
-// Prompt lengths vary, so the number of shapes is unbounded: the cache is
-// cleared when it grows past this many entries (cheap: creation is ~0.1 ms,
-// and oneDNN keeps its own primitive cache underneath).
-constexpr size_t kMaxEntries = 256;
-
-std::mutex g_mu;
-std::unordered_map<Key, Entry, KeyHash>& cache() {
-  static std::unordered_map<Key, Entry, KeyHash> c;
-  return c;
+  log(LogLevel::kWarn, "oneDNN: %s not found (searched: %s); prefill GEMMs run on Ember's kernels", kDnnlPluginFile,
+      searched.c_str());
+#endif
+  return nullptr;
 }
 
-Entry make_entry(const Key& k) {
-  const dt t = k.prec == 1 ? dt::bf16 : dt::f32;
-  dnnl::memory::desc src({k.M, k.K}, t, dnnl::memory::dims{k.ldx, 1});
-  dnnl::memory::desc wei({k.K, k.N}, t, dnnl::memory::dims{1, k.K});  // W[N,K] row-major = (K x N) "ba"
-  dnnl::memory::desc dst({k.M, k.N}, dt::f32, dnnl::memory::dims{k.ldy, 1});
-  auto pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wei, dst), engine());
-  return Entry{dnnl::matmul(pd), src, wei, dst};
+const ember_dnnl_table_v1* table() {
+  static const ember_dnnl_table_v1* t = open_table();
+  return t;
 }
 
 }  // namespace
 
+void add_plugin_dir(const std::string& dir) {
+  std::lock_guard<std::mutex> lock(dirs_mutex());
+  extra_dirs().push_back(dir);
+}
+
+bool available() { return table() != nullptr; }
+
 struct StreamState {
-  dnnl::stream stream{engine()};
+  void* stream = nullptr;
+  ~StreamState() {
+    if (stream) table()->free_stream(stream);
+  }
 };
-bool available() { return true; }
 
 StreamHolder::StreamHolder() = default;
 StreamHolder::~StreamHolder() = default;
@@ -77,42 +96,20 @@ StreamHolder& StreamHolder::operator=(StreamHolder&&) noexcept = default;
 
 void matmul(Precision p, int64_t M, int64_t N, int64_t K, const void* x, int64_t ldx, const void* w, float* y,
             int64_t ldy, StreamHolder& stream) {
-  const Key key{M, N, K, ldx, ldy, p == Precision::kBf16 ? 1 : 0};
-  try {
-    Entry e;
-    {
-      std::lock_guard<std::mutex> lock(g_mu);
-      auto& c = cache();
-      auto it = c.find(key);
-      if (it == c.end()) {
-        if (c.size() >= kMaxEntries) c.clear();
-        it = c.emplace(key, make_entry(key)).first;
-      }
-      e = it->second;  // primitives are ref-counted handles; execute is thread-safe
-    }
-    if (!stream.state) stream.state = std::make_unique<StreamState>();
-    dnnl::memory src(e.src, engine(), const_cast<void*>(x));
-    dnnl::memory wei(e.wei, engine(), const_cast<void*>(w));
-    dnnl::memory dst(e.dst, engine(), y);
-    e.prim.execute(stream.state->stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}});
-    stream.state->stream.wait();
-  } catch (const dnnl::error& err) {
-    fail(err.status == dnnl_unimplemented ? StatusCode::kUnsupported : StatusCode::kInternal,
-         std::string("oneDNN matmul (") + (p == Precision::kBf16 ? "bf16" : "f32") + ", M=" + std::to_string(M) +
-             " N=" + std::to_string(N) + " K=" + std::to_string(K) + "): " + err.what());
-  }
+  const ember_dnnl_table_v1* t = table();
+  if (!t) fail(StatusCode::kInternal, "matmul: oneDNN is not available (libember_dnnl.so not loaded)");
+  if (!stream.state) stream.state = std::make_unique<StreamState>();
+  char err[512];
+  err[0] = '\0';
+  const int32_t rc =
+      t->matmul(p == Precision::kBf16 ? 1 : 0, M, N, K, x, ldx, w, y, ldy, &stream.state->stream, err, sizeof err);
+  err[sizeof err - 1] = '\0';
+  if (rc != 0) fail(static_cast<StatusCode>(rc), err[0] ? std::string(err) : std::string("oneDNN matmul failed"));
 }
 
 bool bf16_supported() {
-  static const bool ok = [] {
-    try {
-      make_entry(Key{16, 16, 32, 32, 16, 1});
-      return true;
-    } catch (const dnnl::error&) {
-      return false;
-    }
-  }();
-  return ok;
+  const ember_dnnl_table_v1* t = table();
+  return t && t->bf16_supported() != 0;
 }
 
 bool bf16_native() {
@@ -121,36 +118,12 @@ bool bf16_native() {
 }
 
 size_t cache_entries() {
-  std::lock_guard<std::mutex> lock(g_mu);
-  return cache().size();
+  const ember_dnnl_table_v1* t = table();
+  return t ? t->cache_entries() : 0;
 }
 
 void clear_cache() {
-  std::lock_guard<std::mutex> lock(g_mu);
-  cache().clear();
+  if (const ember_dnnl_table_v1* t = table()) t->clear_cache();
 }
 
 }  // namespace ember::cpu::dnnl_mm
-
-#else  // !EMBER_WITH_ONEDNN
-
-namespace ember::cpu::dnnl_mm {
-
-struct StreamState {};
-bool available() { return false; }
-StreamHolder::StreamHolder() = default;
-StreamHolder::~StreamHolder() = default;
-StreamHolder::StreamHolder(StreamHolder&&) noexcept = default;
-StreamHolder& StreamHolder::operator=(StreamHolder&&) noexcept = default;
-
-void matmul(Precision, int64_t, int64_t, int64_t, const void*, int64_t, const void*, float*, int64_t, StreamHolder&) {
-  fail(StatusCode::kInternal, "matmul: this build has no oneDNN (EMBER_WITH_ONEDNN=OFF)");
-}
-bool bf16_supported() { return false; }
-bool bf16_native() { return false; }
-size_t cache_entries() { return 0; }
-void clear_cache() {}
-
-}  // namespace ember::cpu::dnnl_mm
-
-#endif  // EMBER_WITH_ONEDNN

@@ -1,21 +1,27 @@
-// Thin wrapper over oneDNN's matmul primitive for the prefill path (in a
-// build with EMBER_WITH_ONEDNN=OFF, available() is false and the matmuls
-// never come here: every chunk runs on Ember's own kernels):
+// Thin wrapper over oneDNN's matmul primitive for the prefill path:
 //   y[M, N] (row stride ldy) = x[M, K] (row stride ldx) · W[N, K]^T (W row-major)
-// in f32 or bf16 (inputs), always with f32 output. Primitives are cached by
-// shape in a process-wide, mutex-protected cache. Internal to ember::cpu.
+// in f32 or bf16 (inputs), always with f32 output. oneDNN itself lives in the
+// plugin libember_dnnl.so (cpu/dnnl/), opened on the first call that asks for
+// it: libember links no oneDNN. Where the plugin is missing (a build with
+// EMBER_WITH_ONEDNN=OFF, or the file not beside libember.so nor in
+// $EMBER_PLUGIN_DIR) available() is false and the matmuls never come here:
+// every chunk runs on Ember's own kernels. Internal to ember::cpu.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 namespace ember::cpu::dnnl_mm {
 
 enum class Precision { kF32, kBf16 };
 
-// Whether this build links oneDNN.
+// Whether the oneDNN plugin is loaded (the first call looks for it, once).
 bool available();
+// Also look in dir for the plugin (tests linking the core statically; call
+// before the first available()).
+void add_plugin_dir(const std::string& dir);
 
 // Per-caller oneDNN stream (streams are not thread-safe). Lives in MatmulScratch.
 struct StreamState;

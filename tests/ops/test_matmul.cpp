@@ -36,6 +36,21 @@ namespace {
 // in bf16, exceeded that bound.)
 constexpr double kBf16Ulp = 0x1p-7;
 
+// libember links no oneDNN: the plugin libember_dnnl.so does, and this build
+// made it (tests/dnnl_plugin_dir.cpp says where), so it must load.
+TEST(Matmul, OneDnnPluginLoadsWhereTheBuildPutIt) {
+#ifdef EMBER_DNNL_PLUGIN_DIR
+  ASSERT_TRUE(dnnl_mm::available());
+  std::vector<float> x(4 * 8, 1.0f), w(3 * 8, 0.5f), y(4 * 3, 0.0f);
+  dnnl_mm::StreamHolder stream;
+  dnnl_mm::matmul(dnnl_mm::Precision::kF32, 4, 3, 8, x.data(), 8, w.data(), y.data(), 3, stream);
+  for (float v : y) EXPECT_EQ(v, 4.0f);
+  EXPECT_GE(dnnl_mm::cache_entries(), 1u);
+#else
+  EXPECT_FALSE(dnnl_mm::available());
+#endif
+}
+
 constexpr DType kTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
                             DType::Q8_0, DType::F16,  DType::BF16, DType::F32};
 constexpr Isa kIsas[] = {Isa::kScalar, Isa::kAvx2, Isa::kAvx512Vnni};
