@@ -34,7 +34,11 @@
 
 #include "ember/ember.h"
 #ifdef EMBER_WITH_SERVER
-#include "apps/server/server.h"
+#ifdef EMBER_WITH_SERVER
+#include <dlfcn.h>
+
+#include "apps/server/serve_module.h"
+#endif
 #endif
 
 namespace {
@@ -1339,6 +1343,45 @@ int cmd_bench(int argc, char** argv) {
 }
 
 #ifdef EMBER_WITH_SERVER
+// The server is libember_serve.so (apps/server/serve_module.h), looked for in
+// $EMBER_PLUGIN_DIR, then beside libember.so, and opened for this command
+// alone: chat, generate and bench map no HTTP or TLS library.
+int run_serve_module(const ember::server::ServeOptions& o) {
+  std::vector<std::string> dirs;
+  if (const char* env = std::getenv("EMBER_PLUGIN_DIR")) {
+    std::stringstream list(env);
+    for (std::string d; std::getline(list, d, ':');)
+      if (!d.empty()) dirs.push_back(d);
+  }
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&ember_version), &info) != 0 && info.dli_fname) {
+    const std::string lib = info.dli_fname;
+    const size_t slash = lib.rfind('/');
+    dirs.push_back(slash == std::string::npos ? std::string(".") : lib.substr(0, slash));
+  }
+  std::string searched;
+  for (const std::string& d : dirs) {
+    const std::string path = d + "/" + ember::server::kServeModuleFile;
+    searched += (searched.empty() ? "" : ", ") + d;
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) continue;
+    void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+      const char* e = dlerror();
+      throw CliError("serve: cannot load " + path + ": " + (e ? e : "unknown error"));
+    }
+    auto entry = reinterpret_cast<ember_serve_module_fn>(dlsym(h, ember::server::kServeModuleEntry));
+    if (!entry) throw CliError("serve: " + path + " is not Ember's server module");
+    char err[1024] = {0};
+    const int rc = entry(&o, sizeof o, err, sizeof err);
+    err[sizeof err - 1] = '\0';
+    if (err[0]) throw CliError(err);
+    return rc;
+  }
+  throw CliError(std::string("serve: ") + ember::server::kServeModuleFile + " was not found (searched: " + searched +
+                 "); keep it beside libember.so or point EMBER_PLUGIN_DIR at it");
+}
+
 int cmd_serve(int argc, char** argv) {
   // The HTTP threads share the cores with the engine's OpenMP team, whose
   // threads must then sleep at joins rather than spin (64 streams on 2 cores:
@@ -1400,7 +1443,7 @@ int cmd_serve(int argc, char** argv) {
   o.comm = split.comm;
   o.tp_exact = split.tp_exact;
   o.kv_dtype = split.kv_dtype;
-  return ember::server::serve(o);
+  return run_serve_module(o);
 }
 #endif
 
