@@ -127,5 +127,33 @@ if [ -n "${2:-}" ]; then
   expect_error "a model as adapter" "$ember" generate -p hi -n 2 --lora "$model"
 fi
 
+# Memory (issue 28 item 3): once chat has loaded the default model, and before
+# it generates anything (no KV yet), the process is within 1.1x the file, and
+# it maps neither the server's HTTP / TLS libraries (libember_serve.so holds
+# them) nor oneDNN (libember_dnnl.so, for non-batch-invariant prefill).
+python3 - "$ember" "$model" <<'PY' && ok || bad "chat's resident memory or mappings (above)"
+import os, select, subprocess, sys, time
+ember, model = sys.argv[1:3]
+# (chat writes its banner and prompt on stderr, once the model is loaded)
+p = subprocess.Popen([ember, "chat", "-m", model], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                     stderr=subprocess.STDOUT)
+buf, t0 = b"", time.time()
+while b"\n> " not in buf and time.time() - t0 < 120:
+    if not select.select([p.stdout], [], [], 1.0)[0]:
+        continue
+    chunk = os.read(p.stdout.fileno(), 4096)
+    if not chunk:
+        break
+    buf += chunk
+rss = next(int(l.split()[1]) for l in open(f"/proc/{p.pid}/status") if l.startswith("VmRSS")) * 1024
+maps = open(f"/proc/{p.pid}/maps").read()
+p.kill()
+p.wait()
+size = os.path.getsize(model)
+mapped = [lib for lib in ("libcrypto", "libssl", "httplib", "libdnnl") if lib in maps]
+print(f"chat: resident {rss / 2**20:.1f} MiB, model file {size / 2**20:.1f} MiB ({rss / size:.3f}x); mapped: {mapped}")
+sys.exit(0 if b"\n> " in buf and rss <= 1.1 * size and not mapped else 1)
+PY
+
 echo "cli: $pass passed, $fail failed"
 [ $fail -eq 0 ]
