@@ -343,7 +343,8 @@ void Decoder::outputs(Pass& p, float* logits, float* embd) {
 }
 
 // The head's n_out rows of logits (logits_dev_, this rank's vocabulary rows)
-// to the host, gathered across the ranks of a tensor-parallel split.
+// to the host; in a tensor-parallel split, to rank 0 alone, which samples
+// (the other ranks' logits are never read: they follow rank 0's batches).
 void Decoder::head_logits(float* logits, int32_t n_out) {
   const auto& c = model_->config();
   const ModelShard& sh = par_.shard;
@@ -351,22 +352,29 @@ void Decoder::head_logits(float* logits, int32_t n_out) {
     backend_.download(logits, logits_dev_, static_cast<size_t>(n_out) * c.n_vocab * sizeof(float));
     return;
   }
-  // Tensor parallel: each rank has the logits of its vocabulary rows; they
-  // are gathered (padded to ceil(n_vocab / tp) a rank) and laid out by row.
+  // Rank q holds vocabulary rows [q * per, min(V, (q + 1) * per)); each
+  // rank but 0 sends its n_out x len rows to rank 0, which lays them out by
+  // row. Point to point: nothing of the vocabulary-wide rows reaches the
+  // other ranks (an all-gather would send each of them all of it).
   const size_t per = static_cast<size_t>((c.n_vocab + sh.tp - 1) / sh.tp);
-  const size_t local = static_cast<size_t>(sh.vocab_end - sh.vocab_begin);
   const size_t rows = static_cast<size_t>(n_out), V = static_cast<size_t>(c.n_vocab);
-  scratch_.assign(rows * per, 0.0f);
-  gathered_.resize(rows * per * static_cast<size_t>(sh.tp));
-  std::vector<float> mine(rows * local);
-  backend_.download(mine.data(), logits_dev_, mine.size() * sizeof(float));
-  for (size_t r = 0; r < rows; ++r) std::memcpy(&scratch_[r * per], &mine[r * local], local * sizeof(float));
-  par_.comm->all_gather(scratch_.data(), scratch_.size() * sizeof(float), gathered_.data());
+  constexpr int kLogitsTag = (1 << 20) + 2;  // (the pipeline's outputs use 1 << 20 and + 1)
+  if (sh.tp_rank != 0) {
+    const size_t local = static_cast<size_t>(sh.vocab_end - sh.vocab_begin);
+    scratch_.resize(rows * local);
+    backend_.download(scratch_.data(), logits_dev_, scratch_.size() * sizeof(float));
+    par_.comm->send(scratch_.data(), scratch_.size() * sizeof(float), 0, kLogitsTag);
+    return;
+  }
   for (size_t q = 0; q < static_cast<size_t>(sh.tp); ++q) {
     const size_t begin = q * per, len = std::min(per, V - std::min(V, begin));
-    for (size_t r = 0; r < rows; ++r) {
-      std::memcpy(logits + r * V + begin, &gathered_[(q * rows + r) * per], len * sizeof(float));
+    scratch_.resize(rows * len);
+    if (q == 0) {
+      backend_.download(scratch_.data(), logits_dev_, scratch_.size() * sizeof(float));
+    } else if (len > 0) {
+      par_.comm->recv(scratch_.data(), scratch_.size() * sizeof(float), static_cast<int>(q), kLogitsTag);
     }
+    for (size_t r = 0; r < rows; ++r) std::memcpy(logits + r * V + begin, &scratch_[r * len], len * sizeof(float));
   }
 }
 
