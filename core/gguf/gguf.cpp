@@ -535,6 +535,12 @@ Image* find_image(const void* p, size_t n) {
 void release_run(Image& im, size_t b, size_t e) {
   ReleasedRun run{e, im.fd >= 0 ? run_hash(im.base + b, e - b) : 0};
   if (protect_released()) ::mprotect(im.base + b, e - b, PROT_NONE);
+  // No huge pages there first: a private copy is mapped with MADV_HUGEPAGE,
+  // and khugepaged (max_ptes_none 511, the kernel's default) would otherwise
+  // fold a released run back into zero-filled 2 MiB pages within a minute,
+  // so the memory came back while nothing read it (measured: SmolLM2's
+  // image 94 MB resident again after one reply).
+  ::madvise(im.base + b, e - b, MADV_NOHUGEPAGE);
   ::madvise(im.base + b, e - b, MADV_DONTNEED);
   im.released.emplace(b, run);
 }

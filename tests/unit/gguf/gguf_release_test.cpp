@@ -50,6 +50,22 @@ size_t resident_pages(const void* p, size_t n) {
   return r;
 }
 
+// The VmFlags of the mapping holding p (/proc/self/smaps), "" if not found.
+std::string vma_flags(const void* p) {
+  std::ifstream in("/proc/self/smaps");
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  bool inside = false;
+  for (std::string line; std::getline(in, line);) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 && line.find('-') < line.find(' ')) {
+      inside = a >= lo && a < hi;
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      return line.substr(8);
+    }
+  }
+  return "";
+}
+
 class ReleaseTest : public ::testing::TestWithParam<GgufFile::Residency> {};
 
 TEST_P(ReleaseTest, ReleasedPagesComeBackExactlyUnderAPin) {
@@ -66,6 +82,10 @@ TEST_P(ReleaseTest, ReleasedPagesComeBackExactlyUnderAPin) {
   EXPECT_EQ(release_image_pages(t->data, t->nbytes), 0u) << "released twice";
   if (GetParam() == GgufFile::Residency::kPrivateCopy) {
     EXPECT_LE(resident_pages(t->data, t->nbytes), 2u) << "a private copy's released pages must leave the process";
+    // ... and stay out: khugepaged folds released pages of a huge-page
+    // mapping back into zero-filled 2 MiB pages unless the run says no.
+    EXPECT_NE(vma_flags(static_cast<const uint8_t*>(t->data) + 2 * 4096).find(" nh"), std::string::npos)
+        << "a released run must be marked MADV_NOHUGEPAGE";
   }
   {
     ImagePin pin(t->data, t->nbytes);
