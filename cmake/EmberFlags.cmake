@@ -42,3 +42,12 @@ function(ember_apply_isa_flags target srcs)
     endif()
   endforeach()
 endfunction()
+
+# Plugins and modules link with --no-undefined (a missing symbol is a link
+# error, not a dlopen failure), except in sanitizer builds: clang leaves a
+# shared object's sanitizer runtime symbols to the executable.
+if(EMBER_SANITIZE OR EMBER_FUZZ OR EMBER_TSAN)
+  set(EMBER_MODULE_NO_UNDEFINED)
+else()
+  set(EMBER_MODULE_NO_UNDEFINED -Wl,--no-undefined)
+endif()
