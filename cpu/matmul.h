@@ -91,15 +91,16 @@ size_t packed_bytes(DType type, int64_t rows, int64_t cols);
 // rows.
 size_t packed_bytes(DType type, int64_t rows, int64_t cols, bool tiles);
 // Whether a weight of this type packed now gets the tile layout: Q4_0,
-// Q4_1, Q5_0, Q5_1 and Q8_0 where amx_prompt_rows(type) (on by default on
-// AMX CPUs); Q4_K and
-// Q6_K there keep their packed groups of 8 rows (already B tiles: the same
-// bytes as packed_bytes(type, rows, cols)) and are read the same way. Such a
+// Q4_1, Q5_0, Q5_1 and Q8_0 wherever the AVX-512 VNNI variant is active
+// (with or without AMX); Q4_K and Q6_K where amx_prompt_rows(type) (AMX
+// CPUs), keeping their packed groups of 8 rows (already B tiles: the same
+// bytes as packed_bytes(type, rows, cols)), read the same way. Such a
 // weight's rows all take the AMX order (below), decode rows included: on
 // tiles for calls of many rows (many sessions, a verification tree, a
-// prompt chunk), on VNNI registers for a few, to the same bits; so a decode
-// step costs no more than before and its rows no longer follow llama.cpp's
-// decode order (EMBER_CPU_AMX=0 keeps llama.cpp's orders: no tile layout).
+// prompt chunk) where AMX runs, on VNNI registers for a few rows and on
+// CPUs without AMX, to the same bits. EMBER_CPU_AMX=0 (or
+// set_amx_prompt_rows(false)) turns it off: the groups of 4 rows above in
+// their own order on AVX-512, llama.cpp's orders for K-quants.
 bool tile_layout(DType type);
 // Writes that copy of w's rows to out (packed_bytes() bytes, 64-byte aligned;
 // the tile layout when w.packed_tiles). The layout is a run of groups of 16
