@@ -44,6 +44,8 @@ const BackendKernels& backend_kernels() {
 
 namespace {
 
+std::atomic<size_t> g_buffer_bytes{0};  // cpu_buffer_bytes()
+
 // llama.cpp's ggml_table_gelu_f16: gelu (tanh approximation, libm tanhf) of
 // every f16 value, rounded to f16. 1 + a*x*x is one FMA, as the reference's
 // compiler contracts it (-march=native builds).
@@ -563,14 +565,43 @@ class CpuBackend final : public Backend {
   std::string name() const override { return std::string("cpu/") + cpu::isa_name(); }
   bool host_memory() const override { return true; }
 
+  // Activation buffers of a megabyte or more are mappings of their own, so
+  // that freeing one (the decoder shrinks its buffers after a prompt) gives
+  // the memory back: from the heap glibc would keep it in the arena and raise
+  // its mmap threshold for the host's allocations too. A 64-byte header before
+  // each buffer holds its mapping's size (0: from the heap).
+  static constexpr size_t kMapBytes = size_t{1} << 20, kHeader = 64;
   void* alloc(size_t bytes) override {
-    void* p = testing::inject_alloc_failure(testing::AllocSite::kBackendBuffer)
-                  ? nullptr
-                  : std::aligned_alloc(64, (std::max<size_t>(bytes, 64) + 63) / 64 * 64);
-    if (!p) fail(StatusCode::kOutOfMemory, "cpu backend: cannot allocate " + std::to_string(bytes) + " bytes");
-    return p;
+    if (bytes > (size_t{1} << 62))
+      fail(StatusCode::kOutOfMemory, "cpu backend: cannot allocate " + std::to_string(bytes) + " bytes");
+    const size_t n = (std::max<size_t>(bytes, 64) + 63) / 64 * 64 + kHeader;
+    void* base = nullptr;
+    if (!testing::inject_alloc_failure(testing::AllocSite::kBackendBuffer)) {
+      if (n >= kMapBytes) {
+        base = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (base == MAP_FAILED) base = nullptr;
+      } else {
+        base = std::aligned_alloc(64, n);
+      }
+    }
+    if (!base) fail(StatusCode::kOutOfMemory, "cpu backend: cannot allocate " + std::to_string(bytes) + " bytes");
+    const size_t head[2] = {n >= kMapBytes ? n : 0, n};
+    std::memcpy(base, head, sizeof head);
+    g_buffer_bytes.fetch_add(n, std::memory_order_relaxed);
+    return static_cast<uint8_t*>(base) + kHeader;
   }
-  void free_buffer(void* ptr) override { std::free(ptr); }
+  void free_buffer(void* ptr) override {
+    if (!ptr) return;
+    uint8_t* base = static_cast<uint8_t*>(ptr) - kHeader;
+    size_t head[2];
+    std::memcpy(head, base, sizeof head);
+    g_buffer_bytes.fetch_sub(head[1], std::memory_order_relaxed);
+    const size_t mapped = head[0];
+    if (mapped)
+      munmap(base, mapped);
+    else
+      std::free(base);
+  }
   void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
 
@@ -1510,6 +1541,8 @@ class CpuBackend final : public Backend {
 };
 
 }  // namespace
+
+size_t cpu_buffer_bytes() { return g_buffer_bytes.load(std::memory_order_relaxed); }
 
 std::unique_ptr<Backend> make_cpu_backend(int n_threads, bool batch_invariant, bool prompt_tiles) {
   return std::make_unique<CpuBackend>(n_threads, batch_invariant, prompt_tiles);

@@ -1,6 +1,7 @@
 // The CPU backend: oneDNN plus Ember's own SIMD kernels.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 
 #include "core/backend/backend.h"
@@ -11,6 +12,10 @@ namespace ember {
 // matmul row is computed as for a single row, so a sequence's output never
 // depends on batching, chunking or prefix-cache hits.
 std::unique_ptr<Backend> make_cpu_backend(int n_threads, bool batch_invariant = true, bool prompt_tiles = true);
+
+// Bytes of activation buffers (Backend::alloc) the CPU backends of this
+// process hold now (tests: the decoder gives a prompt chunk's buffers back).
+size_t cpu_buffer_bytes();
 
 // Registers the CPU backend as "cpu" in the core's backend registry
 // (core/backend/registry.h), with its ISA as the backend's info. Idempotent,

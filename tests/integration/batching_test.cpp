@@ -3,10 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
+#include <thread>
 
 #include "core/engine/engine.h"
 #include "core/tokenizer/tokenizer.h"
+#include "cpu/cpu_backend.h"
 #include "model_path.h"
 
 namespace ember {
@@ -316,6 +319,41 @@ TEST_P(RowKinds, SeventeenSequencesTogetherDecodeAsEachAlone) {
     for (size_t j = 0; j < want.second.size(); ++j)
       EXPECT_EQ(logprobs[i][j], want.second[j]) << GetParam() << " sequence " << i << " token " << j;
   }
+}
+
+// The decoder's activation buffers, sized for a prompt chunk, go back to the
+// system once the steps after it are small (Decoder::ensure_capacity): a
+// 300-token prompt's buffers are held through the first decode steps and
+// given back after eight, down to 16 rows; the tokens do not change.
+TEST_P(RowKinds, PromptBuffersGoBackAfterTheDecodeStepsWithTheSameTokens) {
+  const auto& c = model()->config();
+  const size_t q_dim = static_cast<size_t>(c.n_heads) * c.head_dim;
+  const size_t kv_dim = static_cast<size_t>(c.n_kv_heads) * c.head_dim;
+  const size_t row_bytes = 4 * (static_cast<size_t>(c.n_embd) + std::max<size_t>(c.n_embd, q_dim) + 2 * q_dim +
+                                2 * kv_dim + 2 * static_cast<size_t>(c.n_ff));
+  const size_t head_bytes = 4 * (static_cast<size_t>(c.n_embd) + static_cast<size_t>(c.n_vocab));
+  const auto ids = prompt(300, c.n_vocab);
+  // (Earlier tests' engines may still be going away: their buffers first.)
+  size_t before = cpu_buffer_bytes();
+  for (int i = 0; i < 250 && before != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    before = cpu_buffer_bytes();
+  }
+  std::pair<std::vector<int32_t>, std::vector<float>> two, twelve;
+  {
+    auto engine = Engine::create(model(), EngineParams{});
+    two = generate(engine, ids, 3);
+    EXPECT_GE(cpu_buffer_bytes(), before + 300 * row_bytes) << GetParam() << ": held through 2 decode steps";
+  }
+  {
+    auto engine = Engine::create(model(), EngineParams{});
+    twelve = generate(engine, ids, 12);
+    EXPECT_LE(cpu_buffer_bytes(), before + 16 * row_bytes + 2 * head_bytes + 64 * 1024)
+        << GetParam() << ": after 11 decode steps";
+  }
+  ASSERT_EQ(twelve.first.size(), 12u);
+  EXPECT_EQ(std::vector<int32_t>(twelve.first.begin(), twelve.first.begin() + 3), two.first);
+  for (size_t i = 0; i < two.second.size(); ++i) EXPECT_EQ(twelve.second[i], two.second[i]) << GetParam() << " " << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(Synthetic, RowKinds, ::testing::Values("llama3", "llama_q4_k_m"),

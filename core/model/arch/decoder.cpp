@@ -82,10 +82,23 @@ void Decoder::release_buffers() {
 }
 
 void Decoder::ensure_capacity(int32_t rows, int32_t logit_rows) {
-  if (rows <= capacity_rows_ && logit_rows <= capacity_logits_) return;
+  // Host buffers sized for a prompt chunk (SmolLM2: 23 KB a row, 12 MB for
+  // 512 rows) go back once kShrinkAfter steps in a row have used a quarter
+  // of them or less (decoding after a prompt), down to kKeepRows rows.
+  // Device buffers stay: the CUDA backend's graphs hold their addresses.
+  constexpr int32_t kKeepRows = 16, kShrinkAfter = 8;
+  int32_t keep = 1;
+  if (rows <= capacity_rows_ && logit_rows <= capacity_logits_) {
+    const bool mostly_idle = capacity_rows_ > kKeepRows && rows <= capacity_rows_ / 4 &&
+                             logit_rows <= std::max(capacity_logits_ / 4, 1) && backend_.host_memory();
+    small_steps_ = mostly_idle ? small_steps_ + 1 : 0;
+    if (small_steps_ < kShrinkAfter) return;
+    keep = kKeepRows;
+  }
+  small_steps_ = 0;
   release_buffers();
   const auto& c = model_->config();
-  const size_t r = static_cast<size_t>(std::max(rows, 1));
+  const size_t r = static_cast<size_t>(std::max(rows, keep));
   const size_t lr = static_cast<size_t>(std::max(logit_rows, 1));
   const size_t q_dim = static_cast<size_t>(c.n_heads) * c.head_dim;
   const size_t kv_dim = static_cast<size_t>(c.n_kv_heads) * c.head_dim;

@@ -170,6 +170,7 @@ class Decoder : public Forward {
   std::vector<float> rope_freqs_;  // host copy of rope_freqs.weight (config().rope_freqs)
 
   int32_t capacity_rows_ = 0, capacity_logits_ = 0;
+  int32_t small_steps_ = 0;  // steps in a row that used a quarter of the buffers or less
   float *x_ = nullptr, *h_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_ = nullptr, *gate_ = nullptr,
         *up_ = nullptr, *sel_ = nullptr, *logits_dev_ = nullptr;
 };
