@@ -63,8 +63,9 @@ struct Weights {
     if (packed.empty()) return WeightView{type, N, K, copies[i].data()};
     uint8_t* p = packed[i].data();
     p += (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64;
-    return WeightView{type, N, K, copies[i].data(), p};
+    return WeightView{type, N, K, copies[i].data(), p, tiles};
   }
+  bool tiles = false;  // packed in the tile layout (cpu::tile_layout), as the engine does
 };
 
 Weights make_weights(DType t, int64_t N, int64_t K, bool hot) {
@@ -126,11 +127,12 @@ Weights make_weights(DType t, int64_t N, int64_t K, bool hot) {
     }
   }
   w.copies.assign(n, base);
-  if (const size_t pb = packed_bytes(t, N, K); pb > 0) {
+  w.tiles = tile_layout(t) && packed_bytes(t, N, K, true) > 0;
+  if (const size_t pb = packed_bytes(t, N, K, w.tiles); pb > 0) {
     for (auto& c : w.copies) {
       w.packed.emplace_back(pb + 64);
       uint8_t* p = w.packed.back().data();
-      pack_weight(WeightView{t, N, K, c.data()}, p + (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64);
+      pack_weight(WeightView{t, N, K, c.data(), nullptr, w.tiles}, p + (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64);
     }
   }
   return w;
