@@ -1337,8 +1337,14 @@ class CpuBackend final : public Backend {
       run.parts = (run.rows.n + per - 1) / per;
       n_units += static_cast<size_t>(run.parts);
     }
-    // Too few items for the threads: split the run with the largest groups.
-    while (n_units * static_cast<size_t>(p.num_kv_heads) < static_cast<size_t>(threads())) {
+    // Too few items for the threads, or fewer than twice the threads and
+    // not a multiple of them (SmolLM2's 3 kv heads on 2 threads: one thread
+    // idle a third of the time): split the run with the largest groups.
+    const auto too_few = [&](size_t items) {
+      const size_t t = static_cast<size_t>(threads());
+      return items < t || (items < 2 * t && items % t != 0);
+    };
+    while (too_few(n_units * static_cast<size_t>(p.num_kv_heads))) {
       Run* best = nullptr;
       for (Run& run : runs) {
         if (run.parts < run.rows.n && (best == nullptr || run.rows.n * best->parts > best->rows.n * run.parts))
@@ -1409,7 +1415,7 @@ class CpuBackend final : public Backend {
   // the threads), as long as each part keeps kMinSlotsPerPart slots (the
   // split costs four barriers).
   int32_t attention_parts(const std::vector<RowRun>& units, int32_t items, const AttentionParams& p) const {
-    constexpr int32_t kMinSlotsPerPart = 512;
+    constexpr int32_t kMinSlotsPerPart = 256;
     const int32_t t = threads();
     if (t <= 1 || items <= 0 || items >= 2 * t) return 1;
     int32_t min_slots = INT32_MAX;
