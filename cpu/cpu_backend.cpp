@@ -30,6 +30,7 @@
 #include "cpu/cpu_backend.h"
 #include "cpu/cpu_features.h"
 #include "cpu/matmul.h"
+#include "cpu/scratch_buffer.h"
 #include "cpu/thread_governor.h"
 
 namespace ember {
@@ -551,6 +552,18 @@ class CpuWeight final : public DeviceWeight {
 // Attention limits (per-thread stack state of the kernel).
 using cpu::detail::kAttnMaxGroup;  // query heads per kv head
 using cpu::detail::kAttnMaxHeadDim;
+
+// A thread's attention scratch, in floats (ScratchBuffer: given back while
+// decoding after a prompt).
+class AttendScratch {
+ public:
+  void fit(size_t n) { p_ = static_cast<float*>(buf_.get(n * sizeof(float))); }
+  float* data() { return p_; }
+
+ private:
+  cpu::ScratchBuffer buf_;
+  float* p_ = nullptr;
+};
 
 class CpuBackend final : public Backend {
  public:
@@ -1437,13 +1450,13 @@ class CpuBackend final : public Backend {
     using cpu::detail::AttendPhase;
     const int32_t items = static_cast<int32_t>(units.size()) * p.num_kv_heads;
     // Scratch of the calling thread, shared by the workers.
-    thread_local std::vector<float> buf;
+    thread_local AttendScratch buf;
     thread_local std::vector<cpu::detail::AttendArgs> args;
     thread_local std::vector<std::array<bool, cpu::detail::kAttnMaxGroup>> live;
     try {
       size_t need = 0;
       for (const RowRun& u : units) need += p.num_kv_heads * attend_scratch_floats(p, p.kv_len[u.row0]);
-      if (buf.size() < need) buf.resize(need);
+      buf.fit(need);
       args.resize(static_cast<size_t>(items));
       live.resize(static_cast<size_t>(items));
     } catch (const std::bad_alloc&) {
@@ -1481,8 +1494,8 @@ class CpuBackend final : public Backend {
                    const RowRun& u, int32_t kvh, const AttentionParams& p, float* out) const {
     size_t need = 0;
     for (int32_t j = 0; j < u.n; ++j) need += attend_scratch_floats(p, p.kv_len[u.row0 + j]);
-    thread_local std::vector<float> buf;
-    if (buf.size() < need) buf.resize(need);
+    thread_local AttendScratch buf;
+    buf.fit(need);
     cpu::detail::AttendArgs args[cpu::detail::kAttnMaxRows];
     size_t off = 0;
     for (int32_t j = 0; j < u.n; ++j) {

@@ -16,6 +16,7 @@
 #include "cpu/cpu_features.h"
 #include "cpu/dnnl_matmul.h"
 #include "cpu/matmul_internal.h"
+#include "cpu/scratch_buffer.h"
 
 namespace ember::cpu {
 namespace {
@@ -72,35 +73,7 @@ bool use_bf16_prefill() {
 
 // ---------------------------------------------------------------- scratch
 
-class AlignedBuffer {
- public:
-  AlignedBuffer() = default;
-  AlignedBuffer(const AlignedBuffer&) = delete;
-  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
-  ~AlignedBuffer() { std::free(p_); }
-  void* get(size_t bytes) {
-    if (bytes > cap_) {
-      std::free(p_);
-      p_ = nullptr;
-      cap_ = 0;
-      const size_t want = (std::max(bytes, bytes + bytes / 4) + 4095) & ~size_t{4095};
-      p_ = std::aligned_alloc(64, want);
-      if (!p_) fail(StatusCode::kOutOfMemory, "matmul scratch: cannot allocate " + std::to_string(want) + " bytes");
-      cap_ = want;
-    }
-    return p_;
-  }
-  size_t capacity() const { return cap_; }
-  void release() {
-    std::free(p_);
-    p_ = nullptr;
-    cap_ = 0;
-  }
-
- private:
-  void* p_ = nullptr;
-  size_t cap_ = 0;
-};
+using AlignedBuffer = ScratchBuffer;  // (scratch_buffer.h)
 
 // ---------------------------------------------------------------- helpers
 

@@ -62,17 +62,34 @@ bool by_logit(const float a_logit, int32_t a_id, const float b_logit, int32_t b_
 
 size_t Sampler::survivors(const float* logits) {
   const auto& p = params_;
+  auto order = [](const Cand& a, const Cand& b) { return by_logit(a.logit, a.id, b.logit, b.id); };
+  if (p.top_k > 0 && p.top_k < n_vocab_) {
+    // The top k in one pass, in a heap of k whose front is the worst kept
+    // (by_logit is a total order, ids breaking ties: the same k tokens in the
+    // same order as sorting the whole vocabulary), so the candidates take
+    // k entries, not the vocabulary's (SmolLM2: 384 KiB a session).
+    const size_t k = static_cast<size_t>(p.top_k);
+    if (cands_.capacity() > 4 * k + 64) std::vector<Cand>().swap(cands_);  // (grown by sample_allowed)
+    cands_.clear();
+    cands_.reserve(k);
+    for (int32_t i = 0; i < n_vocab_; ++i) {
+      const Cand c{logits[i], i};
+      if (cands_.size() < k) {
+        cands_.push_back(c);
+        std::push_heap(cands_.begin(), cands_.end(), order);
+      } else if (order(c, cands_.front())) {
+        std::pop_heap(cands_.begin(), cands_.end(), order);
+        cands_.back() = c;
+        std::push_heap(cands_.begin(), cands_.end(), order);
+      }
+    }
+    std::sort_heap(cands_.begin(), cands_.end(), order);
+    return truncate(k);
+  }
   cands_.resize(n_vocab_);
   for (int32_t i = 0; i < n_vocab_; ++i) cands_[i] = {logits[i], i};
-  auto order = [](const Cand& a, const Cand& b) { return by_logit(a.logit, a.id, b.logit, b.id); };
-  size_t n = cands_.size();
-  if (p.top_k > 0 && static_cast<size_t>(p.top_k) < n) {
-    std::partial_sort(cands_.begin(), cands_.begin() + p.top_k, cands_.end(), order);
-    n = static_cast<size_t>(p.top_k);
-  } else {
-    std::sort(cands_.begin(), cands_.end(), order);
-  }
-  return truncate(n);
+  std::sort(cands_.begin(), cands_.end(), order);
+  return truncate(cands_.size());
 }
 
 size_t Sampler::truncate(size_t n) {

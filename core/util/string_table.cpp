@@ -22,7 +22,7 @@ bool StringTable::push_back(std::string_view s) {
 
 int64_t StringTable::build_index(int64_t* earlier) {
   size_t cap = 16;
-  while (cap < ends_.size() * 2) cap <<= 1;  // at most half full
+  while (cap * 3 < ends_.size() * 4) cap <<= 1;  // at most 3/4 full
   slots_.assign(cap, -1);
   const size_t mask = cap - 1;
   for (size_t i = 0; i < ends_.size(); ++i) {

@@ -196,3 +196,44 @@ TEST(Sampler, CheckingTokensEqualsSamplingTheMaskedRow) {
 
 }  // namespace
 }  // namespace ember
+
+namespace ember {
+namespace {
+
+// survivors() selects the top k in one pass through a heap of k; it must be
+// the k tokens, in the order, that sorting the whole row gives (ties broken
+// by the lower id), for any k, ties and -inf included.
+TEST(Sampler, TopKSurvivorsAreTheSortedRowsFirstK) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int32_t n = 1 + static_cast<int32_t>(rng() % 3000);
+    std::vector<float> row(static_cast<size_t>(n));
+    for (float& x : row) {
+      const uint32_t r = rng() % 100;
+      x = r < 30 ? static_cast<float>(rng() % 8) : r < 35 ? -INFINITY : static_cast<float>(rng() % 100000) / 997.0f;
+    }
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    for (int32_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = i;
+    std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+    for (int32_t k : {1, 2, 5, 40, 64, n - 1, n}) {
+      if (k < 1 || k >= n) continue;
+      SamplingParams p;
+      p.temperature = 1e6f;  // flat: nothing cut by top-p / min-p
+      p.top_p = 1.0f;
+      p.min_p = 0.0f;
+      p.top_k = k;
+      Sampler s(p, n);
+      std::vector<float> logits = row;
+      std::vector<std::pair<int32_t, double>> dist;
+      s.distribution(logits.data(), {}, dist);
+      size_t finite = 0;
+      for (int32_t i = 0; i < k; ++i) finite += std::isfinite(row[ids[static_cast<size_t>(i)]]) ? 1 : 0;
+      ASSERT_GE(dist.size(), std::min<size_t>(finite, 1)) << "n " << n << " k " << k;
+      for (size_t i = 0; i < dist.size(); ++i)
+        ASSERT_EQ(dist[i].first, ids[i]) << "n " << n << " k " << k << " rank " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ember

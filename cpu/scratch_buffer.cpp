@@ -1,0 +1,52 @@
+#include "cpu/scratch_buffer.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+#include "core/util/status.h"
+
+namespace ember::cpu {
+
+void* ScratchBuffer::get(size_t bytes) {
+  if (cap_ > kKeepBytes && bytes <= cap_ / 4) {
+    if (++small_calls_ >= kShrinkAfter) release();
+  } else {
+    small_calls_ = 0;
+  }
+  if (bytes <= cap_) return p_;
+  release();
+  if (bytes > (size_t{1} << 62))
+    fail(StatusCode::kOutOfMemory, "cpu scratch: cannot allocate " + std::to_string(bytes));
+  const size_t want = (std::max(bytes, bytes + bytes / 4) + 4095) & ~size_t{4095};
+  void* p = nullptr;
+  bool mapped = false;
+  if (want >= kMapBytes) {
+    p = mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) p = nullptr;
+    mapped = p != nullptr;
+  } else {
+    p = std::aligned_alloc(64, want);
+  }
+  if (!p) fail(StatusCode::kOutOfMemory, "cpu scratch: cannot allocate " + std::to_string(want) + " bytes");
+  p_ = p;
+  cap_ = want;
+  mapped_ = mapped;
+  small_calls_ = 0;
+  return p_;
+}
+
+void ScratchBuffer::release() {
+  if (mapped_)
+    munmap(p_, cap_);
+  else
+    std::free(p_);
+  p_ = nullptr;
+  cap_ = 0;
+  mapped_ = false;
+  small_calls_ = 0;
+}
+
+}  // namespace ember::cpu
