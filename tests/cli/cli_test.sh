@@ -138,15 +138,20 @@ ember, model = sys.argv[1:3]
 # (chat writes its banner and prompt on stderr, once the model is loaded)
 p = subprocess.Popen([ember, "chat", "-m", model, "-n", "32"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                      stderr=subprocess.STDOUT)
-buf, t0 = b"", time.time()
-while b"\n> " not in buf and time.time() - t0 < 120:
-    if not select.select([p.stdout], [], [], 1.0)[0]:
-        continue
-    chunk = os.read(p.stdout.fileno(), 4096)
-    if not chunk:
-        break
-    buf += chunk
-rss = next(int(l.split()[1]) for l in open(f"/proc/{p.pid}/status") if l.startswith("VmRSS")) * 1024
+def until_prompt(seconds):  # chat's output up to its next "> " prompt
+    buf, t0 = b"", time.time()
+    while b"\n> " not in buf and time.time() - t0 < seconds:
+        if not select.select([p.stdout], [], [], 1.0)[0]:
+            continue
+        chunk = os.read(p.stdout.fileno(), 4096)
+        if not chunk:
+            break
+        buf += chunk
+    return buf
+def vm_rss():
+    return next(int(l.split()[1]) for l in open(f"/proc/{p.pid}/status") if l.startswith("VmRSS")) * 1024
+buf = until_prompt(120)
+rss = vm_rss()
 maps = open(f"/proc/{p.pid}/maps").read()
 size = os.path.getsize(model)
 mapped = [lib for lib in ("libcrypto", "libssl", "httplib", "libdnnl") if lib in maps]
@@ -154,20 +159,13 @@ print(f"chat: resident {rss / 2**20:.1f} MiB, model file {size / 2**20:.1f} MiB 
 loaded_ok = b"\n> " in buf and rss <= 1.1 * size and not mapped
 # After a reply to a ~600-token prompt: the prompt's buffers and scratch given
 # back, so the process holds the file, the KV pages written (the pool is one
-# reserved mapping, the largest) and little else: 1.096x on SmolLM2 (Ice Lake,
+# reserved mapping, the largest) and little else: 1.095x on SmolLM2 (Ice Lake,
 # 2026-11-28); bounded here at 1.12x (1.31x before the buffers went back).
 p.stdin.write((" ".join(["The quick brown fox jumps over the lazy dog near the river bank."] * 40) + "\n").encode())
 p.stdin.flush()
-buf, t0 = b"", time.time()
-while b"\n> " not in buf and time.time() - t0 < 300:
-    if not select.select([p.stdout], [], [], 1.0)[0]:
-        continue
-    chunk = os.read(p.stdout.fileno(), 4096)
-    if not chunk:
-        break
-    buf += chunk
+buf = until_prompt(300)
 time.sleep(0.5)
-after = next(int(l.split()[1]) for l in open(f"/proc/{p.pid}/status") if l.startswith("VmRSS")) * 1024
+after = vm_rss()
 kv, region, rss_kb = 0, None, {}
 for line in open(f"/proc/{p.pid}/smaps"):
     f = line.split()
