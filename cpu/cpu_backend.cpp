@@ -6,6 +6,10 @@
 #include <omp.h>
 #include <sys/mman.h>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -577,6 +581,14 @@ class CpuBackend final : public Backend {
 
   std::string name() const override { return std::string("cpu/") + cpu::isa_name(); }
   bool host_memory() const override { return true; }
+  void trim_host_memory() override {
+#if defined(__GLIBC__)
+    // The pages of freed heap chunks: the step's small allocations (sampling,
+    // batches) sit in the arena of the engine's thread between the weights'
+    // (SmolLM2: 0.7 MB of free pages kept there).
+    malloc_trim(0);
+#endif
+  }
 
   // Activation buffers of a megabyte or more are mappings of their own, so
   // that freeing one (the decoder shrinks its buffers after a prompt) gives
@@ -588,17 +600,12 @@ class CpuBackend final : public Backend {
     if (bytes > (size_t{1} << 62))
       fail(StatusCode::kOutOfMemory, "cpu backend: cannot allocate " + std::to_string(bytes) + " bytes");
     const size_t n = (std::max<size_t>(bytes, 64) + 63) / 64 * 64 + kHeader;
-    void* base = nullptr;
-    if (!testing::inject_alloc_failure(testing::AllocSite::kBackendBuffer)) {
-      if (n >= kMapBytes) {
-        base = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (base == MAP_FAILED) base = nullptr;
-      } else {
-        base = std::aligned_alloc(64, n);
-      }
-    }
+    bool mapped = false;
+    void* base = testing::inject_alloc_failure(testing::AllocSite::kBackendBuffer)
+                     ? nullptr
+                     : cpu::alloc_host(n, kMapBytes, &mapped);
     if (!base) fail(StatusCode::kOutOfMemory, "cpu backend: cannot allocate " + std::to_string(bytes) + " bytes");
-    const size_t head[2] = {n >= kMapBytes ? n : 0, n};
+    const size_t head[2] = {mapped ? n : 0, n};
     std::memcpy(base, head, sizeof head);
     g_buffer_bytes.fetch_add(n, std::memory_order_relaxed);
     return static_cast<uint8_t*>(base) + kHeader;
@@ -609,11 +616,7 @@ class CpuBackend final : public Backend {
     size_t head[2];
     std::memcpy(head, base, sizeof head);
     g_buffer_bytes.fetch_sub(head[1], std::memory_order_relaxed);
-    const size_t mapped = head[0];
-    if (mapped)
-      munmap(base, mapped);
-    else
-      std::free(base);
+    cpu::free_host(base, head[1], head[0] != 0);
   }
   void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }

@@ -71,10 +71,6 @@ bool use_bf16_prefill() {
   return dnnl_mm::bf16_native() && dnnl_mm::bf16_supported();
 }
 
-// ---------------------------------------------------------------- scratch
-
-using AlignedBuffer = ScratchBuffer;  // (scratch_buffer.h)
-
 // ---------------------------------------------------------------- helpers
 
 void check_weight(const WeightView& w, const char* what) {
@@ -183,10 +179,10 @@ struct DecodeChunk {
 };
 
 struct MatmulScratch::Impl {
-  AlignedBuffer act;                // prepared activations (decode)
+  ScratchBuffer act;                // prepared activations (decode)
   std::vector<DecodeChunk> chunks;  // matmul_group's work list
-  AlignedBuffer wtile;              // dequantized weight tile (prefill)
-  AlignedBuffer xconv;              // activations converted to bf16 (prefill / dpbf16)
+  ScratchBuffer wtile;              // dequantized weight tile (prefill)
+  ScratchBuffer xconv;              // activations converted to bf16 (prefill / dpbf16)
   dnnl_mm::StreamHolder stream;
 };
 

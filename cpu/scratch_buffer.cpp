@@ -10,6 +10,22 @@
 
 namespace ember::cpu {
 
+void* alloc_host(size_t bytes, size_t map_from, bool* mapped) {
+  *mapped = false;
+  if (bytes < map_from) return std::aligned_alloc(64, (bytes + 63) & ~size_t{63});
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  *mapped = true;
+  return p;
+}
+
+void free_host(void* p, size_t bytes, bool mapped) {
+  if (mapped)
+    munmap(p, bytes);
+  else
+    std::free(p);
+}
+
 void* ScratchBuffer::get(size_t bytes) {
   if (cap_ > kKeepBytes && bytes <= cap_ / 4) {
     if (++small_calls_ >= kShrinkAfter) release();
@@ -21,15 +37,8 @@ void* ScratchBuffer::get(size_t bytes) {
   if (bytes > (size_t{1} << 62))
     fail(StatusCode::kOutOfMemory, "cpu scratch: cannot allocate " + std::to_string(bytes));
   const size_t want = (std::max(bytes, bytes + bytes / 4) + 4095) & ~size_t{4095};
-  void* p = nullptr;
   bool mapped = false;
-  if (want >= kMapBytes) {
-    p = mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) p = nullptr;
-    mapped = p != nullptr;
-  } else {
-    p = std::aligned_alloc(64, want);
-  }
+  void* p = alloc_host(want, kMapBytes, &mapped);
   if (!p) fail(StatusCode::kOutOfMemory, "cpu scratch: cannot allocate " + std::to_string(want) + " bytes");
   p_ = p;
   cap_ = want;
@@ -39,10 +48,7 @@ void* ScratchBuffer::get(size_t bytes) {
 }
 
 void ScratchBuffer::release() {
-  if (mapped_)
-    munmap(p_, cap_);
-  else
-    std::free(p_);
+  free_host(p_, cap_, mapped_);
   p_ = nullptr;
   cap_ = 0;
   mapped_ = false;

@@ -17,6 +17,12 @@
 
 namespace ember::cpu {
 
+// Host memory, 64-byte aligned: a mapping of its own from `map_from` bytes
+// (freeing it returns its pages to the system), the heap below. Null when
+// the system has none; free with free_host(p, bytes, *mapped).
+void* alloc_host(size_t bytes, size_t map_from, bool* mapped);
+void free_host(void* p, size_t bytes, bool mapped);
+
 class ScratchBuffer {
  public:
   static constexpr size_t kKeepBytes = size_t{256} << 10;  // never given back below this

@@ -158,6 +158,9 @@ class Backend {
   // in place from the model's host image (the CPU backend); false when
   // upload_weight copies a weight's bytes to a device.
   virtual bool host_memory() const { return false; }
+  // Gives the system back the host memory freed since the last call (the
+  // decoder calls it once a prompt's buffers are freed). Never throws.
+  virtual void trim_host_memory() {}
 
   // Memory for activations (f32 unless noted). Freed by free_buffer, which
   // never throws (destructors call it, also at process exit).

@@ -6,10 +6,6 @@
 #include <initializer_list>
 #include <utility>
 
-#if defined(__GLIBC__)
-#include <malloc.h>
-#endif
-
 #include "core/comm/communicator.h"
 #include "core/gguf/gguf.h"
 #include "core/util/status.h"
@@ -101,12 +97,7 @@ void Decoder::ensure_capacity(int32_t rows, int32_t logit_rows) {
   }
   small_steps_ = 0;
   release_buffers();
-#if defined(__GLIBC__)
-  // Once per prompt: the pages of freed heap chunks go back too. The step's
-  // small allocations (sampling, batches) sit in the arena of the engine's
-  // thread between the weights' (SmolLM2: 0.7 MB of free pages kept there).
-  if (keep == kKeepRows) malloc_trim(0);
-#endif
+  if (keep == kKeepRows) backend_.trim_host_memory();  // once per prompt
   const auto& c = model_->config();
   const size_t r = static_cast<size_t>(std::max(rows, keep));
   const size_t lr = static_cast<size_t>(std::max(logit_rows, 1));
