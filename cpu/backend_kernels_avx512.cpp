@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "cpu/backend_kernels.h"
 
@@ -32,6 +33,8 @@ struct Avx512Wide {
   // accumulators, 16 of the 32 registers.
   static constexpr int kGroupTile = 4;
   static constexpr int kDimTile = 4;
+  // Step 1's tile across rows: 8 queries' accumulators for two K rows.
+  static constexpr int kQueryTile = 8;
   static W load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, W v) { _mm512_storeu_ps(p, v); }
   static W set1(float x) { return _mm512_set1_ps(x); }

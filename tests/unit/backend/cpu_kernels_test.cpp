@@ -233,9 +233,11 @@ TEST_F(CpuKernels, AttentionRowsEqualEachRowAlone) {
       {9, 3, 64, 16, 77, 0, 0, false, false, false, 11},    // a prompt chunk of 11 rows
       {4, 1, 256, 16, 700, 40, 72, false, true, false, 5},  // Gemma 3's shape, a hole, 512-slot ranges
       {4, 1, 256, 16, 700, 40, 72, false, false, false, 8},
-      {8, 2, 64, 32, 1500, 0, 0, true, true, false, 13},  // a Q8_0 cache
-      {9, 3, 64, 16, 300, 0, 0, false, true, true, 7},    // mixed orders: no sharing
-      {9, 3, 64, 16, 5, 0, 0, false, true, false, 4},     // fewer shared slots than a block of eight
+      {8, 2, 64, 32, 1500, 0, 0, true, true, false, 13},   // a Q8_0 cache
+      {9, 3, 64, 16, 300, 0, 0, false, true, true, 7},     // mixed orders: no sharing
+      {9, 3, 64, 16, 5, 0, 0, false, true, false, 4},      // fewer shared slots than a block of eight
+      {16, 1, 64, 16, 200, 0, 0, false, false, false, 8},  // the most queries at once (8 rows x 16)
+      {6, 2, 40, 16, 90, 20, 36, false, true, false, 3},   // head_dim not a multiple of 32 or 16
   };
   std::normal_distribution<float> d(0.f, 1.f);
   for (const Case& c : cases) {
