@@ -33,8 +33,10 @@ struct Avx512Wide {
   // accumulators, 16 of the 32 registers.
   static constexpr int kGroupTile = 4;
   static constexpr int kDimTile = 4;
-  // Step 1's tile across rows: 8 queries' accumulators for two K rows.
+  // Step 1's tiles across rows: 8 queries' accumulators for two K rows
+  // (tile_block8), or their two pairs for one K row (vec_block8).
   static constexpr int kQueryTile = 8;
+  static constexpr int kVecQueryTile = 8;
   static W load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, W v) { _mm512_storeu_ps(p, v); }
   static W set1(float x) { return _mm512_set1_ps(x); }
