@@ -3,6 +3,7 @@
 //   bench_kernels [--threads N] [--isa scalar|avx2|avx512_vnni] [--hot]
 //                 [--types q4_0,q8_0,...] [--gemm-m 512] [--no-gemm]
 //                 [--sweep] [--sweep-m 1,2,4,...] [--sweep-shape NxK]
+//                 [--sweep-rows prompt|decode]
 //                 [--time S] [--cpu-time]
 //
 // For each weight type and SmolLM2-like shapes (NxK) it prints the M=1 GEMV
@@ -12,7 +13,9 @@
 // weights are "cold": enough copies are cycled through that they come from
 // DRAM, not L3 (as in real decoding of a model larger than the cache); --hot
 // reuses one copy.
-// --sweep times decode vs prefill for M = 1..128 (used to pick decode_max_m).
+// --sweep times decode vs prefill for M = 1..128 (used to pick decode_max_m);
+// --sweep-rows decode times the rows as many sessions' decode rows
+// (RowKind::kDecode: the K-quants' decode orders), not as a prompt's.
 // --cpu-time measures process CPU time (all threads summed), which ignores
 // time stolen by other processes on a shared machine; with --threads 1 it is
 // the single-core kernel speed.
@@ -164,6 +167,7 @@ const char* tname(DType t) { return type_name(static_cast<uint32_t>(t)); }
 int main(int argc, char** argv) {
   int threads = omp_get_max_threads();
   bool hot = false, gemm = true, sweep = false;
+  RowKind sweep_rows = RowKind::kPrompt;
   int64_t gemm_m = 512;
   std::vector<int64_t> sweep_ms = {1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128};
   std::vector<std::pair<int64_t, int64_t>> sweep_shapes = {{1536, 576}, {4096, 4096}};
@@ -206,6 +210,8 @@ int main(int argc, char** argv) {
         return 2;
       }
       sweep_shapes = {{std::atoll(v.c_str()), std::atoll(v.c_str() + xpos + 1)}};
+    } else if (a == "--sweep-rows") {
+      sweep_rows = next() == "decode" ? RowKind::kDecode : RowKind::kPrompt;
     } else if (a == "--time")
       min_time = std::atof(next().c_str());
     else if (a == "--isa") {
@@ -252,7 +258,7 @@ int main(int argc, char** argv) {
           std::vector<float> x(static_cast<size_t>(M * K), 0.5f), y(static_cast<size_t>(M * N));
           auto call = [&] {
             const WeightView v = w.next();
-            matmul(v, x.data(), M, y.data(), scratch);
+            matmul(v, x.data(), M, y.data(), scratch, MatmulPath::kAuto, sweep_rows);
           };
           set_decode_max_m(M);
           const double td = time_call(call, min_time);

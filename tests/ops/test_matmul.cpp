@@ -873,6 +873,47 @@ TEST(Matmul, PackedQ4KRowsGiveIdenticalResults) {
     }
 }
 
+// The AVX-512 packed Q4_K kernels at the largest magnitudes (6-bit scales
+// 63, nibbles 13..15, activations near 127 in Q8_K): a super-block's total
+// passes 2^24, where a total summed in float would round; the results must
+// equal the scalar variant's integer totals to the bit, in both 8x8 orders
+// (random weights stay far below: a float super-block total in the GEMV
+// order passed PackedQ4KRowsGiveIdenticalResults and failed here).
+TEST(Matmul, PackedQ4KLargestTotalsEqualTheScalarOrder) {
+  if (!isa_supported(Isa::kAvx512Vnni)) GTEST_SKIP() << "the AVX-512 kernels need AVX-512 VNNI";
+  KnobGuard guard;
+  const int64_t N = 32, K = 2048;
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> nib(13, 15), pick(0, 9);
+  std::vector<uint8_t> w(row_bytes(DType::Q4_K, K) * static_cast<size_t>(N));
+  for (size_t off = 0; off < w.size(); off += sizeof(BlockQ4_K)) {
+    BlockQ4_K b;
+    b.d = f16(0.01f + 0.001f * static_cast<float>(pick(rng)));
+    b.dmin = f16(0.003f);
+    std::memset(b.scales, 0xFF, sizeof(b.scales));  // every scale and min 63
+    for (auto& q : b.qs) q = static_cast<uint8_t>(nib(rng) | (nib(rng) << 4));
+    std::memcpy(w.data() + off, &b, sizeof(b));
+  }
+  for (int64_t M : {1, 4, 5, 16}) {
+    std::vector<float> x(static_cast<size_t>(M * K));
+    for (auto& v : x) v = 0.9f + 0.01f * static_cast<float>(pick(rng));  // Q8_K values 114..127
+    std::vector<uint8_t> packed(packed_bytes(DType::Q4_K, N, K));
+    pack_weight({DType::Q4_K, N, K, w.data()}, packed.data());
+    for (RowKind kind : {RowKind::kPrompt, RowKind::kDecode}) {
+      std::vector<float> ys(static_cast<size_t>(M * N)), yp(ys.size(), -1.f);
+      MatmulScratch scratch;
+      force_isa(Isa::kScalar);
+      matmul({DType::Q4_K, N, K, w.data()}, x.data(), M, ys.data(), scratch, MatmulPath::kRowInvariant, kind);
+      force_isa(Isa::kAvx512Vnni);
+      matmul({DType::Q4_K, N, K, w.data(), packed.data()}, x.data(), M, yp.data(), scratch, MatmulPath::kRowInvariant,
+             kind);
+      for (size_t i = 0; i < ys.size(); ++i)
+        ASSERT_EQ(std::memcmp(&ys[i], &yp[i], 4), 0) << (kind == RowKind::kPrompt ? "prompt" : "decode") << " M=" << M
+                                                     << " output " << i << ": scalar " << ys[i] << " packed " << yp[i];
+    }
+  }
+}
+
 // What lets the CPU backend release a packed weight's GGUF pages: its
 // kernels read the packed copy alone (the GGUF pointer below is garbage), for
 // every row kind and batch size, and unpack_rows gives the GGUF bytes back
