@@ -219,23 +219,29 @@ int64_t decode_chunk_rows(int64_t N, int nt, int64_t granule) {
 
 // Many-row calls (prompt chunks, many sessions' decode rows) run in cache
 // blocks: a block of weight rows (<= kBlockWeightBytes, L2) against a block
-// of activation rows (<= kBlockActBytes), so that neither streams from L3 or
-// DRAM once per row of the other. Every output is still computed by the same
-// kernel call on its own row and weight row, so the results do not depend
-// on the blocking (or on M).
-// The AVX-512 Q4_K packed prompt tiles (kGemm8x8) take smaller activation
-// blocks (8 rows at K = 4096): `bench_kernels --threads 1 --cpu-time --types
-// q4_K --hot --sweep --sweep-m 512 --sweep-shape 1024x4096`, 8 alternations,
-// 27.4 -> 25.3 ms (min), 32.7 -> 30.1 (median) on Ice Lake-SP. The Q6_K
-// tiles did not change; the other kernels were not measured with them.
+// of activation rows (<= the kernel's act_block_bytes), so that neither
+// streams from L3 or DRAM once per row of the other. Every output is still
+// computed by the same kernel call on its own row and weight row, so the
+// results do not depend on the blocking (or on M).
 constexpr size_t kBlockWeightBytes = size_t{192} << 10;
 constexpr size_t kBlockActBytes = size_t{96} << 10;
 constexpr size_t kBlockActBytesQ4KPrompt = size_t{24} << 10;
 
-void run_kernel_blocked(detail::DecodeKernel kernel, const detail::DecodeCtx& c, int64_t n0, int64_t n1) {
+// The activation block of a kernel's many-row calls, chosen with the kernel.
+// The AVX-512 Q4_K packed prompt tiles (kGemm8x8) take smaller blocks (8 rows
+// at K = 4096): `bench_kernels --threads 1 --cpu-time --types q4_K --hot
+// --sweep --sweep-m 512 --sweep-shape 1024x4096`, 8 alternations, 27.4 ->
+// 25.3 ms (min), 32.7 -> 30.1 (median) on Ice Lake-SP. The Q6_K tiles did not
+// change with them; the other kernels were not measured with them.
+size_t act_block_bytes(const detail::DecodeCtx& c, const detail::IsaImpl* impl) {
+  const bool q4k_prompt_tiles =
+      c.packed && c.korder == detail::KOrder::kGemm8x8 && impl == &isa_impl(Isa::kAvx512Vnni, c.type);
+  return q4k_prompt_tiles ? kBlockActBytesQ4KPrompt : kBlockActBytes;
+}
+
+void run_kernel_blocked(detail::DecodeKernel kernel, const detail::DecodeCtx& c, size_t act_block, int64_t n0,
+                        int64_t n1) {
   const size_t arow = c.act ? c.act_row_bytes : static_cast<size_t>(c.K) * sizeof(float);
-  const bool q4k_prompt = c.packed && c.korder == detail::KOrder::kGemm8x8 && active_isa() == Isa::kAvx512Vnni;
-  const size_t act_block = q4k_prompt ? kBlockActBytesQ4KPrompt : kBlockActBytes;
   int64_t mb = static_cast<int64_t>(act_block / std::max<size_t>(arow, 1)) & ~int64_t{3};
   mb = std::max<int64_t>(mb, 8);
   if (c.M <= mb) {
@@ -260,11 +266,12 @@ void run_kernel_blocked(detail::DecodeKernel kernel, const detail::DecodeCtx& c,
 
 // The AMX kernel takes all M rows at once: it forms each block's weight
 // tile once for all of them.
-void run_kernel(detail::DecodeKernel kernel, const detail::DecodeCtx& c, bool amx, int64_t n0, int64_t n1) {
+void run_kernel(detail::DecodeKernel kernel, const detail::DecodeCtx& c, bool amx, size_t act_block, int64_t n0,
+                int64_t n1) {
   if (amx)
     kernel(c, n0, n1);
   else
-    run_kernel_blocked(kernel, c, n0, n1);
+    run_kernel_blocked(kernel, c, act_block, n0, n1);
 }
 
 void run_decode_group(const WeightView* w, float* const* y, int n, const float* x, int64_t M, RowKind rows,
@@ -303,6 +310,7 @@ void run_decode_group(const WeightView* w, float* const* y, int n, const float* 
   uint8_t* act = act_bytes ? static_cast<uint8_t*>(s.act.get(act_bytes)) : nullptr;
   detail::DecodeCtx ctx[kMaxGroup];
   detail::DecodeKernel kernels[kMaxGroup];
+  size_t act_block[kMaxGroup];  // (run_kernel_blocked's activation block for kernels[i])
   for (int i = 0; i < n; ++i) {
     uint8_t* a = arb[i] ? act + act_off[i] : nullptr;
     if (a && owner[i]) {
@@ -329,10 +337,11 @@ void run_decode_group(const WeightView* w, float* const* y, int n, const float* 
       kernels[i] = tiles[i] ? detail::amx_tile_kernel_for(w[i].type) : detail::vnni_tile_kernel_for(w[i].type);
     else
       kernels[i] = amx[i] ? detail::amx_kernel_for(w[i].type) : impls[i]->kernel(w[i].type);
+    act_block[i] = act_block_bytes(ctx[i], impls[i]);
   }
   const int nt = decode_threads(total_weight_bytes, M);
   if (nt <= 1) {
-    for (int i = 0; i < n; ++i) run_kernel(kernels[i], ctx[i], tiles[i], 0, w[i].rows);
+    for (int i = 0; i < n; ++i) run_kernel(kernels[i], ctx[i], tiles[i], act_block[i], 0, w[i].rows);
     return;
   }
   std::vector<DecodeChunk>& chunks = s.chunks;
@@ -345,7 +354,7 @@ void run_decode_group(const WeightView* w, float* const* y, int n, const float* 
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
   for (int64_t c = 0; c < n_chunks; ++c) {
     const DecodeChunk& ch = chunks[static_cast<size_t>(c)];
-    run_kernel(kernels[ch.weight], ctx[ch.weight], tiles[ch.weight], ch.n0, ch.n1);
+    run_kernel(kernels[ch.weight], ctx[ch.weight], tiles[ch.weight], act_block[ch.weight], ch.n0, ch.n1);
   }
 }
 
