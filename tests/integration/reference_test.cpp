@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/engine/engine.h"
+#include "cpu/cpu_features.h"
 #include "cpu/matmul.h"
 #include "model_path.h"
 
@@ -57,14 +58,17 @@ struct RefSet {
   // Greedy may diverge from llama.cpp only where llama.cpp's own top1-top2
   // gap at the divergence is below this (a near-tie).
   double max_divergence_gap = 1e30;
+  // The kernels whose order is llama.cpp's for this set's weights.
+  cpu::Isa isa = cpu::Isa::kAvx2;
 };
 
 RefSet smollm2_set() { return RefSet{"smollm2", test::default_model_path(), ""}; }
 
-// The kernels whose order is llama.cpp's AVX2 order, for the test's duration.
-struct Avx2Kernels {
-  Avx2Kernels() { cpu::force_isa(cpu::Isa::kAvx2); }
-  ~Avx2Kernels() { cpu::reset_isa(); }
+// The kernels whose order is llama.cpp's for a set (RefSet::isa), for the
+// test's duration.
+struct SetKernels {
+  explicit SetKernels(cpu::Isa isa) { cpu::force_isa(isa); }
+  ~SetKernels() { cpu::reset_isa(); }
 };
 
 std::string golden_path(const std::string& name) { return std::string(EMBER_TEST_DATA_DIR) + "/reference/" + name; }
@@ -176,7 +180,7 @@ TEST(Reference, GoldenFilesParse) {
 // a row's result never depends on what it is batched with, so each stream
 // computes what it would alone, as tools/ref_llamacpp.py measures it).
 void check_greedy(const RefSet& set) {
-  Avx2Kernels avx2;
+  SetKernels kernels(set.isa);
   const auto cases = load_greedy(set.prefix);
   ASSERT_FALSE(cases.empty());
   auto engine = Engine::create(shared_model(set.model), EngineParams{});
@@ -232,7 +236,7 @@ TEST(Reference, GreedyContinuationsMatchLlamaCpp) {
 // (one batched score call) must be llama.cpp's choice unless llama.cpp itself
 // had a near-tie.
 void check_teacher_forced(const RefSet& set) {
-  Avx2Kernels avx2;
+  SetKernels kernels(set.isa);
   const auto cases = load_greedy(set.prefix);
   ASSERT_FALSE(cases.empty());
   auto model = shared_model(set.model);
@@ -270,7 +274,7 @@ TEST(Reference, TeacherForcedArgmaxMatchesLlamaCpp) {
 
 // Next-token distributions at every position of real text.
 void check_positions(const RefSet& set) {
-  Avx2Kernels avx2;
+  SetKernels kernels(set.isa);
   const auto g = load_positions(set.prefix);
   ASSERT_FALSE(g.ids.empty());
   ASSERT_EQ(g.top1.size(), g.ids.size());
@@ -359,6 +363,35 @@ TEST_P(KquantReference, PerPositionTop1AndLogprobsMatchLlamaCpp) { check_positio
 INSTANTIATE_TEST_SUITE_P(SyntheticQ4KM, KquantReference,
                          ::testing::Values("llama_q4_k_m", "qwen2_q4_k_m", "gemma3_q4_k_m"),
                          [](const auto& info) { return std::string(info.param); });
+
+// Q4_0 weights whose row counts are multiples of 8 (every matrix of this
+// file): llama.cpp's AVX2 build repacks them (q4_0_8x8) and sums each block as
+// one exact integer total, acc = fma(float(total), dw * dx, acc), for prompt
+// and generated rows alike. That is the order of Ember's AVX-512 tile-layout
+// kernels (vnni_tile_rows), not of its AVX2 and scalar ones, which keep
+// ggml_vec_dot's 8 lanes (docs/BENCHMARKS.md: the same file's logits differ
+// there, max 0.0038 on the 1B shape). So this set runs the AVX-512 kernels;
+// on CPUs without AVX-512 VNNI, with the tile layout off (EMBER_CPU_REPACK=0)
+// or with AMX prompt rows (their order is not compared with llama.cpp) it is
+// skipped.
+RefSet q4_0_set() {
+  RefSet s{"llama_q4_0", std::string(EMBER_SYNTHETIC_DIR) + "/llama_q4_0.gguf", "synthetic_llama_q4_0_"};
+  s.isa = cpu::Isa::kAvx512Vnni;
+  return s;
+}
+bool q4_0_order_here() {
+  if (!cpu::isa_supported(cpu::Isa::kAvx512Vnni)) return false;
+  SetKernels kernels(cpu::Isa::kAvx512Vnni);
+  return cpu::tile_layout(DType::Q4_0) && !cpu::amx_prompt_rows(DType::Q4_0);
+}
+TEST(Q40Reference, GreedyContinuationsMatchLlamaCpp) {
+  if (!q4_0_order_here()) GTEST_SKIP() << "needs the AVX-512 VNNI tile kernels without AMX";
+  check_greedy(q4_0_set());
+}
+TEST(Q40Reference, PerPositionTop1AndLogprobsMatchLlamaCpp) {
+  if (!q4_0_order_here()) GTEST_SKIP() << "needs the AVX-512 VNNI tile kernels without AMX";
+  check_positions(q4_0_set());
+}
 
 }  // namespace
 }  // namespace ember
