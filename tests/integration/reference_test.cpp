@@ -31,8 +31,10 @@ namespace {
 // logits equal llama.cpp's bit for bit and greedy continuations are
 // identical; the tests force the AVX2 variant (an AVX-512 machine would
 // otherwise pick kernels that sum in another order, as llama.cpp's own
-// AVX-512 build does). The golden files hold llama.cpp's results with 5
-// decimals. Measured figures: docs/BENCHMARKS.md.
+// AVX-512 build does). One exception, Q4_0 (Q40Reference below): llama.cpp's
+// AVX2 build repacks it, and Ember's AVX-512 kernels have that order. The
+// golden files hold llama.cpp's results with 5 decimals. Measured figures:
+// docs/BENCHMARKS.md.
 constexpr float kDecisiveGap = 0.5f;           // (teacher-forced test) llama.cpp top1 - top2 that must not flip
 constexpr double kMinDecisiveAgreement = 1.0;  // where llama.cpp is decisive
 // Teacher-forced scoring of llama.cpp's decode continuations is a batched
