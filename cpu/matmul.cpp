@@ -90,6 +90,11 @@ void check_weight(const WeightView& w, const char* what) {
     fail(StatusCode::kInvalidArgument, std::string(what) + ": no tile layout for " +
                                            type_name(static_cast<uint32_t>(w.type)) + " weights of " +
                                            std::to_string(w.rows) + " rows");
+  // (the tile kernels: AVX-512 VNNI, and AVX2 for Q4_0)
+  if (w.packed && w.packed_tiles && !isa_supported(Isa::kAvx512Vnni) &&
+      !(w.type == DType::Q4_0 && isa_supported(Isa::kAvx2)))
+    fail(StatusCode::kUnsupported, std::string(what) + ": this CPU has no kernels for tile-layout " +
+                                       type_name(static_cast<uint32_t>(w.type)) + " weights");
 }
 
 // Points the kernel at the packed rows when it reads them.
@@ -148,6 +153,11 @@ bool amx_on() {
 // prefill tok/s VNNI vs tiles: P = 2: 66 vs 40; 8: 168 vs 138; 12: 208 vs
 // 174; 16: 219 vs 236; 32: 280 vs 319).
 constexpr int64_t kTileRowsMin = 16;
+
+// Tile-layout Q4_0 weights under the AVX2 variant (or the scalar one forced
+// after packing) take the AVX2 tile kernel (matmul_avx2.cpp), the others
+// the AVX-512 ones: the same bits.
+bool avx2_tiles(DType type) { return type == DType::Q4_0 && active_isa() != Isa::kAvx512Vnni; }
 
 bool amx_rows(DType type, RowKind rows) {
   return rows == RowKind::kPrompt && amx_prompt_rows(type);
@@ -289,7 +299,7 @@ void run_decode_group(const WeightView* w, float* const* y, int n, const float* 
     impls[i] = &isa_impl(active_isa(), w[i].type);
     if (w[i].packed && w[i].packed_tiles) {
       amx[i] = true;
-      tiles[i] = M >= kTileRowsMin && rows != RowKind::kPromptNoTiles && amx_usable();
+      tiles[i] = M >= kTileRowsMin && rows != RowKind::kPromptNoTiles && amx_usable() && !avx2_tiles(w[i].type);
     } else {
       amx[i] = tiles[i] = amx_rows(w[i].type, rows);
     }
@@ -315,7 +325,7 @@ void run_decode_group(const WeightView* w, float* const* y, int n, const float* 
     uint8_t* a = arb[i] ? act + act_off[i] : nullptr;
     if (a && owner[i]) {
       if (amx[i]) {
-        detail::amx_prepare_acts(x, M, K, a);
+        (avx2_tiles(w[i].type) ? detail::avx2_tile_prepare_acts : detail::amx_prepare_acts)(x, M, K, a);
         std::memset(a + arb[i] * static_cast<size_t>(M), 0, arb[i] * static_cast<size_t>(m_amx - M));
       } else {
         impls[i]->prepare_acts(w[i].type, x, M, K, a);
@@ -334,7 +344,9 @@ void run_decode_group(const WeightView* w, float* const* y, int n, const float* 
     use_packed(*impls[i], w[i], ctx[i]);
     ctx[i].korder = detail::kquant_order(w[i].type, w[i].rows, rows == RowKind::kDecode);
     if (ctx[i].tiles)
-      kernels[i] = tiles[i] ? detail::amx_tile_kernel_for(w[i].type) : detail::vnni_tile_kernel_for(w[i].type);
+      kernels[i] = avx2_tiles(w[i].type) ? detail::avx2_tile_kernel_for(w[i].type)
+                   : tiles[i]            ? detail::amx_tile_kernel_for(w[i].type)
+                                         : detail::vnni_tile_kernel_for(w[i].type);
     else
       kernels[i] = amx[i] ? detail::amx_kernel_for(w[i].type) : impls[i]->kernel(w[i].type);
     act_block[i] = act_block_bytes(ctx[i], impls[i]);
@@ -552,9 +564,8 @@ size_t packed_bytes(DType type, int64_t rows, int64_t cols, bool tiles) {
   if (!tiles) return packed_bytes(type, rows, cols);
   if (type == DType::Q4_K || type == DType::Q6_K)  // the same groups of 8, read in the AMX order
     return active_isa() == Isa::kAvx512Vnni ? packed_bytes(type, rows, cols) : 0;
-  if (!detail::tile_packable(type) || rows <= 0 || cols <= 0 || cols % detail::kQK != 0 || !repack_enabled() ||
-      active_isa() != Isa::kAvx512Vnni)
-    return 0;
+  if (!detail::tile_packable(type) || rows <= 0 || cols <= 0 || cols % detail::kQK != 0 || !repack_enabled()) return 0;
+  if (active_isa() == Isa::kAvx2 ? type != DType::Q4_0 || rows % 8 != 0 : active_isa() != Isa::kAvx512Vnni) return 0;
   const int64_t groups = (rows + detail::kTileGroupRows - 1) / detail::kTileGroupRows;
   return detail::tile_group_bytes(type, cols) * static_cast<size_t>(groups);
 }
@@ -567,8 +578,15 @@ size_t packed_bytes(DType type, int64_t rows, int64_t cols, bool tiles) {
 // 182.6 -> 173.6 MiB). Q4_K / Q6_K: where AMX runs only (without it the
 // AMX order was no faster than llama.cpp's on Gemma 3, whose order their
 // AVX-512 kernels keep).
+//
+// AVX2 CPUs: Q4_0 weights whose row count is a multiple of 8 (llama.cpp's
+// AVX2 build repacks those to q4_0_8x8 and sums them in this order, which
+// the AVX2 variant's GGUF kernels, vec_dot's order, do not follow), read by
+// the AVX2 tile kernel.
 bool tile_layout(DType type) {
-  if (!repack_enabled() || !amx_on() || active_isa() != Isa::kAvx512Vnni) return false;
+  if (!repack_enabled() || !amx_on()) return false;
+  if (active_isa() == Isa::kAvx2) return type == DType::Q4_0;
+  if (active_isa() != Isa::kAvx512Vnni) return false;
   if (detail::tile_packable(type)) return true;
   return (type == DType::Q4_K || type == DType::Q6_K) && amx_prompt_rows(type);
 }

@@ -49,7 +49,9 @@ struct WeightView {
   const void* packed = nullptr;
   // packed holds (pack_weight: is to hold) the tile layout (tile_layout()):
   // every row, decode or prompt, of such a weight is summed in the AMX
-  // order, on AMX tiles or VNNI registers alike.
+  // order, on AMX tiles, VNNI registers or (Q4_0) AVX2 registers alike.
+  // Such weights need an AVX-512 VNNI CPU (Q4_0: AVX2); elsewhere matmul
+  // fails with kUnsupported.
   bool packed_tiles = false;
 };
 
@@ -82,8 +84,9 @@ class MatmulScratch {
 // the GGUF rows; about the weight's own size), or 0 when they read the GGUF
 // layout as fast (other types, other CPUs, EMBER_CPU_REPACK=0).
 size_t packed_bytes(DType type, int64_t rows, int64_t cols);
-// The same for the tile layout (`tiles`; 0 for other types, where the
-// AVX-512 VNNI variant is not active, or with EMBER_CPU_REPACK=0; Q4_K /
+// The same for the tile layout (`tiles`; 0 for other types, where neither
+// the AVX-512 VNNI variant nor (Q4_0 weights whose row count is a multiple
+// of 8) the AVX2 variant is active, or with EMBER_CPU_REPACK=0; Q4_K /
 // Q6_K: their groups of 8, as above):
 // groups of 16 rows, per 32-value block the 16 rows' quants as AMX B tiles
 // and VNNI operands want them (Q5: and their fifth bits as byte masks), then
@@ -100,7 +103,11 @@ size_t packed_bytes(DType type, int64_t rows, int64_t cols, bool tiles);
 // prompt chunk) where AMX runs, on VNNI registers for a few rows and on
 // CPUs without AMX, to the same bits. EMBER_CPU_AMX=0 (or
 // set_amx_prompt_rows(false)) turns it off: the groups of 4 rows above in
-// their own order on AVX-512, llama.cpp's orders for K-quants.
+// their own order on AVX-512, llama.cpp's orders for K-quants. Where the
+// AVX2 variant is active: Q4_0 (weights whose row count is a multiple of 8,
+// packed_bytes), the order of llama.cpp's AVX2 build for them (it repacks
+// them to q4_0_8x8), which the AVX2 variant's GGUF rows (vec_dot's order)
+// do not have; EMBER_CPU_AMX=0 turns it off there too.
 bool tile_layout(DType type);
 // Writes that copy of w's rows to out (packed_bytes() bytes, 64-byte aligned;
 // the tile layout when w.packed_tiles). The layout is a run of groups of 16

@@ -791,13 +791,7 @@ void amx_kernel_q6k(const DecodeCtx& c, int64_t n0, int64_t n1) {
 
 }  // namespace
 
-// Per row: K int8 values (block b at 32 b), then K / 32 f32 scales dx, then
-// K / 32 f32 sum scales sx (Q4_1 / Q5_1: as the Q8_1 activations of the
-// other variants, act_block_scales), then per block the int32 sums of its
-// two 16-value halves (the VNNI tile kernels); a 64-byte multiple.
-size_t amx_act_row_bytes(int64_t K) {
-  return (static_cast<size_t>(K) + 16 * static_cast<size_t>(K / kQK) + 63) & ~size_t{63};
-}
+// Rows as amx_act_row_bytes lays them out (matmul_internal.h).
 
 void amx_prepare_acts(const float* x, int64_t M, int64_t K, uint8_t* act) {
   const size_t arb = amx_act_row_bytes(K);

@@ -13,6 +13,7 @@
 //   Q4_0: w = dw*(q-8)   Q4_1: w = dw*q + mw (+ mw * s, s = dx*sum(a))   Q8_0: w = dw*q
 // The weight block loaders are matmul_avx2_blocks.inc, the prefill
 // dequantization dequant_avx2.cpp.
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <type_traits>
@@ -59,8 +60,9 @@ size_t act_row_bytes(DType type, int64_t K) {
 }
 
 // Quantizes one block of 32 floats: returns the 32 int8 values in element
-// order, amax and sum(q) (scales: act_block_scales).
-inline __m256i quantize_block(const float* xb, float* amax_out, int* sum_out) {
+// order, amax and sum(q) (scales: act_block_scales), and where asked the
+// sums of its two 16-value halves.
+inline __m256i quantize_block(const float* xb, float* amax_out, int* sum_out, int32_t* halves = nullptr) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   const __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
   const __m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
@@ -74,6 +76,10 @@ inline __m256i quantize_block(const float* xb, float* amax_out, int* sum_out) {
   __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, mul), kRound));
   __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, mul), kRound));
   __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, mul), kRound));
+  if (halves) {
+    halves[0] = hsum_epi32(_mm256_add_epi32(i0, i1));
+    halves[1] = hsum_epi32(_mm256_add_epi32(i2, i3));
+  }
   const __m256i sum4 = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
   __m128i s2 = _mm_add_epi32(_mm256_castsi256_si128(sum4), _mm256_extracti128_si256(sum4, 1));
   s2 = _mm_add_epi32(s2, _mm_shuffle_epi32(s2, _MM_SHUFFLE(1, 0, 3, 2)));
@@ -158,6 +164,29 @@ void prepare_acts(DType type, const float* x, int64_t M, int64_t K, uint8_t* act
       const __m256i q = quantize_block(xr + b * kQK, &amax, &sum);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(base + b * kQK), q);
       act_block_scales(type, amax, sum, d + b, s + b);
+    }
+  }
+}
+
+// amx_prepare_acts' rows (matmul_internal.h), the same values: per block
+// quantize_block (quantize_block_q8_scalar's values), its scales by the Q8_1
+// rule (sx), its halves' sums.
+void tile_prepare_acts(const float* x, int64_t M, int64_t K, uint8_t* act) {
+  const size_t arb = amx_act_row_bytes(K);
+  const int64_t nb = K / kQK;
+  for (int64_t m = 0; m < M; ++m) {
+    uint8_t* row = act + static_cast<size_t>(m) * arb;
+    uint8_t* scales = row + static_cast<size_t>(K);
+    for (int64_t b = 0; b < nb; ++b) {
+      float amax, d, s;
+      int sum;
+      int32_t halves[2];
+      const __m256i q = quantize_block(x + m * K + b * kQK, &amax, &sum, halves);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + 32 * b), q);
+      act_block_scales(DType::Q4_1, amax, sum, &d, &s);
+      std::memcpy(scales + 4 * static_cast<size_t>(b), &d, 4);
+      std::memcpy(scales + 4 * static_cast<size_t>(nb + b), &s, 4);
+      std::memcpy(scales + 8 * static_cast<size_t>(nb + b), halves, 8);
     }
   }
 }
@@ -781,6 +810,94 @@ void kkernel(const DecodeCtx& c, int64_t n0, int64_t n1) {
   kkernel_o<T, KOrder::kVec>(c, n0, n1);  // (kquant_order gives the 8x8 orders to Q4_K only)
 }
 
+// ---------------------------------------------------------------- Q4_0 tile layout
+//
+// Q4_0 weights in the tile layout (matmul_internal.h; on AVX2 CPUs those
+// whose row count is a multiple of 8, the weights llama.cpp's AVX2 build
+// repacks to q4_0_8x8): half a group (8 rows) per register, a chunk's 32
+// bytes holding values 4k..4k+3 (low nibbles) and 16+4k..16+4k+3 (high) of
+// each of the 8 rows. Per block and row the exact integer total
+// t = sum(q * x) - 8 * sum(x), q the unsigned nibbles (8 maddubs pairs
+// added in 16 bits: at most 8 * 2 * 15 * 128 = 30720), then
+// acc = fma(float(t), dw * dx, acc): llama.cpp's ggml_gemv / ggml_gemm_
+// q4_0_8x8_q8_0 and the AVX-512 tile kernels (vnni_tile_kernel), to the bit.
+// MT activation rows against H halves of a group (H = 2: both halves per
+// block, so that a one-row call streams each chunk's cache line once);
+// rows: the group's live rows (the stores stop there).
+template <int MT, int H>
+inline void q40_tile_rows(const DecodeCtx& c, const uint8_t* q, const uint8_t* sc, int64_t m0, int64_t n, int rows) {
+  const int64_t K = c.K, nb = K / kQK;
+  const size_t arb = c.act_row_bytes;
+  const uint8_t* a = c.act + static_cast<size_t>(m0) * arb;
+  const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256 acc[H][MT];
+  for (int h = 0; h < H; ++h)
+    for (int m = 0; m < MT; ++m) acc[h][m] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* qb = q + static_cast<size_t>(b) * tile_quant_bytes(DType::Q4_0);
+    _mm_prefetch(reinterpret_cast<const char*>(qb) + 4 * tile_quant_bytes(DType::Q4_0), _MM_HINT_T0);
+    for (int h = 0; h < H; ++h) {
+      __m256i w[8];
+      for (int k = 0; k < 4; ++k) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb + 64 * k + 32 * h));
+        w[k] = _mm256_and_si256(v, m4);
+        w[k + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+      }
+      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(
+          reinterpret_cast<const __m128i*>(sc + static_cast<size_t>(b) * tile_scale_bytes(DType::Q4_0) + 16 * h)));
+      for (int m = 0; m < MT; ++m) {
+        const uint8_t* am = a + static_cast<size_t>(m) * arb;
+        const auto* v = reinterpret_cast<const int8_t*>(am + 32 * b);
+        const uint8_t* scales = am + static_cast<size_t>(K);
+        float dx;
+        int32_t hs[2];
+        std::memcpy(&dx, scales + 4 * static_cast<size_t>(b), 4);
+        std::memcpy(hs, scales + 8 * static_cast<size_t>(nb + b), 8);
+        __m256i s16 = _mm256_maddubs_epi16(w[0], bcast4(v));
+        for (int k = 1; k < 4; ++k) s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[k], bcast4(v + 4 * k)));
+        for (int k = 0; k < 4; ++k) s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[k + 4], bcast4(v + 16 + 4 * k)));
+        const __m256i t = _mm256_sub_epi32(_mm256_madd_epi16(s16, ones), _mm256_set1_epi32(8 * (hs[0] + hs[1])));
+        acc[h][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(dw, _mm256_set1_ps(dx)), acc[h][m]);
+      }
+    }
+  }
+  for (int h = 0; h < H; ++h) {
+    const int cols = std::min(8, rows - 8 * h);
+    for (int m = 0; m < MT; ++m) {
+      float* y = c.y + (m0 + m) * c.ldy + n + 8 * h;
+      if (cols == 8) {
+        _mm256_storeu_ps(y, acc[h][m]);
+      } else {
+        alignas(32) float t[8];
+        _mm256_store_ps(t, acc[h][m]);
+        std::memcpy(y, t, static_cast<size_t>(cols) * sizeof(float));
+      }
+    }
+  }
+}
+
+// Groups of 16 rows: calls of up to 2 rows take both halves at once, bigger
+// ones a half at a time (the other half's bytes then come from L1 / L2).
+void q40_tile_kernel(const DecodeCtx& c, int64_t n0, int64_t n1) {
+  const size_t quants = static_cast<size_t>(c.K / kQK) * tile_quant_bytes(DType::Q4_0);
+  for (int64_t nt = n0; nt < n1; nt += kTileGroupRows) {
+    const uint8_t* q = c.packed + static_cast<size_t>(nt / kTileGroupRows) * c.packed_group_bytes;
+    const uint8_t* sc = q + quants;
+    const int rows = static_cast<int>(std::min<int64_t>(kTileGroupRows, n1 - nt));
+    if (rows > 8 && c.M <= 2) {
+      if (c.M == 2)
+        q40_tile_rows<2, 2>(c, q, sc, 0, nt, rows);
+      else
+        q40_tile_rows<1, 2>(c, q, sc, 0, nt, rows);
+      continue;
+    }
+    for (int h = 0; 8 * h < rows; ++h)
+      row_tiles4(c.M, [&](auto mt, int64_t m) {
+        q40_tile_rows<decltype(mt)::value, 1>(c, q + 32 * h, sc + 16 * h, m, nt + 8 * h, rows - 8 * h);
+      });
+  }
+}
+
 // ---------------------------------------------------------------- float kernels
 
 template <DType T, int R, int MT>
@@ -869,6 +986,9 @@ DecodeKernel kernel(DType t) {
 }
 
 }  // namespace
+
+void avx2_tile_prepare_acts(const float* x, int64_t M, int64_t K, uint8_t* act) { tile_prepare_acts(x, M, K, act); }
+DecodeKernel avx2_tile_kernel_for(DType t) { return t == DType::Q4_0 ? q40_tile_kernel : nullptr; }
 
 const IsaImpl& avx2_impl() {
   static const IsaImpl impl{"avx2",

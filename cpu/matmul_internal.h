@@ -145,7 +145,7 @@ inline size_t packed_scale_offset(DType t, int64_t K, int64_t q, int64_t j) {
 }
 
 // The tile layout of Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 weights (pack_weight
-// with packed_tiles; AMX CPUs): groups of 16 rows (the last one padded with
+// with packed_tiles; AVX-512 VNNI CPUs, and Q4_0 on AVX2 ones): groups of 16 rows (the last one padded with
 // zero rows), 64-byte aligned; per group first every block's quants, then
 // every block's scales. A block's quants are B-tile rows: Q4 / Q5 four
 // chunks of 64 bytes, byte 4n + i of chunk k = GGUF quant byte 4k + i of row
@@ -301,12 +301,18 @@ const IsaImpl& scalar_impl();
 const IsaImpl& avx2_impl();
 const IsaImpl& avx512_impl();  // only call after isa_supported(Isa::kAvx512Vnni)
 // AMX prompt rows (matmul_amx_avx512.cpp; only after amx_prompt_rows(type)
-// in matmul.cpp): the types amx_prompt_rows names, GGUF or packed rows. Activations:
-// per row K int8 values then K / 32 f32 scales (amx_act_row_bytes each), for
-// M rows rounded up to a multiple of 16, the padding zeroed by the caller.
-// Per row also the K / 32 int32 block sums of the int8 values (the tile
-// layout's VNNI kernels take the weights' offset off through them).
-size_t amx_act_row_bytes(int64_t K);
+// in matmul.cpp): the types amx_prompt_rows names, GGUF or packed rows.
+// Activations for M rows rounded up to a multiple of 16 (the padding zeroed
+// by the caller), amx_act_row_bytes each: K int8 values (block b at 32 b),
+// then K / 32 f32 scales d, K / 32 f32 sum scales sx (Q4_1 / Q5_1: as the
+// Q8_1 activations of the other variants, act_block_scales), then per block
+// the int32 sums of its two 16-value halves (the tile layout's kernels take
+// the weights' offset off through them); a 64-byte multiple.
+namespace {
+inline size_t amx_act_row_bytes(int64_t K) {
+  return (static_cast<size_t>(K) + 16 * static_cast<size_t>(K / kQK) + 63) & ~size_t{63};
+}
+}  // namespace
 void amx_prepare_acts(const float* x, int64_t M, int64_t K, uint8_t* act);
 DecodeKernel amx_kernel_for(DType t);
 // Tile-layout weights (DecodeCtx::tiles), the AMX order: on AMX tiles (M
@@ -315,6 +321,12 @@ DecodeKernel amx_kernel_for(DType t);
 // n0 a multiple of 16 and amx_prepare_acts' rows.
 DecodeKernel amx_tile_kernel_for(DType t);
 DecodeKernel vnni_tile_kernel_for(DType t);
+// Q4_0 weights in the tile layout on AVX2 CPUs (matmul_avx2.cpp; only
+// after isa_supported(Isa::kAvx2)): amx_prepare_acts' rows from AVX2 code
+// (the same bytes), and a kernel in the order of vnni_tile_kernel, to the
+// bit, 8 weight rows per register. n0 a multiple of 16.
+void avx2_tile_prepare_acts(const float* x, int64_t M, int64_t K, uint8_t* act);
+DecodeKernel avx2_tile_kernel_for(DType t);  // Q4_0; nullptr for other types
 
 // K-quants on AVX-512 VNNI CPUs: the AVX2 variant's activations and
 // dequantization with these AVX-512 kernels in the AVX2 order (same results).

@@ -32,7 +32,7 @@ namespace {
 // identical; the tests force the AVX2 variant (an AVX-512 machine would
 // otherwise pick kernels that sum in another order, as llama.cpp's own
 // AVX-512 build does). One exception, Q4_0 (Q40Reference below): llama.cpp's
-// AVX2 build repacks it, and Ember's AVX-512 kernels have that order. The
+// AVX2 build repacks it, and Ember's tile-layout kernels have that order. The
 // golden files hold llama.cpp's results with 5 decimals. Measured figures:
 // docs/BENCHMARKS.md.
 constexpr float kDecisiveGap = 0.5f;           // (teacher-forced test) llama.cpp top1 - top2 that must not flip
@@ -369,31 +369,33 @@ INSTANTIATE_TEST_SUITE_P(SyntheticQ4KM, KquantReference,
 // Q4_0 weights whose row counts are multiples of 8 (every matrix of this
 // file): llama.cpp's AVX2 build repacks them (q4_0_8x8) and sums each block as
 // one exact integer total, acc = fma(float(total), dw * dx, acc), for prompt
-// and generated rows alike. That is the order of Ember's AVX-512 tile-layout
-// kernels (vnni_tile_rows), not of its AVX2 and scalar ones, which keep
-// ggml_vec_dot's 8 lanes (docs/BENCHMARKS.md: the same file's logits differ
-// there, max 0.0038 on the 1B shape). So this set runs the AVX-512 kernels;
-// on CPUs without AVX-512 VNNI, with the tile layout off (EMBER_CPU_REPACK=0)
+// and generated rows alike. Ember packs them in its tile layout on AVX2 and
+// AVX-512 VNNI CPUs, whose kernels (matmul_avx2.cpp q40_tile_rows,
+// vnni_tile_rows) have that order; its GGUF-row kernels keep ggml_vec_dot's 8
+// lanes (docs/BENCHMARKS.md: the same file's logits differ there, max 0.0038
+// on the 1B shape). So this set runs on each of the two variants; on CPUs
+// without it, with the tile layout off (EMBER_CPU_REPACK=0, EMBER_CPU_AMX=0)
 // or with AMX prompt rows (their order is not compared with llama.cpp) it is
 // skipped.
-RefSet q4_0_set() {
-  RefSet s{"llama_q4_0", std::string(EMBER_SYNTHETIC_DIR) + "/llama_q4_0.gguf", "synthetic_llama_q4_0_"};
-  s.isa = cpu::Isa::kAvx512Vnni;
-  return s;
-}
-bool q4_0_order_here() {
-  if (!cpu::isa_supported(cpu::Isa::kAvx512Vnni)) return false;
-  SetKernels kernels(cpu::Isa::kAvx512Vnni);
-  return cpu::tile_layout(DType::Q4_0) && !cpu::amx_prompt_rows(DType::Q4_0);
-}
-TEST(Q40Reference, GreedyContinuationsMatchLlamaCpp) {
-  if (!q4_0_order_here()) GTEST_SKIP() << "needs the AVX-512 VNNI tile kernels without AMX";
-  check_greedy(q4_0_set());
-}
-TEST(Q40Reference, PerPositionTop1AndLogprobsMatchLlamaCpp) {
-  if (!q4_0_order_here()) GTEST_SKIP() << "needs the AVX-512 VNNI tile kernels without AMX";
-  check_positions(q4_0_set());
-}
+class Q40Reference : public ::testing::TestWithParam<cpu::Isa> {
+ protected:
+  RefSet set() const {
+    RefSet s{"llama_q4_0", std::string(EMBER_SYNTHETIC_DIR) + "/llama_q4_0.gguf", "synthetic_llama_q4_0_"};
+    s.isa = GetParam();
+    return s;
+  }
+  void SetUp() override {
+    if (!cpu::isa_supported(GetParam())) GTEST_SKIP() << "this CPU cannot run these kernels";
+    SetKernels kernels(GetParam());
+    if (!cpu::tile_layout(DType::Q4_0)) GTEST_SKIP() << "the tile layout is off";
+    if (cpu::amx_prompt_rows(DType::Q4_0)) GTEST_SKIP() << "AMX prompt rows (not llama.cpp's order)";
+  }
+};
+TEST_P(Q40Reference, GreedyContinuationsMatchLlamaCpp) { check_greedy(set()); }
+TEST_P(Q40Reference, PerPositionTop1AndLogprobsMatchLlamaCpp) { check_positions(set()); }
+
+INSTANTIATE_TEST_SUITE_P(TileKernels, Q40Reference, ::testing::Values(cpu::Isa::kAvx2, cpu::Isa::kAvx512Vnni),
+                         [](const auto& info) { return std::string(cpu::isa_to_string(info.param)); });
 
 }  // namespace
 }  // namespace ember

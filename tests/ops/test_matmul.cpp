@@ -641,6 +641,87 @@ TEST(Matmul, PackedRowsGiveIdenticalResults) {
   }
 }
 
+// The tile layout's order (and AMX prompt rows'), computed in scalar code:
+// activations quantized per block as quantize_block_q8_scalar, blocks in
+// order, acc = fma(float(exact int sum), dw * dx, acc), then for Q4_1 / Q5_1
+// acc = fma(m, sx, acc); Q4_K / Q6_K per 32-value group (see the callers).
+std::vector<float> tile_order_reference(DType t, const std::vector<uint8_t>& w, int64_t N, int64_t K,
+                                        const std::vector<float>& x, int64_t M) {
+  const bool k4 = t == DType::Q4_K || t == DType::Q6_K;
+  const size_t rb = row_bytes(t, K), blk = rb / (K / 32);
+  const bool has_min = t == DType::Q4_1 || t == DType::Q5_1, five = t == DType::Q5_0 || t == DType::Q5_1;
+  const size_t qs_at = t == DType::Q8_0 ? 2 : 2 + (has_min ? 2 : 0) + (five ? 4 : 0);
+  const int offset = t == DType::Q4_0 ? 8 : t == DType::Q5_0 ? 16 : 0;
+  std::vector<float> ref(static_cast<size_t>(M * N));
+  for (int64_t m = 0; m < M; ++m) {
+    std::vector<int8_t> q(static_cast<size_t>(K));
+    std::vector<float> d(static_cast<size_t>(K / 32)), sx(d.size());
+    for (int64_t b = 0; b < K / 32; ++b) {
+      // (The sum scale as the Q8_1 activations of Q4_1 / Q5_1 weights.)
+      detail::quantize_block_q8_scalar(DType::Q4_1, x.data() + m * K + 32 * b, q.data() + 32 * b, &d[b], &sx[b]);
+    }
+    for (int64_t n = 0; n < N; ++n) {
+      float acc = 0.f;
+      for (int64_t b = 0; b < K / 32; ++b) {
+        if (t == DType::Q6_K) {  // group g = b % 8: two 16-value sub-blocks, exact s1 * sc1 + s2 * sc2
+          const auto* sb = reinterpret_cast<const BlockQ6_K*>(w.data() + static_cast<size_t>(n) * rb) + b / 8;
+          const int g = static_cast<int>(b % 8), hh = g / 4, qq = g % 4;
+          int64_t s12[2] = {0, 0};
+          for (int i = 0; i < 32; ++i) {
+            const uint8_t byte = sb->ql[64 * hh + 32 * (qq & 1) + i];
+            const int v = ((qq >> 1 ? byte >> 4 : byte & 0xF) | (((sb->qh[32 * hh + i] >> (2 * qq)) & 3) << 4)) - 32;
+            s12[i / 16] += v * q[static_cast<size_t>(32 * b + i)];
+          }
+          const int64_t tt = s12[0] * sb->scales[8 * hh + 2 * qq] + s12[1] * sb->scales[8 * hh + 2 * qq + 1];
+          uint16_t hd;
+          std::memcpy(&hd, &sb->d, 2);
+          acc = std::fma(static_cast<float>(tt), fp16_to_fp32(hd) * d[b], acc);
+          continue;
+        }
+        if (k4) {  // sub-block b % 8 of super-block b / 8: d * sc * q - dmin * m
+          const uint8_t* sb = w.data() + static_cast<size_t>(n) * rb + static_cast<size_t>(b / 8) * 144;
+          const int g = static_cast<int>(b % 8);
+          uint16_t hd, hmin;
+          std::memcpy(&hd, sb, 2);
+          std::memcpy(&hmin, sb + 2, 2);
+          uint8_t sc, mn;
+          kquant_scale_min(g, sb + 4, &sc, &mn);
+          int32_t sum = 0;
+          for (int i = 0; i < 32; ++i) {
+            const uint8_t byte = sb[16 + 32 * (g / 2) + i];
+            sum += (g % 2 ? byte >> 4 : byte & 0xF) * q[static_cast<size_t>(32 * b + i)];
+          }
+          acc = std::fma(static_cast<float>(sum), (fp16_to_fp32(hd) * static_cast<float>(sc)) * d[b], acc);
+          acc = std::fma(-(fp16_to_fp32(hmin) * static_cast<float>(mn)), sx[b], acc);
+          continue;
+        }
+        const uint8_t* p = w.data() + static_cast<size_t>(n) * rb + static_cast<size_t>(b) * blk;
+        uint16_t h, hm;
+        uint32_t qh = 0;
+        std::memcpy(&h, p, 2);
+        std::memcpy(&hm, p + 2, 2);
+        if (five) std::memcpy(&qh, p + (has_min ? 4 : 2), 4);
+        int32_t sum = 0;
+        for (int i = 0; i < 32; ++i) {
+          int v;
+          if (t == DType::Q8_0) {
+            v = static_cast<int8_t>(p[2 + i]);
+          } else {
+            v = i < 16 ? p[qs_at + i] & 0xF : p[qs_at + i - 16] >> 4;
+            if (five) v |= static_cast<int>((qh >> i) & 1) << 4;
+            v -= offset;
+          }
+          sum += v * q[static_cast<size_t>(32 * b + i)];
+        }
+        acc = std::fma(static_cast<float>(sum), fp16_to_fp32(h) * d[b], acc);
+        if (has_min) acc = std::fma(fp16_to_fp32(hm), sx[b], acc);
+      }
+      ref[static_cast<size_t>(m * N + n)] = acc;
+    }
+  }
+  return ref;
+}
+
 // Prompt rows of Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 weights on AMX CPUs
 // (cpu::amx_prompt_rows): every output equals the documented order computed
 // here in scalar code (activations quantized per block as
@@ -681,10 +762,8 @@ TEST(Matmul, AmxPromptRowsSumWholeBlocksInOrderForAnyBatch) {
     // 40 rows, packed in groups of 8, a tile of 8 last).
     const int64_t N = k4 ? 40 : 37, K = k4 ? 256 * 9 : 32 * 71;
     const auto w = make_weight(t, N, K, 11);
-    const size_t rb = row_bytes(t, K), blk = rb / (K / 32);
+    const size_t rb = row_bytes(t, K);
     const bool has_min = t == DType::Q4_1 || t == DType::Q5_1, five = t == DType::Q5_0 || t == DType::Q5_1;
-    const size_t qs_at = t == DType::Q8_0 ? 2 : 2 + (has_min ? 2 : 0) + (five ? 4 : 0);
-    const int offset = t == DType::Q4_0 ? 8 : t == DType::Q5_0 ? 16 : 0;
     const size_t pb = packed_bytes(t, N, K);
     ASSERT_GT(pb, 0u) << name_of(t);
     std::vector<uint8_t> storage(pb + 64);
@@ -724,74 +803,7 @@ TEST(Matmul, AmxPromptRowsSumWholeBlocksInOrderForAnyBatch) {
     }
     for (int64_t M : {1, 5, 16, 17, 33, 40}) {
       const auto x = make_x(M, K, static_cast<uint32_t>(M + 3));
-      std::vector<float> ref(static_cast<size_t>(M * N));
-      for (int64_t m = 0; m < M; ++m) {
-        std::vector<int8_t> q(static_cast<size_t>(K));
-        std::vector<float> d(static_cast<size_t>(K / 32)), sx(d.size());
-        for (int64_t b = 0; b < K / 32; ++b) {
-          // (The sum scale as the Q8_1 activations of Q4_1 / Q5_1 weights.)
-          detail::quantize_block_q8_scalar(DType::Q4_1, x.data() + m * K + 32 * b, q.data() + 32 * b, &d[b], &sx[b]);
-        }
-        for (int64_t n = 0; n < N; ++n) {
-          float acc = 0.f;
-          for (int64_t b = 0; b < K / 32; ++b) {
-            if (t == DType::Q6_K) {  // group g = b % 8: two 16-value sub-blocks, exact s1 * sc1 + s2 * sc2
-              const auto* sb = reinterpret_cast<const BlockQ6_K*>(w.data() + static_cast<size_t>(n) * rb) + b / 8;
-              const int g = static_cast<int>(b % 8), hh = g / 4, qq = g % 4;
-              int64_t s12[2] = {0, 0};
-              for (int i = 0; i < 32; ++i) {
-                const uint8_t byte = sb->ql[64 * hh + 32 * (qq & 1) + i];
-                const int v =
-                    ((qq >> 1 ? byte >> 4 : byte & 0xF) | (((sb->qh[32 * hh + i] >> (2 * qq)) & 3) << 4)) - 32;
-                s12[i / 16] += v * q[static_cast<size_t>(32 * b + i)];
-              }
-              const int64_t tt = s12[0] * sb->scales[8 * hh + 2 * qq] + s12[1] * sb->scales[8 * hh + 2 * qq + 1];
-              uint16_t hd;
-              std::memcpy(&hd, &sb->d, 2);
-              acc = std::fma(static_cast<float>(tt), fp16_to_fp32(hd) * d[b], acc);
-              continue;
-            }
-            if (k4) {  // sub-block b % 8 of super-block b / 8: d * sc * q - dmin * m
-              const uint8_t* sb = w.data() + static_cast<size_t>(n) * rb + static_cast<size_t>(b / 8) * 144;
-              const int g = static_cast<int>(b % 8);
-              uint16_t hd, hmin;
-              std::memcpy(&hd, sb, 2);
-              std::memcpy(&hmin, sb + 2, 2);
-              uint8_t sc, mn;
-              kquant_scale_min(g, sb + 4, &sc, &mn);
-              int32_t sum = 0;
-              for (int i = 0; i < 32; ++i) {
-                const uint8_t byte = sb[16 + 32 * (g / 2) + i];
-                sum += (g % 2 ? byte >> 4 : byte & 0xF) * q[static_cast<size_t>(32 * b + i)];
-              }
-              acc = std::fma(static_cast<float>(sum), (fp16_to_fp32(hd) * static_cast<float>(sc)) * d[b], acc);
-              acc = std::fma(-(fp16_to_fp32(hmin) * static_cast<float>(mn)), sx[b], acc);
-              continue;
-            }
-            const uint8_t* p = w.data() + static_cast<size_t>(n) * rb + static_cast<size_t>(b) * blk;
-            uint16_t h, hm;
-            uint32_t qh = 0;
-            std::memcpy(&h, p, 2);
-            std::memcpy(&hm, p + 2, 2);
-            if (five) std::memcpy(&qh, p + (has_min ? 4 : 2), 4);
-            int32_t sum = 0;
-            for (int i = 0; i < 32; ++i) {
-              int v;
-              if (t == DType::Q8_0) {
-                v = static_cast<int8_t>(p[2 + i]);
-              } else {
-                v = i < 16 ? p[qs_at + i] & 0xF : p[qs_at + i - 16] >> 4;
-                if (five) v |= static_cast<int>((qh >> i) & 1) << 4;
-                v -= offset;
-              }
-              sum += v * q[static_cast<size_t>(32 * b + i)];
-            }
-            acc = std::fma(static_cast<float>(sum), fp16_to_fp32(h) * d[b], acc);
-            if (has_min) acc = std::fma(fp16_to_fp32(hm), sx[b], acc);
-          }
-          ref[static_cast<size_t>(m * N + n)] = acc;
-        }
-      }
+      const std::vector<float> ref = tile_order_reference(t, w, N, K, x, M);
       for (bool use_packed : {false, true})
         for (int th : {1, 2}) {
           omp_set_num_threads(th);
@@ -817,6 +829,73 @@ TEST(Matmul, AmxPromptRowsSumWholeBlocksInOrderForAnyBatch) {
                 << name_of(t) << " M=" << M << " tile layout in a group, kind " << static_cast<int>(kind);
           }
         }
+    }
+  }
+}
+
+// Q4_0 weights whose row count is a multiple of 8 on AVX2 CPUs: the tile
+// layout (llama.cpp's AVX2 build repacks these to q4_0_8x8, this order), read
+// by the AVX2 tile kernel. Every output equals tile_order_reference to the
+// bit for any M, a last half group of 8 rows, every row kind, 1 or 2
+// threads, alone and in a group with GGUF rows, and with the scalar variant
+// forced after packing; other types and row counts keep the GGUF rows.
+TEST(Matmul, Avx2Q40TileLayoutSumsWholeBlocksInOrder) {
+  KnobGuard guard;
+  if (!isa_supported(Isa::kAvx2)) GTEST_SKIP() << "no AVX2";
+  force_isa(Isa::kAvx2);
+  struct AmxReset {
+    ~AmxReset() { reset_amx_prompt_rows(); }
+  } amx_reset;
+  set_amx_prompt_rows(true);  // (the knob of the tile layout; AMX itself is the AVX-512 variant's)
+  EXPECT_TRUE(tile_layout(DType::Q4_0));
+  for (DType t : {DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q6_K}) {
+    EXPECT_FALSE(tile_layout(t)) << name_of(t);
+    EXPECT_EQ(packed_bytes(t, 64, 256, true), 0u) << name_of(t);
+  }
+  const int64_t K = 32 * 71;
+  EXPECT_EQ(packed_bytes(DType::Q4_0, 36, K, true), 0u);  // (rows % 8 != 0: llama.cpp's vec_dot order)
+  set_amx_prompt_rows(false);
+  EXPECT_FALSE(tile_layout(DType::Q4_0));
+  set_amx_prompt_rows(true);
+  for (int64_t N : {40, 8}) {  // two groups and a half; one half group
+    const auto w = make_weight(DType::Q4_0, N, K, 23);
+    const size_t tb = packed_bytes(DType::Q4_0, N, K, true);
+    ASSERT_EQ(tb, static_cast<size_t>((N + 15) / 16) * ((static_cast<size_t>(K / 32) * 288 + 63) / 64 * 64));
+    std::vector<uint8_t> storage(tb + 64);
+    uint8_t* tiles = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
+    WeightView tv{DType::Q4_0, N, K, w.data(), nullptr, true};
+    pack_weight(tv, tiles);
+    tv.packed = tiles;
+    std::vector<uint8_t> back(w.size());
+    unpack_rows(tv, 0, N, back.data());
+    ASSERT_EQ(std::memcmp(back.data(), w.data(), w.size()), 0) << "N=" << N;
+    const WeightView v{DType::Q4_0, N, K, w.data()};
+    for (int64_t M : {1, 2, 3, 5, 16, 17, 33}) {
+      const auto x = make_x(M, K, static_cast<uint32_t>(M + 7));
+      const std::vector<float> ref = tile_order_reference(DType::Q4_0, w, N, K, x, M);
+      for (int th : {1, 2}) {
+        omp_set_num_threads(th);
+        MatmulScratch scratch;
+        for (RowKind kind : {RowKind::kPrompt, RowKind::kDecode, RowKind::kPromptNoTiles}) {
+          std::vector<float> y(ref.size(), -1.f), y2(ref.size(), -1.f);
+          matmul(tv, x.data(), M, y.data(), scratch, MatmulPath::kRowInvariant, kind);
+          ASSERT_EQ(std::memcmp(y.data(), ref.data(), y.size() * 4), 0)
+              << "N=" << N << " M=" << M << " kind " << static_cast<int>(kind) << " threads=" << th;
+          const WeightView group[2] = {v, tv};
+          float* ys[2] = {y.data(), y2.data()};
+          matmul_group(group, ys, 2, x.data(), M, scratch, MatmulPath::kRowInvariant, kind);
+          ASSERT_EQ(std::memcmp(y2.data(), ref.data(), y2.size() * 4), 0)
+              << "N=" << N << " M=" << M << " in a group, kind " << static_cast<int>(kind);
+        }
+      }
+      force_isa(Isa::kScalar);
+      {
+        MatmulScratch scratch;
+        std::vector<float> y(ref.size(), -1.f);
+        matmul(tv, x.data(), M, y.data(), scratch, MatmulPath::kRowInvariant, RowKind::kDecode);
+        ASSERT_EQ(std::memcmp(y.data(), ref.data(), y.size() * 4), 0) << "scalar forced, N=" << N << " M=" << M;
+      }
+      force_isa(Isa::kAvx2);
     }
   }
 }
