@@ -257,6 +257,8 @@ inline V512 dpwssd_epi32(V512 src, V512 a, V512 b) {
   }
   return src;
 }
+// VPMADDWD: s16 x s16, two products per 32-bit lane added (wrapping, as the instruction).
+inline V512 madd_epi16(V512 a, V512 b) { return dpwssd_epi32(V512{}, a, b); }
 // VPDPBUSD: u8 (a) x s8 (b), four products per 32-bit lane added to src, no saturation.
 inline V512 dpbusd_epi32(V512 src, V512 a, V512 b) {
   for (int i = 0; i < 16; ++i) {
@@ -433,6 +435,8 @@ inline V512 identity(V512 a) { return a; }
 #define _mm512_maddubs_epi16 ::ember_emu512::maddubs_epi16
 #undef _mm512_dpwssd_epi32
 #define _mm512_dpwssd_epi32 ::ember_emu512::dpwssd_epi32
+#undef _mm512_madd_epi16
+#define _mm512_madd_epi16 ::ember_emu512::madd_epi16
 #undef _mm512_dpbusd_epi32
 #define _mm512_dpbusd_epi32 ::ember_emu512::dpbusd_epi32
 #undef _mm512_dpbf16_ps
