@@ -114,7 +114,12 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineParams& params)
     fail(StatusCode::kUnsupported,
          "engine: a q8_0 KV cache needs head_dim a multiple of 32 (this model's: " + std::to_string(g.head_dim) + ")");
   }
-  uint64_t blocks = params_.kv_memory_bytes / g.bytes_per_block();
+  // A block's bytes as the pool lays them out: a pipeline stage's groups may
+  // have room for more layers than it has (KvLayerGroups::pipeline_stage).
+  KvLayerGroups groups = shard_->kv_groups();
+  KvGeometry laid_out = g;
+  laid_out.num_layers = groups.pool_layers();
+  uint64_t blocks = params_.kv_memory_bytes / laid_out.bytes_per_block();
   if (comm_) {
     // Every rank's pool holds the same blocks (rank 0's tables index them
     // all): the fewest any rank's budget allows.
@@ -125,7 +130,7 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineParams& params)
   if (blocks == 0) fail(StatusCode::kInvalidArgument, "engine: kv_memory_bytes is smaller than one KV block");
   if (blocks > (1u << 30)) fail(StatusCode::kInvalidArgument, "engine: kv_memory_bytes is absurdly large");
   g.num_blocks = static_cast<int32_t>(blocks);
-  kv_ = std::make_unique<KvManager>(*backend_, g, shard_->kv_groups(), params_.prefix_caching,
+  kv_ = std::make_unique<KvManager>(*backend_, g, std::move(groups), params_.prefix_caching,
                                     KvManager::Rope{shard_->rope_specs()});
   if (params_.background_step_tokens < 0 || params_.background_step_tokens > (1 << 16)) {
     fail(StatusCode::kInvalidArgument, "engine: background_step_tokens must be in [0, 65536]");

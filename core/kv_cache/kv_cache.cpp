@@ -40,6 +40,92 @@ KvLayerGroups KvLayerGroups::from_windows(const std::vector<int32_t>& layer_wind
   return g;
 }
 
+KvLayerGroups KvLayerGroups::pipeline_stage(const std::vector<int32_t>& layer_window,
+                                            const std::vector<int32_t>& stage_layers, int32_t stage) {
+  const int32_t n_stages = static_cast<int32_t>(stage_layers.size());
+  if (stage < 0 || stage >= n_stages) fail(StatusCode::kInternal, "kv layer groups: stage out of range");
+  // classes[window][s]: stage s's layers of that window, in its own numbers.
+  std::map<int32_t, std::vector<std::vector<int32_t>>> classes;
+  int32_t first = 0;
+  for (int32_t s = 0; s < n_stages; ++s) {
+    const int32_t n = stage_layers[static_cast<size_t>(s)];
+    if (n < 1 || first + n > static_cast<int32_t>(layer_window.size())) {
+      fail(StatusCode::kInternal, "kv layer groups: stages do not cover the model's layers");
+    }
+    for (int32_t il = 0; il < n; ++il) {
+      auto& per_stage = classes[std::max(layer_window[static_cast<size_t>(first + il)], 0)];
+      per_stage.resize(static_cast<size_t>(n_stages));
+      per_stage[static_cast<size_t>(s)].push_back(il);
+    }
+    first += n;
+  }
+  if (first != static_cast<int32_t>(layer_window.size())) {
+    fail(StatusCode::kInternal, "kv layer groups: stages do not cover the model's layers");
+  }
+  auto count = [](const std::vector<int32_t>& v) { return static_cast<int32_t>(v.size()); };
+  int32_t most = 0;  // the largest class on any stage
+  for (const auto& c : classes)
+    for (const auto& ls : c.second) most = std::max(most, count(ls));
+  // Candidates: every class cut into ceil(its largest stage's count / L)
+  // groups; each stage then needs ceil(count / groups) layers a group.
+  std::vector<int32_t> best_groups;
+  int64_t best_unused = -1;
+  for (int32_t l = 1; l <= most; ++l) {
+    std::vector<int32_t> groups;
+    int32_t total = 0;
+    for (const auto& c : classes) {
+      int32_t largest = 0;
+      for (const auto& ls : c.second) largest = std::max(largest, count(ls));
+      groups.push_back((largest + l - 1) / l);
+      total += groups.back();
+    }
+    int64_t unused = 0;
+    for (int32_t s = 0; s < n_stages; ++s) {
+      int32_t per = 1;
+      size_t ci = 0;
+      for (const auto& c : classes) {
+        per = std::max(per, (count(c.second[static_cast<size_t>(s)]) + groups[ci] - 1) / groups[ci]);
+        ++ci;
+      }
+      unused += static_cast<int64_t>(per) * total - stage_layers[static_cast<size_t>(s)];
+    }
+    const int32_t best_total = std::accumulate(best_groups.begin(), best_groups.end(), 0);
+    if (best_unused < 0 || unused < best_unused || (unused == best_unused && total < best_total)) {
+      best_unused = unused;
+      best_groups = groups;
+    }
+  }
+  KvLayerGroups g;
+  const int32_t n = stage_layers[static_cast<size_t>(stage)];
+  size_t ci = 0;
+  for (const auto& c : classes) {
+    g.layers_per_group = std::max(
+        {g.layers_per_group, 1, (count(c.second[static_cast<size_t>(stage)]) + best_groups[ci] - 1) / best_groups[ci]});
+    ++ci;
+  }
+  g.group_of_layer.assign(static_cast<size_t>(n), 0);
+  g.index_in_group.assign(static_cast<size_t>(n), 0);
+  ci = 0;
+  for (const auto& [w, per_stage] : classes) {
+    const std::vector<int32_t>& ls = per_stage[static_cast<size_t>(stage)];
+    for (int32_t k = 0; k < best_groups[ci]; ++k) {
+      const int32_t group = g.n_groups();
+      g.window.push_back(w);
+      g.layers.emplace_back();
+      for (int32_t j = 0; j < g.layers_per_group; ++j) {
+        const int32_t i = k * g.layers_per_group + j;
+        if (i >= count(ls)) break;
+        const int32_t il = ls[static_cast<size_t>(i)];
+        g.layers.back().push_back(il);
+        g.group_of_layer[static_cast<size_t>(il)] = group;
+        g.index_in_group[static_cast<size_t>(il)] = j;
+      }
+    }
+    ++ci;
+  }
+  return g;
+}
+
 KvLayerGroups KvLayerGroups::chunked(int32_t n_layers, int32_t per_group) {
   KvLayerGroups g;
   g.layers_per_group = per_group;

@@ -27,7 +27,8 @@ void check_groups(const KvLayerGroups& groups, int32_t n_layers) {
   int32_t total = 0;
   for (size_t g = 0; ok && g < groups.layers.size(); ++g) {
     const auto& ls = groups.layers[g];
-    ok = !ls.empty() && static_cast<int32_t>(ls.size()) <= groups.layers_per_group;
+    // (Empty or short only on a pipeline stage: KvLayerGroups::pipeline_stage.)
+    ok = static_cast<int32_t>(ls.size()) <= groups.layers_per_group;
     total += static_cast<int32_t>(ls.size());
   }
   if (!ok || total != n_layers) fail(StatusCode::kInternal, "kv manager: layer groups do not cover the model's layers");
@@ -35,7 +36,7 @@ void check_groups(const KvLayerGroups& groups, int32_t n_layers) {
 
 KvGeometry pool_geometry_for(const KvGeometry& all, const KvLayerGroups& groups) {
   check_groups(groups, all.num_layers);
-  if (groups.layers_per_group * groups.n_groups() != all.num_layers) {
+  if (groups.pool_layers() < all.num_layers) {
     fail(StatusCode::kInternal, "kv manager: layer groups of unequal sizes in the model's own pool");
   }
   KvGeometry g = all;
@@ -664,7 +665,7 @@ void KvManager::Export::read(size_t i, void* dst) const {
   for (int32_t g = 0; g < groups.n_groups(); ++g) {
     const int32_t b = tables_[static_cast<size_t>(g)].at(i);
     if (b >= 0) kv_.pool_->read_block(b, block.data());
-    for (int32_t j = 0; j < groups.layers_per_group; ++j) {
+    for (size_t j = 0; j < groups.layers[g].size(); ++j) {
       uint8_t* to = out + static_cast<size_t>(groups.layers[g][j]) * layer_bytes;
       if (b >= 0) {
         std::memcpy(to, block.data() + static_cast<size_t>(j) * layer_bytes, layer_bytes);
@@ -719,8 +720,8 @@ void KvManager::restore(KvSequence& seq, Saved saved, const std::function<void(c
     std::vector<uint8_t> block(pool_geometry().bytes_per_block());
     for (int32_t g = 0; g < groups_.n_groups(); ++g) {
       for (size_t i = 0; i < seq.n_blocks(); ++i) {
-        for (int32_t j = 0; j < groups_.layers_per_group; ++j) {
-          std::memcpy(block.data() + static_cast<size_t>(j) * layer_bytes,
+        for (size_t j = 0; j < groups_.layers[g].size(); ++j) {
+          std::memcpy(block.data() + j * layer_bytes,
                       saved.blocks + i * bpb + static_cast<size_t>(groups_.layers[g][j]) * layer_bytes, layer_bytes);
         }
         pool_->write_block(seq.tables_[static_cast<size_t>(g)][i], block.data());

@@ -20,16 +20,31 @@ constexpr int32_t kNoBlock = -1;
 // (vLLM v1's hybrid allocator does the same with its KV cache groups).
 struct KvLayerGroups {
   int32_t layers_per_group = 0;
-  std::vector<int32_t> window;          // per group: 0 = the whole context, else the window in tokens
-  std::vector<int32_t> group_of_layer;  // per model layer
-  std::vector<int32_t> index_in_group;  // per model layer: its layer inside the pool's blocks
+  std::vector<int32_t> window;               // per group: 0 = the whole context, else the window in tokens
+  std::vector<int32_t> group_of_layer;       // per model layer
+  std::vector<int32_t> index_in_group;       // per model layer: its layer inside the pool's blocks
   std::vector<std::vector<int32_t>> layers;  // per group: its model layers, by index in group
 
   int32_t n_groups() const { return static_cast<int32_t>(window.size()); }
   int32_t n_layers() const { return static_cast<int32_t>(group_of_layer.size()); }
+  // The layers a pool block set (one block of every group) has room for: the
+  // model's layers, or more where groups are padded (pipeline_stage).
+  int32_t pool_layers() const { return layers_per_group * n_groups(); }
   bool has_local() const;
   // layer_window: per model layer, 0 (whole context) or its sliding window.
   static KvLayerGroups from_windows(const std::vector<int32_t>& layer_window);
+  // One pipeline stage's groups, for a model whose layers are cut into
+  // stages of stage_layers[s] layers in order (Model::shard). Rank 0's
+  // tables index every rank's pool, so every stage must have the same
+  // groups with the same windows; a stage's layers of a class fill its
+  // groups of that class in order, `layers_per_group` (this stage's) to a
+  // group, and a group may hold fewer on one stage than on another, or none
+  // (Gemma 3 in 2 stages: 1 global layer on the first, 2 on the second).
+  // Chosen to leave the fewest unused layers in the stages' blocks, then
+  // the fewest groups. `layers` / `group_of_layer` / `index_in_group` are in
+  // the stage's own layer numbers (0 = its first).
+  static KvLayerGroups pipeline_stage(const std::vector<int32_t>& layer_window,
+                                      const std::vector<int32_t>& stage_layers, int32_t stage);
   // Layers in order, `per_group` to a group (the last may hold fewer), every
   // one over the whole context: another model's layers in a pool whose
   // blocks hold per_group layers.

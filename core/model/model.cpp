@@ -113,12 +113,26 @@ KvGeometry Model::kv_geometry(int32_t block_size) const {
   return g;
 }
 
-KvLayerGroups Model::kv_groups() const {
-  std::vector<int32_t> windows(static_cast<size_t>(config_.n_layers), 0);
-  for (int32_t il = 0; il < config_.n_layers; ++il) {
-    if (config_.layer_is_swa(il) && config_.sliding_window > 0) windows[il] = config_.sliding_window;
+namespace {
+
+std::vector<int32_t> layer_windows(const ModelConfig& c) {
+  std::vector<int32_t> windows(static_cast<size_t>(c.n_layers), 0);
+  for (int32_t il = 0; il < c.n_layers; ++il) {
+    if (c.layer_is_swa(il) && c.sliding_window > 0) windows[il] = c.sliding_window;
   }
-  return KvLayerGroups::from_windows(windows);
+  return windows;
+}
+
+}  // namespace
+
+KvLayerGroups Model::kv_groups() const {
+  if (!parent_ || shard_.pp == 1) return KvLayerGroups::from_windows(layer_windows(config_));
+  // A pipeline stage: groups every stage shares (rank 0's tables index
+  // every rank's pool), from the whole model's layers and the stages' cut.
+  std::vector<int32_t> stages;
+  for (int32_t s = 0; s < shard_.pp; ++s)
+    stages.push_back(pipeline_stage_layers(parent_->config_.n_layers, shard_.pp, s).second);
+  return KvLayerGroups::pipeline_stage(layer_windows(parent_->config_), stages, shard_.pp_rank);
 }
 
 RopeSpec Model::rope_spec(int32_t il) const {

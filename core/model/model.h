@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/backend/backend.h"
@@ -101,10 +102,15 @@ struct ModelShard {
   bool exact = true;
   int32_t pp = 1, pp_rank = 0;
   int32_t first_layer = 0, n_layers = 0;   // this stage's layers (n_layers 0: every layer)
+  int32_t model_layers = 0;                // the whole model's layers (set by Model::shard)
   int32_t vocab_begin = 0, vocab_end = 0;  // this rank's vocabulary rows (set by Model::shard)
   bool first_stage() const { return pp_rank == 0; }
   bool last_stage() const { return pp_rank == pp - 1; }
 };
+
+// Pipeline stage `stage` of `pp`: its first layer and layer count (every
+// stage n_layers / pp layers, the first n_layers % pp one more).
+std::pair<int32_t, int32_t> pipeline_stage_layers(int32_t n_layers, int32_t pp, int32_t stage);
 
 class Model {
  public:

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <tuple>
 
 #include "core/chat/chat_template.h"
 #include "core/gguf/gguf.h"
@@ -40,6 +41,12 @@ WeightDesc bias_part(const WeightDesc& w, int64_t c0, int64_t n) {
 
 }  // namespace
 
+std::pair<int32_t, int32_t> pipeline_stage_layers(int32_t n_layers, int32_t pp, int32_t stage) {
+  // As even as possible, earlier stages one layer more.
+  const int32_t base = n_layers / pp, extra = n_layers % pp;
+  return {stage * base + std::min(stage, extra), base + (stage < extra ? 1 : 0)};
+}
+
 std::shared_ptr<const Model> Model::shard(std::shared_ptr<const Model> full, const ModelShard& spec) {
   if (!full) fail(StatusCode::kInvalidArgument, "model parallel: no model");
   if (full->parent_) fail(StatusCode::kInvalidArgument, "model parallel: the model is already a shard");
@@ -66,17 +73,12 @@ std::shared_ptr<const Model> Model::shard(std::shared_ptr<const Model> full, con
   if (pp > 1) {
     if (c.n_layers < pp)
       refuse(std::to_string(c.n_layers) + " layers cannot be split into " + std::to_string(pp) + " stages");
-    if (full->kv_groups().n_groups() > 1) {
-      refuse("pipeline parallel needs one KV layout for every layer; this model has sliding-window layers (use --tp)");
-    }
-    // As even as possible, earlier stages one layer more.
-    const int32_t base = c.n_layers / pp, extra = c.n_layers % pp;
-    sh.first_layer = spec.pp_rank * base + std::min(spec.pp_rank, extra);
-    sh.n_layers = base + (spec.pp_rank < extra ? 1 : 0);
+    std::tie(sh.first_layer, sh.n_layers) = pipeline_stage_layers(c.n_layers, pp, spec.pp_rank);
   } else {
     sh.first_layer = 0;
     sh.n_layers = c.n_layers;
   }
+  sh.model_layers = c.n_layers;
   mc.n_layers = sh.n_layers;
   if (!c.is_swa.empty()) {
     mc.is_swa.assign(c.is_swa.begin() + sh.first_layer, c.is_swa.begin() + sh.first_layer + sh.n_layers);

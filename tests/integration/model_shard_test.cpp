@@ -123,10 +123,9 @@ TEST(ModelShard, RefusesShapesThatDoNotSplit) {
   ModelShard both = tp_rank(2, 0);
   both.pp = 2;
   EXPECT_THROW(Model::shard(full, both), Error);
-  // Sliding-window layers keep their own KV layout: no pipeline split.
   auto gemma = Model::load(synthetic("gemma3.gguf"));
-  EXPECT_THROW(Model::shard(gemma, pp_rank(2, 0)), Error);
   EXPECT_NO_THROW(Model::shard(gemma, tp_rank(2, 1)));
+  EXPECT_THROW(Model::shard(gemma, pp_rank(7, 0)), Error);                              // 6 layers, 7 stages
   EXPECT_THROW(Model::shard(Model::shard(full, tp_rank(2, 0)), tp_rank(2, 0)), Error);  // a shard of a shard
 }
 
@@ -144,6 +143,31 @@ TEST(ModelShard, PipelineStagesTakeContiguousLayers) {
     EXPECT_EQ(s->config().n_heads, full->config().n_heads);
   }
   EXPECT_THROW(Model::shard(full, pp_rank(7, 0)), Error);  // 6 layers, 7 stages
+}
+
+// Sliding-window layers in stages: every stage's KV groups have the windows
+// of rank 0's (its tables index every rank's pool), each stage's layers keep
+// their own windows, and the stage knows the whole model's layer count.
+TEST(ModelShard, PipelineStagesOfSlidingWindowLayersShareKvGroups) {
+  auto gemma = Model::load(synthetic("gemma3.gguf"));
+  const ModelConfig& c = gemma->config();
+  ASSERT_FALSE(c.is_swa.empty());
+  for (int32_t pp : {2, 3, 4}) {
+    std::vector<KvLayerGroups> groups;
+    for (int32_t r = 0; r < pp; ++r) {
+      auto s = Model::shard(gemma, pp_rank(pp, r));
+      const ModelShard& sh = s->shard_spec();
+      EXPECT_EQ(sh.model_layers, c.n_layers);
+      groups.push_back(s->kv_groups());
+      EXPECT_EQ(groups.back().n_layers(), s->config().n_layers);
+      EXPECT_EQ(groups.back().window, groups[0].window) << "pp " << pp << " rank " << r;
+      for (int32_t il = 0; il < s->config().n_layers; ++il) {
+        EXPECT_EQ(s->config().layer_is_swa(il), c.layer_is_swa(sh.first_layer + il));
+        const int32_t w = groups.back().window[static_cast<size_t>(groups.back().group_of_layer[il])];
+        EXPECT_EQ(w, c.layer_is_swa(sh.first_layer + il) ? c.sliding_window : 0) << "pp " << pp << " layer " << il;
+      }
+    }
+  }
 }
 
 TEST(ParallelWire, BatchRoundTrip) {

@@ -24,16 +24,17 @@ class Gemma3Forward final : public Decoder {
     embd_scale_ = std::sqrt(static_cast<float>(c.n_embd));
     // gemma_pytorch's query_pre_attn_scalar: n_embd / n_heads for the 27B
     // model (62 layers), head_dim for the others.
-    // (The whole model's heads: this may be one tensor-parallel rank's share;
-    // Gemma 3 is never pipeline-split, its sliding-window layers forbid it.)
-    query_scale_ = c.n_layers == 62 ? 1.0f / std::sqrt(static_cast<float>(c.n_embd / (c.n_heads * shard().tp)))
-                                    : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    // (The whole model's heads and layers: this may be one tensor-parallel
+    // rank's share of the heads, or one pipeline stage's layers.)
+    const int32_t model_layers = shard().pp > 1 ? shard().model_layers : c.n_layers;
+    query_scale_ = model_layers == 62 ? 1.0f / std::sqrt(static_cast<float>(c.n_embd / (c.n_heads * shard().tp)))
+                                      : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   }
 
  private:
   void layers(Pass& p, int32_t n_layers) override {
     const ModelConfig& c = config();
-    scale_x(p, embd_scale_);
+    if (shard().first_stage()) scale_x(p, embd_scale_);  // the embeddings, before the first layer
     // The queries are scaled before attention (as llama.cpp's graph does),
     // and the softmax takes them as they are.
     p.ap.scale = 1.0f;

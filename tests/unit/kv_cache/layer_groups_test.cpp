@@ -62,7 +62,7 @@ TEST(KvLayerGroups, GemmaLayersGroupByTheGcdOfTheirClasses) {
 
 TEST(KvLayerGroups, FirstNeededBlockFollowsTheWindow) {
   const KvLayerGroups g = KvLayerGroups::from_windows(gemma_windows(6, 512));
-  ASSERT_EQ(g.n_groups(), 6);  // gcd(1, 5) = 1 layer per group
+  ASSERT_EQ(g.n_groups(), 6);                          // gcd(1, 5) = 1 layer per group
   EXPECT_EQ(g.first_needed_block(0, 100000, 16), 0u);  // global
   const int32_t local = 1;
   EXPECT_EQ(g.first_needed_block(local, 0, 16), 0u);
@@ -75,27 +75,101 @@ TEST(KvLayerGroups, FirstNeededBlockFollowsTheWindow) {
   }
 }
 
+// Every stage of a pipeline gets the same groups with the same windows (rank
+// 0's tables index every rank's pool); each of its layers is in exactly one,
+// at the place the group says, with the window it has in the whole model.
+void expect_stages_agree(const std::vector<int32_t>& windows, const std::vector<int32_t>& stages) {
+  std::vector<KvLayerGroups> g;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    g.push_back(KvLayerGroups::pipeline_stage(windows, stages, static_cast<int32_t>(s)));
+  }
+  int32_t first = 0;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    SCOPED_TRACE("stage " + std::to_string(s));
+    EXPECT_EQ(g[s].window, g[0].window);
+    ASSERT_EQ(g[s].n_layers(), stages[s]);
+    ASSERT_EQ(g[s].layers.size(), g[s].window.size());
+    std::vector<int32_t> seen(static_cast<size_t>(stages[s]), 0);
+    for (int32_t grp = 0; grp < g[s].n_groups(); ++grp) {
+      const auto& ls = g[s].layers[static_cast<size_t>(grp)];
+      ASSERT_LE(static_cast<int32_t>(ls.size()), g[s].layers_per_group);
+      for (size_t j = 0; j < ls.size(); ++j) {
+        ++seen[static_cast<size_t>(ls[j])];
+        EXPECT_EQ(g[s].group_of_layer[ls[j]], grp);
+        EXPECT_EQ(g[s].index_in_group[ls[j]], static_cast<int32_t>(j));
+        EXPECT_EQ(g[s].window[static_cast<size_t>(grp)], windows[static_cast<size_t>(first + ls[j])]);
+      }
+    }
+    for (int32_t v : seen) EXPECT_EQ(v, 1);
+    first += stages[s];
+  }
+}
+
+TEST(KvLayerGroups, PipelineStagesShareTheirGroups) {
+  // Gemma 3 270M in 2 stages: 1 global + 8 local layers, then 2 + 7. Two
+  // layers a group on both: 1 global group, 4 local; one unused layer each.
+  const auto w18 = gemma_windows(18, 512);
+  expect_stages_agree(w18, {9, 9});
+  const KvLayerGroups a = KvLayerGroups::pipeline_stage(w18, {9, 9}, 0),
+                      b = KvLayerGroups::pipeline_stage(w18, {9, 9}, 1);
+  EXPECT_EQ(a.window, (std::vector<int32_t>{0, 512, 512, 512, 512}));
+  EXPECT_EQ(a.layers_per_group, 2);
+  EXPECT_EQ(a.layers[0], (std::vector<int32_t>{5}));     // model layer 5
+  EXPECT_EQ(b.layers[0], (std::vector<int32_t>{2, 8}));  // model layers 11 and 17
+  EXPECT_EQ(b.layers[4], (std::vector<int32_t>{7}));     // model layer 16
+  EXPECT_EQ(a.pool_layers(), 10);
+  EXPECT_EQ(b.pool_layers(), 10);
+  // A stage without a class's layer keeps its (empty) groups: 6 layers in 2
+  // stages, the one global layer on the second.
+  const auto w6 = gemma_windows(6, 64);
+  expect_stages_agree(w6, {3, 3});
+  const KvLayerGroups e = KvLayerGroups::pipeline_stage(w6, {3, 3}, 0);
+  EXPECT_EQ(e.window, (std::vector<int32_t>{0, 64, 64, 64}));
+  EXPECT_TRUE(e.layers[0].empty());
+  for (const auto& stages :
+       std::vector<std::vector<int32_t>>{{5, 5, 4, 4}, {7, 6, 5}, {2, 2, 2, 2, 2, 2, 2, 2, 1, 1}}) {
+    expect_stages_agree(w18, stages);
+  }
+  expect_stages_agree(gemma_windows(26, 512), {7, 7, 6, 6});
+  // One stage: the same groups as from_windows.
+  const KvLayerGroups one = KvLayerGroups::pipeline_stage(w18, {18}, 0), whole = KvLayerGroups::from_windows(w18);
+  EXPECT_EQ(one.window, whole.window);
+  EXPECT_EQ(one.layers_per_group, whole.layers_per_group);
+  EXPECT_EQ(one.group_of_layer, whole.group_of_layer);
+  EXPECT_EQ(one.index_in_group, whole.index_in_group);
+  // Plain models: one group of each stage's own layers, nothing unused.
+  for (int32_t s = 0; s < 4; ++s) {
+    const KvLayerGroups p = KvLayerGroups::pipeline_stage(std::vector<int32_t>(30, 0), {8, 8, 7, 7}, s);
+    EXPECT_EQ(p.n_groups(), 1);
+    EXPECT_EQ(p.layers_per_group, s < 2 ? 8 : 7);
+  }
+  EXPECT_THROW(KvLayerGroups::pipeline_stage(w18, {9, 8}, 0), Error);
+  EXPECT_THROW(KvLayerGroups::pipeline_stage(w18, {9, 9}, 2), Error);
+}
+
 // A pool of 6-layer blocks split as {2, 5} global and {0, 1}, {3, 4} with a
 // 32-token window; block size 4.
 constexpr int32_t kBlock = 4, kWindow = 32, kKvHeads = 1, kHeadDim = 8;
 
 class GroupedKvTest : public ::testing::Test {
  protected:
-  explicit GroupedKvTest(bool prefix_caching = true, int32_t all_layer_blocks = 200)
-      : backend_(make_cpu_backend(1)) {
+  explicit GroupedKvTest(bool prefix_caching = true, int32_t all_layer_blocks = 200) : backend_(make_cpu_backend(1)) {
     make(prefix_caching, all_layer_blocks);
   }
   void make(bool prefix_caching, int32_t all_layer_blocks) {
+    const std::vector<int32_t> windows = {kWindow, kWindow, 0, kWindow, kWindow, 0};
+    make(prefix_caching, all_layer_blocks, KvLayerGroups::from_windows(windows));
+  }
+  void make(bool prefix_caching, int32_t all_layer_blocks, KvLayerGroups groups) {
     KvGeometry g;
-    g.num_layers = 6;
+    g.num_layers = groups.n_layers();
     g.num_kv_heads = kKvHeads;
     g.head_dim = kHeadDim;
     g.block_size = kBlock;
     g.num_blocks = all_layer_blocks;
-    const std::vector<int32_t> windows = {kWindow, kWindow, 0, kWindow, kWindow, 0};
     kv_.reset();
-    kv_ = std::make_unique<KvManager>(*backend_, g, KvLayerGroups::from_windows(windows), prefix_caching,
-                                      KvManager::Rope{std::vector<RopeSpec>(6, RopeSpec{kHeadDim})});
+    kv_ = std::make_unique<KvManager>(*backend_, g, std::move(groups), prefix_caching,
+                                      KvManager::Rope{std::vector<RopeSpec>(g.num_layers, RopeSpec{kHeadDim})});
   }
   std::unique_ptr<KvSequence> full() { return kv_->create(CachePolicy{}, 4096, 4096); }
   static std::vector<int32_t> tokens(size_t n, int32_t first = 1000) {
@@ -119,7 +193,7 @@ class GroupedKvTest : public ::testing::Test {
     const size_t n_tab = s.block_table.size() / static_cast<size_t>(s.n_groups);
     for (int32_t r = 0; r < b.n_rows(); ++r) {
       std::vector<float> k(kKvHeads * kHeadDim, static_cast<float>(b.tokens[r])), v(k.size(), 0.5f);
-      for (int32_t il = 0; il < 6; ++il) {
+      for (int32_t il = 0; il < groups.n_layers(); ++il) {
         const int32_t grp = groups.group_of_layer[il];
         const int32_t block = s.block_table[static_cast<size_t>(grp) * n_tab + b.slots[r] / kBlock];
         ASSERT_GE(block, 0);
@@ -158,7 +232,7 @@ class GroupedKvTest : public ::testing::Test {
     auto e = kv_->export_blocks(seq);
     std::vector<uint16_t> all(kv_->geometry().bytes_per_block() / 2);
     e->read(t / kBlock, all.data());
-    const size_t layer = all.size() / 6;
+    const size_t layer = all.size() / static_cast<size_t>(kv_->groups().n_layers());
     return fp16_to_fp32(all[static_cast<size_t>(il) * layer + (t % kBlock) * kHeadDim]);
   }
 
@@ -333,6 +407,57 @@ TEST_F(GroupedKvTest, SaveAndRestoreKeepTheAllLayerLayout) {
   for (size_t i = 0; i < 288; ++i) ASSERT_EQ(k_of(*copy, 5, i), static_cast<float>(t[i])) << i;
   for (size_t i = 288 - kWindow; i < 288; ++i) ASSERT_EQ(k_of(*copy, 3, i), static_cast<float>(t[i])) << i;
   kv_->release(*copy);
+}
+
+// The first of 2 pipeline stages of a 6-layer Gemma-like model: 3 local
+// layers, and the global group empty on this stage (its layer is on the
+// second): tables for every group, each layer's K where its group keeps it,
+// the local groups freeing what their window left, session bytes round trip.
+class PipelineStageKvTest : public GroupedKvTest {
+ protected:
+  PipelineStageKvTest() {
+    std::vector<int32_t> w(6, kWindow);
+    w[5] = 0;
+    make(true, 200, KvLayerGroups::pipeline_stage(w, {3, 3}, 0));
+  }
+};
+
+TEST_F(PipelineStageKvTest, EmptyAndShortGroupsWork) {
+  const auto& groups = kv_->groups();
+  ASSERT_EQ(groups.n_groups(), 4);
+  EXPECT_TRUE(groups.layers[0].empty());
+  EXPECT_EQ(kv_->pool_geometry().num_layers, 1);
+  auto seq = full();
+  const auto t = tokens(200);
+  kv_->append(*seq, t.data(), t.size(), false);
+  for (size_t done = 0; done < 192; done += 16) check_tables(compute(*seq, 16), done, true);
+  for (size_t i = 192 - kWindow; i < 192; ++i) {
+    for (int32_t il = 0; il < 3; ++il) ASSERT_EQ(k_of(*seq, il, i), static_cast<float>(t[i])) << il << " " << i;
+  }
+  auto e = kv_->export_blocks(*seq);
+  const size_t bpb = kv_->geometry().bytes_per_block();
+  std::vector<uint8_t> bytes(e->n_blocks() * bpb);
+  for (size_t i = 0; i < e->n_blocks(); ++i) e->read(i, bytes.data() + i * bpb);
+  auto copy = full();
+  KvManager::Saved saved;
+  saved.tokens = seq->tokens();
+  saved.generated = seq->generated();
+  saved.n_computed = e->n_computed();
+  saved.blocks = bytes.data();
+  saved.n_blocks = e->n_blocks();
+  e.reset();
+  kv_->release(*seq);
+  kv_->restore(*copy, saved, [&](const std::string& w) { throw Error(StatusCode::kBadFormat, w); });
+  SchedSequence s;
+  kv_->describe(*copy, s);
+  auto budget = kv_->step_budget({{copy.get(), SIZE_MAX}});
+  budget.admit(s);
+  ASSERT_TRUE(budget.allocate(s, 193));
+  for (size_t i = 192 - kWindow; i < 192; ++i) {
+    for (int32_t il = 0; il < 3; ++il) ASSERT_EQ(k_of(*copy, il, i), static_cast<float>(t[i])) << il << " " << i;
+  }
+  kv_->release(*copy);
+  EXPECT_EQ(kv_->stats().blocks_used, 0u);
 }
 
 }  // namespace
