@@ -50,12 +50,28 @@ class NcclCommunicator final : public Communicator {
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     check_nccl(ncclCommInitRank(&comm_, mpi_->size(), id, mpi_->rank()), "ncclCommInitRank");
   }
+  // A group of the parent's ranks (split): its MPI group and NCCL
+  // communicator, the parent's device and broken flag.
+  NcclCommunicator(std::unique_ptr<Communicator> mpi, ncclComm_t comm, int device, int timeout_ms,
+                   std::shared_ptr<bool> broken)
+      : mpi_(std::move(mpi)), timeout_ms_(timeout_ms), device_(device), comm_(comm), broken_(std::move(broken)) {
+    check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  }
   ~NcclCommunicator() override {
-    if (comm_) broken_ ? ncclCommAbort(comm_) : ncclCommDestroy(comm_);
+    if (comm_) *broken_ ? ncclCommAbort(comm_) : ncclCommDestroy(comm_);
     if (stream_) cudaStreamDestroy(stream_);
     // After a fault MPI_Finalize would wait for the lost rank: the process
     // ends without it (mpirun then ends the job), as the MPI path does.
-    if (broken_) static_cast<void>(mpi_.release());
+    if (*broken_) static_cast<void>(mpi_.release());
+  }
+
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    begin();
+    std::unique_ptr<Communicator> mpi = mpi_->split(color, key);
+    ncclComm_t sub = nullptr;
+    check_nccl(ncclCommSplit(comm_, color, key, &sub, nullptr), "ncclCommSplit");
+    return std::make_unique<NcclCommunicator>(std::move(mpi), sub, device_, timeout_ms_, broken_);
   }
 
   int rank() const override { return mpi_->rank(); }
@@ -107,10 +123,10 @@ class NcclCommunicator final : public Communicator {
   }
   void finalize() override {
     if (comm_) {
-      broken_ ? ncclCommAbort(comm_) : ncclCommDestroy(comm_);
+      *broken_ ? ncclCommAbort(comm_) : ncclCommDestroy(comm_);
       comm_ = nullptr;
     }
-    if (!broken_) mpi_->finalize();
+    if (!*broken_) mpi_->finalize();
   }
   [[noreturn]] void abort(int code) override {
     if (comm_) ncclCommAbort(comm_);
@@ -122,7 +138,7 @@ class NcclCommunicator final : public Communicator {
  private:
   void check_nccl(ncclResult_t r, const char* what) {
     if (r != ncclSuccess) {
-      broken_ = true;
+      *broken_ = true;
       fail(StatusCode::kInternal, std::string("nccl: ") + what + ": " + ncclGetErrorString(r));
     }
   }
@@ -135,7 +151,7 @@ class NcclCommunicator final : public Communicator {
     return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
   }
   void begin() {
-    if (broken_) fail(StatusCode::kInternal, "nccl: the communicator is broken by an earlier fault");
+    if (*broken_) fail(StatusCode::kInternal, "nccl: the communicator is broken by an earlier fault");
     if (!comm_) fail(StatusCode::kInternal, "nccl: the communicator is finalised");
     check_cuda(cudaDeviceSynchronize(), "waiting for the backend's work");
   }
@@ -152,7 +168,7 @@ class NcclCommunicator final : public Communicator {
       ncclCommGetAsyncError(comm_, &async);
       if (async != ncclSuccess && async != ncclInProgress) check_nccl(async, what.c_str());
       if (Clock::now() - start > std::chrono::milliseconds(timeout_ms_)) {
-        broken_ = true;
+        *broken_ = true;
         ncclCommAbort(comm_);
         comm_ = nullptr;
         fail(StatusCode::kTimeout, "nccl: " + what + " on rank " + std::to_string(rank()) + " of " +
@@ -169,7 +185,9 @@ class NcclCommunicator final : public Communicator {
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   ncclComm_t comm_ = nullptr;
-  bool broken_ = false;
+  // A fault here or in a communicator split from this one (or the one this
+  // was split from): the job cannot go on.
+  std::shared_ptr<bool> broken_ = std::make_shared<bool>(false);
 };
 
 int32_t create(int32_t timeout_ms, Communicator** out, char* err, size_t err_size) {

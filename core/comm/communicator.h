@@ -62,6 +62,15 @@ class Communicator {
   virtual void finalize() = 0;
   // Ends every rank of the job with `code` after a fault (never returns).
   [[noreturn]] virtual void abort(int code) = 0;
+
+  // The ranks that pass the same `color`, numbered by `key` (ties: by rank),
+  // as a communicator of their own (MPI_Comm_split; NCCL: ncclCommSplit):
+  // the tensor-parallel group of one pipeline stage. Called by every rank
+  // of this communicator at once (it does not time out: call it after a
+  // timed collective has shown every rank alive). Its calls time out as
+  // this one's; abort() still ends the whole job; a fault in either marks
+  // both broken.
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
 };
 
 // The communicator of the MPI job this process runs in (MPI_COMM_WORLD;
@@ -107,7 +116,7 @@ inline constexpr const char* kMpiPluginEntry = "ember_mpi_plugin_v1";
 inline constexpr const char* kMpiPluginFile = "libember_mpi.so";
 inline constexpr const char* kNcclPluginEntry = "ember_nccl_plugin_v1";
 inline constexpr const char* kNcclPluginFile = "libember_nccl.so";
-inline constexpr uint32_t kCommPluginAbi = 1;
+inline constexpr uint32_t kCommPluginAbi = 2;  // 2: Communicator::split
 
 // A plugin's create(): *out = make() (a Communicator*), or the error's
 // status and message in err; never throws.

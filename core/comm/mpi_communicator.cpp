@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <thread>
 #include <vector>
 #endif
@@ -48,14 +49,33 @@ class MpiCommunicator final : public Communicator {
       MPI_Comm_free(&node);
     }
   }
+  // A group of the parent's ranks (split): shares its timeout and its
+  // broken flag, never finalizes MPI.
+  MpiCommunicator(MPI_Comm comm, int timeout_ms, int local_rank, std::shared_ptr<bool> broken)
+      : comm_(comm), group_(true), timeout_ms_(timeout_ms), local_rank_(local_rank), broken_(std::move(broken)) {
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
   ~MpiCommunicator() override { finalize(); }
 
   void finalize() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
+    if (group_) {
+      if (comm_ != MPI_COMM_NULL && !finalized && !*broken_) MPI_Comm_free(&comm_);
+      return;
+    }
     // After a fault the others may never reach MPI_Finalize (which waits for
     // them): the process then ends without it, and mpirun ends the job.
-    if (owns_init_ && !finalized && !broken_) MPI_Finalize();
+    if (owns_init_ && !finalized && !*broken_) MPI_Finalize();
+  }
+
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    if (color < 0) fail(StatusCode::kInvalidArgument, "mpi: split: color must be >= 0");
+    MPI_Comm sub = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split(comm_, color, key, &sub), "split");
+    return std::make_unique<MpiCommunicator>(sub, timeout_ms_, local_rank_, broken_);
   }
 
   void set_timeout_ms(int timeout_ms) override {
@@ -82,42 +102,41 @@ class MpiCommunicator final : public Communicator {
 
   void all_gather(const void* in, size_t bytes, void* out) override {
     MPI_Request req;
-    check_mpi(MPI_Iallgather(in, count(bytes), MPI_BYTE, out, count(bytes), MPI_BYTE, MPI_COMM_WORLD, &req),
-              "all_gather");
+    check_mpi(MPI_Iallgather(in, count(bytes), MPI_BYTE, out, count(bytes), MPI_BYTE, comm_, &req), "all_gather");
     wait(req, "all_gather");
   }
 
   void broadcast(void* data, size_t bytes, int root) override {
     check_rank(root, "broadcast");
     MPI_Request req;
-    check_mpi(MPI_Ibcast(data, count(bytes), MPI_BYTE, root, MPI_COMM_WORLD, &req), "broadcast");
+    check_mpi(MPI_Ibcast(data, count(bytes), MPI_BYTE, root, comm_, &req), "broadcast");
     wait(req, "broadcast");
   }
 
   void send(const void* data, size_t bytes, int peer, int tag) override {
     check_rank(peer, "send");
     MPI_Request req;
-    check_mpi(MPI_Isend(data, count(bytes), MPI_BYTE, peer, tag, MPI_COMM_WORLD, &req), "send");
+    check_mpi(MPI_Isend(data, count(bytes), MPI_BYTE, peer, tag, comm_, &req), "send");
     wait(req, "send to rank " + std::to_string(peer));
   }
 
   void recv(void* data, size_t bytes, int peer, int tag) override {
     check_rank(peer, "recv");
     MPI_Request req;
-    check_mpi(MPI_Irecv(data, count(bytes), MPI_BYTE, peer, tag, MPI_COMM_WORLD, &req), "recv");
+    check_mpi(MPI_Irecv(data, count(bytes), MPI_BYTE, peer, tag, comm_, &req), "recv");
     wait(req, "recv from rank " + std::to_string(peer));
   }
 
   void broadcast_untimed(void* data, size_t bytes, int root) override {
     check_rank(root, "broadcast");
     MPI_Request req;
-    check_mpi(MPI_Ibcast(data, count(bytes), MPI_BYTE, root, MPI_COMM_WORLD, &req), "broadcast");
+    check_mpi(MPI_Ibcast(data, count(bytes), MPI_BYTE, root, comm_, &req), "broadcast");
     wait(req, "broadcast", /*forever=*/true);
   }
 
   void barrier() override {
     MPI_Request req;
-    check_mpi(MPI_Ibarrier(MPI_COMM_WORLD, &req), "barrier");
+    check_mpi(MPI_Ibarrier(comm_, &req), "barrier");
     wait(req, "barrier");
   }
 
@@ -153,7 +172,7 @@ class MpiCommunicator final : public Communicator {
         continue;
       }
       if (now > deadline) {
-        broken_ = true;
+        *broken_ = true;
         fail(StatusCode::kTimeout, "mpi: " + what + " on rank " + std::to_string(rank_) + " of " +
                                        std::to_string(size_) + ": no answer from the other ranks within " +
                                        std::to_string(timeout_ms_) + " ms (a rank died or hangs)");
@@ -162,10 +181,14 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
+  MPI_Comm comm_ = MPI_COMM_WORLD;
+  bool group_ = false;  // split from another communicator
   int timeout_ms_;
   int rank_ = 0, size_ = 1, local_rank_ = 0;
   bool owns_init_ = false;
-  bool broken_ = false;  // a call timed out: the job cannot go on
+  // A call timed out (here or in a communicator split from this one, or
+  // the one this was split from): the job cannot go on.
+  std::shared_ptr<bool> broken_ = std::make_shared<bool>(false);
   std::vector<float> gathered_;
 };
 

@@ -83,8 +83,9 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineParams& params)
     ModelShard spec;
     spec.tp = params_.tp;
     spec.pp = params_.pp;
-    spec.tp_rank = params_.tp > 1 ? comm_->rank() : 0;
-    spec.pp_rank = params_.pp > 1 ? comm_->rank() : 0;
+    // Stage-major: the ranks of stage k are k * tp ... k * tp + tp - 1.
+    spec.tp_rank = comm_->rank() % params_.tp;
+    spec.pp_rank = comm_->rank() / params_.tp;
     spec.exact = params_.tp_exact;
     shard_ = Model::shard(model_, spec);
     // NCCL: one GPU per rank, the rank's index on its machine.
@@ -141,6 +142,13 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineParams& params)
   if (comm_) {
     ParallelContext ctx;
     ctx.comm = comm_.get();
+    if (params_.tp > 1 && params_.pp > 1) {
+      // Each stage's tensor-parallel group (after the timed all-gather
+      // above: every rank is here).
+      const ModelShard& sh = shard_->shard_spec();
+      tp_comm_ = comm_->split(sh.pp_rank, sh.tp_rank);
+      ctx.tp_comm = tp_comm_.get();
+    }
     ctx.shard = shard_->shard_spec();
     ctx.micro_batches = params_.micro_batches;
     if (ctx.micro_batches == 0) {  // (measuring: EMBER_PP_MICRO_BATCHES=M; docs/PARALLEL.md)

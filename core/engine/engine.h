@@ -83,8 +83,9 @@ struct EngineParams {
   // the other kernels', so engines that differ here compute different bits.
   int32_t prompt_tiles = -1;
   // A model split across the ranks of an MPI job (issue 31; tp x pp must be
-  // the job's size): tensor parallel over tp ranks or pipeline parallel over
-  // pp stages (not both yet). Rank 0's engine is the one to use; the others
+  // the job's size): tensor parallel over tp ranks, pipeline parallel over
+  // pp stages, or both (pp stages of tp ranks, stage-major ranks). Rank 0's
+  // engine is the one to use; the others
   // call follow(). comm_timeout_ms: how long a rank waits for its peers in a
   // step before the job is declared broken.
   int32_t tp = 1, pp = 1;
@@ -207,8 +208,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::shared_ptr<const Model> shard_;  // what the forward pass runs (model_ when not split)
   EngineParams params_;
   std::string device_;
-  std::shared_ptr<comm::Communicator> comm_;  // split models only (the process's one)
-  std::shared_ptr<Engine*> split_token_;      // held while this split engine lives
+  std::shared_ptr<comm::Communicator> comm_;     // split models only (the process's one)
+  std::unique_ptr<comm::Communicator> tp_comm_;  // tp x pp: this stage's tensor-parallel group
+  std::shared_ptr<Engine*> split_token_;         // held while this split engine lives
   std::unique_ptr<Backend> backend_;
   BackendExtras* backend_extras_ = nullptr;
   // CUDA graphs for decode-only steps: EMBER_CUDA_GRAPHS=1 (off by default

@@ -19,6 +19,10 @@ class Communicator;
 // logits (the others pass buffers of the same size).
 struct ParallelContext {
   comm::Communicator* comm = nullptr;  // null: not split
+  // The tensor-parallel group: the ranks of this pipeline stage, numbered by
+  // tp_rank (comm itself without pipeline stages). Its collectives carry the
+  // heads' and columns' gathers and sums; comm carries the stages' rows.
+  comm::Communicator* tp_comm = nullptr;
   ModelShard shard;
   // Micro-batches a pipeline-parallel step is cut into (at sequence
   // boundaries, so a row computes what it would in one batch): 0 = pp.

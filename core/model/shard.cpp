@@ -54,7 +54,6 @@ std::shared_ptr<const Model> Model::shard(std::shared_ptr<const Model> full, con
   const int32_t tp = spec.tp, pp = spec.pp;
   if (tp < 1 || pp < 1 || tp > 64 || pp > 64) refuse("tp and pp must be in [1, 64]");
   if (spec.tp_rank < 0 || spec.tp_rank >= tp || spec.pp_rank < 0 || spec.pp_rank >= pp) refuse("rank out of range");
-  if (tp > 1 && pp > 1) refuse("tensor and pipeline parallel together are not supported yet (use --tp or --pp)");
 
   std::shared_ptr<Model> m(new Model());
   m->parent_ = full;
@@ -167,8 +166,9 @@ std::shared_ptr<const Model> Model::shard(std::shared_ptr<const Model> full, con
   sh.vocab_begin = std::min(c.n_vocab, r * per);
   sh.vocab_end = std::min(c.n_vocab, (r + 1) * per);
   if (sh.vocab_end <= sh.vocab_begin) refuse("the vocabulary is too small to split " + std::to_string(tp) + " ways");
-  m->token_embd_ = rows_of(full->token_embd_, sh.vocab_begin, sh.vocab_end - sh.vocab_begin);
-  m->output_ = rows_of(full->output_, sh.vocab_begin, sh.vocab_end - sh.vocab_begin);
+  // (With pipeline stages: the embedding on the first, the head on the last.)
+  if (sh.first_stage()) m->token_embd_ = rows_of(full->token_embd_, sh.vocab_begin, sh.vocab_end - sh.vocab_begin);
+  if (sh.last_stage()) m->output_ = rows_of(full->output_, sh.vocab_begin, sh.vocab_end - sh.vocab_begin);
   return m;
 }
 

@@ -310,8 +310,10 @@ typedef struct ember_engine_params {
                                1 (default): not split */
   int32_t pp_size;          /* pipeline parallel: layers split over pp_size ranks,
                                each step's sequences in micro-batches; output
-                               bit-identical to one rank. 1 (default). Not both
-                               tp_size and pp_size above 1 yet */
+                               bit-identical to one rank. 1 (default). Both
+                               above 1 (since 1.8): pp_size stages of tp_size
+                               ranks each, ranks stage-major (rank = stage x
+                               tp_size + tensor-parallel rank) */
   int32_t comm_timeout_ms;  /* how long a rank waits for the others within a step
                                before the job is declared broken (a rank died or
                                hangs); 0 (default): 60000 */

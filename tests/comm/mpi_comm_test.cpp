@@ -1,7 +1,7 @@
 // The MPI communicator (core/comm) across real processes: run under
 //   mpiexec -n N mpi_comm_test [ops|hang|die|bench]
 // ops: every operation's result on every rank, all_reduce's bits equal on
-// every rank and equal to the rank-order sum. hang: rank 1 stops answering;
+// every rank and equal to the rank-order sum, the same in a split's groups. hang: rank 1 stops answering;
 // rank 0 must report the timeout and end the job. die: rank 1 exits without
 // a word; the job must end with an error, not hang.
 #include <chrono>
@@ -53,7 +53,7 @@ int run_ops(ember::comm::Communicator& c) {
   c.all_gather(&mine, sizeof(mine), ids.data());
   for (int k = 0; k < n; ++k) expect(ids[static_cast<size_t>(k)] == 100 + k, "all_gather", r);
   // broadcast from the last rank.
-  char text[16] = {};
+  char text[24] = {};
   if (r == n - 1) std::snprintf(text, sizeof text, "from %d", r);
   c.broadcast(text, sizeof text, n - 1);
   expect(std::string(text) == "from " + std::to_string(n - 1), "broadcast", r);
@@ -68,6 +68,35 @@ int run_ops(ember::comm::Communicator& c) {
       c.send(&out, sizeof out, (r + 1) % n, 7);
     }
     expect(in == ((r + n - 1) % n) * 2.5, "send/recv ring", r);
+  }
+  // A split: the ranks of one parity, numbered from the highest (key -r).
+  {
+    auto g = c.split(r % 2, -r);
+    std::vector<int> members;
+    for (int k = n - 1; k >= 0; --k)
+      if (k % 2 == r % 2) members.push_back(k);
+    const int gn = static_cast<int>(members.size());
+    expect(g->size() == gn, "split: group size", r);
+    expect(g->rank() < gn && members[static_cast<size_t>(g->rank())] == r, "split: rank in the group", r);
+    std::vector<int32_t> world(static_cast<size_t>(gn));
+    const int32_t me = r;
+    g->all_gather(&me, sizeof me, world.data());
+    for (int k = 0; k < gn; ++k)
+      expect(world[static_cast<size_t>(k)] == members[static_cast<size_t>(k)], "split: all_gather", r);
+    float sum = static_cast<float>(r);
+    g->all_reduce_sum(&sum, 1);
+    float want_sum = 0.0f;
+    for (int k : members) want_sum += static_cast<float>(k);
+    expect(sum == want_sum, "split: all_reduce_sum", r);
+    if (gn > 1) {  // the group's first rank to its last, point to point
+      int32_t token = g->rank() == 0 ? 4242 : -1;
+      if (g->rank() == 0) g->send(&token, sizeof token, gn - 1, 3);
+      if (g->rank() == gn - 1) {
+        g->recv(&token, sizeof token, 0, 3);
+        expect(token == 4242, "split: send/recv", r);
+      }
+    }
+    g->barrier();
   }
   // Bad arguments are errors, not crashes.
   try {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The MPI communicator across real processes (tests/comm/mpi_comm_test.cpp):
 #   bash mpi_test.sh MPIEXEC TEST_BINARY
-# 2 and 3 ranks: every operation; then the faults: a rank that hangs and a
+# 2, 3 and 4 ranks: every operation (split into groups too); then the faults: a rank that hangs and a
 # rank that dies must each end the job with an error within 20 s.
 set -uo pipefail
 mpiexec="$1" bin="$2"
@@ -10,7 +10,7 @@ mpiexec="$1" bin="$2"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader
 run() { timeout 60 "$mpiexec" --oversubscribe -n "$@"; }
 fail=0
-for n in 2 3; do
+for n in 2 3 4; do
   run "$n" "$bin" ops || { echo "mpi_test: ops on $n ranks failed" >&2; fail=1; }
 done
 for mode in hang die; do

@@ -120,9 +120,6 @@ TEST(ModelShard, RefusesShapesThatDoNotSplit) {
     EXPECT_EQ(e.code(), StatusCode::kUnsupported);
     EXPECT_NE(std::string(e.what()).find("blocks"), std::string::npos) << e.what();
   }
-  ModelShard both = tp_rank(2, 0);
-  both.pp = 2;
-  EXPECT_THROW(Model::shard(full, both), Error);
   auto gemma = Model::load(synthetic("gemma3.gguf"));
   EXPECT_NO_THROW(Model::shard(gemma, tp_rank(2, 1)));
   EXPECT_THROW(Model::shard(gemma, pp_rank(7, 0)), Error);                              // 6 layers, 7 stages
@@ -143,6 +140,38 @@ TEST(ModelShard, PipelineStagesTakeContiguousLayers) {
     EXPECT_EQ(s->config().n_heads, full->config().n_heads);
   }
   EXPECT_THROW(Model::shard(full, pp_rank(7, 0)), Error);  // 6 layers, 7 stages
+}
+
+// tp x pp: each stage's layers, then its heads, FFN columns and vocabulary
+// rows; the embedding only on the first stage, the head only on the last.
+TEST(ModelShard, TensorParallelStagesSplitTheirLayers) {
+  auto full = Model::load(synthetic("llama3.gguf"));  // 6 layers, 4 heads, 2 KV heads
+  const ModelConfig& c = full->config();
+  for (int pr = 0; pr < 2; ++pr) {
+    for (int tr = 0; tr < 2; ++tr) {
+      ModelShard spec = tp_rank(2, tr);
+      spec.pp = 2;
+      spec.pp_rank = pr;
+      auto s = Model::shard(full, spec);
+      const ModelShard& sh = s->shard_spec();
+      EXPECT_EQ(sh.first_layer, pr * 3);
+      EXPECT_EQ(s->config().n_layers, 3);
+      EXPECT_EQ(s->config().n_heads, c.n_heads / 2);
+      EXPECT_EQ(s->config().n_kv_heads, c.n_kv_heads / 2);
+      EXPECT_EQ(s->config().n_ff, c.n_ff / 2);
+      EXPECT_EQ(s->layers()[0].wq.rows, full->layers()[static_cast<size_t>(pr * 3)].wq.rows / 2);
+      EXPECT_EQ(s->token_embd().host_data != nullptr, pr == 0);
+      EXPECT_EQ(s->output().host_data != nullptr, pr == 1);
+      const int32_t per = (c.n_vocab + 1) / 2;
+      EXPECT_EQ(sh.vocab_begin, tr * per);
+      EXPECT_EQ(pr == 0 ? s->token_embd().rows : s->output().rows, sh.vocab_end - sh.vocab_begin);
+      // The first tensor-parallel rank's rows of layer 0's Q are the whole
+      // model's first rows of that layer.
+      if (tr == 0) {
+        EXPECT_EQ(row_of(s->layers()[0].wq, 0), row_of(full->layers()[static_cast<size_t>(pr * 3)].wq, 0));
+      }
+    }
+  }
 }
 
 // Sliding-window layers in stages: every stage's KV groups have the windows

@@ -8,7 +8,9 @@
 # (its one KV head replicated) and the synthetic model, 3 on SmolLM2; tensor
 # parallel with Megatron's all-reduce (another summation order, docs/PARALLEL.md):
 # perplexity of a text (README.md) within 0.1% of one rank, top-1 equal on
-# >= 90% of its rows, greedy streams mostly equal;
+# >= 90% of its rows, greedy streams mostly equal; both at once (2 stages of
+# 2 tensor-parallel ranks, 4 ranks) bit-identical on the synthetic Llama and
+# Gemma 3 270M;
 # splits the shapes do not allow refused; `mpirun -np 2 ember
 # generate --pp 2` printing exactly what `ember generate` prints; a rank that
 # hangs ending the job with an error on rank 0 within the timeout.
@@ -21,6 +23,7 @@ gemma="$home/gemma-3-270m-q4_k_m.gguf"
 # ranks than cores is fine for a test.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader OMP_WAIT_POLICY=PASSIVE
 run() { timeout 600 "$mpiexec" --oversubscribe -n 2 "$@"; }
+run4() { timeout 600 "$mpiexec" --oversubscribe -n 4 "$@"; }
 fail=0
 check() {  # NAME COMMAND...: runs it, shows its report, records a failure
   local name="$1"
@@ -51,6 +54,9 @@ check "tp 2 (exact), synthetic Llama, identical" run "$bin" --model "$model" --t
 check "tp 2 (all-reduce), synthetic Llama" run "$bin" --model "$model" --tp 2 --tp-allreduce --prompts 24 --tokens 16 \
   --min-agreement 0.6 --max-ppl-rel 0.001 --min-top1 0.9 --score-file "$text" --score-tokens 1024
 check "tp 2 x 2 ranks refused" run "$bin" --model "$model" --tp 2 --pp 2 --expect-error "MPI job has 2"
+# Both: 2 stages of 2 tensor-parallel ranks (4 ranks on 2 cores).
+check "tp 2 x pp 2 (exact), synthetic Llama, identical" run4 "$bin" --model "$model" --tp 2 --pp 2 --prompts 8 \
+  --tokens 24 --identical --score-file "$text" --score-tokens 1024
 check "nccl on the CPU refused" run "$bin" --model "$model" --tp 2 --comm nccl --expect-error "NCCL ranks run on CUDA"
 # The NCCL plugin where it was built: without a GPU it must say so (on a
 # machine with 2+ GPUs, the same run without --expect-error is the real test).
@@ -146,5 +152,7 @@ if [ -f "$gemma" ]; then
   # tokens pass the 512-token window.
   check "pp 2, Gemma 3 270M (sliding-window layers), identical" run "$bin" --model "$gemma" --pp 2 --prompts 8 \
     --tokens 24 --identical --score-file "$text" --score-tokens 1024
+  check "tp 2 x pp 2 (exact), Gemma 3 270M, identical" run4 "$bin" --model "$gemma" --tp 2 --pp 2 --prompts 8 \
+    --tokens 16 --identical --score-file "$text" --score-tokens 1024
 fi
 exit $fail

@@ -357,8 +357,9 @@ void Decoder::outputs(Pass& p, float* logits, float* embd) {
 }
 
 // The head's n_out rows of logits (logits_dev_, this rank's vocabulary rows)
-// to the host; in a tensor-parallel split, to rank 0 alone, which samples
-// (the other ranks' logits are never read: they follow rank 0's batches).
+// to the host; in a tensor-parallel split, to the group's rank 0 alone (rank
+// 0 of the job, which samples, or with pipeline stages the last stage's
+// first rank, which sends them on); the other ranks' logits are never read.
 void Decoder::head_logits(float* logits, int32_t n_out) {
   const auto& c = model_->config();
   const ModelShard& sh = par_.shard;
@@ -377,7 +378,7 @@ void Decoder::head_logits(float* logits, int32_t n_out) {
     const size_t local = static_cast<size_t>(sh.vocab_end - sh.vocab_begin);
     scratch_.resize(rows * local);
     backend_.download(scratch_.data(), logits_dev_, scratch_.size() * sizeof(float));
-    par_.comm->send(scratch_.data(), scratch_.size() * sizeof(float), 0, kLogitsTag);
+    par_.tp_comm->send(scratch_.data(), scratch_.size() * sizeof(float), 0, kLogitsTag);
     return;
   }
   for (size_t q = 0; q < static_cast<size_t>(sh.tp); ++q) {
@@ -386,7 +387,7 @@ void Decoder::head_logits(float* logits, int32_t n_out) {
     if (q == 0) {
       backend_.download(scratch_.data(), logits_dev_, scratch_.size() * sizeof(float));
     } else if (len > 0) {
-      par_.comm->recv(scratch_.data(), scratch_.size() * sizeof(float), static_cast<int>(q), kLogitsTag);
+      par_.tp_comm->recv(scratch_.data(), scratch_.size() * sizeof(float), static_cast<int>(q), kLogitsTag);
     }
     for (size_t r = 0; r < rows; ++r) std::memcpy(logits + r * V + begin, &scratch_[r * len], len * sizeof(float));
   }
@@ -402,31 +403,35 @@ void Decoder::set_parallel(const ParallelContext& ctx) {
   }
   par_ = ctx;
   par_.shard = sh;
+  if (par_.comm && !par_.tp_comm) par_.tp_comm = par_.comm;
+  if (par_.comm && sh.tp > 1 && par_.tp_comm->size() != sh.tp) {
+    fail(StatusCode::kInternal, "forward: the tensor-parallel group's size is not this model's tp");
+  }
   host_buffers_ = backend_.host_memory();
 }
 
 void Decoder::all_reduce(float* buf, size_t n) {
   if (!par_.comm || par_.shard.tp == 1) return;
-  if (host_buffers_ || par_.comm->device_buffers()) {  // (NCCL takes device memory as it is)
-    par_.comm->all_reduce_sum(buf, n);
+  if (host_buffers_ || par_.tp_comm->device_buffers()) {  // (NCCL takes device memory as it is)
+    par_.tp_comm->all_reduce_sum(buf, n);
     return;
   }
   scratch_.resize(n);
   backend_.download(scratch_.data(), buf, n * sizeof(float));
-  par_.comm->all_reduce_sum(scratch_.data(), n);
+  par_.tp_comm->all_reduce_sum(scratch_.data(), n);
   backend_.upload(buf, scratch_.data(), n * sizeof(float));
 }
 
 void Decoder::gather_parts(const float* part, int32_t rows, int32_t dim, float* full) {
   const int32_t tp = par_.shard.tp;
   const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(dim);
-  if (host_buffers_ || par_.comm->device_buffers()) {
-    par_.comm->all_gather(part, n * sizeof(float), parts_);
+  if (host_buffers_ || par_.tp_comm->device_buffers()) {
+    par_.tp_comm->all_gather(part, n * sizeof(float), parts_);
   } else {
     scratch_.resize(n);
     gathered_.resize(n * static_cast<size_t>(tp));
     backend_.download(scratch_.data(), part, n * sizeof(float));
-    par_.comm->all_gather(scratch_.data(), n * sizeof(float), gathered_.data());
+    par_.tp_comm->all_gather(scratch_.data(), n * sizeof(float), gathered_.data());
     backend_.upload(parts_, gathered_.data(), gathered_.size() * sizeof(float));
   }
   // parts_ is [rank][row][dim]; full rows are [row][rank][dim]: one copy of
@@ -546,7 +551,12 @@ void Decoder::run_split(const Batch& batch, float* logits, float* embd) {
   }
   // Pipeline parallel: the batch in micro-batches, so that stage k works on
   // micro-batch i while stage k + 1 works on i - 1. Stage k's rank is k.
-  const int prev = sh.pp_rank - 1, next = sh.pp_rank + 1, last = sh.pp - 1;
+  // Ranks are stage-major (rank = pp_rank * tp + tp_rank): each rank sends
+  // its rows to the same tensor-parallel rank of the next stage (every rank
+  // of a stage has them all), and the last stage's first rank sends the
+  // outputs to rank 0.
+  const int prev = (sh.pp_rank - 1) * sh.tp + sh.tp_rank, next = (sh.pp_rank + 1) * sh.tp + sh.tp_rank,
+            last = (sh.pp - 1) * sh.tp;
   const std::vector<size_t> cuts = micro_batch_cuts(batch, par_.micro_batches > 0 ? par_.micro_batches : sh.pp);
   const size_t n_embd = static_cast<size_t>(c.n_embd), V = static_cast<size_t>(c.n_vocab);
   size_t out_row = 0, embd_row = 0;
@@ -560,7 +570,9 @@ void Decoder::run_split(const Batch& batch, float* logits, float* embd) {
     p.batch = &b;
     prepare(b, p);
     const int tag = static_cast<int>(i);
-    if (sh.first_stage()) {
+    if (sh.first_stage() && sh.tp > 1) {
+      embed_split(p);
+    } else if (sh.first_stage()) {
       backend_.embed(*token_embd_, b.tokens.data(), p.n, x_);
     } else {
       recv_rows(x_, static_cast<size_t>(p.n) * n_embd, prev, tag);
@@ -578,10 +590,10 @@ void Decoder::run_split(const Batch& batch, float* logits, float* embd) {
   // at the end, so no stage ever waits on a send while its peer sends too.
   const size_t n_logits = batch.logit_rows.size() * V, n_embds = batch.embd_rows.size() * n_embd;
   constexpr int kOutputs = 1 << 20;
-  if (sh.last_stage()) {
+  if (sh.last_stage() && sh.tp_rank == 0) {
     if (n_logits) par_.comm->send(logits, n_logits * sizeof(float), 0, kOutputs);
     if (n_embds) par_.comm->send(embd, n_embds * sizeof(float), 0, kOutputs + 1);
-  } else if (sh.pp_rank == 0) {
+  } else if (sh.pp_rank == 0 && sh.tp_rank == 0) {
     if (n_logits) par_.comm->recv(logits, n_logits * sizeof(float), last, kOutputs);
     if (n_embds) par_.comm->recv(embd, n_embds * sizeof(float), last, kOutputs + 1);
   }
