@@ -236,6 +236,26 @@ class GroupedKvTest : public ::testing::Test {
     return fp16_to_fp32(all[static_cast<size_t>(il) * layer + (t % kBlock) * kHeadDim]);
   }
 
+  // Saves `seq` as a session file would (its all-layer blocks into `bytes`),
+  // releases it, and restores the save into a new sequence.
+  std::unique_ptr<KvSequence> save_and_restore(std::unique_ptr<KvSequence> seq, std::vector<uint8_t>& bytes) {
+    auto e = kv_->export_blocks(*seq);
+    const size_t bpb = kv_->geometry().bytes_per_block();
+    bytes.assign(e->n_blocks() * bpb, 0);
+    for (size_t i = 0; i < e->n_blocks(); ++i) e->read(i, bytes.data() + i * bpb);
+    auto copy = full();
+    KvManager::Saved saved;
+    saved.tokens = seq->tokens();
+    saved.generated = seq->generated();
+    saved.n_computed = e->n_computed();
+    saved.blocks = bytes.data();
+    saved.n_blocks = e->n_blocks();
+    e.reset();
+    kv_->release(*seq);
+    kv_->restore(*copy, saved, [&](const std::string& w) { throw Error(StatusCode::kBadFormat, w); });
+    return copy;
+  }
+
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<KvManager> kv_;
 };
@@ -376,22 +396,9 @@ TEST_F(GroupedKvTest, SaveAndRestoreKeepTheAllLayerLayout) {
   const auto t = tokens(300);
   kv_->append(*seq, t.data(), t.size(), false);
   for (int i = 0; i < 18; ++i) compute(*seq, 16);  // 288 computed
-  auto e = kv_->export_blocks(*seq);
-  const size_t bpb = kv_->geometry().bytes_per_block();
-  EXPECT_EQ(bpb, 6u * 2 * kKvHeads * kBlock * kHeadDim * sizeof(uint16_t));
-  std::vector<uint8_t> bytes(e->n_blocks() * bpb);
-  for (size_t i = 0; i < e->n_blocks(); ++i) e->read(i, bytes.data() + i * bpb);
-
-  auto copy = full();
-  KvManager::Saved saved;
-  saved.tokens = seq->tokens();
-  saved.generated = seq->generated();
-  saved.n_computed = e->n_computed();
-  saved.blocks = bytes.data();
-  saved.n_blocks = e->n_blocks();
-  e.reset();
-  kv_->release(*seq);
-  kv_->restore(*copy, saved, [&](const std::string& w) { throw Error(StatusCode::kBadFormat, w); });
+  EXPECT_EQ(kv_->geometry().bytes_per_block(), 6u * 2 * kKvHeads * kBlock * kHeadDim * sizeof(uint16_t));
+  std::vector<uint8_t> bytes;
+  auto copy = save_and_restore(std::move(seq), bytes);
   EXPECT_EQ(copy->n_computed(), 0u);  // parked: an idle full session pins nothing
   EXPECT_EQ(kv_->stats().blocks_used, 0u);
   // Its next turn finds the blocks (the local groups' last windows included).
@@ -434,20 +441,8 @@ TEST_F(PipelineStageKvTest, EmptyAndShortGroupsWork) {
   for (size_t i = 192 - kWindow; i < 192; ++i) {
     for (int32_t il = 0; il < 3; ++il) ASSERT_EQ(k_of(*seq, il, i), static_cast<float>(t[i])) << il << " " << i;
   }
-  auto e = kv_->export_blocks(*seq);
-  const size_t bpb = kv_->geometry().bytes_per_block();
-  std::vector<uint8_t> bytes(e->n_blocks() * bpb);
-  for (size_t i = 0; i < e->n_blocks(); ++i) e->read(i, bytes.data() + i * bpb);
-  auto copy = full();
-  KvManager::Saved saved;
-  saved.tokens = seq->tokens();
-  saved.generated = seq->generated();
-  saved.n_computed = e->n_computed();
-  saved.blocks = bytes.data();
-  saved.n_blocks = e->n_blocks();
-  e.reset();
-  kv_->release(*seq);
-  kv_->restore(*copy, saved, [&](const std::string& w) { throw Error(StatusCode::kBadFormat, w); });
+  std::vector<uint8_t> bytes;
+  auto copy = save_and_restore(std::move(seq), bytes);
   SchedSequence s;
   kv_->describe(*copy, s);
   auto budget = kv_->step_budget({{copy.get(), SIZE_MAX}});
