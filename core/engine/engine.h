@@ -85,9 +85,9 @@ struct EngineParams {
   // A model split across the ranks of an MPI job (issue 31; tp x pp must be
   // the job's size): tensor parallel over tp ranks, pipeline parallel over
   // pp stages, or both (pp stages of tp ranks, stage-major ranks). Rank 0's
-  // engine is the one to use; the others
-  // call follow(). comm_timeout_ms: how long a rank waits for its peers in a
-  // step before the job is declared broken.
+  // engine is the one to use; the others call follow(). comm_timeout_ms: how
+  // long a rank waits for its peers in a step before the job is declared
+  // broken.
   int32_t tp = 1, pp = 1;
   int32_t comm_timeout_ms = 60000;
   int32_t micro_batches = 0;  // pipeline micro-batches per step (0: pp)
