@@ -30,6 +30,8 @@ CpuFeatures detect() {
 
   cpuid(1, 0, r);
   const uint32_t ecx1 = r[2];
+  const int base_family = static_cast<int>((r[0] >> 8) & 0xf);
+  f.family = base_family == 0xf ? base_family + static_cast<int>((r[0] >> 20) & 0xff) : base_family;
   f.sse42 = (ecx1 >> 20) & 1;
   f.fma = (ecx1 >> 12) & 1;
   f.f16c = (ecx1 >> 29) & 1;
@@ -126,5 +128,10 @@ const char* isa_to_string(Isa isa) {
 }
 
 bool has_avx512_bf16() { return isa_supported(Isa::kAvx512Vnni) && cpu_features().avx512bf16; }
+
+bool avx512_double_pumped() {
+  const CpuFeatures& f = cpu_features();
+  return isa_supported(Isa::kAvx512Vnni) && std::strcmp(f.vendor, "AuthenticAMD") == 0 && f.family == 0x19;
+}
 
 }  // namespace ember::cpu

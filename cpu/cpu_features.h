@@ -18,6 +18,7 @@ struct CpuFeatures {
   // Operating-system support (XCR0): the OS saves the YMM / ZMM+opmask state.
   bool os_avx = false, os_avx512 = false;
   char vendor[13] = {0};
+  int family = 0;  // cpuid's display family (base + extended): AMD Zen 4 0x19, Zen 5 0x1a; Intel 6
 };
 
 // Detected once (thread-safe static init) and cached.
@@ -36,5 +37,11 @@ const char* isa_to_string(Isa isa);  // "scalar", "avx2", "avx512_vnni"
 
 // True when the AVX-512 variant may also use AVX512_BF16 instructions.
 bool has_avx512_bf16();
+
+// AMD Zen 4 (family 0x19 with AVX-512): its 512-bit instructions run as two
+// 256-bit halves, so kernels that win on Intel's 512-bit units by doing
+// more work per instruction can lose there (cpu/matmul.cpp: one to three
+// rows of K-quants).
+bool avx512_double_pumped();
 
 }  // namespace ember::cpu

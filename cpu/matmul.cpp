@@ -148,6 +148,28 @@ bool amx_on() {
   return v < 0 ? env : v == 1;
 }
 
+// K-quant calls of at most this many rows on AVX-512 CPUs take the AVX2
+// variant's kernels: the same order (kquant_order) and bits, the same
+// activations and packed groups. On Zen 4 (512-bit instructions in two
+// halves) they are faster up to 3 rows (`bench_kernels --isa avx2|avx512
+// --threads 1 --cpu-time --types q4_K,q6_K --sweep --sweep-m 1,2,3,4,16
+// --sweep-shape 2048x8192`, us, AVX-512 -> AVX2: Q4_K M = 1 774 -> 534, 2
+// 883 -> 756, 3 904 -> 870, 4 929 -> 808, 16 2377 -> 2884; Q6_K 1210 -> 939,
+// 1267 -> 1047, 1484 -> 1234, 1521 -> 1501, 3420 -> 4077); on Ice Lake one
+// row was level (1B Q4_K_M decode 21.0 tok/s AVX2, 20.4 AVX-512), so one
+// row there. EMBER_CPU_KQUANT_AVX2_ROWS=N sets it (0: never).
+int64_t kquant_avx2_rows() {
+  static const int64_t rows = [] {
+    if (const char* e = std::getenv("EMBER_CPU_KQUANT_AVX2_ROWS")) {
+      char* end = nullptr;
+      const long v = std::strtol(e, &end, 10);
+      if (end != e && *end == '\0' && v >= 0 && v <= 1024) return static_cast<int64_t>(v);
+    }
+    return int64_t{avx512_double_pumped() ? 3 : 1};
+  }();
+  return rows;
+}
+
 // Tile-layout weights: calls of fewer rows take the VNNI registers (the same
 // bits), faster there than the tiles (1B-shape Q4_0, `ember bench -p P -n 1`,
 // prefill tok/s VNNI vs tiles: P = 2: 66 vs 40; 8: 168 vs 138; 12: 208 vs
@@ -297,6 +319,8 @@ void run_decode_group(const WeightView* w, float* const* y, int n, const float* 
   const int64_t m_amx = (M + 15) / 16 * 16;
   for (int i = 0; i < n; ++i) {
     impls[i] = &isa_impl(active_isa(), w[i].type);
+    if (active_isa() == Isa::kAvx512Vnni && detail::is_kquant(w[i].type) && M <= kquant_avx2_rows())
+      impls[i] = &detail::avx2_impl();
     if (w[i].packed && w[i].packed_tiles) {
       amx[i] = true;
       tiles[i] = M >= kTileRowsMin && rows != RowKind::kPromptNoTiles && amx_usable() && !avx2_tiles(w[i].type);
