@@ -550,11 +550,10 @@ void Decoder::run_split(const Batch& batch, float* logits, float* embd) {
     return;
   }
   // Pipeline parallel: the batch in micro-batches, so that stage k works on
-  // micro-batch i while stage k + 1 works on i - 1. Stage k's rank is k.
-  // Ranks are stage-major (rank = pp_rank * tp + tp_rank): each rank sends
-  // its rows to the same tensor-parallel rank of the next stage (every rank
-  // of a stage has them all), and the last stage's first rank sends the
-  // outputs to rank 0.
+  // micro-batch i while stage k + 1 works on i - 1. Ranks are stage-major
+  // (rank = pp_rank * tp + tp_rank): each rank sends its rows to the same
+  // tensor-parallel rank of the next stage (every rank of a stage has them
+  // all), and the last stage's first rank sends the outputs to rank 0.
   const int prev = (sh.pp_rank - 1) * sh.tp + sh.tp_rank, next = (sh.pp_rank + 1) * sh.tp + sh.tp_rank,
             last = (sh.pp - 1) * sh.tp;
   const std::vector<size_t> cuts = micro_batch_cuts(batch, par_.micro_batches > 0 ? par_.micro_batches : sh.pp);
