@@ -170,6 +170,25 @@ int64_t kquant_avx2_rows() {
   return rows;
 }
 
+// Whether the packed K-quant kernels prefetch into L2 (else L1). AMD Zen 4,
+// 1B-shape Q4_K_M, `ember bench -p 16 -n 128 -t 2`, decode tok/s in three
+// alternations, L1 / L2 / none: 25.2 / 34.6 / 31.0, 25.5 / 32.6 / 32.5,
+// 25.8 / 37.7 / 36.0; 16 sessions (`--sessions 16 -n 64`, steady tok/s)
+// 95.6 / 115.2 / 110.9, 106.2 / 125.3 / 118.7. The L1 prefetch holds the
+// loads behind its misses there; on Ice Lake it was measured against none
+// (matmul_internal.h), not against L2, so Intel keeps it.
+// EMBER_CPU_KX8_PREFETCH=l1|l2 sets it.
+bool kx8_prefetch_l2() {
+  static const bool l2 = [] {
+    if (const char* e = std::getenv("EMBER_CPU_KX8_PREFETCH")) {
+      if (std::strcmp(e, "l1") == 0) return false;
+      if (std::strcmp(e, "l2") == 0) return true;
+    }
+    return std::strcmp(cpu_features().vendor, "AuthenticAMD") == 0;
+  }();
+  return l2;
+}
+
 // Tile-layout weights: calls of fewer rows take the VNNI registers (the same
 // bits), faster there than the tiles (1B-shape Q4_0, `ember bench -p P -n 1`,
 // prefill tok/s VNNI vs tiles: P = 2: 66 vs 40; 8: 168 vs 138; 12: 208 vs
@@ -367,6 +386,7 @@ void run_decode_group(const WeightView* w, float* const* y, int n, const float* 
                                w[i].rows};
     use_packed(*impls[i], w[i], ctx[i]);
     ctx[i].korder = detail::kquant_order(w[i].type, w[i].rows, rows == RowKind::kDecode);
+    ctx[i].prefetch_l2 = kx8_prefetch_l2();
     if (ctx[i].tiles)
       kernels[i] = avx2_tiles(w[i].type) ? detail::avx2_tile_kernel_for(w[i].type)
                    : tiles[i]            ? detail::amx_tile_kernel_for(w[i].type)

@@ -547,7 +547,7 @@ inline void q4k_packed_tile(const DecodeCtx& c, int64_t grp, int64_t m0) {
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   for (int64_t i = 0; i < nbk; ++i) {
     const PackedQ4Kx8& b = pk[i];
-    prefetch_kx8_ahead(&b);
+    prefetch_kx8_ahead(c.prefetch_l2, &b);
     const __m256 d = _mm256_loadu_ps(b.d), dmin = _mm256_loadu_ps(b.dmin);
     // Per row m: lane r of tot[m][p] = pair p's integer total (kGemm8x8), or
     // of tot[m][0] the super-block's (kGemv8x8).
@@ -677,7 +677,7 @@ inline void q6k_packed_vec(const DecodeCtx& c, int64_t grp, int64_t m0) {
     for (auto& v : row) v = _mm256_setzero_ps();
   for (int64_t i = 0; i < nbk; ++i) {
     const PackedQ6Kx8& b = pk[i];
-    prefetch_kx8_ahead(&b);
+    prefetch_kx8_ahead(c.prefetch_l2, &b);
     const __m256 d = _mm256_loadu_ps(b.d);
     for (int h = 0; h < 2; ++h) {  // lanes 4h .. 4h + 3
       __m256i s[MT][4];
@@ -729,7 +729,7 @@ inline void q6k_packed_tiled(const DecodeCtx& c, int64_t grp, int64_t m0) {
   for (auto& v : acc) v = _mm256_setzero_ps();
   for (int64_t i = 0; i < nbk; ++i) {
     const PackedQ6Kx8& b = pk[i];
-    prefetch_kx8_ahead(&b);
+    prefetch_kx8_ahead(c.prefetch_l2, &b);
     __m256i tot[MT];
     for (auto& v : tot) v = _mm256_setzero_si256();
     for (int g = 0; g < 8; ++g) {

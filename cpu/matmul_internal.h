@@ -243,8 +243,8 @@ inline KOrder kquant_order(DType t, int64_t rows, bool decode) {
 }
 }  // namespace
 
-// Software prefetch (into L1) of every cache line of the packed super-block
-// kKx8PrefetchAhead blocks past p, for the kernels that stream PackedQ4Kx8 /
+// Software prefetch (into L1, or L2 where DecodeCtx::prefetch_l2 says so) of
+// every cache line of the packed super-block kKx8PrefetchAhead blocks past p, for the kernels that stream PackedQ4Kx8 /
 // PackedQ6Kx8 groups (a group's blocks, then the next group's: one
 // sequential stream per kernel call). The earlier single line one group
 // ahead left the hardware prefetchers to do the rest: one Ice Lake-SP core,
@@ -254,12 +254,18 @@ inline KOrder kquant_order(DType t, int64_t rows, bool decode) {
 // 886-1028; AVX-512 Q4_K 879-924 -> 803-817 / 832-844 / 815-823; AVX2 Q6_K
 // 1708-1863 -> 1303-1676 / 1453-1628 / 1368-1744; AVX-512 Q6_K 1481-1750 ->
 // 1286-2073 / 1240-1469 / 1290-1546 (no prefetch at all: AVX2 Q4_K 1207-1231).
+// On AMD Zen 4 the L1 prefetch is the slowest choice and the L2 one the
+// fastest (cpu/matmul.cpp kx8_prefetch_l2).
 inline constexpr int kKx8PrefetchAhead = 4;
 namespace {
 template <class P>
-inline void prefetch_kx8_ahead(const P* p) {
+inline void prefetch_kx8_ahead(bool l2, const P* p) {
   const char* q = reinterpret_cast<const char*>(p + kKx8PrefetchAhead);
-  for (size_t l = 0; l < sizeof(P); l += 64) _mm_prefetch(q + l, _MM_HINT_T0);
+  if (l2) {
+    for (size_t l = 0; l < sizeof(P); l += 64) _mm_prefetch(q + l, _MM_HINT_T1);
+  } else {
+    for (size_t l = 0; l < sizeof(P); l += 64) _mm_prefetch(q + l, _MM_HINT_T0);
+  }
 }
 }  // namespace
 
@@ -281,6 +287,7 @@ struct DecodeCtx {
   size_t packed_group_bytes = 0;
   bool tiles = false;            // packed is the tile layout (the tile kernels read it)
   KOrder korder = KOrder::kVec;  // K-quant weights: which of llama.cpp's sums (kquant_order)
+  bool prefetch_l2 = false;      // prefetch_kx8_ahead into L2, not L1 (kx8_prefetch_l2)
 };
 
 // Computes y[0..M)[n0..n1) for the weight rows n0..n1.
