@@ -836,7 +836,11 @@ inline void q40_tile_rows(const DecodeCtx& c, const uint8_t* q, const uint8_t* s
     for (int m = 0; m < MT; ++m) acc[h][m] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* qb = q + static_cast<size_t>(b) * tile_quant_bytes(DType::Q4_0);
-    _mm_prefetch(reinterpret_cast<const char*>(qb) + 4 * tile_quant_bytes(DType::Q4_0), _MM_HINT_T0);
+    const char* pf = reinterpret_cast<const char*>(qb) + 4 * tile_quant_bytes(DType::Q4_0);
+    if (c.prefetch_l2)
+      _mm_prefetch(pf, _MM_HINT_T1);
+    else
+      _mm_prefetch(pf, _MM_HINT_T0);
     for (int h = 0; h < H; ++h) {
       __m256i w[8];
       for (int k = 0; k < 4; ++k) {

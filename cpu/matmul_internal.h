@@ -287,7 +287,7 @@ struct DecodeCtx {
   size_t packed_group_bytes = 0;
   bool tiles = false;            // packed is the tile layout (the tile kernels read it)
   KOrder korder = KOrder::kVec;  // K-quant weights: which of llama.cpp's sums (kquant_order)
-  bool prefetch_l2 = false;      // prefetch_kx8_ahead into L2, not L1 (kx8_prefetch_l2)
+  bool prefetch_l2 = false;      // stream prefetches into L2, not L1 (matmul.cpp kx8_prefetch_l2)
 };
 
 // Computes y[0..M)[n0..n1) for the weight rows n0..n1.
