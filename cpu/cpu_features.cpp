@@ -129,9 +129,8 @@ const char* isa_to_string(Isa isa) {
 
 bool has_avx512_bf16() { return isa_supported(Isa::kAvx512Vnni) && cpu_features().avx512bf16; }
 
-bool avx512_double_pumped() {
-  const CpuFeatures& f = cpu_features();
-  return isa_supported(Isa::kAvx512Vnni) && std::strcmp(f.vendor, "AuthenticAMD") == 0 && f.family == 0x19;
-}
+bool amd_cpu() { return std::strcmp(cpu_features().vendor, "AuthenticAMD") == 0; }
+
+bool avx512_double_pumped() { return isa_supported(Isa::kAvx512Vnni) && amd_cpu() && cpu_features().family == 0x19; }
 
 }  // namespace ember::cpu

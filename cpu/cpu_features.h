@@ -38,6 +38,9 @@ const char* isa_to_string(Isa isa);  // "scalar", "avx2", "avx512_vnni"
 // True when the AVX-512 variant may also use AVX512_BF16 instructions.
 bool has_avx512_bf16();
 
+// An AMD CPU (cpuid vendor "AuthenticAMD").
+bool amd_cpu();
+
 // AMD Zen 4 (family 0x19 with AVX-512): its 512-bit instructions run as two
 // 256-bit halves, so kernels that win on Intel's 512-bit units by doing
 // more work per instruction can lose there (cpu/matmul.cpp: one to three

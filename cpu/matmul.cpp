@@ -176,18 +176,17 @@ int64_t kquant_avx2_rows() {
 // in three alternations, L1 / L2 / none: 25.2 / 34.6 / 31.0, 25.5 / 32.6 /
 // 32.5, 25.8 / 37.7 / 36.0; five more L1 / L2: median 29.7 / 37.8; 16
 // sessions (`--sessions 16 -n 64`, steady tok/s) 95.6 / 115.2 / 110.9, 106.2
-// / 125.3 / 118.7; 1B-shape Q4_0 on the AVX2 kernels (EMBER_CPU_ISA=avx2,
-// median of 4) 26.0 / 31.1. There the L1 prefetches hold the loads behind
-// their misses. On Ice Lake L1 was measured against none (matmul_internal.h),
-// not against L2, so Intel CPUs keep it; AMD CPUs other than Zen 4 were not
-// measured. EMBER_CPU_KX8_PREFETCH=l1|l2 sets it.
+// / 125.3 / 118.7 (the AVX2 Q4_0 tiles: matmul_avx2.cpp q40_tile_rows).
+// There the L1 prefetches hold the loads behind their misses. On Ice Lake L1 was measured against none
+// (matmul_internal.h), not against L2, so Intel CPUs keep it; AMD CPUs other than Zen 4 were not measured.
+// EMBER_CPU_KX8_PREFETCH=l1|l2 sets it.
 bool kx8_prefetch_l2() {
   static const bool l2 = [] {
     if (const char* e = std::getenv("EMBER_CPU_KX8_PREFETCH")) {
       if (std::strcmp(e, "l1") == 0) return false;
       if (std::strcmp(e, "l2") == 0) return true;
     }
-    return std::strcmp(cpu_features().vendor, "AuthenticAMD") == 0;
+    return amd_cpu();
   }();
   return l2;
 }
