@@ -90,9 +90,9 @@ void check_weight(const WeightView& w, const char* what) {
     fail(StatusCode::kInvalidArgument, std::string(what) + ": no tile layout for " +
                                            type_name(static_cast<uint32_t>(w.type)) + " weights of " +
                                            std::to_string(w.rows) + " rows");
-  // (the tile kernels: AVX-512 VNNI, and AVX2 for Q4_0)
+  // (the tile kernels: AVX-512 VNNI and AVX2)
   if (w.packed && w.packed_tiles && !isa_supported(Isa::kAvx512Vnni) &&
-      !(w.type == DType::Q4_0 && isa_supported(Isa::kAvx2)))
+      !(detail::avx2_tile_type(w.type) && isa_supported(Isa::kAvx2)))
     fail(StatusCode::kUnsupported, std::string(what) + ": this CPU has no kernels for tile-layout " +
                                        type_name(static_cast<uint32_t>(w.type)) + " weights");
 }
@@ -197,10 +197,16 @@ bool kx8_prefetch_l2() {
 // 174; 16: 219 vs 236; 32: 280 vs 319).
 constexpr int64_t kTileRowsMin = 16;
 
-// Tile-layout Q4_0 weights under the AVX2 variant (or the scalar one forced
-// after packing) take the AVX2 tile kernel (matmul_avx2.cpp), the others
-// the AVX-512 ones: the same bits.
-bool avx2_tiles(DType type) { return type == DType::Q4_0 && active_isa() != Isa::kAvx512Vnni; }
+// Tile-layout weights under the AVX2 variant (or the scalar one
+// forced after packing) take the AVX2 tile kernel (matmul_avx2.cpp), the
+// others the AVX-512 ones: the same bits.
+bool avx2_tiles(DType type) { return detail::avx2_tile_type(type) && active_isa() != Isa::kAvx512Vnni; }
+// The weights the AVX2 variant packs in the tile layout: Q4_0 with rows % 8
+// == 0 (llama.cpp's q4_0_8x8 weights), Q4_1 / Q5_0 / Q5_1 / Q8_0 of any row
+// count.
+bool avx2_tile_weight(DType type, int64_t rows) {
+  return detail::avx2_tile_type(type) && (type != DType::Q4_0 || rows % 8 == 0);
+}
 
 bool amx_rows(DType type, RowKind rows) {
   return rows == RowKind::kPrompt && amx_prompt_rows(type);
@@ -611,7 +617,7 @@ size_t packed_bytes(DType type, int64_t rows, int64_t cols, bool tiles) {
   if (type == DType::Q4_K || type == DType::Q6_K)  // the same groups of 8, read in the AMX order
     return active_isa() == Isa::kAvx512Vnni ? packed_bytes(type, rows, cols) : 0;
   if (!detail::tile_packable(type) || rows <= 0 || cols <= 0 || cols % detail::kQK != 0 || !repack_enabled()) return 0;
-  if (active_isa() == Isa::kAvx2 ? type != DType::Q4_0 || rows % 8 != 0 : active_isa() != Isa::kAvx512Vnni) return 0;
+  if (active_isa() == Isa::kAvx2 ? !avx2_tile_weight(type, rows) : active_isa() != Isa::kAvx512Vnni) return 0;
   const int64_t groups = (rows + detail::kTileGroupRows - 1) / detail::kTileGroupRows;
   return detail::tile_group_bytes(type, cols) * static_cast<size_t>(groups);
 }
@@ -625,13 +631,19 @@ size_t packed_bytes(DType type, int64_t rows, int64_t cols, bool tiles) {
 // AMX order was no faster than llama.cpp's on Gemma 3, whose order their
 // AVX-512 kernels keep).
 //
-// AVX2 CPUs: Q4_0 weights whose row count is a multiple of 8 (llama.cpp's
-// AVX2 build repacks those to q4_0_8x8 and sums them in this order, which
-// the AVX2 variant's GGUF kernels, vec_dot's order, do not follow), read by
-// the AVX2 tile kernel.
+// AVX2 CPUs: the same types (Q4_0: weights whose row count is a multiple of
+// 8), read by the AVX2 tile kernel. For Q4_0 this is the order of llama.cpp's
+// AVX2 build (it repacks those weights to q4_0_8x8), which the AVX2 variant's
+// GGUF kernels (vec_dot's order) do not follow; for the others llama.cpp
+// keeps vec_dot's order, as the GGUF kernels (EMBER_CPU_AMX=0) do, and the
+// tile kernels are faster (`bench_kernels --isa avx2 --threads 1 --cpu-time
+// --hot --sweep --sweep-rows prompt --sweep-shape 2048x640`, 64 rows, GGUF
+// rows -> tiles: Q5_0 2741 -> 1365 us, Q8_0 2244 -> 1503 us; 16 rows 675 ->
+// 346, 553 -> 376); every AVX2 and AVX-512 CPU then sums these types' rows
+// to the same bits (as AMX tiles do).
 bool tile_layout(DType type) {
   if (!repack_enabled() || !amx_on()) return false;
-  if (active_isa() == Isa::kAvx2) return type == DType::Q4_0;
+  if (active_isa() == Isa::kAvx2) return detail::avx2_tile_type(type);
   if (active_isa() != Isa::kAvx512Vnni) return false;
   if (detail::tile_packable(type)) return true;
   return (type == DType::Q4_K || type == DType::Q6_K) && amx_prompt_rows(type);

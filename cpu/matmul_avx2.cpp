@@ -811,22 +811,48 @@ void kkernel(const DecodeCtx& c, int64_t n0, int64_t n1) {
   kkernel_o<T, KOrder::kVec>(c, n0, n1);  // (kquant_order gives the 8x8 orders to Q4_K only)
 }
 
-// ---------------------------------------------------------------- Q4_0 tile layout
+// ---------------------------------------------------------------- tile layout
 //
-// Q4_0 weights in the tile layout (matmul_internal.h; on AVX2 CPUs those
-// whose row count is a multiple of 8, the weights llama.cpp's AVX2 build
-// repacks to q4_0_8x8): half a group (8 rows) per register, a chunk's 32
-// bytes holding values 4k..4k+3 (low nibbles) and 16+4k..16+4k+3 (high) of
-// each of the 8 rows. Per block and row the exact integer total
-// t = sum(q * x) - 8 * sum(x), q the unsigned nibbles (8 maddubs pairs
-// added in 16 bits: at most 8 * 2 * 15 * 128 = 30720), then
-// acc = fma(float(t), dw * dx, acc): llama.cpp's ggml_gemv / ggml_gemm_
-// q4_0_8x8_q8_0 and the AVX-512 tile kernels (vnni_tile_kernel), to the bit.
-// MT activation rows against H halves of a group (H = 2: both halves per
-// block, so that a one-row call streams each chunk's cache line once);
-// rows: the group's live rows (the stores stop there).
-template <int MT, int H>
-inline void q40_tile_rows(const DecodeCtx& c, const uint8_t* q, const uint8_t* sc, int64_t m0, int64_t n, int rows) {
+// Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 weights in the tile layout
+// (matmul_internal.h; on AVX2 CPUs every such weight but Q4_0 ones whose row
+// count is not a multiple of 8: those llama.cpp's AVX2 build does not repack
+// to q4_0_8x8, and sums in vec_dot's order as the GGUF kernels do): half a
+// group (8 rows) per register, a chunk's 32 bytes holding values 4k..4k+3
+// of each of the 8 rows (Q4 / Q5: low nibbles, chunk k + 4 the high ones,
+// values 16+4k..; Q5 ORs in their fifth bits, the half's 32 bits of each of
+// the block's 8 masks as one byte per bit; Q8_0 values plus 128). Per block
+// and row the exact integer total t = sum(q * x) - off * sum(x), q the
+// unsigned values (off = 8 for Q4_0, 16 for Q5_0, else 0), from maddubs
+// pairs added in 16 bits (Q4: all 8 chunks, at most 8 * 2 * 15 * 127 =
+// 30480; Q5: 4 chunks at a time, 4 * 2 * 31 * 127 = 31496; Q8_0: |w| times
+// x with w's sign, one chunk at a time), then acc = fma(float(t), dw * dx,
+// acc) and for Q4_1 / Q5_1 acc = fma(m, sx, acc): the AVX-512 tile kernels'
+// (vnni_tile_kernel) order, to the bit, which for Q4_0 is also llama.cpp's
+// ggml_gemv / ggml_gemm_q4_0_8x8_q8_0.
+// MT activation rows against H halves of a group from half h0 (H = 2: both
+// halves per block, so that a one-row call streams each chunk's cache line
+// once); rows: the live rows from half h0 on (the stores stop there).
+template <DType T>
+inline constexpr int kTileOffsetAvx2 = T == DType::Q4_0   ? 8
+                                       : T == DType::Q5_0 ? 16
+                                                          : 0;
+
+// Bits 32h..32h+31 of the 64-bit fifth-bit mask at p as 32 bytes, byte j =
+// 0x10 where bit j is set, else 0.
+inline __m256i fifth_bits16(const uint8_t* p) {
+  uint32_t bits;
+  std::memcpy(&bits, p, 4);
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(bits)),
+      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i sel = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, sel), sel), _mm256_set1_epi8(0x10));
+}
+
+template <DType T, int MT, int H>
+inline void tile_rows_avx2(const DecodeCtx& c, const uint8_t* q, const uint8_t* sc, int h0, int64_t m0, int64_t n,
+                           int rows) {
+  constexpr size_t kQuant = tile_quant_bytes(T), kScale = tile_scale_bytes(T);
   const int64_t K = c.K, nb = K / kQK;
   const size_t arb = c.act_row_bytes;
   const uint8_t* a = c.act + static_cast<size_t>(m0) * arb;
@@ -835,27 +861,44 @@ inline void q40_tile_rows(const DecodeCtx& c, const uint8_t* q, const uint8_t* s
   for (int h = 0; h < H; ++h)
     for (int m = 0; m < MT; ++m) acc[h][m] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* qb = q + static_cast<size_t>(b) * tile_quant_bytes(DType::Q4_0);
+    const uint8_t* qb = q + static_cast<size_t>(b) * kQuant;
     if (c.prefetch_l2) {
-      // The whole block 64 blocks (16 KiB) ahead, into L2 (kx8_prefetch_l2).
-      // Zen 4, 1B-shape Q4_0 on the AVX2 kernels (`EMBER_CPU_ISA=avx2 ember
-      // bench -p 1 -n 96 -t 2`, median of 3), tok/s: one line 4 blocks
-      // ahead 26.9-28.9, none 28.6, the block 16 / 32 / 64 / 128 ahead
-      // 32.5 / 32.2-34.1 / 35.5-39.5 / 35.6 (the scale stream too: no better).
-      const char* pf = reinterpret_cast<const char*>(qb) + 64 * tile_quant_bytes(DType::Q4_0);
-      for (size_t l = 0; l < tile_quant_bytes(DType::Q4_0); l += 64) _mm_prefetch(pf + l, _MM_HINT_T1);
+      // The whole block 64 blocks ahead (Q4_0: 16 KiB, Q8_0: 32 KiB), into L2
+      // (kx8_prefetch_l2). Zen 4, 1B-shape Q4_0 on the AVX2 kernels
+      // (`EMBER_CPU_ISA=avx2 ember bench -p 1 -n 96 -t 2`, median of 3),
+      // tok/s: one line 4 blocks ahead 26.9-28.9, none 28.6, the block 16 /
+      // 32 / 64 / 128 ahead 32.5 / 32.2-34.1 / 35.5-39.5 / 35.6 (the scale
+      // stream too: no better).
+      const char* pf = reinterpret_cast<const char*>(qb) + 64 * kQuant;
+      for (size_t l = 0; l < kQuant; l += 64) _mm_prefetch(pf + l, _MM_HINT_T1);
     } else {
-      _mm_prefetch(reinterpret_cast<const char*>(qb) + 4 * tile_quant_bytes(DType::Q4_0), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(qb) + 4 * kQuant, _MM_HINT_T0);
     }
     for (int h = 0; h < H; ++h) {
-      __m256i w[8];
-      for (int k = 0; k < 4; ++k) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb + 64 * k + 32 * h));
-        w[k] = _mm256_and_si256(v, m4);
-        w[k + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+      const int hh = h0 + h;
+      __m256i w[8];                     // chunk k: values 4k..4k+3 of the 8 rows (Q8_0: their magnitudes)
+      [[maybe_unused]] __m256i sgn[8];  // Q8_0: the signed values
+      if constexpr (T == DType::Q8_0) {
+        for (int k = 0; k < 8; ++k) {
+          sgn[k] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb + 64 * k + 32 * hh)),
+                                    _mm256_set1_epi8(static_cast<char>(0x80)));
+          w[k] = _mm256_abs_epi8(sgn[k]);  // (-128: 0x80, 128 as the unsigned operand)
+        }
+      } else {
+        for (int k = 0; k < 4; ++k) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb + 64 * k + 32 * hh));
+          w[k] = _mm256_and_si256(v, m4);
+          w[k + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        }
       }
-      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(
-          reinterpret_cast<const __m128i*>(sc + static_cast<size_t>(b) * tile_scale_bytes(DType::Q4_0) + 16 * h)));
+      if constexpr (tile_five_bit(T))
+        for (int k = 0; k < 8; ++k) w[k] = _mm256_or_si256(w[k], fifth_bits16(qb + 256 + 8 * k + 4 * hh));
+      const __m256 dw = _mm256_cvtph_ps(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + static_cast<size_t>(b) * kScale + 16 * hh)));
+      [[maybe_unused]] __m256 dm;  // Q4_1 / Q5_1: the rows' mins
+      if constexpr (tile_min(T))
+        dm = _mm256_cvtph_ps(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + static_cast<size_t>(b) * kScale + 32 + 16 * hh)));
       for (int m = 0; m < MT; ++m) {
         const uint8_t* am = a + static_cast<size_t>(m) * arb;
         const auto* v = reinterpret_cast<const int8_t*>(am + 32 * b);
@@ -864,16 +907,42 @@ inline void q40_tile_rows(const DecodeCtx& c, const uint8_t* q, const uint8_t* s
         int32_t hs[2];
         std::memcpy(&dx, scales + 4 * static_cast<size_t>(b), 4);
         std::memcpy(hs, scales + 8 * static_cast<size_t>(nb + b), 8);
+        __m256i s32;
+        if constexpr (T == DType::Q8_0) {
+          // |w| times x with w's sign (llama.cpp's mul_sum_i8_pairs): pairs
+          // of at most 2 * 128 * 127, one madd per chunk.
+          s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(w[0], _mm256_sign_epi8(bcast4(v), sgn[0])), ones);
+          for (int k = 1; k < 8; ++k)
+            s32 = _mm256_add_epi32(
+                s32, _mm256_madd_epi16(_mm256_maddubs_epi16(w[k], _mm256_sign_epi8(bcast4(v + 4 * k), sgn[k])), ones));
+          acc[h][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), _mm256_mul_ps(dw, _mm256_set1_ps(dx)), acc[h][m]);
+          continue;
+        }
         __m256i s16 = _mm256_maddubs_epi16(w[0], bcast4(v));
         for (int k = 1; k < 4; ++k) s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[k], bcast4(v + 4 * k)));
-        for (int k = 0; k < 4; ++k) s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[k + 4], bcast4(v + 16 + 4 * k)));
-        const __m256i t = _mm256_sub_epi32(_mm256_madd_epi16(s16, ones), _mm256_set1_epi32(8 * (hs[0] + hs[1])));
+        if constexpr (!tile_five_bit(T)) {
+          for (int k = 0; k < 4; ++k)
+            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[k + 4], bcast4(v + 16 + 4 * k)));
+          s32 = _mm256_madd_epi16(s16, ones);
+        } else {
+          __m256i s16b = _mm256_maddubs_epi16(w[4], bcast4(v + 16));
+          for (int k = 1; k < 4; ++k)
+            s16b = _mm256_add_epi16(s16b, _mm256_maddubs_epi16(w[k + 4], bcast4(v + 16 + 4 * k)));
+          s32 = _mm256_add_epi32(_mm256_madd_epi16(s16, ones), _mm256_madd_epi16(s16b, ones));
+        }
+        const __m256i t = _mm256_sub_epi32(s32, _mm256_set1_epi32(kTileOffsetAvx2<T> * (hs[0] + hs[1])));
         acc[h][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(dw, _mm256_set1_ps(dx)), acc[h][m]);
+        if constexpr (tile_min(T)) {
+          float sx;
+          std::memcpy(&sx, scales + 4 * static_cast<size_t>(nb + b), 4);
+          acc[h][m] = _mm256_fmadd_ps(dm, _mm256_set1_ps(sx), acc[h][m]);
+        }
       }
     }
   }
   for (int h = 0; h < H; ++h) {
     const int cols = std::min(8, rows - 8 * h);
+    if (cols <= 0) break;
     for (int m = 0; m < MT; ++m) {
       float* y = c.y + (m0 + m) * c.ldy + n + 8 * h;
       if (cols == 8) {
@@ -889,22 +958,23 @@ inline void q40_tile_rows(const DecodeCtx& c, const uint8_t* q, const uint8_t* s
 
 // Groups of 16 rows: calls of up to 2 rows take both halves at once, bigger
 // ones a half at a time (the other half's bytes then come from L1 / L2).
-void q40_tile_kernel(const DecodeCtx& c, int64_t n0, int64_t n1) {
-  const size_t quants = static_cast<size_t>(c.K / kQK) * tile_quant_bytes(DType::Q4_0);
+template <DType T>
+void tile_kernel_avx2(const DecodeCtx& c, int64_t n0, int64_t n1) {
+  const size_t quants = static_cast<size_t>(c.K / kQK) * tile_quant_bytes(T);
   for (int64_t nt = n0; nt < n1; nt += kTileGroupRows) {
     const uint8_t* q = c.packed + static_cast<size_t>(nt / kTileGroupRows) * c.packed_group_bytes;
     const uint8_t* sc = q + quants;
     const int rows = static_cast<int>(std::min<int64_t>(kTileGroupRows, n1 - nt));
     if (rows > 8 && c.M <= 2) {
       if (c.M == 2)
-        q40_tile_rows<2, 2>(c, q, sc, 0, nt, rows);
+        tile_rows_avx2<T, 2, 2>(c, q, sc, 0, 0, nt, rows);
       else
-        q40_tile_rows<1, 2>(c, q, sc, 0, nt, rows);
+        tile_rows_avx2<T, 1, 2>(c, q, sc, 0, 0, nt, rows);
       continue;
     }
     for (int h = 0; 8 * h < rows; ++h)
       row_tiles4(c.M, [&](auto mt, int64_t m) {
-        q40_tile_rows<decltype(mt)::value, 1>(c, q + 32 * h, sc + 16 * h, m, nt + 8 * h, rows - 8 * h);
+        tile_rows_avx2<T, decltype(mt)::value, 1>(c, q, sc, h, m, nt + 8 * h, rows - 8 * h);
       });
   }
 }
@@ -999,7 +1069,16 @@ DecodeKernel kernel(DType t) {
 }  // namespace
 
 void avx2_tile_prepare_acts(const float* x, int64_t M, int64_t K, uint8_t* act) { tile_prepare_acts(x, M, K, act); }
-DecodeKernel avx2_tile_kernel_for(DType t) { return t == DType::Q4_0 ? q40_tile_kernel : nullptr; }
+DecodeKernel avx2_tile_kernel_for(DType t) {
+  switch (t) {
+    case DType::Q4_0: return tile_kernel_avx2<DType::Q4_0>;
+    case DType::Q4_1: return tile_kernel_avx2<DType::Q4_1>;
+    case DType::Q5_0: return tile_kernel_avx2<DType::Q5_0>;
+    case DType::Q5_1: return tile_kernel_avx2<DType::Q5_1>;
+    case DType::Q8_0: return tile_kernel_avx2<DType::Q8_0>;
+    default: return nullptr;
+  }
+}
 
 const IsaImpl& avx2_impl() {
   static const IsaImpl impl{"avx2",

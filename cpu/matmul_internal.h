@@ -146,7 +146,7 @@ inline size_t packed_scale_offset(DType t, int64_t K, int64_t q, int64_t j) {
 }
 
 // The tile layout of Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 weights (pack_weight
-// with packed_tiles; AVX-512 VNNI CPUs, and Q4_0 on AVX2 ones): groups of 16 rows (the last one padded with
+// with packed_tiles; AVX-512 VNNI and AVX2 CPUs): groups of 16 rows (the last one padded with
 // zero rows), 64-byte aligned; per group first every block's quants, then
 // every block's scales. A block's quants are B-tile rows: Q4 / Q5 four
 // chunks of 64 bytes, byte 4n + i of chunk k = GGUF quant byte 4k + i of row
@@ -349,12 +349,14 @@ DecodeKernel amx_kernel_for(DType t);
 // n0 a multiple of 16 and amx_prepare_acts' rows.
 DecodeKernel amx_tile_kernel_for(DType t);
 DecodeKernel vnni_tile_kernel_for(DType t);
-// Q4_0 weights in the tile layout on AVX2 CPUs (matmul_avx2.cpp; only
-// after isa_supported(Isa::kAvx2)): amx_prepare_acts' rows from AVX2 code
-// (the same bytes), and a kernel in the order of vnni_tile_kernel, to the
-// bit, 8 weight rows per register. n0 a multiple of 16.
+// Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 weights in the tile layout on AVX2 CPUs
+// (matmul_avx2.cpp; only after isa_supported(Isa::kAvx2)): amx_prepare_acts'
+// rows from AVX2 code (the same bytes), and a kernel in the order of
+// vnni_tile_kernel, to the bit, 8 weight rows per register. n0 a multiple of
+// 16.
+inline constexpr bool avx2_tile_type(DType t) { return tile_packable(t); }
 void avx2_tile_prepare_acts(const float* x, int64_t M, int64_t K, uint8_t* act);
-DecodeKernel avx2_tile_kernel_for(DType t);  // Q4_0; nullptr for other types
+DecodeKernel avx2_tile_kernel_for(DType t);  // avx2_tile_type(t); nullptr for other types
 
 // K-quants on AVX-512 VNNI CPUs: the AVX2 variant's activations and
 // dequantization with these AVX-512 kernels in the AVX2 order (same results).

@@ -324,11 +324,17 @@ std::string write_golden_adapter(const std::string& file) {
 TEST(LoraReference, GreedyWithAnAdapterEqualsLlamaCpp) {
   EMBER_REQUIRE_MODEL();
   // The goldens are llama.cpp's AVX2 order (as in reference_test.cpp): the
-  // kernels that follow it, for the test's duration (before the weights are
-  // packed).
+  // kernels that follow it (the AVX2 ones, the tile layout off), for the
+  // test's duration (before the weights are packed).
   struct Avx2Kernels {
-    Avx2Kernels() { cpu::force_isa(cpu::Isa::kAvx2); }
-    ~Avx2Kernels() { cpu::reset_isa(); }
+    Avx2Kernels() {
+      cpu::force_isa(cpu::Isa::kAvx2);
+      cpu::set_amx_prompt_rows(false);
+    }
+    ~Avx2Kernels() {
+      cpu::reset_isa();
+      cpu::reset_amx_prompt_rows();
+    }
   } avx2;
   auto m = Model::load(test::default_model_path());
   std::map<std::string, std::shared_ptr<const LoraAdapter>> adapters;

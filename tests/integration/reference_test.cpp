@@ -62,15 +62,27 @@ struct RefSet {
   double max_divergence_gap = 1e30;
   // The kernels whose order is llama.cpp's for this set's weights.
   cpu::Isa isa = cpu::Isa::kAvx2;
+  // Whether the tile layout stays on (cpu::tile_layout): for Q4_0 weights it
+  // has llama.cpp's order on AVX2 (Q40Reference); for Q4_1 / Q5_0 / Q5_1 /
+  // Q8_0 it has Ember's own (the AMX order), so the other sets turn it off
+  // (cpu::set_amx_prompt_rows(false), as EMBER_CPU_AMX=0).
+  bool tile_layout = false;
 };
 
 RefSet smollm2_set() { return RefSet{"smollm2", test::default_model_path(), ""}; }
 
-// The kernels whose order is llama.cpp's for a set (RefSet::isa), for the
-// test's duration.
+// The kernels whose order is llama.cpp's for a set (RefSet::isa,
+// RefSet::tile_layout), for the test's duration (set before its engines
+// pack their weights).
 struct SetKernels {
-  explicit SetKernels(cpu::Isa isa) { cpu::force_isa(isa); }
-  ~SetKernels() { cpu::reset_isa(); }
+  explicit SetKernels(cpu::Isa isa, bool tile_layout = true) {
+    cpu::force_isa(isa);
+    if (!tile_layout) cpu::set_amx_prompt_rows(false);
+  }
+  ~SetKernels() {
+    cpu::reset_isa();
+    cpu::reset_amx_prompt_rows();
+  }
 };
 
 std::string golden_path(const std::string& name) { return std::string(EMBER_TEST_DATA_DIR) + "/reference/" + name; }
@@ -182,7 +194,7 @@ TEST(Reference, GoldenFilesParse) {
 // a row's result never depends on what it is batched with, so each stream
 // computes what it would alone, as tools/ref_llamacpp.py measures it).
 void check_greedy(const RefSet& set) {
-  SetKernels kernels(set.isa);
+  SetKernels kernels(set.isa, set.tile_layout);
   const auto cases = load_greedy(set.prefix);
   ASSERT_FALSE(cases.empty());
   auto engine = Engine::create(shared_model(set.model), EngineParams{});
@@ -238,7 +250,7 @@ TEST(Reference, GreedyContinuationsMatchLlamaCpp) {
 // (one batched score call) must be llama.cpp's choice unless llama.cpp itself
 // had a near-tie.
 void check_teacher_forced(const RefSet& set) {
-  SetKernels kernels(set.isa);
+  SetKernels kernels(set.isa, set.tile_layout);
   const auto cases = load_greedy(set.prefix);
   ASSERT_FALSE(cases.empty());
   auto model = shared_model(set.model);
@@ -276,7 +288,7 @@ TEST(Reference, TeacherForcedArgmaxMatchesLlamaCpp) {
 
 // Next-token distributions at every position of real text.
 void check_positions(const RefSet& set) {
-  SetKernels kernels(set.isa);
+  SetKernels kernels(set.isa, set.tile_layout);
   const auto g = load_positions(set.prefix);
   ASSERT_FALSE(g.ids.empty());
   ASSERT_EQ(g.top1.size(), g.ids.size());
@@ -382,6 +394,7 @@ class Q40Reference : public ::testing::TestWithParam<cpu::Isa> {
   RefSet set() const {
     RefSet s{"llama_q4_0", std::string(EMBER_SYNTHETIC_DIR) + "/llama_q4_0.gguf", "synthetic_llama_q4_0_"};
     s.isa = GetParam();
+    s.tile_layout = true;
     return s;
   }
   void SetUp() override {
@@ -404,12 +417,14 @@ namespace ember {
 namespace {
 
 // What a CPU without AVX2 runs (cpu::Isa::kScalar: the portable matmul and
-// backend kernels) must be the AVX2 kernels' computation to the bit, so that
-// such a CPU gets the same logits, and the same agreement with llama.cpp:
-// batched scoring (tile order) and a greedy decode (vec order).
+// backend kernels) must be the AVX2 kernels' computation in llama.cpp's order
+// (the tile layout off) to the bit, so that such a CPU gets the same agreement
+// with llama.cpp: batched scoring (tile order) and a greedy decode (vec
+// order).
 TEST(Reference, ScalarKernelsGiveTheAvx2LogitsBitForBit) {
   EMBER_REQUIRE_MODEL();
   if (!cpu::isa_supported(cpu::Isa::kAvx2)) GTEST_SKIP() << "no AVX2 on this CPU";
+  SetKernels llama_orders(cpu::Isa::kAvx2, false);
   const auto g = load_positions();
   ASSERT_GE(g.ids.size(), 40u);
   auto model = shared_model();
@@ -458,10 +473,12 @@ namespace {
 // local layers; 24 greedy continuations of 64 tokens), bit for bit as for
 // SmolLM2: Q4_K weights in llama.cpp's repacked q4_K_8x8 GEMM (prompt rows) /
 // GEMV (generated tokens) orders, Q6_K in its tiled (prompt) / vec_dot
-// (generated) orders, Q5_0 and Q8_0 in tinyBLAS / vec_dot's (one order). The
-// teacher-forced check scores llama.cpp's decode continuations in one batch,
-// which llama.cpp itself sums in another order than its decode (measured:
-// llama.cpp batch vs its own decode 98.24% of all steps, Ember the same).
+// (generated) orders, Q5_0 and Q8_0 in tinyBLAS / vec_dot's (one order; with
+// the tile layout off: by default the AVX2 variant packs Q5_0 / Q8_0 weights
+// in the tile layout and sums them in the AMX order). The teacher-forced check
+// scores llama.cpp's decode continuations in one batch, which llama.cpp
+// itself sums in another order than its decode (measured: llama.cpp batch vs
+// its own decode 98.24% of all steps, Ember the same).
 RefSet gemma3_set() { return RefSet{"gemma3-270m", test::gemma3_model_path(), "gemma3_270m_"}; }
 
 TEST(Gemma3Reference, GreedyContinuationsMatchLlamaCpp) {

@@ -833,13 +833,16 @@ TEST(Matmul, AmxPromptRowsSumWholeBlocksInOrderForAnyBatch) {
   }
 }
 
-// Q4_0 weights whose row count is a multiple of 8 on AVX2 CPUs: the tile
-// layout (llama.cpp's AVX2 build repacks these to q4_0_8x8, this order), read
-// by the AVX2 tile kernel. Every output equals tile_order_reference to the
-// bit for any M, a last half group of 8 rows, every row kind, 1 or 2
-// threads, alone and in a group with GGUF rows, and with the scalar variant
-// forced after packing; other types and row counts keep the GGUF rows.
-TEST(Matmul, Avx2Q40TileLayoutSumsWholeBlocksInOrder) {
+// Q4_0 weights whose row count is a multiple of 8 (llama.cpp's AVX2 build
+// repacks these to q4_0_8x8, this order) and Q4_1 / Q5_0 / Q5_1 / Q8_0
+// weights of any row count on AVX2 CPUs: the tile layout, read by the AVX2
+// tile kernel. Every output equals tile_order_reference to the bit for any
+// M, a last half group of 8 rows (the others: also a last group of 5; Q8_0
+// values of -128 included), every row kind, 1 or 2 threads, alone and
+// in a group with GGUF rows, and with the scalar variant forced after
+// packing; other types and Q4_0 row counts keep the GGUF rows, and so does
+// everything with the tile layout's knob off.
+TEST(Matmul, Avx2TileLayoutSumsWholeBlocksInOrder) {
   KnobGuard guard;
   if (!isa_supported(Isa::kAvx2)) GTEST_SKIP() << "no AVX2";
   force_isa(Isa::kAvx2);
@@ -847,32 +850,58 @@ TEST(Matmul, Avx2Q40TileLayoutSumsWholeBlocksInOrder) {
     ~AmxReset() { reset_amx_prompt_rows(); }
   } amx_reset;
   set_amx_prompt_rows(true);  // (the knob of the tile layout; AMX itself is the AVX-512 variant's)
-  EXPECT_TRUE(tile_layout(DType::Q4_0));
-  for (DType t : {DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q6_K}) {
+  constexpr DType kTiled[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0};
+  for (DType t : kTiled) EXPECT_TRUE(tile_layout(t)) << name_of(t);
+  for (DType t : {DType::Q4_K, DType::Q6_K}) {
     EXPECT_FALSE(tile_layout(t)) << name_of(t);
     EXPECT_EQ(packed_bytes(t, 64, 256, true), 0u) << name_of(t);
   }
   const int64_t K = 32 * 71;
   EXPECT_EQ(packed_bytes(DType::Q4_0, 36, K, true), 0u);  // (rows % 8 != 0: llama.cpp's vec_dot order)
+  EXPECT_GT(packed_bytes(DType::Q5_0, 37, K, true), 0u);
   set_amx_prompt_rows(false);
-  EXPECT_FALSE(tile_layout(DType::Q4_0));
+  for (DType t : kTiled) {
+    EXPECT_FALSE(tile_layout(t)) << name_of(t);
+    EXPECT_EQ(packed_bytes(t, 64, 256), 0u) << name_of(t);  // (no other packing of these on AVX2)
+  }
   set_amx_prompt_rows(true);
-  for (int64_t N : {40, 8}) {  // two groups and a half; one half group
-    const auto w = make_weight(DType::Q4_0, N, K, 23);
-    const size_t tb = packed_bytes(DType::Q4_0, N, K, true);
-    ASSERT_EQ(tb, static_cast<size_t>((N + 15) / 16) * ((static_cast<size_t>(K / 32) * 288 + 63) / 64 * 64));
+  struct Case {
+    DType t;
+    int64_t N;
+  };
+  // Two groups and a half; one half group; the others also a last group of 5 rows.
+  for (const Case& cs : {Case{DType::Q4_0, 40}, Case{DType::Q4_0, 8}, Case{DType::Q5_0, 40}, Case{DType::Q5_0, 8},
+                         Case{DType::Q5_0, 37}, Case{DType::Q8_0, 40}, Case{DType::Q8_0, 37}, Case{DType::Q4_1, 37},
+                         Case{DType::Q5_1, 40}, Case{DType::Q5_1, 21}}) {
+    const DType t = cs.t;
+    const int64_t N = cs.N;
+    auto w = make_weight(t, N, K, 23);
+    if (t == DType::Q8_0) {  // every block's value 5 at -128, value 6 at 127 (|w| = 128 on the AVX2 kernel)
+      const size_t rb = row_bytes(t, K);
+      for (size_t at = 0; at < rb * static_cast<size_t>(N); at += rb / static_cast<size_t>(K / 32)) {
+        w[at + 2 + 5] = 0x80;
+        w[at + 2 + 6] = 0x7F;
+      }
+    }
+    const size_t tb = packed_bytes(t, N, K, true);
+    const size_t per_block = t == DType::Q8_0   ? 544
+                             : t == DType::Q5_0 ? 352
+                             : t == DType::Q4_1 ? 320
+                             : t == DType::Q5_1 ? 384
+                                                : 288;
+    ASSERT_EQ(tb, static_cast<size_t>((N + 15) / 16) * ((static_cast<size_t>(K / 32) * per_block + 63) / 64 * 64));
     std::vector<uint8_t> storage(tb + 64);
     uint8_t* tiles = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
-    WeightView tv{DType::Q4_0, N, K, w.data(), nullptr, true};
+    WeightView tv{t, N, K, w.data(), nullptr, true};
     pack_weight(tv, tiles);
     tv.packed = tiles;
     std::vector<uint8_t> back(w.size());
     unpack_rows(tv, 0, N, back.data());
-    ASSERT_EQ(std::memcmp(back.data(), w.data(), w.size()), 0) << "N=" << N;
-    const WeightView v{DType::Q4_0, N, K, w.data()};
+    ASSERT_EQ(std::memcmp(back.data(), w.data(), w.size()), 0) << name_of(t) << " N=" << N;
+    const WeightView v{t, N, K, w.data()};
     for (int64_t M : {1, 2, 3, 5, 16, 17, 33}) {
       const auto x = make_x(M, K, static_cast<uint32_t>(M + 7));
-      const std::vector<float> ref = tile_order_reference(DType::Q4_0, w, N, K, x, M);
+      const std::vector<float> ref = tile_order_reference(t, w, N, K, x, M);
       for (int th : {1, 2}) {
         omp_set_num_threads(th);
         MatmulScratch scratch;
@@ -880,12 +909,12 @@ TEST(Matmul, Avx2Q40TileLayoutSumsWholeBlocksInOrder) {
           std::vector<float> y(ref.size(), -1.f), y2(ref.size(), -1.f);
           matmul(tv, x.data(), M, y.data(), scratch, MatmulPath::kRowInvariant, kind);
           ASSERT_EQ(std::memcmp(y.data(), ref.data(), y.size() * 4), 0)
-              << "N=" << N << " M=" << M << " kind " << static_cast<int>(kind) << " threads=" << th;
+              << name_of(t) << " N=" << N << " M=" << M << " kind " << static_cast<int>(kind) << " threads=" << th;
           const WeightView group[2] = {v, tv};
           float* ys[2] = {y.data(), y2.data()};
           matmul_group(group, ys, 2, x.data(), M, scratch, MatmulPath::kRowInvariant, kind);
           ASSERT_EQ(std::memcmp(y2.data(), ref.data(), y2.size() * 4), 0)
-              << "N=" << N << " M=" << M << " in a group, kind " << static_cast<int>(kind);
+              << name_of(t) << " N=" << N << " M=" << M << " in a group, kind " << static_cast<int>(kind);
         }
       }
       force_isa(Isa::kScalar);
@@ -893,7 +922,8 @@ TEST(Matmul, Avx2Q40TileLayoutSumsWholeBlocksInOrder) {
         MatmulScratch scratch;
         std::vector<float> y(ref.size(), -1.f);
         matmul(tv, x.data(), M, y.data(), scratch, MatmulPath::kRowInvariant, RowKind::kDecode);
-        ASSERT_EQ(std::memcmp(y.data(), ref.data(), y.size() * 4), 0) << "scalar forced, N=" << N << " M=" << M;
+        ASSERT_EQ(std::memcmp(y.data(), ref.data(), y.size() * 4), 0)
+            << name_of(t) << " scalar forced, N=" << N << " M=" << M;
       }
       force_isa(Isa::kAvx2);
     }
