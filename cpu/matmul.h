@@ -107,7 +107,8 @@ size_t packed_bytes(DType type, int64_t rows, int64_t cols, bool tiles);
 // their own order on AVX-512, llama.cpp's orders for K-quants. Where the
 // AVX2 variant is active: Q4_0 (weights whose row count is a multiple of 8,
 // packed_bytes: for them this is the order of llama.cpp's AVX2 build, which
-// repacks them to q4_0_8x8), Q4_1, Q5_0, Q5_1 and Q8_0, read by AVX2
+// repacks them to q4_0_8x8), Q4_1, Q5_0, Q5_1 and Q8_0 (weights of K <= 1024:
+// longer rows decode faster from the GGUF rows), read by AVX2
 // kernels to the same bits as the AVX-512 ones (1.5-2.2x faster than the GGUF
 // rows on prompt rows); EMBER_CPU_AMX=0 turns it off there too, and the AVX2
 // variant's GGUF rows then have llama.cpp's AVX2 orders for every type

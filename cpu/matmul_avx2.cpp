@@ -15,6 +15,7 @@
 // dequantization dequant_avx2.cpp.
 #include <algorithm>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -849,6 +850,97 @@ inline __m256i fifth_bits16(const uint8_t* p) {
   return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, sel), sel), _mm256_set1_epi8(0x10));
 }
 
+// The stream of a tile-layout group's quants at block qb, prefetched ahead.
+template <size_t kQuant>
+inline void tile_prefetch(const DecodeCtx& c, const uint8_t* qb) {
+  if (c.prefetch_l2) {
+    // The whole block 64 blocks ahead (Q4_0: 16 KiB, Q8_0: 32 KiB), into L2
+    // (kx8_prefetch_l2). Zen 4, 1B-shape Q4_0 on the AVX2 kernels
+    // (`EMBER_CPU_ISA=avx2 ember bench -p 1 -n 96 -t 2`, median of 3),
+    // tok/s: one line 4 blocks ahead 26.9-28.9, none 28.6, the block 16 /
+    // 32 / 64 / 128 ahead 32.5 / 32.2-34.1 / 35.5-39.5 / 35.6 (the scale
+    // stream too: no better).
+    const char* pf = reinterpret_cast<const char*>(qb) + 64 * kQuant;
+    for (size_t l = 0; l < kQuant; l += 64) _mm_prefetch(pf + l, _MM_HINT_T1);
+  } else {
+    _mm_prefetch(reinterpret_cast<const char*>(qb) + 4 * kQuant, _MM_HINT_T0);
+  }
+}
+
+// Q8_0 rows of calls of up to 2 rows (decode rows), G groups from row nt
+// (rows up to n1 stored), both halves of each: per chunk the signed values
+// and their magnitudes, then every row's |w| times x with w's sign
+// (llama.cpp's mul_sum_i8_pairs: pairs of at most 2 * 128 * 127, one madd
+// per chunk) added to its integer total, the chunks in the outer loop (no
+// weight registers spilled, as tile_rows_avx2's loop order does with both
+// halves). Four groups at once read four streams: 1B-shape Q8_0 (K = 2048 /
+// 8192), `EMBER_CPU_ISA=avx2 ember bench -p 1 -n 32 -t 2`, median of 3,
+// 27.8 -> 31.8 tok/s.
+template <int MT, int G>
+inline void q80_tile_rows2(const DecodeCtx& c, int64_t nt, int64_t n1) {
+  constexpr int H = 2;
+  constexpr size_t kQuant = tile_quant_bytes(DType::Q8_0), kScale = tile_scale_bytes(DType::Q8_0);
+  const int64_t K = c.K, nb = K / kQK;
+  const size_t arb = c.act_row_bytes;
+  const uint8_t* a = c.act;
+  const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  const uint8_t* q[G];
+  for (int g = 0; g < G; ++g) q[g] = c.packed + static_cast<size_t>(nt / kTileGroupRows + g) * c.packed_group_bytes;
+  const size_t quants = static_cast<size_t>(nb) * kQuant;
+  __m256 acc[G][H][MT];
+  for (auto& gg : acc)
+    for (auto& hh : gg)
+      for (auto& v : hh) v = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i s32[G][H][MT];
+    for (auto& gg : s32)
+      for (auto& hh : gg)
+        for (auto& v : hh) v = _mm256_setzero_si256();
+    for (int g = 0; g < G; ++g) tile_prefetch<kQuant>(c, q[g] + static_cast<size_t>(b) * kQuant);
+    for (int k = 0; k < 8; ++k) {
+      __m256i x[MT];
+      for (int m = 0; m < MT; ++m)
+        x[m] = bcast4(reinterpret_cast<const int8_t*>(a + static_cast<size_t>(m) * arb + 32 * b + 4 * k));
+      for (int g = 0; g < G; ++g)
+        for (int h = 0; h < H; ++h) {
+          const __m256i sgn = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+                                                   q[g] + static_cast<size_t>(b) * kQuant + 64 * k + 32 * h)),
+                                               flip);
+          const __m256i mag = _mm256_abs_epi8(sgn);  // (-128: 0x80, 128 as the unsigned operand)
+          for (int m = 0; m < MT; ++m)
+            s32[g][h][m] = _mm256_add_epi32(
+                s32[g][h][m], _mm256_madd_epi16(_mm256_maddubs_epi16(mag, _mm256_sign_epi8(x[m], sgn)), ones));
+        }
+    }
+    for (int g = 0; g < G; ++g)
+      for (int h = 0; h < H; ++h) {
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(
+            reinterpret_cast<const __m128i*>(q[g] + quants + static_cast<size_t>(b) * kScale + 16 * h)));
+        for (int m = 0; m < MT; ++m) {
+          float dx;
+          std::memcpy(&dx, a + static_cast<size_t>(m) * arb + static_cast<size_t>(K) + 4 * static_cast<size_t>(b), 4);
+          acc[g][h][m] =
+              _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[g][h][m]), _mm256_mul_ps(dw, _mm256_set1_ps(dx)), acc[g][h][m]);
+        }
+      }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int h = 0; h < H; ++h) {
+      const int64_t r0 = nt + kTileGroupRows * g + 8 * h;
+      const int cols = static_cast<int>(std::min<int64_t>(8, n1 - r0));
+      for (int m = 0; m < MT; ++m) {
+        float* y = c.y + m * c.ldy + r0;
+        if (cols == 8) {
+          _mm256_storeu_ps(y, acc[g][h][m]);
+        } else if (cols > 0) {
+          alignas(32) float t[8];
+          _mm256_store_ps(t, acc[g][h][m]);
+          std::memcpy(y, t, static_cast<size_t>(cols) * sizeof(float));
+        }
+      }
+    }
+}
+
 template <DType T, int MT, int H>
 inline void tile_rows_avx2(const DecodeCtx& c, const uint8_t* q, const uint8_t* sc, int h0, int64_t m0, int64_t n,
                            int rows) {
@@ -862,18 +954,7 @@ inline void tile_rows_avx2(const DecodeCtx& c, const uint8_t* q, const uint8_t* 
     for (int m = 0; m < MT; ++m) acc[h][m] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* qb = q + static_cast<size_t>(b) * kQuant;
-    if (c.prefetch_l2) {
-      // The whole block 64 blocks ahead (Q4_0: 16 KiB, Q8_0: 32 KiB), into L2
-      // (kx8_prefetch_l2). Zen 4, 1B-shape Q4_0 on the AVX2 kernels
-      // (`EMBER_CPU_ISA=avx2 ember bench -p 1 -n 96 -t 2`, median of 3),
-      // tok/s: one line 4 blocks ahead 26.9-28.9, none 28.6, the block 16 /
-      // 32 / 64 / 128 ahead 32.5 / 32.2-34.1 / 35.5-39.5 / 35.6 (the scale
-      // stream too: no better).
-      const char* pf = reinterpret_cast<const char*>(qb) + 64 * kQuant;
-      for (size_t l = 0; l < kQuant; l += 64) _mm_prefetch(pf + l, _MM_HINT_T1);
-    } else {
-      _mm_prefetch(reinterpret_cast<const char*>(qb) + 4 * kQuant, _MM_HINT_T0);
-    }
+    tile_prefetch<kQuant>(c, qb);
     for (int h = 0; h < H; ++h) {
       const int hh = h0 + h;
       __m256i w[8];                     // chunk k: values 4k..4k+3 of the 8 rows (Q8_0: their magnitudes)
@@ -965,6 +1046,17 @@ void tile_kernel_avx2(const DecodeCtx& c, int64_t n0, int64_t n1) {
     const uint8_t* q = c.packed + static_cast<size_t>(nt / kTileGroupRows) * c.packed_group_bytes;
     const uint8_t* sc = q + quants;
     const int rows = static_cast<int>(std::min<int64_t>(kTileGroupRows, n1 - nt));
+    if constexpr (T == DType::Q8_0) {
+      if (c.M <= 2) {  // four groups at a time where there are four, else one
+        const bool four = nt + 4 * kTileGroupRows <= n1;
+        if (c.M == 2)
+          four ? q80_tile_rows2<2, 4>(c, nt, n1) : q80_tile_rows2<2, 1>(c, nt, n1);
+        else
+          four ? q80_tile_rows2<1, 4>(c, nt, n1) : q80_tile_rows2<1, 1>(c, nt, n1);
+        if (four) nt += 3 * kTileGroupRows;
+        continue;
+      }
+    }
     if (rows > 8 && c.M <= 2) {
       if (c.M == 2)
         tile_rows_avx2<T, 2, 2>(c, q, sc, 0, 0, nt, rows);

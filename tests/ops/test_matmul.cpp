@@ -856,9 +856,11 @@ TEST(Matmul, Avx2TileLayoutSumsWholeBlocksInOrder) {
     EXPECT_FALSE(tile_layout(t)) << name_of(t);
     EXPECT_EQ(packed_bytes(t, 64, 256, true), 0u) << name_of(t);
   }
-  const int64_t K = 32 * 71;
-  EXPECT_EQ(packed_bytes(DType::Q4_0, 36, K, true), 0u);  // (rows % 8 != 0: llama.cpp's vec_dot order)
-  EXPECT_GT(packed_bytes(DType::Q5_0, 37, K, true), 0u);
+  const int64_t K71 = 32 * 71;
+  EXPECT_EQ(packed_bytes(DType::Q4_0, 36, K71, true), 0u);  // (rows % 8 != 0: llama.cpp's vec_dot order)
+  EXPECT_GT(packed_bytes(DType::Q5_0, 37, K71, true), 0u);
+  EXPECT_EQ(packed_bytes(DType::Q8_0, 64, 2048, true), 0u);  // (long Q8_0 rows: the GGUF rows decode faster)
+  EXPECT_GT(packed_bytes(DType::Q8_0, 64, 1024, true), 0u);
   set_amx_prompt_rows(false);
   for (DType t : kTiled) {
     EXPECT_FALSE(tile_layout(t)) << name_of(t);
@@ -875,6 +877,7 @@ TEST(Matmul, Avx2TileLayoutSumsWholeBlocksInOrder) {
                          Case{DType::Q5_1, 40}, Case{DType::Q5_1, 21}}) {
     const DType t = cs.t;
     const int64_t N = cs.N;
+    const int64_t K = t == DType::Q8_0 ? 32 * 31 : K71;  // (Q8_0: K <= 1024)
     auto w = make_weight(t, N, K, 23);
     if (t == DType::Q8_0) {  // every block's value 5 at -128, value 6 at 127 (|w| = 128 on the AVX2 kernel)
       const size_t rb = row_bytes(t, K);
