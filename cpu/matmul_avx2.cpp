@@ -15,7 +15,6 @@
 // dequantization dequant_avx2.cpp.
 #include <algorithm>
 #include <cstddef>
-#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -867,11 +866,34 @@ inline void tile_prefetch(const DecodeCtx& c, const uint8_t* qb) {
   }
 }
 
+// Q8_0: a chunk's signed values (the layout stores them plus 128) and their
+// magnitudes (-128: 0x80, 128 as the unsigned operand).
+inline void q80_chunk(const uint8_t* p, __m256i* sgn, __m256i* mag) {
+  *sgn = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
+                          _mm256_set1_epi8(static_cast<char>(0x80)));
+  *mag = _mm256_abs_epi8(*sgn);
+}
+// Its 8 rows' sums of 4 products with x (4 activation bytes broadcast): |w|
+// times x with w's sign (llama.cpp's mul_sum_i8_pairs: pairs of at most
+// 2 * 128 * 127, exact).
+inline __m256i q80_dot4(__m256i sgn, __m256i mag, __m256i x) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(mag, _mm256_sign_epi8(x, sgn)), _mm256_set1_epi16(1));
+}
+// 8 outputs to y, the first `cols` of them (0..8).
+inline void store_rows8(float* y, __m256 v, int cols) {
+  if (cols == 8) {
+    _mm256_storeu_ps(y, v);
+  } else if (cols > 0) {
+    alignas(32) float t[8];
+    _mm256_store_ps(t, v);
+    std::memcpy(y, t, static_cast<size_t>(cols) * sizeof(float));
+  }
+}
+
 // Q8_0 rows of calls of up to 2 rows (decode rows), G groups from row nt
 // (rows up to n1 stored), both halves of each: per chunk the signed values
-// and their magnitudes, then every row's |w| times x with w's sign
-// (llama.cpp's mul_sum_i8_pairs: pairs of at most 2 * 128 * 127, one madd
-// per chunk) added to its integer total, the chunks in the outer loop (no
+// and their magnitudes, then every row's q80_dot4 added to its integer
+// total, the chunks in the outer loop (no
 // weight registers spilled, as tile_rows_avx2's loop order does with both
 // halves). Four groups at once read four streams: 1B-shape Q8_0 (K = 2048 /
 // 8192), `EMBER_CPU_ISA=avx2 ember bench -p 1 -n 32 -t 2`, median of 3,
@@ -883,7 +905,6 @@ inline void q80_tile_rows2(const DecodeCtx& c, int64_t nt, int64_t n1) {
   const int64_t K = c.K, nb = K / kQK;
   const size_t arb = c.act_row_bytes;
   const uint8_t* a = c.act;
-  const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(static_cast<char>(0x80));
   const uint8_t* q[G];
   for (int g = 0; g < G; ++g) q[g] = c.packed + static_cast<size_t>(nt / kTileGroupRows + g) * c.packed_group_bytes;
   const size_t quants = static_cast<size_t>(nb) * kQuant;
@@ -903,13 +924,9 @@ inline void q80_tile_rows2(const DecodeCtx& c, int64_t nt, int64_t n1) {
         x[m] = bcast4(reinterpret_cast<const int8_t*>(a + static_cast<size_t>(m) * arb + 32 * b + 4 * k));
       for (int g = 0; g < G; ++g)
         for (int h = 0; h < H; ++h) {
-          const __m256i sgn = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
-                                                   q[g] + static_cast<size_t>(b) * kQuant + 64 * k + 32 * h)),
-                                               flip);
-          const __m256i mag = _mm256_abs_epi8(sgn);  // (-128: 0x80, 128 as the unsigned operand)
-          for (int m = 0; m < MT; ++m)
-            s32[g][h][m] = _mm256_add_epi32(
-                s32[g][h][m], _mm256_madd_epi16(_mm256_maddubs_epi16(mag, _mm256_sign_epi8(x[m], sgn)), ones));
+          __m256i sgn, mag;
+          q80_chunk(q[g] + static_cast<size_t>(b) * kQuant + 64 * k + 32 * h, &sgn, &mag);
+          for (int m = 0; m < MT; ++m) s32[g][h][m] = _mm256_add_epi32(s32[g][h][m], q80_dot4(sgn, mag, x[m]));
         }
     }
     for (int g = 0; g < G; ++g)
@@ -928,16 +945,7 @@ inline void q80_tile_rows2(const DecodeCtx& c, int64_t nt, int64_t n1) {
     for (int h = 0; h < H; ++h) {
       const int64_t r0 = nt + kTileGroupRows * g + 8 * h;
       const int cols = static_cast<int>(std::min<int64_t>(8, n1 - r0));
-      for (int m = 0; m < MT; ++m) {
-        float* y = c.y + m * c.ldy + r0;
-        if (cols == 8) {
-          _mm256_storeu_ps(y, acc[g][h][m]);
-        } else if (cols > 0) {
-          alignas(32) float t[8];
-          _mm256_store_ps(t, acc[g][h][m]);
-          std::memcpy(y, t, static_cast<size_t>(cols) * sizeof(float));
-        }
-      }
+      for (int m = 0; m < MT; ++m) store_rows8(c.y + m * c.ldy + r0, acc[g][h][m], cols);
     }
 }
 
@@ -960,11 +968,7 @@ inline void tile_rows_avx2(const DecodeCtx& c, const uint8_t* q, const uint8_t* 
       __m256i w[8];                     // chunk k: values 4k..4k+3 of the 8 rows (Q8_0: their magnitudes)
       [[maybe_unused]] __m256i sgn[8];  // Q8_0: the signed values
       if constexpr (T == DType::Q8_0) {
-        for (int k = 0; k < 8; ++k) {
-          sgn[k] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb + 64 * k + 32 * hh)),
-                                    _mm256_set1_epi8(static_cast<char>(0x80)));
-          w[k] = _mm256_abs_epi8(sgn[k]);  // (-128: 0x80, 128 as the unsigned operand)
-        }
+        for (int k = 0; k < 8; ++k) q80_chunk(qb + 64 * k + 32 * hh, &sgn[k], &w[k]);
       } else {
         for (int k = 0; k < 4; ++k) {
           const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb + 64 * k + 32 * hh));
@@ -990,12 +994,8 @@ inline void tile_rows_avx2(const DecodeCtx& c, const uint8_t* q, const uint8_t* 
         std::memcpy(hs, scales + 8 * static_cast<size_t>(nb + b), 8);
         __m256i s32;
         if constexpr (T == DType::Q8_0) {
-          // |w| times x with w's sign (llama.cpp's mul_sum_i8_pairs): pairs
-          // of at most 2 * 128 * 127, one madd per chunk.
-          s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(w[0], _mm256_sign_epi8(bcast4(v), sgn[0])), ones);
-          for (int k = 1; k < 8; ++k)
-            s32 = _mm256_add_epi32(
-                s32, _mm256_madd_epi16(_mm256_maddubs_epi16(w[k], _mm256_sign_epi8(bcast4(v + 4 * k), sgn[k])), ones));
+          s32 = q80_dot4(sgn[0], w[0], bcast4(v));
+          for (int k = 1; k < 8; ++k) s32 = _mm256_add_epi32(s32, q80_dot4(sgn[k], w[k], bcast4(v + 4 * k)));
           acc[h][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), _mm256_mul_ps(dw, _mm256_set1_ps(dx)), acc[h][m]);
           continue;
         }
@@ -1021,20 +1021,8 @@ inline void tile_rows_avx2(const DecodeCtx& c, const uint8_t* q, const uint8_t* 
       }
     }
   }
-  for (int h = 0; h < H; ++h) {
-    const int cols = std::min(8, rows - 8 * h);
-    if (cols <= 0) break;
-    for (int m = 0; m < MT; ++m) {
-      float* y = c.y + (m0 + m) * c.ldy + n + 8 * h;
-      if (cols == 8) {
-        _mm256_storeu_ps(y, acc[h][m]);
-      } else {
-        alignas(32) float t[8];
-        _mm256_store_ps(t, acc[h][m]);
-        std::memcpy(y, t, static_cast<size_t>(cols) * sizeof(float));
-      }
-    }
-  }
+  for (int h = 0; h < H; ++h)
+    for (int m = 0; m < MT; ++m) store_rows8(c.y + (m0 + m) * c.ldy + n + 8 * h, acc[h][m], std::min(8, rows - 8 * h));
 }
 
 // Groups of 16 rows: calls of up to 2 rows take both halves at once, bigger
