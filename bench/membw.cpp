@@ -1,6 +1,6 @@
 // membw: read bandwidth of main memory (a plain program, not a test).
 //
-//   membw [--size-mib 1024] [--threads 1,2] [--reps 10] [--kernel auto|avx2|scalar] [--json]
+//   membw [--size-mib 1024] [--threads 1,2] [--reps 10] [--kernel auto|avx2|scalar] [--streams 1] [--json]
 //
 // Allocates one large buffer (default 1 GiB, far past any cache; 2 MiB
 // aligned and advised for transparent huge pages), writes it once from the
@@ -11,6 +11,12 @@
 // read bandwidth in GB/s (1e9 bytes per second). --threads defaults to 1 and
 // the number of CPUs this process may run on. tools/bench_vs_llamacpp.py
 // divides each decode's weight traffic by this figure (--json).
+//
+// --streams S (AVX2 only) makes every thread read its slice as S equal
+// streams at once, one line of each per step, as a kernel reading several
+// weight rows or tile groups together does: a check of whether concurrent
+// streams per thread reach more bandwidth than one (on the Zen 4 VM of
+// docs/BENCHMARKS.md they do not: 2 threads read ~35 GB/s at S = 1..16).
 //
 // Compiled for plain x86-64 (no -mavx2): the AVX2 loop carries
 // __attribute__((target("avx2"))) and only runs after __builtin_cpu_supports.
@@ -60,14 +66,54 @@ __attribute__((target("avx2"))) uint64_t sum_avx2(const uint8_t* p, size_t n) {
   _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), s);
   return lanes[0] + lanes[1] + lanes[2] + lanes[3];
 }
+
+// Sum of S streams at once: stream j is [p + j*n, p + (j+1)*n), read one
+// 64-byte line from each stream per step (as a kernel reading several weight
+// rows or tile groups at once does). n a multiple of 64.
+template <int S>
+__attribute__((target("avx2"))) uint64_t sum_avx2_streams(const uint8_t* p, size_t n) {
+  __m256i a[S];
+  for (int j = 0; j < S; ++j) a[j] = _mm256_setzero_si256();
+  for (size_t i = 0; i < n; i += 64) {
+    for (int j = 0; j < S; ++j) {
+      const uint8_t* q = p + static_cast<size_t>(j) * n + i;
+      a[j] = _mm256_add_epi64(a[j], _mm256_add_epi64(_mm256_load_si256(reinterpret_cast<const __m256i*>(q)),
+                                                     _mm256_load_si256(reinterpret_cast<const __m256i*>(q + 32))));
+    }
+  }
+  __m256i s = a[0];
+  for (int j = 1; j < S; ++j) s = _mm256_add_epi64(s, a[j]);
+  alignas(32) uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), s);
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
 #endif
 
 using SumFn = uint64_t (*)(const uint8_t*, size_t);
 
+#ifdef MEMBW_X86
+// [p, p + n) read as `streams` equal streams at once (the tail, under one
+// line per stream, by sum_avx2).
+__attribute__((target("avx2"))) uint64_t sum_avx2_split(const uint8_t* p, size_t n, int streams) {
+  const size_t part = n / static_cast<size_t>(streams) / 128 * 128;
+  uint64_t s = 0;
+  switch (streams) {
+    case 2: s = sum_avx2_streams<2>(p, part); break;
+    case 4: s = sum_avx2_streams<4>(p, part); break;
+    case 8: s = sum_avx2_streams<8>(p, part); break;
+    case 16: s = sum_avx2_streams<16>(p, part); break;
+    default: return sum_avx2(p, n);
+  }
+  const size_t done = part * static_cast<size_t>(streams);
+  return s + sum_avx2(p + done, n - done);
+}
+#endif
+
 [[noreturn]] void usage(const char* msg) {
   if (msg) std::fprintf(stderr, "membw: %s\n", msg);
   std::fprintf(stderr,
-               "usage: membw [--size-mib 1024] [--threads 1,2] [--reps 10] [--kernel auto|avx2|scalar] [--json]\n");
+               "usage: membw [--size-mib 1024] [--threads 1,2] [--reps 10] [--kernel auto|avx2|scalar] [--streams 1] "
+               "[--json]\n");
   std::exit(2);
 }
 
@@ -89,6 +135,7 @@ void slice(size_t n_units, int tid, int nt, size_t& begin, size_t& end) {
 int main(int argc, char** argv) {
   size_t size_mib = 1024;
   int reps = 10;
+  int streams = 1;
   bool json = false;
   std::string kernel = "auto";
   std::vector<int> threads;
@@ -110,6 +157,9 @@ int main(int argc, char** argv) {
         threads.push_back(static_cast<int>(parse_int(list.substr(pos, comma - pos).c_str(), 1, 4096, "--threads")));
         pos = comma + 1;
       }
+    } else if (a == "--streams") {
+      streams = static_cast<int>(parse_int(value(), 1, 16, "--streams"));
+      if (streams & (streams - 1)) usage("--streams is 1, 2, 4, 8 or 16");
     } else if (a == "--kernel") {
       kernel = value();
       if (kernel != "auto" && kernel != "avx2" && kernel != "scalar") usage("--kernel is auto, avx2 or scalar");
@@ -137,6 +187,7 @@ int main(int argc, char** argv) {
   have_avx2 = __builtin_cpu_supports("avx2");
 #endif
   if (kernel == "avx2" && !have_avx2) usage("--kernel avx2: this CPU (or build) has no AVX2");
+  if (streams > 1 && !(kernel != "scalar" && have_avx2)) usage("--streams needs the AVX2 kernel");
   const bool use_avx2 = kernel == "avx2" || (kernel == "auto" && have_avx2);
   SumFn fn = sum_scalar;
 #ifdef MEMBW_X86
@@ -182,7 +233,15 @@ int main(int argc, char** argv) {
       {
         size_t b, e;
         slice(n_units, omp_get_thread_num(), omp_get_num_threads(), b, e);
+#ifdef MEMBW_X86
+        if (streams > 1) {
+          total += sum_avx2_split(buf + b * unit, (e - b) * unit, streams);
+        } else {
+          total += fn(buf + b * unit, (e - b) * unit);
+        }
+#else
         total += fn(buf + b * unit, (e - b) * unit);
+#endif
       }
       const double dt = omp_get_wtime() - t0;
       checksum += total;
