@@ -16,7 +16,8 @@
 // streams at once, one line of each per step, as a kernel reading several
 // weight rows or tile groups together does: a check of whether concurrent
 // streams per thread reach more bandwidth than one (on the Zen 4 VM of
-// docs/BENCHMARKS.md they do not: 2 threads read ~35 GB/s at S = 1..16).
+// docs/BENCHMARKS.md they do not: one thread 34 / 34 / 27 / 30 GB/s at S =
+// 1 / 2 / 4 / 8, two threads ~35-37 at every S).
 //
 // Compiled for plain x86-64 (no -mavx2): the AVX2 loop carries
 // __attribute__((target("avx2"))) and only runs after __builtin_cpu_supports.
@@ -67,16 +68,18 @@ __attribute__((target("avx2"))) uint64_t sum_avx2(const uint8_t* p, size_t n) {
   return lanes[0] + lanes[1] + lanes[2] + lanes[3];
 }
 
-// Sum of S streams at once: stream j is [p + j*n, p + (j+1)*n), read one
-// 64-byte line from each stream per step (as a kernel reading several weight
-// rows or tile groups at once does). n a multiple of 64.
+// Sum of S streams at once: stream j is the n bytes from p + j * (n + 448)
+// (7 lines apart beyond n: streams a power of two apart alias in the DRAM
+// banks and read slower), one 64-byte line from each stream per step, as a
+// kernel reading several weight rows or tile groups at once does. n a
+// multiple of 64.
 template <int S>
 __attribute__((target("avx2"))) uint64_t sum_avx2_streams(const uint8_t* p, size_t n) {
   __m256i a[S];
   for (int j = 0; j < S; ++j) a[j] = _mm256_setzero_si256();
   for (size_t i = 0; i < n; i += 64) {
     for (int j = 0; j < S; ++j) {
-      const uint8_t* q = p + static_cast<size_t>(j) * n + i;
+      const uint8_t* q = p + static_cast<size_t>(j) * (n + 448) + i;
       a[j] = _mm256_add_epi64(a[j], _mm256_add_epi64(_mm256_load_si256(reinterpret_cast<const __m256i*>(q)),
                                                      _mm256_load_si256(reinterpret_cast<const __m256i*>(q + 32))));
     }
@@ -92,10 +95,11 @@ __attribute__((target("avx2"))) uint64_t sum_avx2_streams(const uint8_t* p, size
 using SumFn = uint64_t (*)(const uint8_t*, size_t);
 
 #ifdef MEMBW_X86
-// [p, p + n) read as `streams` equal streams at once (the tail, under one
-// line per stream, by sum_avx2).
+// [p, p + n) read as `streams` equal streams at once (sum_avx2_streams; the
+// rest by sum_avx2).
 __attribute__((target("avx2"))) uint64_t sum_avx2_split(const uint8_t* p, size_t n, int streams) {
-  const size_t part = n / static_cast<size_t>(streams) / 128 * 128;
+  if (n < static_cast<size_t>(streams) * 4096) return sum_avx2(p, n);
+  const size_t part = (n / static_cast<size_t>(streams) / 128 * 128) - 1024;
   uint64_t s = 0;
   switch (streams) {
     case 2: s = sum_avx2_streams<2>(p, part); break;
@@ -104,7 +108,7 @@ __attribute__((target("avx2"))) uint64_t sum_avx2_split(const uint8_t* p, size_t
     case 16: s = sum_avx2_streams<16>(p, part); break;
     default: return sum_avx2(p, n);
   }
-  const size_t done = part * static_cast<size_t>(streams);
+  const size_t done = (part + 448) * static_cast<size_t>(streams);
   return s + sum_avx2(p + done, n - done);
 }
 #endif
