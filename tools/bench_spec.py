@@ -16,7 +16,8 @@ Tasks (prompts built from ../shared/data and bench/spec/):
 
 Usage:
   tools/bench_spec.py [--ember build/apps/cli/ember] [--threads 2] [--tokens 128] [--reps 2]
-                      [--drafters ngram,self:20,draft,distilled] [--nodes 12] [--markdown]
+                      [--drafters ngram,self:20,draft,distilled] [--nodes 12] [--no-chain]
+                      [--tasks rewrite,summarise,code,chat] [--ember-args "..."]
 
 Drafters: ngram, self[:L], draft (a second copy of the target: exactness,
 not speed), distilled (the draft tools/distill_draft.py writes to
@@ -70,7 +71,7 @@ def distilled_draft():
 
 def run(args, spec, chat, prompt_file, extra):
     cmd = [args.ember, "bench", "-m", args.model, "--spec", spec, "--prompt-file", prompt_file, "-n",
-           str(args.tokens), "-t", str(args.threads), "-r", str(args.reps), "--json"] + extra
+           str(args.tokens), "-t", str(args.threads), "-r", str(args.reps), "--json"] + extra + args.ember_args.split()
     if chat:
         cmd.append("--chat")
     out = subprocess.run(cmd, capture_output=True, text=True)
@@ -89,6 +90,8 @@ def main():
     ap.add_argument("--drafters", default="ngram,self:20,draft")
     ap.add_argument("--nodes", type=int, default=12)
     ap.add_argument("--no-chain", action="store_true", help="skip the chain rows")
+    ap.add_argument("--ember-args", default="",
+                    help="more `ember bench` arguments for every run, e.g. \"--spec-depth 12 --spec-alpha 0.1\"")
     ap.add_argument("--tasks", default="rewrite,summarise,code,chat")
     args = ap.parse_args()
     wanted = set(args.tasks.split(","))
