@@ -83,6 +83,32 @@ __attribute__((target("avx,f16c"))) void round_f16_f16c(const float* in, int64_t
   for (; i < n; ++i) out[i] = fp16_to_fp32(fp32_to_fp16(in[i]));
 }
 
+// geglu's values (CpuBackend::geglu), 8 at a time with F16C: the gate
+// rounded to f16 by the same round-to-nearest-even as fp32_to_fp16, the
+// table's f16 widened exactly; the same bits as the scalar loop. Only called
+// where the AVX2 variant may run.
+__attribute__((target("avx,f16c"))) void geglu_f16c(const float* gate, const float* up, int64_t n,
+                                                    const uint16_t* table, float* out) {
+  int64_t i = 0;
+  alignas(16) uint16_t h[8], t[8];
+  for (; i + 8 <= n; i += 8) {
+    _mm_store_si128(reinterpret_cast<__m128i*>(h),
+                    _mm256_cvtps_ph(_mm256_loadu_ps(gate + i), _MM_FROUND_TO_NEAREST_INT));
+    for (int j = 0; j < 8; ++j) t[j] = table[h[j]];
+    const __m256 g = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(t)));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(g, _mm256_loadu_ps(up + i)));
+    for (int j = 0; j < 8; ++j) {  // the tails
+      const float x = gate[i + j];
+      if (x <= -10.0f) out[i + j] = 0.0f;
+      if (x >= 10.0f) out[i + j] = x * up[i + j];
+    }
+  }
+  for (; i < n; ++i) {
+    const float x = gate[i];
+    out[i] = x <= -10.0f ? 0.0f : x >= 10.0f ? x * up[i] : fp16_to_fp32(table[fp32_to_fp16(x)]) * up[i];
+  }
+}
+
 // ---- LoRA dot products in llama.cpp's order. For a batch of several
 // tokens its CPU multiplies an F32, F16 or BF16 lora_a / lora_b with
 // llamafile's tinyBLAS (K a multiple of the vector width): per output, one
@@ -1015,20 +1041,36 @@ class CpuBackend final : public Backend {
   // gelu(gate) * up as llama.cpp's CPU computes it (GGML_GELU_FP16): the
   // f16-rounded gate looked up in a table of f16 gelu values, the tails
   // below -10 and above 10 taken as 0 and the identity.
+  // With F16C 8 values at a time (geglu_f16c, the same bits), in chunks
+  // over the threads from 16,384 values (16 Gemma 3 sessions' rows: 32,768).
+  // Serial and scalar it was 2.6% of the samples of `perf record ember bench
+  // -m gemma-3-270m --sessions 16 -p 64 -n 128 -t 2`, all on the engine's
+  // thread, the other thread waiting (its libgomp waits 9.1% -> 5.2% of the
+  // samples); steady tok/s, 8 alternations: median 466.5 -> 495.8.
   void geglu(const float* gate, const float* up, size_t n, float* out) override {
     const uint16_t* table = gelu_f16_table();
-#pragma omp parallel for num_threads(threads()) if (n > 65536)
-    for (int64_t i = 0; i < static_cast<int64_t>(n); ++i) {
-      const float g = gate[i];
-      float y;
-      if (g <= -10.0f) {
-        y = 0.0f;
-      } else if (g >= 10.0f) {
-        y = g * up[i];
-      } else {
-        y = fp16_to_fp32(table[fp32_to_fp16(g)]) * up[i];
+    const bool f16c = cpu::active_isa() != cpu::Isa::kScalar;
+    constexpr int64_t kChunk = 4096;  // elementwise: the chunking changes no result
+    const int64_t total = static_cast<int64_t>(n), chunks = (total + kChunk - 1) / kChunk;
+#pragma omp parallel for num_threads(threads()) if (n > 16384)
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t i0 = c * kChunk, i1 = std::min(total, i0 + kChunk);
+      if (f16c) {
+        geglu_f16c(gate + i0, up + i0, i1 - i0, table, out + i0);
+        continue;
       }
-      out[i] = y;
+      for (int64_t i = i0; i < i1; ++i) {
+        const float g = gate[i];
+        float y;
+        if (g <= -10.0f) {
+          y = 0.0f;
+        } else if (g >= 10.0f) {
+          y = g * up[i];
+        } else {
+          y = fp16_to_fp32(table[fp32_to_fp16(g)]) * up[i];
+        }
+        out[i] = y;
+      }
     }
   }
 

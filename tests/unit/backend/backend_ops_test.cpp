@@ -450,6 +450,33 @@ TEST_P(BackendOps, RopeExtNeoxScaledWithFactors) {
   }
 }
 
+// The CPU's geglu with F16C (8 at a time, in chunks over the threads) and its
+// portable loop give the same bits: every f16 value as a gate (the table's
+// whole domain, both tails, infinities), random gates, a tail of 5.
+TEST_P(BackendOps, GegluF16cIsTheScalarLoopBitForBit) {
+  if (GetParam() != "cpu") GTEST_SKIP() << "the CPU backend's two geglu paths";
+  if (!cpu::isa_supported(cpu::Isa::kAvx2)) GTEST_SKIP() << "no F16C path on this CPU";
+  std::vector<float> g;
+  for (uint32_t h = 0; h < (1u << 16); ++h) {
+    const float x = fp16_to_fp32(static_cast<uint16_t>(h));
+    if (!std::isnan(x)) g.push_back(x);
+  }
+  const auto r = randn(40000, 8, 6.0f);
+  g.insert(g.end(), r.begin(), r.end());
+  g.resize(g.size() / 8 * 8 + 5);
+  const size_t n = g.size();
+  const auto u = randn(n, 9);
+  Buf bg(b(), g), bu(b(), u), out(b(), n * 4);
+  b().geglu(bg.f(), bu.f(), n, out.f());
+  const auto fast = out.get();
+  cpu::force_isa(cpu::Isa::kScalar);
+  b().geglu(bg.f(), bu.f(), n, out.f());
+  cpu::reset_isa();
+  const auto slow = out.get();
+  for (size_t i = 0; i < n; ++i)
+    ASSERT_EQ(std::bit_cast<uint32_t>(fast[i]), std::bit_cast<uint32_t>(slow[i])) << i << ": gate " << g[i];
+}
+
 TEST_P(BackendOps, GegluScaleAndBias) {
   const size_t n = 4000;
   auto g = randn(n, 3, 4.0f);
