@@ -475,6 +475,12 @@ TEST_P(BackendOps, GegluF16cIsTheScalarLoopBitForBit) {
   const auto slow = out.get();
   for (size_t i = 0; i < n; ++i)
     ASSERT_EQ(std::bit_cast<uint32_t>(fast[i]), std::bit_cast<uint32_t>(slow[i])) << i << ": gate " << g[i];
+  // In place, as the models call it (out = gate).
+  b().geglu(bg.f(), bu.f(), n, bg.f());
+  const auto in_place = bg.get();
+  for (size_t i = 0; i < n; ++i)
+    ASSERT_EQ(std::bit_cast<uint32_t>(in_place[i]), std::bit_cast<uint32_t>(slow[i]))
+        << i << " in place: gate " << g[i];
 }
 
 TEST_P(BackendOps, GegluScaleAndBias) {
